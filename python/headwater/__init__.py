@@ -1,0 +1,37 @@
+"""headwater: an observability-first sampler for relational transformers.
+
+The Rust core lives in ``headwater._native``; this package re-exports it and
+adds the Python side (preprocessing front end, embedders, CLI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Names resolved lazily so pure-Python modules (embedders, schema parsing)
+# import without the compiled extension, e.g. while it is being built.
+_LAZY = {
+    "preprocess": ("headwater.preprocessing", "preprocess"),
+    "inspect": ("headwater.inspection", "inspect"),
+    "default_database": ("headwater.default_db", "default_database"),
+    "Database": ("headwater._native", "Database"),
+    "HeadwaterError": ("headwater.errors", "HeadwaterError"),
+    "FormatError": ("headwater.errors", "FormatError"),
+    "SchemaError": ("headwater.errors", "SchemaError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'headwater' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

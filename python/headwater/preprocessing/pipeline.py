@@ -1,0 +1,463 @@
+"""``preprocess()``: source + schema → a headwater database directory.
+
+Steps: open the source; merge its declared keys with the schema file; check
+every name the schema uses; read each referenced table's primary key and
+check it is unique; then, table by table (restartable: a table staged by an
+interrupted run with the same fingerprint is reused), read the columns, infer
+undeclared semantic types, resolve foreign keys to parent rows (dangling
+values are counted, reported and dropped) and hand typed arrays to the Rust
+writer; add tasks; embed column names, categories and text values; publish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from headwater import _native
+from headwater.embedders import get_embedder
+from headwater.errors import SchemaError
+from headwater.preprocessing.infer import infer_stype
+from headwater.preprocessing.schema import Schema, TableSchema, load_schema
+from headwater.preprocessing.sources import Source, SourceTable, open_source, quote
+
+I64_MIN = np.iinfo(np.int64).min
+I64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass
+class TablePlan:
+    name: str
+    source: SourceTable
+    primary_key: str | None
+    time_column: str | None
+    foreign_keys: dict[str, str]
+    declared: dict[str, str]
+    stypes: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def _progress(iterable: Any, desc: str, total: int | None, enabled: bool) -> Any:
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit="table", file=sys.stderr)
+
+
+def _plan(src: Source, schema: Schema) -> list[TablePlan]:
+    for tname, ts in schema.tables.items():
+        if tname not in src.tables:
+            raise SchemaError(
+                f"{schema.path or 'schema'}: table `{tname}` is not in the source "
+                f"(tables: {', '.join(sorted(src.tables)) or 'none'})"
+            )
+        cols = {c for c, _ in src.tables[tname].columns}
+        named = list(ts.columns)
+        named += [c for c in (ts.primary_key, ts.time_column) if c]
+        named += list((ts.foreign_keys or {}).keys())
+        for c in named:
+            if c not in cols:
+                raise SchemaError(
+                    f"{schema.path or 'schema'}: table `{tname}` has no column `{c}` "
+                    f"(columns: {', '.join(sorted(cols))})"
+                )
+    plans = []
+    for name in sorted(src.tables):
+        st = src.tables[name]
+        ts = schema.tables.get(name, TableSchema())
+        if ts.ignore:
+            continue
+        plans.append(
+            TablePlan(
+                name=name,
+                source=st,
+                primary_key=ts.primary_key if "primary_key" in ts.given else st.primary_key,
+                time_column=ts.time_column if "time_column" in ts.given else st.time_column,
+                foreign_keys=dict(ts.foreign_keys if ts.foreign_keys is not None else st.foreign_keys),
+                declared={**{c: "ignored" for c in st.hidden}, **ts.columns},
+            )
+        )
+    by_name = {p.name: p for p in plans}
+    for p in plans:
+        cols = {c for c, _ in p.source.columns}
+        for c in [p.primary_key, p.time_column, *p.foreign_keys]:
+            if c and c not in cols:
+                raise SchemaError(f"table `{p.name}`: declared key/time column `{c}` does not exist")
+        for fk, target in p.foreign_keys.items():
+            if target not in by_name:
+                raise SchemaError(
+                    f"table `{p.name}` foreign key `{fk}` references table `{target}`, "
+                    "which is not in the source (or is ignored)"
+                )
+            if by_name[target].primary_key is None:
+                raise SchemaError(
+                    f"table `{p.name}` foreign key `{fk}` references table `{target}`, "
+                    "which has no primary key (declare `primary_key` for it in the schema)"
+                )
+    return plans
+
+
+def _read(con: duckdb.DuckDBPyConnection, table: str, cols: list[str]) -> pa.Table:
+    sel = ", ".join(quote(c) for c in cols) if cols else "1 AS __dummy"
+    return con.execute(f"SELECT {sel} FROM {quote(table)}").fetch_arrow_table()
+
+
+def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, pa.Array]:
+    """The primary key column of every referenced or anchor table, checked unique."""
+    keys: dict[str, pa.Array] = {}
+    for p in plans:
+        if p.primary_key is None:
+            continue
+        col = _read(src.con, p.name, [p.primary_key]).column(0).combine_chunks()
+        if col.null_count:
+            raise SchemaError(
+                f"table `{p.name}`: primary key `{p.primary_key}` has {col.null_count} null value(s)"
+            )
+        counts = pc.value_counts(col)
+        dup = counts.filter(pc.greater(counts.field("counts"), 1))
+        if len(dup):
+            example = dup[0]["values"].as_py()
+            raise SchemaError(
+                f"table `{p.name}`: primary key `{p.primary_key}` has {len(dup)} duplicated "
+                f"value(s), e.g. {example!r} appears {dup[0]['counts'].as_py()} times"
+            )
+        keys[p.name] = col
+    return keys
+
+
+def _valid(col: pa.Array) -> np.ndarray:
+    if col.null_count == 0:
+        return np.ones(len(col), dtype=np.uint8)
+    return np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=np.uint8)
+
+
+def _to_micros(col: pa.Array, where: str) -> pa.Array:
+    t = col.type
+    try:
+        if pa.types.is_date(t):
+            col = col.cast(pa.timestamp("us"))
+        elif pa.types.is_timestamp(t):
+            col = col.cast(pa.timestamp("us", t.tz))
+        else:
+            col = col.cast(pa.timestamp("us"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise SchemaError(f"{where}: cannot read {t} as a timestamp: {e}") from e
+    return col.cast(pa.int64())
+
+
+def _fill(col: pa.Array, value: Any, dtype: Any) -> np.ndarray:
+    return np.ascontiguousarray(pc.fill_null(col, value).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _dictionary(col: pa.Array, sort: bool) -> tuple[np.ndarray, pa.Array]:
+    enc = pc.dictionary_encode(col)
+    idx = enc.indices
+    dictionary = enc.dictionary
+    if sort and len(dictionary):
+        order = pc.array_sort_indices(dictionary).to_numpy()
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        dictionary = dictionary.take(pa.array(order))
+        codes = rank[_fill(idx, 0, np.int64)]
+    else:
+        codes = _fill(idx, 0, np.int64)
+    return np.ascontiguousarray(codes, dtype=np.uint32), dictionary
+
+
+def encode_column(stype: str, col: pa.Array, where: str) -> tuple[Any, Any, Any]:
+    """Typed arrays for the Rust writer: ``(values, valid, extra)``."""
+    valid = _valid(col)
+    try:
+        if stype == "numerical":
+            vals = col.cast(pa.float64())
+            return _fill(vals, 0.0, np.float64), valid, None
+        if stype == "boolean":
+            vals = col if pa.types.is_boolean(col.type) else pc.not_equal(col.cast(pa.float64()), 0)
+            return _fill(vals.cast(pa.uint8()), 0, np.uint8), valid, None
+        if stype == "timestamp":
+            return _fill(_to_micros(col, where), 0, np.int64), valid, None
+        if stype == "categorical":
+            codes, dictionary = _dictionary(col.cast(pa.string()), sort=True)
+            return codes, valid, [str(v) for v in dictionary.to_pylist()]
+        if stype == "text":
+            codes, dictionary = _dictionary(col.cast(pa.large_string()), sort=False)
+            d = dictionary.cast(pa.large_string())
+            _, offs_buf, data_buf = d.buffers()
+            offs = np.frombuffer(offs_buf, dtype=np.int64)[d.offset : d.offset + len(d) + 1]
+            data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+            return codes, valid, (np.ascontiguousarray(offs), np.ascontiguousarray(data))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaError(f"{where}: cannot encode {col.type} as {stype}: {e}") from e
+    raise SchemaError(f"{where}: semantic type {stype} cannot be encoded")
+
+
+def _fingerprint(plan: TablePlan, index: int) -> str:
+    doc = {
+        "format": _native.FORMAT_VERSION,
+        "headwater": _native.__version__,
+        "index": index,
+        "name": plan.name,
+        "identity": plan.source.identity,
+        "pk": plan.primary_key,
+        "time": plan.time_column,
+        "fks": plan.foreign_keys,
+        "declared": plan.declared,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _add_table(
+    writer: _native.DatabaseWriter,
+    src: Source,
+    plan: TablePlan,
+    keys: dict[str, pa.Array],
+    log: Callable[[str], None],
+    fingerprint: str,
+) -> None:
+    key_cols = {c for c in [plan.primary_key, *plan.foreign_keys] if c}
+    all_cols = [c for c, _ in plan.source.columns]
+    types = dict(plan.source.columns)
+    to_read = [c for c in all_cols if plan.declared.get(c) != "ignored" or c in key_cols or c == plan.time_column]
+    data = _read(src.con, plan.name, to_read)
+    n = data.num_rows
+    columns: list[tuple[Any, ...]] = []
+    for c in all_cols:
+        if c in plan.declared:
+            st, reason = plan.declared[c], "declared"
+            if c in key_cols and st not in ("identifier", "ignored"):
+                raise SchemaError(f"table `{plan.name}` column `{c}` is a key; it cannot be {st}")
+        elif c not in data.column_names:
+            st, reason = "ignored", "not read"
+        else:
+            st, reason = infer_stype(c, data.column(c), c in key_cols)
+            log(f"  {plan.name}.{c}: inferred {st} ({reason})")
+        plan.stypes[c], plan.reasons[c] = st, reason
+        inferred = reason != "declared"
+        if st in ("identifier", "ignored"):
+            columns.append((c, st, types[c], inferred, None, None, None))
+            continue
+        col = data.column(c).combine_chunks()
+        values, valid, extra = encode_column(st, col, f"table `{plan.name}` column `{c}`")
+        columns.append((c, st, types[c], inferred, values, valid, extra))
+    if plan.time_column:
+        t = _to_micros(data.column(plan.time_column).combine_chunks(), f"table `{plan.name}` time column")
+        row_time = _fill(t, I64_MIN, np.int64)
+    else:
+        row_time = np.full(n, I64_MIN, dtype=np.int64)
+    fks = []
+    for fk, target in plan.foreign_keys.items():
+        col = data.column(fk).combine_chunks()
+        pk = keys[target]
+        where = f"table `{plan.name}` foreign key `{fk}` → `{target}`"
+        if col.type != pk.type:
+            try:
+                col = col.cast(pk.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}") from e
+        idx = pc.index_in(col, value_set=pk)
+        num_null = col.null_count
+        num_dangling = idx.null_count - num_null
+        if num_dangling:
+            log(f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped")
+        fks.append((fk, target, _fill(idx.cast(pa.int64()), -1, np.int64), num_null, num_dangling))
+    writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
+
+
+def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> np.ndarray:
+    if table not in keys:
+        raise SchemaError(f"task `{task}`: anchor table `{table}` has no primary key to match anchors against")
+    pk = keys[table]
+    if anchors.type != pk.type:
+        try:
+            anchors = anchors.cast(pk.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise SchemaError(f"task `{task}`: anchor values of type {anchors.type} cannot match primary key type {pk.type}: {e}") from e
+    return pc.index_in(anchors, value_set=pk)
+
+
+def _add_value_task(
+    writer: _native.DatabaseWriter,
+    keys: dict[str, pa.Array],
+    *,
+    name: str,
+    kind: str,
+    anchor_table: str,
+    result: pa.Table,
+    target_stype: str,
+    query: str | None,
+    description: str | None,
+    log: Callable[[str], None],
+) -> None:
+    if result.num_columns != 3:
+        raise SchemaError(
+            f"task `{name}`: the query returns {result.num_columns} columns "
+            f"({', '.join(result.column_names)}); expected 3: anchor key, observation time, target"
+        )
+    if result.num_rows == 0:
+        raise SchemaError(f"task `{name}` has zero rows (no seeds)")
+    anchors = result.column(0).combine_chunks()
+    idx = _anchor_rows(keys, anchor_table, anchors, name)
+    keep = pc.is_valid(idx)
+    dropped = len(idx) - pc.sum(keep.cast(pa.int64())).as_py()
+    if dropped:
+        log(f"  warning: task `{name}`: {dropped} row(s) whose anchor matches no row of `{anchor_table}` dropped")
+    if dropped == len(idx):
+        raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
+    rows = np.ascontiguousarray(idx.filter(keep).to_numpy(zero_copy_only=False), dtype=np.uint32)
+    obs_col = result.column(1).combine_chunks().filter(keep)
+    if pa.types.is_null(obs_col.type):
+        obs = np.full(len(rows), I64_MAX, dtype=np.int64)
+    else:
+        obs = _fill(_to_micros(obs_col, f"task `{name}` observation time"), I64_MAX, np.int64)
+    target = result.column(2).combine_chunks().filter(keep)
+    values, valid, extra = encode_column(target_stype, target, f"task `{name}` target")
+    writer.add_task(name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description)
+
+
+def _add_tasks(
+    writer: _native.DatabaseWriter,
+    src: Source,
+    schema: Schema,
+    plans: list[TablePlan],
+    keys: dict[str, pa.Array],
+    log: Callable[[str], None],
+) -> None:
+    by_name = {p.name: p for p in plans}
+    if schema.tasks:
+        for t in schema.tasks:
+            if t.anchor_table not in by_name:
+                raise SchemaError(f"task `{t.name}`: unknown anchor table `{t.anchor_table}`")
+            if t.column is not None:
+                plan = by_name[t.anchor_table]
+                st = plan.stypes.get(t.column)
+                if st is None:
+                    raise SchemaError(f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`")
+                if st != t.target_stype:
+                    raise SchemaError(
+                        f"task `{t.name}`: column `{t.anchor_table}.{t.column}` is {st}, "
+                        f"but the task declares target_stype = {t.target_stype!r}"
+                    )
+                writer.add_cell_task(t.name, t.anchor_table, t.column, t.description)
+                continue
+            assert t.query is not None
+            try:
+                result = src.con.execute(t.query).fetch_arrow_table()
+            except duckdb.Error as e:
+                raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
+            _add_value_task(
+                writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, result=result,
+                target_stype=t.target_stype, query=t.query, description=t.description, log=log,
+            )
+        return
+    if src.tasks:
+        for k in src.tasks:
+            if k.anchor_table not in by_name:
+                raise SchemaError(f"task `{k.name}`: unknown entity table `{k.anchor_table}`")
+            files = ", ".join(f"'{str(f).replace(chr(39), chr(39) * 2)}'" for f in k.label_files)
+            time_expr = quote(k.time_col) if k.time_col else "NULL"
+            q = (
+                f"SELECT {quote(k.entity_col)}, {time_expr}, {quote(k.target_col)} "
+                f"FROM read_parquet([{files}])"
+            )
+            try:
+                result = src.con.execute(q).fetch_arrow_table()
+            except duckdb.Error as e:
+                raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
+            _add_value_task(
+                writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, result=result,
+                target_stype=k.target_stype, query=None, description=k.description, log=log,
+            )
+        return
+    created = 0
+    for p in plans:
+        key_cols = {c for c in [p.primary_key, p.time_column, *p.foreign_keys] if c}
+        for c, _ in p.source.columns:
+            st = p.stypes.get(c)
+            if st in ("numerical", "boolean", "timestamp", "categorical") and c not in key_cols:
+                writer.add_cell_task(f"{p.name}.{c}", p.name, c, f"mask {p.name}.{c}")
+                created += 1
+    log(f"no tasks declared: created {created} cell-masking task(s), one per eligible column")
+
+
+def _embed(embedder: Any, texts: list[str], what: str, enabled: bool) -> np.ndarray:
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float16)
+    if enabled:
+        print(f"embedding {len(texts)} {what} with {embedder.name}", file=sys.stderr)
+    out = np.ascontiguousarray(embedder.embed(texts), dtype=np.float16)
+    if out.shape != (len(texts), embedder.dim):
+        raise RuntimeError(f"embedder {embedder.name} returned shape {out.shape}, expected {(len(texts), embedder.dim)}")
+    return out
+
+
+def preprocess(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    schema: str | os.PathLike[str] | Schema | None = None,
+    embedder: str = "auto",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Build a headwater database in ``out_dir`` from ``source``.
+
+    ``source`` is a RelBench dataset folder, a DuckDB or SQLite file, or a
+    directory of Parquet/CSV files; ``schema`` a schema file (see
+    :mod:`headwater.preprocessing.schema`) declaring or overriding keys, time
+    columns, semantic types and tasks. ``embedder`` is ``minilm``, ``hash`` or
+    ``auto``. The result is staged in ``<out_dir>.partial`` (kept on failure
+    so a re-run resumes finished tables) and renamed into place when complete.
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
+    log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
+    sch = schema if isinstance(schema, Schema) else load_schema(schema) if schema is not None else Schema()
+    emb = get_embedder(embedder)
+    src = open_source(source)
+    for w in src.warnings:
+        log(f"warning: {w}")
+    plans = _plan(src, sch)
+    if not plans:
+        raise SchemaError(f"source {source}: no tables to import")
+    keys = _primary_keys(src, plans)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
+    resuming = True
+    for i, plan in enumerate(_progress(plans, "tables", len(plans), progress)):
+        fp = _fingerprint(plan, i)
+        if resuming and writer.resume_table(fp):
+            # Re-derive stypes for task planning from the staged metadata.
+            _restore_stypes(writer, plan)
+            log(f"  {plan.name}: reused from the interrupted run")
+            continue
+        resuming = False
+        _add_table(writer, src, plan, keys, log, fp)
+    _add_tasks(writer, src, sch, plans, keys, log)
+    col_emb = _embed(emb, writer.column_texts(), "column names", progress)
+    cat_emb = _embed(emb, writer.category_texts(), "categories", progress)
+    text_emb = _embed(emb, writer.text_values(), "text values", progress)
+    writer.finish(col_emb, cat_emb, text_emb, overwrite)
+    src.con.close()
+    log(f"wrote {out}")
+    return out
+
+
+def _restore_stypes(writer: _native.DatabaseWriter, plan: TablePlan) -> None:
+    table = writer.num_tables() - 1
+    for c in json.loads(writer.columns_json()):
+        if c["table"] == table and c["slot"] is not None:
+            plan.stypes.setdefault(c["name"], c["stype"])
+    for c, _ in plan.source.columns:
+        plan.stypes.setdefault(c, plan.declared.get(c, "ignored"))

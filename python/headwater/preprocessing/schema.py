@@ -1,0 +1,183 @@
+"""The schema file: declared keys, temporal columns, semantic types and tasks.
+
+Format (TOML; JSON with the same structure is accepted too)::
+
+    [tables.<table>]
+    primary_key = "col"              # optional, single column
+    time_column = "col"              # optional
+    foreign_keys = { fk_col = "referenced_table" }
+    ignore = false                   # optional: leave the table out
+    [tables.<table>.columns]
+    col = "categorical"              # a semantic type (see SEMANTIC_TYPES)
+
+    [[tasks]]
+    name = "snake_case"
+    anchor_table = "orders"
+    target_stype = "boolean"         # numerical | boolean | timestamp | categorical
+    description = "..."              # optional
+    column = "o_orderpriority"       # cell task: mask this column of the anchor row
+    query = "SELECT ..."             # or SQL task: (anchor key, observation time, target)
+
+Unknown keys and bad values raise ``SchemaError`` naming the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headwater.errors import SchemaError
+
+SEMANTIC_TYPES = (
+    "identifier",
+    "numerical",
+    "timestamp",
+    "boolean",
+    "categorical",
+    "text",
+    "ignored",
+)
+TARGET_STYPES = ("numerical", "boolean", "timestamp", "categorical")
+
+
+@dataclass
+class TableSchema:
+    primary_key: str | None = None
+    time_column: str | None = None
+    foreign_keys: dict[str, str] | None = None
+    ignore: bool = False
+    columns: dict[str, str] = field(default_factory=dict)
+    # Which of the optional keys were given (an override may clear a key).
+    given: set[str] = field(default_factory=set)
+
+
+@dataclass
+class TaskSchema:
+    name: str
+    anchor_table: str
+    target_stype: str
+    column: str | None = None
+    query: str | None = None
+    description: str | None = None
+
+
+@dataclass
+class Schema:
+    tables: dict[str, TableSchema] = field(default_factory=dict)
+    tasks: list[TaskSchema] = field(default_factory=list)
+    path: str | None = None
+
+
+def _check_keys(where: str, d: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise SchemaError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
+            f"(allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _str(where: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise SchemaError(f"{where}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
+    """Validate a parsed schema document."""
+    src = path or "schema"
+    _check_keys(src, data, {"tables", "tasks"})
+    schema = Schema(path=path)
+    tables = data.get("tables", {})
+    if not isinstance(tables, dict):
+        raise SchemaError(f"{src}: `tables` must be a table of tables")
+    for tname, t in tables.items():
+        where = f"{src}: tables.{tname}"
+        if not isinstance(t, dict):
+            raise SchemaError(f"{where}: expected a table")
+        _check_keys(
+            where, t, {"primary_key", "time_column", "foreign_keys", "ignore", "columns"}
+        )
+        ts = TableSchema(given=set(t))
+        if "primary_key" in t:
+            ts.primary_key = _str(f"{where}.primary_key", t["primary_key"])
+        if "time_column" in t:
+            ts.time_column = _str(f"{where}.time_column", t["time_column"])
+        if "foreign_keys" in t:
+            fks = t["foreign_keys"]
+            if not isinstance(fks, dict):
+                raise SchemaError(f"{where}.foreign_keys: expected {{ column = \"table\" }}")
+            ts.foreign_keys = {
+                _str(f"{where}.foreign_keys", k): _str(f"{where}.foreign_keys.{k}", v)
+                for k, v in fks.items()
+            }
+        if "ignore" in t:
+            if not isinstance(t["ignore"], bool):
+                raise SchemaError(f"{where}.ignore: expected true or false, got {t['ignore']!r}")
+            ts.ignore = t["ignore"]
+        cols = t.get("columns", {})
+        if not isinstance(cols, dict):
+            raise SchemaError(f"{where}.columns: expected {{ column = \"semantic type\" }}")
+        for c, st in cols.items():
+            if st not in SEMANTIC_TYPES:
+                raise SchemaError(
+                    f"{where}.columns.{c}: unknown semantic type {st!r} "
+                    f"(expected one of {', '.join(SEMANTIC_TYPES)})"
+                )
+            ts.columns[c] = st
+        schema.tables[tname] = ts
+    tasks = data.get("tasks", [])
+    if not isinstance(tasks, list):
+        raise SchemaError(f"{src}: `tasks` must be an array of tables ([[tasks]])")
+    names: set[str] = set()
+    for i, k in enumerate(tasks):
+        where = f"{src}: tasks[{i}]"
+        if not isinstance(k, dict):
+            raise SchemaError(f"{where}: expected a table")
+        _check_keys(
+            where, k, {"name", "anchor_table", "target_stype", "column", "query", "description"}
+        )
+        for req in ("name", "anchor_table", "target_stype"):
+            if req not in k:
+                raise SchemaError(f"{where}: missing required key `{req}`")
+        name = _str(f"{where}.name", k["name"])
+        where = f"{src}: task `{name}`"
+        if name in names:
+            raise SchemaError(f"{where}: declared twice")
+        names.add(name)
+        st = k["target_stype"]
+        if st not in TARGET_STYPES:
+            raise SchemaError(
+                f"{where}.target_stype: {st!r} has no decoder head "
+                f"(expected one of {', '.join(TARGET_STYPES)})"
+            )
+        has_col, has_q = "column" in k, "query" in k
+        if has_col == has_q:
+            raise SchemaError(f"{where}: give exactly one of `column` (cell task) or `query` (SQL)")
+        schema.tasks.append(
+            TaskSchema(
+                name=name,
+                anchor_table=_str(f"{where}.anchor_table", k["anchor_table"]),
+                target_stype=st,
+                column=_str(f"{where}.column", k["column"]) if has_col else None,
+                query=_str(f"{where}.query", k["query"]) if has_q else None,
+                description=k.get("description"),
+            )
+        )
+    return schema
+
+
+def load_schema(path: str | Path) -> Schema:
+    """Read a TOML (or ``.json``) schema file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"schema file not found: {p}")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise SchemaError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from e
+    return parse_schema(data, str(p))

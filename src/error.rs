@@ -1,0 +1,68 @@
+//! The crate's one error type.
+//!
+//! Every failure class has its own variant so callers (and the Python binding,
+//! which maps variants onto an exception hierarchy) can tell them apart.
+//! Messages name the offending value, what was expected, and the file.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every way a headwater operation can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or directory could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file exists but is not a valid headwater file (truncated, corrupt,
+    /// wrong magic, unsupported version, inconsistent with metadata).
+    #[error("{}: {what}", file.display())]
+    Format { file: PathBuf, what: String },
+    /// The preprocessed database was written by a format version this build
+    /// cannot read.
+    #[error("{}: format version {found} is not supported (this build reads versions {min}..={max})", file.display())]
+    Version {
+        file: PathBuf,
+        found: u32,
+        min: u32,
+        max: u32,
+    },
+    /// A configuration key has a bad value or is unknown.
+    #[error("config `{key}`: {what}")]
+    Config { key: String, what: String },
+    /// A function argument is outside its allowed range.
+    #[error("invalid argument `{name}`: {what}")]
+    InvalidArgument { name: String, what: String },
+    /// The relational input cannot be turned into a database (schema or data
+    /// problem), naming table/column.
+    #[error("{0}")]
+    Preprocess(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn format(file: impl Into<PathBuf>, what: impl Into<String>) -> Self {
+        Error::Format {
+            file: file.into(),
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn invalid(name: &str, what: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            name: name.to_string(),
+            what: what.into(),
+        }
+    }
+}

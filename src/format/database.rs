@@ -1,0 +1,465 @@
+//! Opening a preprocessed database: map every file, validate once, and hand
+//! out zero-copy views.
+//!
+//! Invariants: a [`Database`] that exists has validated every file header and
+//! checksum, checked every section length against `metadata.json`, and
+//! recomputed the content hash. Views are plain slices into the read-only
+//! maps; nothing here copies column or graph data.
+
+use std::path::{Path, PathBuf};
+
+use half::f16;
+
+use super::header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
+use super::metadata::{Metadata, SemanticType};
+use crate::error::{Error, Result};
+
+/// Zero-copy view of `graph.bin`.
+#[derive(Clone, Copy)]
+pub struct GraphView<'a> {
+    pub row_table: &'a [u16],
+    pub row_time: &'a [i64],
+    pub fwd_offsets: &'a [u64],
+    pub fwd_targets: &'a [u32],
+    pub rev_offsets: &'a [u64],
+    pub rev_targets: &'a [u32],
+    pub rev_times: &'a [i64],
+}
+
+impl<'a> GraphView<'a> {
+    /// Parents of `row` (F→P).
+    #[inline]
+    pub fn parents(&self, row: u32) -> &'a [u32] {
+        let r = row as usize;
+        &self.fwd_targets[self.fwd_offsets[r] as usize..self.fwd_offsets[r + 1] as usize]
+    }
+
+    /// Children of `row` (P→F) with their times, sorted by time.
+    #[inline]
+    pub fn children(&self, row: u32) -> (&'a [u32], &'a [i64]) {
+        let r = row as usize;
+        let (a, b) = (
+            self.rev_offsets[r] as usize,
+            self.rev_offsets[r + 1] as usize,
+        );
+        (&self.rev_targets[a..b], &self.rev_times[a..b])
+    }
+
+    /// Children of `row` whose time is `<= cutoff` (a prefix: binary search).
+    #[inline]
+    pub fn children_visible_at(&self, row: u32, cutoff: i64) -> &'a [u32] {
+        let (ids, times) = self.children(row);
+        let n = times.partition_point(|&t| t <= cutoff);
+        &ids[..n]
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.row_table.len()
+    }
+}
+
+/// One stored column: values (typed by semantic type) and validity bitmap.
+#[derive(Clone, Copy)]
+pub enum ColumnValues<'a> {
+    Numerical(&'a [f32]),
+    Boolean(&'a [u8]),
+    Timestamp(&'a [i64]),
+    Categorical(&'a [u32]),
+    Text(&'a [u32]),
+}
+
+#[derive(Clone, Copy)]
+pub struct ColumnView<'a> {
+    pub column_idx: u32,
+    pub values: ColumnValues<'a>,
+    pub validity: &'a [u8],
+}
+
+impl ColumnView<'_> {
+    #[inline]
+    pub fn is_valid(&self, row: usize) -> bool {
+        super::bit(self.validity, row)
+    }
+}
+
+/// Zero-copy view of one table file.
+pub struct TableView<'a> {
+    pub row_offset: u32,
+    pub num_rows: u32,
+    pub columns: Vec<ColumnView<'a>>,
+}
+
+/// Zero-copy view of one task file.
+#[derive(Clone, Copy)]
+pub struct TaskView<'a> {
+    pub anchor_rows: &'a [u32],
+    pub obs_times: &'a [i64],
+    pub targets: ColumnValues<'a>,
+    pub target_validity: &'a [u8],
+}
+
+/// An open, validated, memory-mapped database directory.
+pub struct Database {
+    dir: PathBuf,
+    meta: Metadata,
+    graph: MappedFile,
+    tables: Vec<MappedFile>,
+    tasks: Vec<MappedFile>,
+    column_emb: MappedFile,
+    categorical_emb: MappedFile,
+    text_emb: MappedFile,
+}
+
+fn values<'a>(
+    f: &'a MappedFile,
+    section: usize,
+    stype: SemanticType,
+    n: usize,
+) -> Result<ColumnValues<'a>> {
+    Ok(match stype {
+        SemanticType::Numerical => ColumnValues::Numerical(f.section(section, Some(n))?),
+        SemanticType::Boolean => ColumnValues::Boolean(f.section(section, Some(n))?),
+        SemanticType::Timestamp => ColumnValues::Timestamp(f.section(section, Some(n))?),
+        SemanticType::Categorical => ColumnValues::Categorical(f.section(section, Some(n))?),
+        SemanticType::Text => ColumnValues::Text(f.section(section, Some(n))?),
+        other => {
+            return Err(Error::format(
+                f.path(),
+                format!(
+                    "section {section}: semantic type {} is never stored",
+                    other.name()
+                ),
+            ))
+        }
+    })
+}
+
+impl Database {
+    /// Open and validate the database in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let meta_path = dir.join("metadata.json");
+        if !dir.is_dir() {
+            return Err(Error::io(
+                &dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a directory (expected a headwater database)",
+                ),
+            ));
+        }
+        let raw = std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
+        // Check the version before the full parse so an incompatible file
+        // yields a version error, not a schema error.
+        let probe: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| Error::format(&meta_path, format!("not valid JSON: {e}")))?;
+        let version = probe
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| Error::format(&meta_path, "missing `format_version`"))?;
+        if !(MIN_READ_VERSION as u64..=FORMAT_VERSION as u64).contains(&version) {
+            return Err(Error::Version {
+                file: meta_path,
+                found: version as u32,
+                min: MIN_READ_VERSION,
+                max: FORMAT_VERSION,
+            });
+        }
+        let meta: Metadata = serde_json::from_value(probe)
+            .map_err(|e| Error::format(&meta_path, format!("invalid metadata: {e}")))?;
+        let want_hash = meta.compute_content_hash();
+        if want_hash != meta.content_hash {
+            return Err(Error::format(
+                &meta_path,
+                format!(
+                    "content hash mismatch: stored {}, computed {want_hash} (metadata was edited)",
+                    meta.content_hash
+                ),
+            ));
+        }
+        let open = |rel: &str, kind: FileKind, n: Option<usize>| -> Result<MappedFile> {
+            let path = dir.join(rel);
+            let f = MappedFile::open(&path, kind, n)?;
+            let digest = meta.files.get(rel).ok_or_else(|| {
+                Error::format(&meta_path, format!("no digest recorded for {rel}"))
+            })?;
+            let sum = format!("{:016x}", f.payload_checksum());
+            if digest.bytes != f.len_bytes() || digest.checksum != sum {
+                return Err(Error::format(
+                    &path,
+                    format!(
+                        "does not belong to this snapshot: {} bytes / checksum {sum}, metadata.json records {} bytes / {}",
+                        f.len_bytes(),
+                        digest.bytes,
+                        digest.checksum
+                    ),
+                ));
+            }
+            Ok(f)
+        };
+        let graph = open("graph.bin", FileKind::Graph, Some(7))?;
+        let mut tables = Vec::with_capacity(meta.tables.len());
+        for t in &meta.tables {
+            let expected = format!("tables/{}.bin", t.idx);
+            if t.file != expected {
+                return Err(Error::format(
+                    &meta_path,
+                    format!(
+                        "table `{}` names file {:?}, expected {expected:?}",
+                        t.name, t.file
+                    ),
+                ));
+            }
+            tables.push(open(&t.file, FileKind::Table, Some(2 * t.columns.len()))?);
+        }
+        let mut tasks = Vec::with_capacity(meta.tasks.len());
+        for k in &meta.tasks {
+            let expected = format!("tasks/{}.bin", k.idx);
+            if k.file != expected {
+                return Err(Error::format(
+                    &meta_path,
+                    format!(
+                        "task `{}` names file {:?}, expected {expected:?}",
+                        k.name, k.file
+                    ),
+                ));
+            }
+            tasks.push(open(&k.file, FileKind::Task, Some(4))?);
+        }
+        let column_emb = open("column_embeddings.bin", FileKind::Embeddings, Some(3))?;
+        let categorical_emb = open("categorical_embeddings.bin", FileKind::Embeddings, Some(3))?;
+        let text_emb = open("text_embeddings.bin", FileKind::Embeddings, Some(3))?;
+        let db = Database {
+            dir,
+            meta,
+            graph,
+            tables,
+            tasks,
+            column_emb,
+            categorical_emb,
+            text_emb,
+        };
+        db.validate_shapes()?;
+        Ok(db)
+    }
+
+    /// Check every section against the metadata, once, so later views cannot fail.
+    fn validate_shapes(&self) -> Result<()> {
+        let m = &self.meta;
+        let n = m.num_rows as usize;
+        let e = m.num_edges as usize;
+        let g = &self.graph;
+        let row_table: &[u16] = g.section(0, Some(n))?;
+        g.section::<i64>(1, Some(n))?;
+        for (base, what) in [(2usize, "fwd"), (4, "rev")] {
+            let offs: &[u64] = g.section(base, Some(n + 1))?;
+            let targets: &[u32] = g.section(base + 1, Some(e))?;
+            if offs.first() != Some(&0)
+                || offs.last().copied() != Some(e as u64)
+                || offs.windows(2).any(|w| w[0] > w[1])
+            {
+                return Err(Error::format(
+                    g.path(),
+                    format!("{what}_offsets are not a valid CSR offset array"),
+                ));
+            }
+            if let Some(bad) = targets.iter().find(|&&t| t as usize >= n) {
+                return Err(Error::format(
+                    g.path(),
+                    format!("{what}_targets holds row {bad}, database has {n} rows"),
+                ));
+            }
+        }
+        g.section::<i64>(6, Some(e))?;
+        let mut expected_offset = 0u64;
+        for t in &m.tables {
+            if t.row_offset != expected_offset {
+                return Err(Error::format(
+                    self.dir.join("metadata.json"),
+                    format!(
+                        "table `{}` row_offset {} expected {expected_offset}",
+                        t.name, t.row_offset
+                    ),
+                ));
+            }
+            expected_offset += t.num_rows;
+            let lo = t.row_offset as usize;
+            let hi = lo + t.num_rows as usize;
+            if hi > n || row_table[lo..hi].iter().any(|&x| x as u32 != t.idx) {
+                return Err(Error::format(
+                    g.path(),
+                    format!(
+                        "row_table disagrees with table `{}` rows {lo}..{hi}",
+                        t.name
+                    ),
+                ));
+            }
+            self.table(t.idx as usize)?;
+        }
+        if expected_offset != m.num_rows {
+            return Err(Error::format(
+                self.dir.join("metadata.json"),
+                "tables do not cover num_rows",
+            ));
+        }
+        for k in 0..m.tasks.len() {
+            let v = self.task(k)?;
+            if let Some(bad) = v.anchor_rows.iter().find(|&&r| r as u64 >= m.num_rows) {
+                return Err(Error::format(
+                    self.tasks[k].path(),
+                    format!("anchor row {bad} out of range"),
+                ));
+            }
+        }
+        let d = m.embedder.dim as usize;
+        self.column_embeddings()?;
+        for (f, count) in [
+            (&self.column_emb, m.columns.len()),
+            (&self.categorical_emb, m.num_categorical_embeddings as usize),
+            (&self.text_emb, m.num_text_embeddings as usize),
+        ] {
+            f.section::<f16>(0, Some(count * d))?;
+            f.section::<u64>(1, Some(count + 1))?;
+        }
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn metadata(&self) -> &Metadata {
+        &self.meta
+    }
+    pub fn content_hash(&self) -> &str {
+        &self.meta.content_hash
+    }
+
+    pub fn graph(&self) -> GraphView<'_> {
+        let g = &self.graph;
+        // Shapes were validated at open.
+        GraphView {
+            row_table: g.section(0, None).expect("validated"),
+            row_time: g.section(1, None).expect("validated"),
+            fwd_offsets: g.section(2, None).expect("validated"),
+            fwd_targets: g.section(3, None).expect("validated"),
+            rev_offsets: g.section(4, None).expect("validated"),
+            rev_targets: g.section(5, None).expect("validated"),
+            rev_times: g.section(6, None).expect("validated"),
+        }
+    }
+
+    /// View of table `t`.
+    pub fn table(&self, t: usize) -> Result<TableView<'_>> {
+        let tm = self.meta.tables.get(t).ok_or_else(|| {
+            Error::invalid(
+                "table",
+                format!(
+                    "{t} out of range (database has {} tables)",
+                    self.meta.tables.len()
+                ),
+            )
+        })?;
+        let f = &self.tables[t];
+        let n = tm.num_rows as usize;
+        let mut columns = Vec::with_capacity(tm.columns.len());
+        for (j, &c) in tm.columns.iter().enumerate() {
+            let cm = &self.meta.columns[c as usize];
+            if cm.slot != Some(j as u32) {
+                return Err(Error::format(
+                    f.path(),
+                    format!("column `{}` slot {:?} expected {j}", cm.name, cm.slot),
+                ));
+            }
+            columns.push(ColumnView {
+                column_idx: c,
+                values: values(f, 2 * j, cm.stype, n)?,
+                validity: f.section(2 * j + 1, Some(n.div_ceil(8)))?,
+            });
+        }
+        Ok(TableView {
+            row_offset: tm.row_offset as u32,
+            num_rows: n as u32,
+            columns,
+        })
+    }
+
+    /// View of task `k`.
+    pub fn task(&self, k: usize) -> Result<TaskView<'_>> {
+        let km = self.meta.tasks.get(k).ok_or_else(|| {
+            Error::invalid(
+                "task",
+                format!(
+                    "{k} out of range (database has {} tasks)",
+                    self.meta.tasks.len()
+                ),
+            )
+        })?;
+        let f = &self.tasks[k];
+        let n = km.num_seeds as usize;
+        Ok(TaskView {
+            anchor_rows: f.section(0, Some(n))?,
+            obs_times: f.section(1, Some(n))?,
+            targets: values(f, 2, km.target_stype, n)?,
+            target_validity: f.section(3, Some(n.div_ceil(8)))?,
+        })
+    }
+
+    fn embeddings(f: &MappedFile) -> Result<&[f16]> {
+        f.section(0, None)
+    }
+
+    /// Column-name embeddings `[C, D]`, row-major.
+    pub fn column_embeddings(&self) -> Result<&[f16]> {
+        Self::embeddings(&self.column_emb)
+    }
+    /// Category embeddings `[Vc, D]`.
+    pub fn categorical_embeddings(&self) -> Result<&[f16]> {
+        Self::embeddings(&self.categorical_emb)
+    }
+    /// Text-value embeddings `[Vt, D]`.
+    pub fn text_embeddings(&self) -> Result<&[f16]> {
+        Self::embeddings(&self.text_emb)
+    }
+
+    /// The `i`-th embedded string of one embedding file.
+    pub fn embedded_string(&self, which: EmbeddingKind, i: usize) -> Result<&str> {
+        let f = match which {
+            EmbeddingKind::Column => &self.column_emb,
+            EmbeddingKind::Categorical => &self.categorical_emb,
+            EmbeddingKind::Text => &self.text_emb,
+        };
+        let offs: &[u64] = f.section(1, None)?;
+        let bytes: &[u8] = f.section(2, None)?;
+        if i + 1 >= offs.len() {
+            return Err(Error::invalid(
+                "index",
+                format!(
+                    "{i} out of range ({} strings)",
+                    offs.len().saturating_sub(1)
+                ),
+            ));
+        }
+        let (a, b) = (offs[i] as usize, offs[i + 1] as usize);
+        let s = bytes.get(a..b).ok_or_else(|| {
+            Error::format(
+                f.path(),
+                format!("string {i} spans {a}..{b}, outside the data"),
+            )
+        })?;
+        std::str::from_utf8(s)
+            .map_err(|e| Error::format(f.path(), format!("string {i} is not UTF-8: {e}")))
+    }
+
+    /// Total bytes of all mapped files.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.meta.files.values().map(|d| d.bytes).sum::<u64>()
+    }
+}
+
+/// Which embedding file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbeddingKind {
+    Column,
+    Categorical,
+    Text,
+}

@@ -1,0 +1,227 @@
+//! The binary file header: constants, validation, and the mapped-file view.
+//!
+//! Invariant: a [`MappedFile`] that exists has passed every check (magic,
+//! version, length, section bounds and alignment, header and payload
+//! checksums). Section accessors after that are bounds-checked slices, never
+//! a panic on user data.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::error::{Error, Result};
+
+/// The format version this build writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The oldest format version this build reads.
+pub const MIN_READ_VERSION: u32 = 1;
+
+pub(crate) const FIXED_HEADER: usize = 48;
+pub(crate) const SECTION_ENTRY: usize = 16;
+/// Every section starts at a multiple of this.
+pub const ALIGN: usize = 64;
+
+/// What a binary file holds; decides its magic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Graph,
+    Table,
+    Task,
+    Embeddings,
+}
+
+impl FileKind {
+    pub fn magic(self) -> &'static [u8; 8] {
+        match self {
+            FileKind::Graph => b"HWGRAPH\0",
+            FileKind::Table => b"HWTABLE\0",
+            FileKind::Task => b"HWTASK\0\0",
+            FileKind::Embeddings => b"HWEMBED\0",
+        }
+    }
+
+    fn from_magic(m: &[u8]) -> Option<Self> {
+        [
+            FileKind::Graph,
+            FileKind::Table,
+            FileKind::Task,
+            FileKind::Embeddings,
+        ]
+        .into_iter()
+        .find(|k| k.magic() == m)
+    }
+}
+
+/// A validated, read-only memory map of one headwater binary file.
+pub struct MappedFile {
+    path: PathBuf,
+    mmap: Mmap,
+    sections: Vec<(usize, usize)>,
+    version: u32,
+    payload_checksum: u64,
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+impl MappedFile {
+    /// Map `path` and validate it as a `kind` file with `expected_sections`
+    /// sections (`None` = any count).
+    pub fn open(path: &Path, kind: FileKind, expected_sections: Option<usize>) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+        let bad = |what: String| Error::format(path, what);
+        if len < FIXED_HEADER {
+            return Err(bad(format!(
+                "truncated: {len} bytes, shorter than the {FIXED_HEADER}-byte header"
+            )));
+        }
+        // SAFETY: the map is read-only and the database directory is documented
+        // as immutable while in use; every byte we interpret is validated below.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let b = &mmap[..];
+        let magic = &b[0..8];
+        match FileKind::from_magic(magic) {
+            Some(k) if k == kind => {}
+            Some(k) => {
+                return Err(bad(format!(
+                    "is a {k:?} file, expected a {kind:?} file (magic {:?})",
+                    String::from_utf8_lossy(kind.magic())
+                )))
+            }
+            None => {
+                return Err(bad(format!(
+                    "not a headwater file: bad magic {:02x?} (expected {:?})",
+                    magic,
+                    String::from_utf8_lossy(kind.magic())
+                )))
+            }
+        }
+        let version = le_u32(b, 8);
+        if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(Error::Version {
+                file: path.to_path_buf(),
+                found: version,
+                min: MIN_READ_VERSION,
+                max: FORMAT_VERSION,
+            });
+        }
+        let n = le_u32(b, 12) as usize;
+        let table_end = FIXED_HEADER
+            .checked_add(
+                n.checked_mul(SECTION_ENTRY)
+                    .ok_or_else(|| bad("section count overflows".into()))?,
+            )
+            .ok_or_else(|| bad("section count overflows".into()))?;
+        if table_end > len {
+            return Err(bad(format!(
+                "truncated: section table of {n} entries ends at byte {table_end}, file has {len} bytes"
+            )));
+        }
+        let mut h = Xxh3::new();
+        h.update(&b[0..32]);
+        h.update(&b[FIXED_HEADER..table_end]);
+        if h.digest() != le_u64(b, 32) {
+            return Err(bad("corrupt header: header checksum mismatch".into()));
+        }
+        let declared_len = le_u64(b, 16) as usize;
+        if declared_len != len {
+            return Err(bad(format!(
+                "truncated or extended: header says {declared_len} bytes, file has {len} bytes"
+            )));
+        }
+        if let Some(want) = expected_sections {
+            if want != n {
+                return Err(bad(format!("has {n} sections, expected {want}")));
+            }
+        }
+        let payload_start = align_up(table_end, ALIGN);
+        let mut sections = Vec::with_capacity(n);
+        for i in 0..n {
+            let off = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY) as usize;
+            let slen = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY + 8) as usize;
+            let end = off.checked_add(slen);
+            if off % ALIGN != 0 || off < payload_start || end.is_none_or(|e| e > len) {
+                return Err(bad(format!(
+                    "corrupt section table: section {i} at offset {off} length {slen} is outside the payload (file has {len} bytes)"
+                )));
+            }
+            sections.push((off, slen));
+        }
+        let payload_checksum = le_u64(b, 24);
+        let actual = xxh3_64(&b[payload_start.min(len)..]);
+        if actual != payload_checksum {
+            return Err(bad(format!(
+                "corrupt data: payload checksum mismatch (stored {payload_checksum:016x}, computed {actual:016x})"
+            )));
+        }
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            mmap,
+            sections,
+            version,
+            payload_checksum,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+    pub fn payload_checksum(&self) -> u64 {
+        self.payload_checksum
+    }
+    pub fn len_bytes(&self) -> u64 {
+        self.mmap.len() as u64
+    }
+    pub fn num_sections(&self) -> usize {
+        self.sections.len()
+    }
+
+    /// Section `i` viewed as `[T]`, checking its length is a whole number of
+    /// `T` and equals `expected_len` elements when given.
+    pub fn section<T: bytemuck::Pod>(&self, i: usize, expected_len: Option<usize>) -> Result<&[T]> {
+        let (off, len) = *self.sections.get(i).ok_or_else(|| {
+            Error::format(
+                &self.path,
+                format!("missing section {i} (file has {})", self.sections.len()),
+            )
+        })?;
+        let bytes = &self.mmap[off..off + len];
+        let size = std::mem::size_of::<T>();
+        if len % size != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!("section {i}: {len} bytes is not a multiple of the {size}-byte element"),
+            ));
+        }
+        let view: &[T] = bytemuck::try_cast_slice(bytes).map_err(|e| {
+            Error::format(
+                &self.path,
+                format!("section {i}: cannot view in place: {e}"),
+            )
+        })?;
+        if let Some(want) = expected_len {
+            if view.len() != want {
+                return Err(Error::format(
+                    &self.path,
+                    format!("section {i}: {} elements, metadata says {want}", view.len()),
+                ));
+            }
+        }
+        Ok(view)
+    }
+}
+
+/// Round `x` up to a multiple of `a` (a power of two).
+pub fn align_up(x: usize, a: usize) -> usize {
+    (x + a - 1) & !(a - 1)
+}

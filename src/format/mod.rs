@@ -1,0 +1,113 @@
+//! The preprocessed database on disk: one read-only directory, memory-mapped.
+//!
+//! # Layout (format version 1)
+//!
+//! ```text
+//! DB_DIR/
+//!   metadata.json               tables, columns, semantic types, stats, tasks,
+//!                               format version, file digests, content hash
+//!   graph.bin                   bidirectional CSR + dense row→table + row times
+//!   tables/<t>.bin              one per table: column values + validity bitmaps
+//!   tasks/<k>.bin               one per task: anchor rows, obs times, targets
+//!   column_embeddings.bin       f16 [C, D]  (+ the embedded strings)
+//!   categorical_embeddings.bin  f16 [Vc, D] (+ the embedded strings)
+//!   text_embeddings.bin         f16 [Vt, D] (+ the embedded strings)
+//! ```
+//!
+//! File names come from indices (`tables/0.bin`, `tasks/3.bin`), never from
+//! user strings, so a table named `../../etc` cannot escape the directory.
+//!
+//! Rows of all tables share one global row-id space (`u32`): table `t` owns
+//! `[row_offset[t], row_offset[t] + num_rows[t])`, tables in metadata order.
+//!
+//! # Binary file header
+//!
+//! Every `.bin` file starts with this header (all integers little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0  | 8  | magic: `HWGRAPH\0`, `HWTABLE\0`, `HWTASK\0\0` or `HWEMBED\0` |
+//! | 8  | 4  | format version (`u32`) |
+//! | 12 | 4  | number of sections `n` (`u32`) |
+//! | 16 | 8  | total file length in bytes (`u64`) |
+//! | 24 | 8  | xxh3-64 of every byte after the header (`u64`) |
+//! | 32 | 8  | xxh3-64 of bytes `0..32` followed by the section table (`u64`) |
+//! | 40 | 8  | reserved, zero |
+//! | 48 | 16·n | section table: `(offset u64, length u64)` per section |
+//!
+//! The payload starts at the first multiple of 64 after the section table and
+//! every section starts on a 64-byte boundary (zero padding between), so any
+//! section can be viewed in place as a slice of its element type.
+//! [`MappedFile::open`] validates magic, version, length, section bounds,
+//! alignment and both checksums once; afterwards reads are plain slices.
+//!
+//! # Sections
+//!
+//! `graph.bin` (N rows, E edges each way):
+//! 0. `row_table: u16[N]` — table index of every row (dense lookup);
+//! 1. `row_time: i64[N]` — row time in µs since the Unix epoch, `i64::MIN`
+//!    when the table has no temporal column or the time is null;
+//! 2. `fwd_offsets: u64[N+1]`, 3. `fwd_targets: u32[E]` — F→P: the parents a
+//!    row references, in foreign-key column order;
+//! 4. `rev_offsets: u64[N+1]`, 5. `rev_targets: u32[E]`, 6. `rev_times: i64[E]`
+//!    — P→F: the children referencing a row, sorted by (child time, child id),
+//!    `rev_times` holding each child's `row_time`, so "children visible at
+//!    time T" is a prefix found by binary search without touching child rows.
+//!
+//! `tables/<t>.bin`: for the table's `j`-th stored column (the `slot` in
+//! metadata), section `2j` holds the values and `2j+1` the validity bitmap
+//! (`u8[ceil(N/8)]`, bit `i % 8` of byte `i / 8` set = row `i` not null).
+//! Value types by semantic type: numerical `f32` (z-scored with the column's
+//! mean/std), timestamp `i64` (raw µs; the 15-float encoding is computed at
+//! sampling time from these and the database-wide stats), boolean `u8` (0/1),
+//! categorical `u32` (global index into `categorical_embeddings.bin`), text
+//! `u32` (global index into `text_embeddings.bin`). Null cells hold zero.
+//! Identifier and ignored columns are not stored.
+//!
+//! `tasks/<k>.bin`: 0. `anchor_row: u32[n]` (global row id), 1. `obs_time:
+//! i64[n]` (µs; `i64::MAX` for a non-temporal seed), 2. target values typed as
+//! for table columns of the task's target semantic type, 3. target validity.
+//!
+//! `*_embeddings.bin`: 0. `f16[N·D]` row-major, 1. `u64[N+1]` string offsets,
+//! 2. UTF-8 bytes: the strings that were embedded (category labels, column
+//! names, text values), kept for inspection and round-trip checks.
+//!
+//! # Content hash
+//!
+//! `metadata.json` records every file's length and payload checksum, and a
+//! `content_hash`: xxh3-128 over the canonical JSON of the metadata (with the
+//! hash field empty). Opening recomputes it, so a directory whose files were
+//! swapped, truncated or edited is rejected; samplers on different ranks can
+//! compare hashes to prove they read the same snapshot.
+
+mod database;
+mod header;
+mod metadata;
+mod writer;
+
+pub use database::{
+    ColumnValues, ColumnView, Database, EmbeddingKind, GraphView, TableView, TaskView,
+};
+pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
+pub use metadata::{
+    metadata_unstored, ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata,
+    SemanticType, TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
+};
+pub use writer::{align_up, FileWriter, Section};
+
+/// Pack a slice of booleans (`0`/non-zero bytes) into a validity bitmap.
+pub fn pack_bits(valid: impl ExactSizeIterator<Item = bool>) -> Vec<u8> {
+    let mut out = vec![0u8; valid.len().div_ceil(8)];
+    for (i, v) in valid.enumerate() {
+        if v {
+            out[i >> 3] |= 1 << (i & 7);
+        }
+    }
+    out
+}
+
+/// Is bit `i` of a validity bitmap set?
+#[inline(always)]
+pub fn bit(bitmap: &[u8], i: usize) -> bool {
+    bitmap[i >> 3] & (1 << (i & 7)) != 0
+}

@@ -1,0 +1,19 @@
+//! headwater: an observability-first sampler that turns a relational database
+//! into training batches for relational transformers.
+//!
+//! Module map (one job per folder; see ARCHITECTURE.md):
+//! - [`format`]: the on-disk format — byte layout, headers, writer, mmap reader.
+//! - [`preprocess`]: relational tables → format (offline).
+//! - [`error`]: the crate's error type.
+//! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3 appears.
+
+pub mod error;
+pub mod format;
+pub mod preprocess;
+pub mod rng;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{Error, Result};
+pub use format::{Database, Metadata, SemanticType};

@@ -1,0 +1,1113 @@
+//! [`DatabaseWriter`]: accumulates tables and tasks, writes the format.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use serde::{Deserialize, Serialize};
+
+use super::graph::build_csr;
+use super::stats::{column_stats, RunningStats};
+use crate::error::{Error, Result};
+use crate::format::bit;
+use crate::format::{
+    pack_bits, ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, FileKind, FileWriter,
+    ForeignKeyMeta, MappedFile, Metadata, Section, SemanticType, TableMeta, TaskMeta,
+    TimestampStats, FORMAT_VERSION,
+};
+
+/// Typed values of one column (or task target), as the front end supplies them.
+/// `valid[i] != 0` marks row `i` non-null.
+pub enum ColumnData<'a> {
+    /// Identifier / ignored columns: not stored.
+    Unstored,
+    Numerical {
+        values: &'a [f64],
+        valid: &'a [u8],
+    },
+    Boolean {
+        values: &'a [u8],
+        valid: &'a [u8],
+    },
+    /// µs since the Unix epoch.
+    Timestamp {
+        values: &'a [i64],
+        valid: &'a [u8],
+    },
+    /// `codes[i]` indexes `categories`.
+    Categorical {
+        codes: &'a [u32],
+        valid: &'a [u8],
+        categories: Vec<String>,
+    },
+    /// `codes[i]` indexes a dictionary given as Arrow `large_string` buffers.
+    Text {
+        codes: &'a [u32],
+        valid: &'a [u8],
+        offsets: &'a [i64],
+        bytes: &'a [u8],
+    },
+}
+
+pub struct ColumnInput<'a> {
+    pub name: String,
+    pub stype: SemanticType,
+    pub source_type: String,
+    pub inferred: bool,
+    pub data: ColumnData<'a>,
+}
+
+pub struct ForeignKeyInput<'a> {
+    pub column: String,
+    /// Name of the referenced table.
+    pub references: String,
+    /// Row index in the referenced table, `-1` where null or dangling.
+    pub parents: &'a [i64],
+    pub num_null: u64,
+    pub num_dangling: u64,
+}
+
+pub struct TableInput<'a> {
+    pub name: String,
+    pub num_rows: usize,
+    pub primary_key: Option<String>,
+    pub time_column: Option<String>,
+    /// Row times in µs, `i64::MIN` where the row has none.
+    pub row_time: &'a [i64],
+    pub columns: Vec<ColumnInput<'a>>,
+    pub foreign_keys: Vec<ForeignKeyInput<'a>>,
+    /// Identifies the source and settings this table was built from; a
+    /// restarted run reuses the staged table only when it matches.
+    pub fingerprint: String,
+}
+
+/// What a task predicts.
+pub enum TaskTarget<'a> {
+    /// Values supplied by the front end (SQL or imported labels); they become
+    /// a virtual column of the anchor table.
+    Values {
+        stype: SemanticType,
+        data: ColumnData<'a>,
+    },
+}
+
+pub struct TaskInput<'a> {
+    pub name: String,
+    pub kind: String,
+    pub anchor_table: String,
+    /// Row index within the anchor table.
+    pub anchor_rows: &'a [u32],
+    /// Observation time in µs; `i64::MAX` = non-temporal seed.
+    pub obs_time: &'a [i64],
+    pub target: TaskTarget<'a>,
+    pub query: Option<String>,
+    pub description: Option<String>,
+}
+
+/// What a staged table leaves behind so a restarted run can skip it.
+#[derive(Serialize, Deserialize)]
+struct TablePart {
+    fingerprint: String,
+    table: TableMeta,
+    fk_refs: Vec<String>,
+    columns: Vec<ColumnMeta>,
+    categories_added: Vec<String>,
+    ts: (u64, f64, f64, f64, f64),
+    digest: FileDigest,
+}
+
+/// Builds a database directory. See the module docs of [`crate::preprocess`].
+pub struct DatabaseWriter {
+    out: PathBuf,
+    staging: PathBuf,
+    source: String,
+    embedder: EmbedderMeta,
+    tables: Vec<TableMeta>,
+    fk_refs: Vec<Vec<String>>,
+    columns: Vec<ColumnMeta>,
+    tasks: Vec<TaskMeta>,
+    files: BTreeMap<String, FileDigest>,
+    row_time: Vec<i64>,
+    /// Per table, per foreign key: parent row within the referenced table
+    /// (`u32::MAX` = none).
+    fk_parents: Vec<Vec<Vec<u32>>>,
+    text_index: HashMap<String, u32>,
+    text_strings: Vec<String>,
+    cat_strings: Vec<String>,
+    ts_stats: RunningStats,
+    resumed: usize,
+}
+
+fn io<P: AsRef<Path>>(p: P) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(p.as_ref(), e)
+}
+
+/// A table or column name must be printable and path-free. Files are named by
+/// index, so this is not what keeps the directory safe; it keeps names
+/// portable into metadata, metric labels and SQL.
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    let bad = name.is_empty()
+        || name.len() > 255
+        || name
+            .chars()
+            .any(|c| c.is_control() || c == '/' || c == '\\')
+        || name == "."
+        || name == "..";
+    if bad {
+        return Err(Error::Preprocess(format!(
+            "unsafe {kind} name {name:?}: names must be 1-255 printable characters without '/', '\\' or control characters, and not '.' or '..'"
+        )));
+    }
+    Ok(())
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::Preprocess(format!(
+            "{what}: {got} values, expected {want}"
+        )));
+    }
+    Ok(())
+}
+
+fn digest(len: u64, checksum: u64) -> FileDigest {
+    FileDigest {
+        bytes: len,
+        checksum: format!("{checksum:016x}"),
+    }
+}
+
+/// Encoded column: value bytes + validity bitmap + stats.
+struct Encoded {
+    values: Vec<u8>,
+    validity: Vec<u8>,
+    stats: ColumnStats,
+    ts: Option<RunningStats>,
+}
+
+impl DatabaseWriter {
+    /// Start writing to `out` (staged in `<out>.partial`). An existing
+    /// staging directory is kept for [`resume_table`](Self::resume_table).
+    pub fn new(out: impl AsRef<Path>, source: &str, embedder: &str, dim: u32) -> Result<Self> {
+        let out = out.as_ref().to_path_buf();
+        let name = out
+            .file_name()
+            .ok_or_else(|| {
+                Error::invalid(
+                    "out_dir",
+                    format!("{} has no final component", out.display()),
+                )
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let staging = out.with_file_name(format!("{name}.partial"));
+        for d in ["", "tables", "tasks", "parts"] {
+            let p = staging.join(d);
+            fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        // Task files and finished-database files are never reused.
+        let tasks_dir = staging.join("tasks");
+        fs::remove_dir_all(&tasks_dir).map_err(io(&tasks_dir))?;
+        fs::create_dir_all(&tasks_dir).map_err(io(&tasks_dir))?;
+        Ok(DatabaseWriter {
+            out,
+            staging,
+            source: source.to_string(),
+            embedder: EmbedderMeta {
+                name: embedder.to_string(),
+                dim,
+            },
+            tables: vec![],
+            fk_refs: vec![],
+            columns: vec![],
+            tasks: vec![],
+            files: BTreeMap::new(),
+            row_time: vec![],
+            fk_parents: vec![],
+            text_index: HashMap::new(),
+            text_strings: vec![],
+            cat_strings: vec![],
+            ts_stats: RunningStats::default(),
+            resumed: 0,
+        })
+    }
+
+    pub fn staging_dir(&self) -> &Path {
+        &self.staging
+    }
+    pub fn num_tables(&self) -> usize {
+        self.tables.len()
+    }
+    /// Tables reused from a previous interrupted run.
+    pub fn num_resumed(&self) -> usize {
+        self.resumed
+    }
+    pub fn table_index(&self, name: &str) -> Option<usize> {
+        self.tables.iter().position(|t| t.name == name)
+    }
+    pub fn columns(&self) -> &[ColumnMeta] {
+        &self.columns
+    }
+    pub fn tables(&self) -> &[TableMeta] {
+        &self.tables
+    }
+
+    fn encode(&mut self, what: &str, n: usize, data: &ColumnData<'_>) -> Result<Encoded> {
+        let valid_of =
+            |valid: &[u8]| -> Result<()> { check_len(&format!("{what} validity"), valid.len(), n) };
+        Ok(match data {
+            ColumnData::Unstored => unreachable!("unstored columns are not encoded"),
+            ColumnData::Numerical { values, valid } => {
+                check_len(what, values.len(), n)?;
+                valid_of(valid)?;
+                let (rs, stats) =
+                    column_stats(values.iter().zip(valid.iter()).map(|(&x, &v)| (x, v != 0)));
+                let (mean, scale) = (rs.mean, rs.scale());
+                let mut out = Vec::with_capacity(n);
+                let mut ok = Vec::with_capacity(n);
+                for (&x, &v) in values.iter().zip(valid.iter()) {
+                    let good = v != 0 && x.is_finite();
+                    ok.push(good);
+                    out.push(if good {
+                        ((x - mean) / scale) as f32
+                    } else {
+                        0.0
+                    });
+                }
+                Encoded {
+                    values: bytemuck::cast_slice(&out).to_vec(),
+                    validity: pack_bits(ok.into_iter()),
+                    stats,
+                    ts: None,
+                }
+            }
+            ColumnData::Boolean { values, valid } => {
+                check_len(what, values.len(), n)?;
+                valid_of(valid)?;
+                let (_, stats) = column_stats(
+                    values
+                        .iter()
+                        .zip(valid.iter())
+                        .map(|(&x, &v)| ((x != 0) as u8 as f64, v != 0)),
+                );
+                let vals: Vec<u8> = values
+                    .iter()
+                    .zip(valid.iter())
+                    .map(|(&x, &v)| (v != 0 && x != 0) as u8)
+                    .collect();
+                Encoded {
+                    values: vals,
+                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                    stats,
+                    ts: None,
+                }
+            }
+            ColumnData::Timestamp { values, valid } => {
+                check_len(what, values.len(), n)?;
+                valid_of(valid)?;
+                let (rs, stats) = column_stats(
+                    values
+                        .iter()
+                        .zip(valid.iter())
+                        .map(|(&x, &v)| (x as f64, v != 0)),
+                );
+                let vals: Vec<i64> = values
+                    .iter()
+                    .zip(valid.iter())
+                    .map(|(&x, &v)| if v != 0 { x } else { 0 })
+                    .collect();
+                Encoded {
+                    values: bytemuck::cast_slice(&vals).to_vec(),
+                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                    stats,
+                    ts: Some(rs),
+                }
+            }
+            ColumnData::Categorical {
+                codes,
+                valid,
+                categories,
+            } => {
+                check_len(what, codes.len(), n)?;
+                valid_of(valid)?;
+                let k = categories.len() as u32;
+                let start = self.cat_strings.len() as u32;
+                let mut vals = Vec::with_capacity(n);
+                let mut counts = vec![0u64; categories.len()];
+                for (i, (&c, &v)) in codes.iter().zip(valid.iter()).enumerate() {
+                    if v != 0 {
+                        if c >= k {
+                            return Err(Error::Preprocess(format!(
+                                "{what}: row {i} has category code {c}, only {k} categories"
+                            )));
+                        }
+                        counts[c as usize] += 1;
+                        vals.push(start + c);
+                    } else {
+                        vals.push(0);
+                    }
+                }
+                let nonnull = counts.iter().sum::<u64>();
+                let stats = ColumnStats {
+                    count: nonnull,
+                    null_count: n as u64 - nonnull,
+                    mean: 0.0,
+                    std: 0.0,
+                    min: 0.0,
+                    max: (k.saturating_sub(1)) as f64,
+                };
+                Encoded {
+                    values: bytemuck::cast_slice(&vals).to_vec(),
+                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                    stats,
+                    ts: None,
+                }
+            }
+            ColumnData::Text {
+                codes,
+                valid,
+                offsets,
+                bytes,
+            } => {
+                check_len(what, codes.len(), n)?;
+                valid_of(valid)?;
+                let dict_len = offsets.len().saturating_sub(1);
+                // Map the column's dictionary into the global text table.
+                let mut global = Vec::with_capacity(dict_len);
+                for j in 0..dict_len {
+                    let (a, b) = (offsets[j], offsets[j + 1]);
+                    if a < 0 || b < a || b as usize > bytes.len() {
+                        return Err(Error::Preprocess(format!(
+                            "{what}: dictionary entry {j} spans {a}..{b}, outside {} bytes",
+                            bytes.len()
+                        )));
+                    }
+                    let s = std::str::from_utf8(&bytes[a as usize..b as usize]).map_err(|e| {
+                        Error::Preprocess(format!("{what}: dictionary entry {j} is not UTF-8: {e}"))
+                    })?;
+                    let next = self.text_strings.len() as u32;
+                    let id = *self.text_index.entry(s.to_string()).or_insert_with(|| next);
+                    if id == next {
+                        self.text_strings.push(s.to_string());
+                    }
+                    global.push(id);
+                }
+                let mut vals = Vec::with_capacity(n);
+                let mut nonnull = 0u64;
+                for (i, (&c, &v)) in codes.iter().zip(valid.iter()).enumerate() {
+                    if v != 0 {
+                        let g = *global.get(c as usize).ok_or_else(|| {
+                            Error::Preprocess(format!("{what}: row {i} has text code {c}, dictionary has {dict_len} entries"))
+                        })?;
+                        nonnull += 1;
+                        vals.push(g);
+                    } else {
+                        vals.push(0);
+                    }
+                }
+                Encoded {
+                    values: bytemuck::cast_slice(&vals).to_vec(),
+                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                    stats: ColumnStats {
+                        count: nonnull,
+                        null_count: n as u64 - nonnull,
+                        ..Default::default()
+                    },
+                    ts: None,
+                }
+            }
+        })
+    }
+
+    fn new_column(
+        &mut self,
+        table: u32,
+        name: &str,
+        stype: SemanticType,
+        source_type: &str,
+        inferred: bool,
+        slot: Option<u32>,
+        stats: ColumnStats,
+        categories: Vec<String>,
+    ) -> u32 {
+        let idx = self.columns.len() as u32;
+        let (cat_emb_start, cat_emb_count) = if stype == SemanticType::Categorical {
+            let start = self.cat_strings.len() as u32;
+            for c in &categories {
+                self.cat_strings.push(format!("{name}: {c}"));
+            }
+            (start, categories.len() as u32)
+        } else {
+            (0, 0)
+        };
+        self.columns.push(ColumnMeta {
+            idx,
+            table,
+            name: name.to_string(),
+            stype,
+            source_type: source_type.to_string(),
+            inferred,
+            slot,
+            stats,
+            cat_emb_start,
+            cat_emb_count,
+            categories,
+        });
+        idx
+    }
+
+    /// Reuse table number `num_tables()` from an interrupted run if it was
+    /// staged with the same fingerprint. Returns whether it was reused; when
+    /// not, every staged table from that index on is discarded.
+    pub fn resume_table(&mut self, fingerprint: &str) -> Result<bool> {
+        let t = self.tables.len();
+        match self.try_resume(t, fingerprint) {
+            Ok(true) => {
+                self.resumed += 1;
+                Ok(true)
+            }
+            _ => {
+                self.discard_parts_from(t)?;
+                Ok(false)
+            }
+        }
+    }
+
+    fn discard_parts_from(&self, t: usize) -> Result<()> {
+        let parts = self.staging.join("parts");
+        for entry in fs::read_dir(&parts).map_err(io(&parts))? {
+            let entry = entry.map_err(io(&parts))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let idx = name.split('.').next().and_then(|s| s.parse::<usize>().ok());
+            if idx.is_none_or(|i| i >= t) {
+                let p = entry.path();
+                fs::remove_file(&p).map_err(io(&p))?;
+                if let Some(i) = idx {
+                    let tf = self.staging.join(format!("tables/{i}.bin"));
+                    if tf.exists() {
+                        fs::remove_file(&tf).map_err(io(&tf))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn try_resume(&mut self, t: usize, fingerprint: &str) -> Result<bool> {
+        let json_path = self.staging.join(format!("parts/{t}.json"));
+        let Ok(raw) = fs::read(&json_path) else {
+            return Ok(false);
+        };
+        let part: TablePart =
+            serde_json::from_slice(&raw).map_err(|e| Error::format(&json_path, e.to_string()))?;
+        if part.fingerprint != fingerprint
+            || part.table.idx as usize != t
+            || part.table.row_offset != self.row_time.len() as u64
+        {
+            return Ok(false);
+        }
+        let table_file = MappedFile::open(
+            &self.staging.join(format!("tables/{t}.bin")),
+            FileKind::Table,
+            Some(2 * part.columns.len()),
+        )?;
+        if format!("{:016x}", table_file.payload_checksum()) != part.digest.checksum {
+            return Ok(false);
+        }
+        let n = part.table.num_rows as usize;
+        let k = part.fk_refs.len();
+        let graph_part = MappedFile::open(
+            &self.staging.join(format!("parts/{t}.bin")),
+            FileKind::Graph,
+            Some(k + 3),
+        )?;
+        // Checks passed: apply. Column indices and category offsets must line
+        // up with what this run has allocated so far.
+        if part
+            .columns
+            .first()
+            .is_some_and(|c| c.idx as usize != self.columns.len())
+        {
+            return Ok(false);
+        }
+        let row_time: &[i64] = graph_part.section(0, Some(n))?;
+        let mut fks = Vec::with_capacity(k);
+        for j in 0..k {
+            fks.push(graph_part.section::<u32>(1 + j, Some(n))?.to_vec());
+        }
+        let offs: &[u64] = graph_part.section(k + 1, None)?;
+        let bytes: &[u8] = graph_part.section(k + 2, None)?;
+        for w in offs.windows(2) {
+            let s = std::str::from_utf8(&bytes[w[0] as usize..w[1] as usize])
+                .map_err(|e| Error::format(graph_part.path(), e.to_string()))?;
+            let id = self.text_strings.len() as u32;
+            self.text_index.insert(s.to_string(), id);
+            self.text_strings.push(s.to_string());
+        }
+        self.row_time.extend_from_slice(row_time);
+        self.fk_parents.push(fks);
+        self.fk_refs.push(part.fk_refs);
+        self.cat_strings.extend(part.categories_added);
+        self.columns.extend(part.columns);
+        let (count, mean, m2, min, max) = part.ts;
+        self.ts_stats.merge(&RunningStats {
+            count,
+            mean,
+            m2,
+            min,
+            max,
+        });
+        self.files.insert(part.table.file.clone(), part.digest);
+        self.tables.push(part.table);
+        Ok(true)
+    }
+
+    /// Add the next table: validates it, writes `tables/<t>.bin` and its
+    /// restart record.
+    pub fn add_table(&mut self, input: TableInput<'_>) -> Result<()> {
+        check_name("table", &input.name)?;
+        if self.table_index(&input.name).is_some() {
+            return Err(Error::Preprocess(format!(
+                "table `{}` added twice",
+                input.name
+            )));
+        }
+        let t = self.tables.len() as u32;
+        let n = input.num_rows;
+        let row_offset = self.row_time.len() as u64;
+        if row_offset + n as u64 > u32::MAX as u64 {
+            return Err(Error::Preprocess(format!(
+                "table `{}`: the database would exceed {} rows",
+                input.name,
+                u32::MAX
+            )));
+        }
+        if self.tables.len() >= u16::MAX as usize {
+            return Err(Error::Preprocess(format!(
+                "table `{}`: more than {} tables",
+                input.name,
+                u16::MAX
+            )));
+        }
+        check_len(
+            &format!("table `{}` row times", input.name),
+            input.row_time.len(),
+            n,
+        )?;
+        let text_before = self.text_strings.len();
+        let cats_before = self.cat_strings.len();
+        let cols_before = self.columns.len();
+        let mut stored = Vec::new();
+        let mut unstored = Vec::new();
+        let mut encoded = Vec::new();
+        let mut ts_table = RunningStats::default();
+        let mut seen = std::collections::HashSet::new();
+        for c in &input.columns {
+            check_name("column", &c.name)?;
+            if !seen.insert(c.name.as_str()) {
+                return Err(Error::Preprocess(format!(
+                    "table `{}`: column `{}` appears twice",
+                    input.name, c.name
+                )));
+            }
+            let what = format!("table `{}` column `{}`", input.name, c.name);
+            let data_kind = match &c.data {
+                ColumnData::Unstored => None,
+                ColumnData::Numerical { .. } => Some(SemanticType::Numerical),
+                ColumnData::Boolean { .. } => Some(SemanticType::Boolean),
+                ColumnData::Timestamp { .. } => Some(SemanticType::Timestamp),
+                ColumnData::Categorical { .. } => Some(SemanticType::Categorical),
+                ColumnData::Text { .. } => Some(SemanticType::Text),
+            };
+            if data_kind != c.stype.is_stored().then_some(c.stype) {
+                return Err(Error::Preprocess(format!(
+                    "{what}: data does not match semantic type {}",
+                    c.stype.name()
+                )));
+            }
+            if !c.stype.is_stored() {
+                unstored.push(crate::format::metadata_unstored(c));
+                continue;
+            }
+            let enc = self.encode(&what, n, &c.data)?;
+            if let Some(ts) = &enc.ts {
+                ts_table.merge(ts);
+            }
+            let categories = match &c.data {
+                ColumnData::Categorical { categories, .. } => categories.clone(),
+                _ => vec![],
+            };
+            let slot = stored.len() as u32;
+            let idx = self.new_column(
+                t,
+                &c.name,
+                c.stype,
+                &c.source_type,
+                c.inferred,
+                Some(slot),
+                enc.stats.clone(),
+                categories,
+            );
+            stored.push(idx);
+            encoded.push(enc);
+        }
+        let file = format!("tables/{t}.bin");
+        let path = self.staging.join(&file);
+        let mut w = FileWriter::create(&path, FileKind::Table, 2 * encoded.len())?;
+        for e in &encoded {
+            w.section(Section(&e.values))?;
+            w.section(Section(&e.validity))?;
+        }
+        let (len, sum) = w.finish()?;
+        drop(encoded);
+        let mut fk_meta = Vec::new();
+        let mut fk_refs = Vec::new();
+        let mut fks = Vec::new();
+        for fk in &input.foreign_keys {
+            check_len(
+                &format!("table `{}` foreign key `{}`", input.name, fk.column),
+                fk.parents.len(),
+                n,
+            )?;
+            let parents: Vec<u32> = fk
+                .parents
+                .iter()
+                .map(|&p| {
+                    if p < 0 || p >= u32::MAX as i64 {
+                        u32::MAX
+                    } else {
+                        p as u32
+                    }
+                })
+                .collect();
+            fk_meta.push(ForeignKeyMeta {
+                column: fk.column.clone(),
+                references: u32::MAX, // resolved in finish()
+                num_edges: parents.iter().filter(|&&p| p != u32::MAX).count() as u64,
+                num_null: fk.num_null,
+                num_dangling: fk.num_dangling,
+            });
+            fk_refs.push(fk.references.clone());
+            fks.push(parents);
+        }
+        let table = TableMeta {
+            idx: t,
+            name: input.name.clone(),
+            file: file.clone(),
+            row_offset,
+            num_rows: n as u64,
+            primary_key: input.primary_key.clone(),
+            time_column: input.time_column.clone(),
+            foreign_keys: fk_meta,
+            columns: stored,
+            unstored_columns: unstored,
+        };
+        // Restart record: graph inputs + new strings, then the JSON that marks
+        // the table complete (written last).
+        let part_bin = self.staging.join(format!("parts/{t}.bin"));
+        let new_texts = &self.text_strings[text_before..];
+        let mut offs = Vec::with_capacity(new_texts.len() + 1);
+        let mut bytes = Vec::new();
+        offs.push(0u64);
+        for s in new_texts {
+            bytes.extend_from_slice(s.as_bytes());
+            offs.push(bytes.len() as u64);
+        }
+        let mut pw = FileWriter::create(&part_bin, FileKind::Graph, fks.len() + 3)?;
+        pw.section(Section::of(input.row_time))?;
+        for f in &fks {
+            pw.section(Section::of(f))?;
+        }
+        pw.section(Section::of(&offs))?;
+        pw.section(Section(&bytes))?;
+        pw.finish()?;
+        let part = TablePart {
+            fingerprint: input.fingerprint.clone(),
+            table: table.clone(),
+            fk_refs: fk_refs.clone(),
+            columns: self.columns[cols_before..].to_vec(),
+            categories_added: self.cat_strings[cats_before..].to_vec(),
+            ts: (
+                ts_table.count,
+                ts_table.mean,
+                ts_table.m2,
+                ts_table.min,
+                ts_table.max,
+            ),
+            digest: digest(len, sum),
+        };
+        let json_path = self.staging.join(format!("parts/{t}.json"));
+        fs::write(&json_path, serde_json::to_vec(&part).expect("serialisable"))
+            .map_err(io(&json_path))?;
+        self.ts_stats.merge(&ts_table);
+        self.row_time.extend_from_slice(input.row_time);
+        self.fk_parents.push(fks);
+        self.fk_refs.push(fk_refs);
+        self.files.insert(file, digest(len, sum));
+        self.tables.push(table);
+        Ok(())
+    }
+
+    fn write_task(
+        &mut self,
+        meta: TaskMeta,
+        anchors: &[u32],
+        obs: &[i64],
+        values: &[u8],
+        validity: &[u8],
+    ) -> Result<()> {
+        let path = self.staging.join(&meta.file);
+        let mut w = FileWriter::create(&path, FileKind::Task, 4)?;
+        w.section(Section::of(anchors))?;
+        w.section(Section::of(obs))?;
+        w.section(Section(values))?;
+        w.section(Section(validity))?;
+        let (len, sum) = w.finish()?;
+        self.files.insert(meta.file.clone(), digest(len, sum));
+        self.tasks.push(meta);
+        Ok(())
+    }
+
+    fn check_task_name(&self, name: &str) -> Result<()> {
+        check_name("task", name)?;
+        if self.tasks.iter().any(|k| k.name == name) {
+            return Err(Error::Preprocess(format!("task `{name}` declared twice")));
+        }
+        Ok(())
+    }
+
+    /// A cell-masking task: every row of `table` whose `column` is not null is
+    /// a seed; the target is that cell; the observation time is the row's time.
+    pub fn add_cell_task(
+        &mut self,
+        name: &str,
+        table: &str,
+        column: &str,
+        description: Option<String>,
+    ) -> Result<()> {
+        self.check_task_name(name)?;
+        let t = self.table_index(table).ok_or_else(|| {
+            Error::Preprocess(format!("task `{name}`: unknown anchor table `{table}`"))
+        })?;
+        let tm = self.tables[t].clone();
+        let col = tm
+            .columns
+            .iter()
+            .map(|&c| &self.columns[c as usize])
+            .find(|c| c.name == column)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Preprocess(format!(
+                    "task `{name}`: table `{table}` has no stored column `{column}`"
+                ))
+            })?;
+        if !col.stype.is_target() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: column `{table}.{column}` is {}, which no decoder head predicts (numerical, boolean, timestamp, categorical)",
+                col.stype.name()
+            )));
+        }
+        let f = MappedFile::open(&self.staging.join(&tm.file), FileKind::Table, None)?;
+        let slot = col.slot.expect("stored column") as usize;
+        let n = tm.num_rows as usize;
+        let validity: &[u8] = f.section(2 * slot + 1, Some(n.div_ceil(8)))?;
+        let rows: Vec<u32> = (0..n as u32)
+            .filter(|&r| bit(validity, r as usize))
+            .collect();
+        if rows.is_empty() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: column `{table}.{column}` has no non-null values (zero seeds)"
+            )));
+        }
+        let size = col.stype.value_size();
+        let raw: &[u8] = f.section(2 * slot, Some(n * size))?;
+        let mut values = Vec::with_capacity(rows.len() * size);
+        for &r in &rows {
+            values.extend_from_slice(&raw[r as usize * size..(r as usize + 1) * size]);
+        }
+        let base = tm.row_offset as usize;
+        let obs: Vec<i64> = rows
+            .iter()
+            .map(|&r| match self.row_time[base + r as usize] {
+                i64::MIN => i64::MAX,
+                t => t,
+            })
+            .collect();
+        let anchors: Vec<u32> = rows.iter().map(|&r| r + tm.row_offset as u32).collect();
+        let k = self.tasks.len();
+        let meta = TaskMeta {
+            idx: k as u32,
+            name: name.to_string(),
+            kind: "cell".into(),
+            file: format!("tasks/{k}.bin"),
+            anchor_table: t as u32,
+            target_column: col.idx,
+            target_stype: col.stype,
+            num_seeds: rows.len() as u64,
+            num_null_targets: 0,
+            temporal: obs.iter().any(|&o| o != i64::MAX),
+            query: None,
+            description,
+        };
+        let all_valid = pack_bits(std::iter::repeat_n(true, rows.len()));
+        self.write_task(meta, &anchors, &obs, &values, &all_valid)
+    }
+
+    /// A task whose targets are supplied (SQL query or imported labels).
+    pub fn add_task(&mut self, input: TaskInput<'_>) -> Result<()> {
+        self.check_task_name(&input.name)?;
+        let name = input.name.clone();
+        let t = self.table_index(&input.anchor_table).ok_or_else(|| {
+            Error::Preprocess(format!(
+                "task `{name}`: unknown anchor table `{}`",
+                input.anchor_table
+            ))
+        })?;
+        let tm = self.tables[t].clone();
+        let n = input.anchor_rows.len();
+        if n == 0 {
+            return Err(Error::Preprocess(format!(
+                "task `{name}` has zero rows (no seeds)"
+            )));
+        }
+        check_len(
+            &format!("task `{name}` observation times"),
+            input.obs_time.len(),
+            n,
+        )?;
+        if let Some((i, &r)) = input
+            .anchor_rows
+            .iter()
+            .enumerate()
+            .find(|(_, &r)| r as u64 >= tm.num_rows)
+        {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: row {i} anchors row {r} of `{}`, which has {} rows",
+                tm.name, tm.num_rows
+            )));
+        }
+        let TaskTarget::Values { stype, data } = input.target;
+        if !stype.is_target() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: target semantic type {} has no decoder head",
+                stype.name()
+            )));
+        }
+        let enc = self.encode(&format!("task `{name}` target"), n, &data)?;
+        let categories = match &data {
+            ColumnData::Categorical { categories, .. } => categories.clone(),
+            _ => vec![],
+        };
+        let num_null = enc.stats.null_count;
+        let col = self.new_column(
+            t as u32,
+            &name,
+            stype,
+            "task target",
+            false,
+            None,
+            enc.stats.clone(),
+            categories,
+        );
+        let anchors: Vec<u32> = input
+            .anchor_rows
+            .iter()
+            .map(|&r| r + tm.row_offset as u32)
+            .collect();
+        let k = self.tasks.len();
+        let meta = TaskMeta {
+            idx: k as u32,
+            name,
+            kind: input.kind,
+            file: format!("tasks/{k}.bin"),
+            anchor_table: t as u32,
+            target_column: col,
+            target_stype: stype,
+            num_seeds: n as u64,
+            num_null_targets: num_null,
+            temporal: input.obs_time.iter().any(|&o| o != i64::MAX),
+            query: input.query,
+            description: input.description,
+        };
+        self.write_task(meta, &anchors, input.obs_time, &enc.values, &enc.validity)
+    }
+
+    /// Strings to embed, in table order: column names, category labels, text values.
+    pub fn column_texts(&self) -> Vec<String> {
+        self.columns
+            .iter()
+            .map(|c| format!("{} of {}", c.name, self.tables[c.table as usize].name))
+            .collect()
+    }
+    pub fn category_texts(&self) -> &[String] {
+        &self.cat_strings
+    }
+    pub fn text_values(&self) -> &[String] {
+        &self.text_strings
+    }
+
+    fn write_embeddings(&mut self, file: &str, emb: &[f16], texts: &[String]) -> Result<()> {
+        let d = self.embedder.dim as usize;
+        if emb.len() != texts.len() * d {
+            return Err(Error::invalid(
+                file,
+                format!(
+                    "{} values, expected {} strings × dim {d} = {}",
+                    emb.len(),
+                    texts.len(),
+                    texts.len() * d
+                ),
+            ));
+        }
+        let mut offs = Vec::with_capacity(texts.len() + 1);
+        let mut bytes = Vec::new();
+        offs.push(0u64);
+        for s in texts {
+            bytes.extend_from_slice(s.as_bytes());
+            offs.push(bytes.len() as u64);
+        }
+        let path = self.staging.join(file);
+        let mut w = FileWriter::create(&path, FileKind::Embeddings, 3)?;
+        w.section(Section::of(emb))?;
+        w.section(Section::of(&offs))?;
+        w.section(Section(&bytes))?;
+        let (len, sum) = w.finish()?;
+        self.files.insert(file.to_string(), digest(len, sum));
+        Ok(())
+    }
+
+    /// Build the graph, write embeddings and metadata, and publish the
+    /// directory at `out` (replacing it only if `overwrite`).
+    pub fn finish(
+        mut self,
+        column_emb: &[f16],
+        categorical_emb: &[f16],
+        text_emb: &[f16],
+        overwrite: bool,
+    ) -> Result<Metadata> {
+        if self.tasks.is_empty() {
+            return Err(Error::Preprocess(
+                "the database has no tasks: declare tasks or keep a column that can be masked"
+                    .into(),
+            ));
+        }
+        // Resolve foreign-key targets now that every table is known.
+        let offsets: Vec<u64> = self.tables.iter().map(|t| t.row_offset).collect();
+        let sizes: Vec<u64> = self.tables.iter().map(|t| t.num_rows).collect();
+        for t in 0..self.tables.len() {
+            for j in 0..self.fk_refs[t].len() {
+                let target = &self.fk_refs[t][j];
+                let r = self.table_index(target).ok_or_else(|| {
+                    Error::Preprocess(format!(
+                        "table `{}` foreign key `{}` references unknown table `{target}`",
+                        self.tables[t].name, self.tables[t].foreign_keys[j].column
+                    ))
+                })?;
+                if let Some(&bad) = self.fk_parents[t][j]
+                    .iter()
+                    .find(|&&p| p != u32::MAX && p as u64 >= sizes[r])
+                {
+                    return Err(Error::Preprocess(format!(
+                        "table `{}` foreign key `{}` points at row {bad} of `{target}`, which has {} rows",
+                        self.tables[t].name, self.tables[t].foreign_keys[j].column, sizes[r]
+                    )));
+                }
+                self.tables[t].foreign_keys[j].references = r as u32;
+            }
+        }
+        let n = self.row_time.len();
+        let row_table: Vec<u16> = self
+            .tables
+            .iter()
+            .flat_map(|t| std::iter::repeat_n(t.idx as u16, t.num_rows as usize))
+            .collect();
+        let csr = {
+            let tables = &self.tables;
+            let fk_parents = &self.fk_parents;
+            build_csr(n, &self.row_time, |r, out| {
+                let t = row_table[r] as usize;
+                let local = r - offsets[t] as usize;
+                for (j, fk) in tables[t].foreign_keys.iter().enumerate() {
+                    let p = fk_parents[t][j][local];
+                    if p != u32::MAX {
+                        out.push(p + offsets[fk.references as usize] as u32);
+                    }
+                }
+            })
+        };
+        self.fk_parents.clear();
+        let path = self.staging.join("graph.bin");
+        let mut w = FileWriter::create(&path, FileKind::Graph, 7)?;
+        w.section(Section::of(&row_table))?;
+        w.section(Section::of(&self.row_time))?;
+        w.section(Section::of(&csr.fwd_offsets))?;
+        w.section(Section::of(&csr.fwd_targets))?;
+        w.section(Section::of(&csr.rev_offsets))?;
+        w.section(Section::of(&csr.rev_targets))?;
+        w.section(Section::of(&csr.rev_times))?;
+        let (len, sum) = w.finish()?;
+        self.files.insert("graph.bin".into(), digest(len, sum));
+        let num_edges = csr.fwd_targets.len() as u64;
+        drop(csr);
+        let col_texts = self.column_texts();
+        self.write_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
+        let cat_texts = std::mem::take(&mut self.cat_strings);
+        self.write_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
+        let text_values = std::mem::take(&mut self.text_strings);
+        self.write_embeddings("text_embeddings.bin", text_emb, &text_values)?;
+        let mut meta = Metadata {
+            format_version: FORMAT_VERSION,
+            content_hash: String::new(),
+            producer: format!("headwater {}", env!("CARGO_PKG_VERSION")),
+            source: self.source.clone(),
+            embedder: self.embedder.clone(),
+            num_rows: n as u64,
+            num_edges,
+            num_text_embeddings: text_values.len() as u64,
+            num_categorical_embeddings: cat_texts.len() as u64,
+            timestamp_stats: TimestampStats {
+                mean_us: self.ts_stats.mean,
+                std_us: self.ts_stats.scale(),
+                count: self.ts_stats.count,
+            },
+            tables: std::mem::take(&mut self.tables),
+            columns: std::mem::take(&mut self.columns),
+            tasks: std::mem::take(&mut self.tasks),
+            files: std::mem::take(&mut self.files),
+        };
+        meta.content_hash = meta.compute_content_hash();
+        let meta_path = self.staging.join("metadata.json");
+        fs::write(
+            &meta_path,
+            serde_json::to_vec_pretty(&meta).expect("serialisable"),
+        )
+        .map_err(io(&meta_path))?;
+        let parts = self.staging.join("parts");
+        fs::remove_dir_all(&parts).map_err(io(&parts))?;
+        if self.out.exists() {
+            if !overwrite {
+                return Err(Error::invalid(
+                    "out_dir",
+                    format!(
+                        "{} already exists (pass overwrite to replace it)",
+                        self.out.display()
+                    ),
+                ));
+            }
+            let old = self.out.with_file_name(format!(
+                "{}.old",
+                self.out.file_name().unwrap_or_default().to_string_lossy()
+            ));
+            let _ = fs::remove_dir_all(&old);
+            fs::rename(&self.out, &old).map_err(io(&self.out))?;
+            fs::rename(&self.staging, &self.out).map_err(io(&self.out))?;
+            fs::remove_dir_all(&old).map_err(io(&old))?;
+        } else {
+            fs::rename(&self.staging, &self.out).map_err(io(&self.out))?;
+        }
+        // Make sure a published database opens.
+        crate::format::Database::open(&self.out)?;
+        Ok(meta)
+    }
+}

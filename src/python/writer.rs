@@ -1,0 +1,328 @@
+//! `DatabaseWriter` and `hash_embed` for the Python preprocessing front end.
+
+use half::f16;
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+
+use super::to_py;
+use crate::format::SemanticType;
+use crate::preprocess::{
+    self, ColumnData, ColumnInput, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
+};
+
+fn stype(s: &str) -> PyResult<SemanticType> {
+    SemanticType::parse(s).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown semantic type {s:?}: expected one of identifier, numerical, timestamp, boolean, categorical, text, ignored"
+        ))
+    })
+}
+
+/// Arrays borrowed from Python for one column; kept alive while the core runs.
+enum Held<'py> {
+    None,
+    F64(PyReadonlyArray1<'py, f64>, PyReadonlyArray1<'py, u8>),
+    U8(PyReadonlyArray1<'py, u8>, PyReadonlyArray1<'py, u8>),
+    I64(PyReadonlyArray1<'py, i64>, PyReadonlyArray1<'py, u8>),
+    Cat(
+        PyReadonlyArray1<'py, u32>,
+        PyReadonlyArray1<'py, u8>,
+        Vec<String>,
+    ),
+    Text(
+        PyReadonlyArray1<'py, u32>,
+        PyReadonlyArray1<'py, u8>,
+        PyReadonlyArray1<'py, i64>,
+        PyReadonlyArray1<'py, u8>,
+    ),
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{what}: array must be C-contiguous")))
+}
+
+fn hold<'py>(
+    st: SemanticType,
+    values: Option<Bound<'py, PyAny>>,
+    valid: Option<Bound<'py, PyAny>>,
+    extra: Option<Bound<'py, PyAny>>,
+    what: &str,
+) -> PyResult<Held<'py>> {
+    if !st.is_stored() {
+        return Ok(Held::None);
+    }
+    let values = values.ok_or_else(|| PyValueError::new_err(format!("{what}: values missing")))?;
+    let valid: PyReadonlyArray1<u8> = valid
+        .ok_or_else(|| PyValueError::new_err(format!("{what}: validity missing")))?
+        .extract()?;
+    Ok(match st {
+        SemanticType::Numerical => Held::F64(values.extract()?, valid),
+        SemanticType::Boolean => Held::U8(values.extract()?, valid),
+        SemanticType::Timestamp => Held::I64(values.extract()?, valid),
+        SemanticType::Categorical => {
+            let cats: Vec<String> = extra
+                .ok_or_else(|| PyValueError::new_err(format!("{what}: categories missing")))?
+                .extract()?;
+            Held::Cat(values.extract()?, valid, cats)
+        }
+        SemanticType::Text => {
+            let (offs, bytes): (PyReadonlyArray1<i64>, PyReadonlyArray1<u8>) = extra
+                .ok_or_else(|| PyValueError::new_err(format!("{what}: text dictionary missing")))?
+                .extract()?;
+            Held::Text(values.extract()?, valid, offs, bytes)
+        }
+        _ => unreachable!(),
+    })
+}
+
+fn data<'a>(h: &'a Held<'_>, what: &str) -> PyResult<ColumnData<'a>> {
+    Ok(match h {
+        Held::None => ColumnData::Unstored,
+        Held::F64(v, ok) => ColumnData::Numerical {
+            values: slice(v, what)?,
+            valid: slice(ok, what)?,
+        },
+        Held::U8(v, ok) => ColumnData::Boolean {
+            values: slice(v, what)?,
+            valid: slice(ok, what)?,
+        },
+        Held::I64(v, ok) => ColumnData::Timestamp {
+            values: slice(v, what)?,
+            valid: slice(ok, what)?,
+        },
+        Held::Cat(v, ok, cats) => ColumnData::Categorical {
+            codes: slice(v, what)?,
+            valid: slice(ok, what)?,
+            categories: cats.clone(),
+        },
+        Held::Text(v, ok, offs, bytes) => ColumnData::Text {
+            codes: slice(v, what)?,
+            valid: slice(ok, what)?,
+            offsets: slice(offs, what)?,
+            bytes: slice(bytes, what)?,
+        },
+    })
+}
+
+type ColumnTuple<'py> = (
+    String,
+    String,
+    String,
+    bool,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+);
+type FkTuple<'py> = (String, String, PyReadonlyArray1<'py, i64>, u64, u64);
+
+/// Builds a database directory from typed column arrays.
+#[pyclass(module = "headwater._native")]
+pub struct DatabaseWriter {
+    inner: Option<preprocess::DatabaseWriter>,
+}
+
+impl DatabaseWriter {
+    fn w(&mut self) -> PyResult<&mut preprocess::DatabaseWriter> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| PyRuntimeError::new_err("DatabaseWriter already finished"))
+    }
+}
+
+#[pymethods]
+impl DatabaseWriter {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        out_dir: std::path::PathBuf,
+        source: String,
+        embedder: String,
+        dim: u32,
+    ) -> PyResult<Self> {
+        let w = py
+            .detach(|| preprocess::DatabaseWriter::new(&out_dir, &source, &embedder, dim))
+            .map_err(to_py)?;
+        Ok(DatabaseWriter { inner: Some(w) })
+    }
+
+    /// Reuse the next table from an interrupted run when its fingerprint matches.
+    fn resume_table(&mut self, py: Python<'_>, fingerprint: &str) -> PyResult<bool> {
+        let w = self.w()?;
+        py.detach(|| w.resume_table(fingerprint)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (name, num_rows, primary_key, time_column, row_time, columns, foreign_keys, fingerprint))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_table<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: String,
+        num_rows: usize,
+        primary_key: Option<String>,
+        time_column: Option<String>,
+        row_time: PyReadonlyArray1<'py, i64>,
+        columns: Vec<ColumnTuple<'py>>,
+        foreign_keys: Vec<FkTuple<'py>>,
+        fingerprint: String,
+    ) -> PyResult<()> {
+        let mut held = Vec::with_capacity(columns.len());
+        let mut meta = Vec::with_capacity(columns.len());
+        for (cname, st, source_type, inferred, values, valid, extra) in columns {
+            let st = stype(&st)?;
+            let what = format!("table `{name}` column `{cname}`");
+            held.push(hold(st, values, valid, extra, &what)?);
+            meta.push((cname, st, source_type, inferred));
+        }
+        let mut cols = Vec::with_capacity(meta.len());
+        for ((cname, st, source_type, inferred), h) in meta.into_iter().zip(held.iter()) {
+            let d = data(h, &cname)?;
+            cols.push(ColumnInput {
+                name: cname,
+                stype: st,
+                source_type,
+                inferred,
+                data: d,
+            });
+        }
+        let mut fks = Vec::with_capacity(foreign_keys.len());
+        for (column, references, parents, num_null, num_dangling) in &foreign_keys {
+            fks.push(ForeignKeyInput {
+                column: column.clone(),
+                references: references.clone(),
+                parents: slice(parents, column)?,
+                num_null: *num_null,
+                num_dangling: *num_dangling,
+            });
+        }
+        let input = TableInput {
+            name,
+            num_rows,
+            primary_key,
+            time_column,
+            row_time: slice(&row_time, "row_time")?,
+            columns: cols,
+            foreign_keys: fks,
+            fingerprint,
+        };
+        let w = self.w()?;
+        py.detach(|| w.add_table(input)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (name, table, column, description=None))]
+    fn add_cell_task(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        table: &str,
+        column: &str,
+        description: Option<String>,
+    ) -> PyResult<()> {
+        let w = self.w()?;
+        py.detach(|| w.add_cell_task(name, table, column, description))
+            .map_err(to_py)
+    }
+
+    #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_task<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: String,
+        kind: String,
+        anchor_table: String,
+        anchor_rows: PyReadonlyArray1<'py, u32>,
+        obs_time: PyReadonlyArray1<'py, i64>,
+        target_stype: &str,
+        values: Bound<'py, PyAny>,
+        valid: Bound<'py, PyAny>,
+        categories: Option<Bound<'py, PyAny>>,
+        query: Option<String>,
+        description: Option<String>,
+    ) -> PyResult<()> {
+        let st = stype(target_stype)?;
+        let what = format!("task `{name}` target");
+        let h = hold(st, Some(values), Some(valid), categories, &what)?;
+        let input = TaskInput {
+            name,
+            kind,
+            anchor_table,
+            anchor_rows: slice(&anchor_rows, "anchor_rows")?,
+            obs_time: slice(&obs_time, "obs_time")?,
+            target: TaskTarget::Values {
+                stype: st,
+                data: data(&h, &what)?,
+            },
+            query,
+            description,
+        };
+        let w = self.w()?;
+        py.detach(|| w.add_task(input)).map_err(to_py)
+    }
+
+    fn num_tables(&mut self) -> PyResult<usize> {
+        Ok(self.w()?.num_tables())
+    }
+    fn num_resumed(&mut self) -> PyResult<usize> {
+        Ok(self.w()?.num_resumed())
+    }
+    fn column_texts(&mut self) -> PyResult<Vec<String>> {
+        Ok(self.w()?.column_texts())
+    }
+    fn category_texts(&mut self) -> PyResult<Vec<String>> {
+        Ok(self.w()?.category_texts().to_vec())
+    }
+    fn text_values(&mut self) -> PyResult<Vec<String>> {
+        Ok(self.w()?.text_values().to_vec())
+    }
+    /// Metadata of the columns added so far, as JSON (for the front end's report).
+    fn columns_json(&mut self) -> PyResult<String> {
+        Ok(serde_json::to_string(self.w()?.columns()).expect("serialisable"))
+    }
+
+    /// Write graph, embeddings and metadata; publish. Returns metadata JSON.
+    #[pyo3(signature = (column_embeddings, categorical_embeddings, text_embeddings, overwrite=false))]
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        column_embeddings: PyReadonlyArray2<'_, f16>,
+        categorical_embeddings: PyReadonlyArray2<'_, f16>,
+        text_embeddings: PyReadonlyArray2<'_, f16>,
+        overwrite: bool,
+    ) -> PyResult<String> {
+        let w = self
+            .inner
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("DatabaseWriter already finished"))?;
+        let c = column_embeddings
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("column_embeddings must be C-contiguous"))?;
+        let k = categorical_embeddings
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("categorical_embeddings must be C-contiguous"))?;
+        let t = text_embeddings
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("text_embeddings must be C-contiguous"))?;
+        let meta = py.detach(|| w.finish(c, k, t, overwrite)).map_err(to_py)?;
+        Ok(serde_json::to_string(&meta).expect("serialisable"))
+    }
+}
+
+/// Deterministic offline embeddings: `f16 [len(texts), dim]`.
+#[pyfunction]
+pub fn hash_embed<'py>(
+    py: Python<'py>,
+    texts: Vec<String>,
+    dim: usize,
+) -> PyResult<Bound<'py, PyArray2<f16>>> {
+    if dim == 0 || dim > 65_536 {
+        return Err(PyValueError::new_err(format!(
+            "dim must be in 1..=65536, got {dim}"
+        )));
+    }
+    let n = texts.len();
+    let flat = py.detach(|| preprocess::hash_embed(&texts, dim));
+    PyArray1::from_vec(py, flat).reshape([n, dim])
+}
