@@ -124,9 +124,15 @@ impl MappedFile {
                 "truncated: section table of {n} entries ends at byte {table_end}, file has {len} bytes"
             )));
         }
+        let payload_start = align_up(table_end, ALIGN);
+        if payload_start > len {
+            return Err(bad(format!(
+                "truncated: payload would start at byte {payload_start}, file has {len} bytes"
+            )));
+        }
         let mut h = Xxh3::new();
         h.update(&b[0..32]);
-        h.update(&b[FIXED_HEADER..table_end]);
+        h.update(&b[40..payload_start]);
         if h.digest() != le_u64(b, 32) {
             return Err(bad("corrupt header: header checksum mismatch".into()));
         }
@@ -141,7 +147,6 @@ impl MappedFile {
                 return Err(bad(format!("has {n} sections, expected {want}")));
             }
         }
-        let payload_start = align_up(table_end, ALIGN);
         let mut sections = Vec::with_capacity(n);
         for i in 0..n {
             let off = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY) as usize;
@@ -155,7 +160,7 @@ impl MappedFile {
             sections.push((off, slen));
         }
         let payload_checksum = le_u64(b, 24);
-        let actual = xxh3_64(&b[payload_start.min(len)..]);
+        let actual = xxh3_64(&b[payload_start..]);
         if actual != payload_checksum {
             return Err(bad(format!(
                 "corrupt data: payload checksum mismatch (stored {payload_checksum:016x}, computed {actual:016x})"

@@ -31,7 +31,7 @@
 //! | 12 | 4  | number of sections `n` (`u32`) |
 //! | 16 | 8  | total file length in bytes (`u64`) |
 //! | 24 | 8  | xxh3-64 of every byte after the header (`u64`) |
-//! | 32 | 8  | xxh3-64 of bytes `0..32` followed by the section table (`u64`) |
+//! | 32 | 8  | xxh3-64 of bytes `0..32` followed by bytes `40..` up to the payload (section table and padding) (`u64`) |
 //! | 40 | 8  | reserved, zero |
 //! | 48 | 16·n | section table: `(offset u64, length u64)` per section |
 //!

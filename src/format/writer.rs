@@ -104,11 +104,16 @@ impl FileWriter {
             table.extend_from_slice(&off.to_le_bytes());
             table.extend_from_slice(&len.to_le_bytes());
         }
+        let reserved = 0u64.to_le_bytes();
+        let header_len = align_up(FIXED_HEADER + table.len(), ALIGN);
+        let padding = vec![0u8; header_len - FIXED_HEADER - table.len()];
         let mut h = Xxh3::new();
         h.update(&head);
+        h.update(&reserved);
         h.update(&table);
+        h.update(&padding);
         head.extend_from_slice(&h.digest().to_le_bytes());
-        head.extend_from_slice(&0u64.to_le_bytes());
+        head.extend_from_slice(&reserved);
         head.extend_from_slice(&table);
         self.out.flush().map_err(io)?;
         let mut file = self.out.into_inner().map_err(|e| io(e.into_error()))?;

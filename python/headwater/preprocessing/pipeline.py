@@ -114,6 +114,11 @@ def _read(con: duckdb.DuckDBPyConnection, table: str, cols: list[str]) -> pa.Tab
     return con.execute(f"SELECT {sel} FROM {quote(table)}").fetch_arrow_table()
 
 
+def _read_count(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    row = con.execute(f"SELECT count(*) FROM {quote(table)}").fetchone()
+    return int(row[0]) if row else 0
+
+
 def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, pa.Array]:
     """The primary key column of every referenced or anchor table, checked unique."""
     keys: dict[str, pa.Array] = {}
@@ -203,7 +208,16 @@ def encode_column(stype: str, col: pa.Array, where: str) -> tuple[Any, Any, Any]
     raise SchemaError(f"{where}: semantic type {stype} cannot be encoded")
 
 
-def _fingerprint(plan: TablePlan, index: int) -> str:
+def _fingerprint(
+    plan: TablePlan, index: int, by_name: dict[str, TablePlan] | None = None
+) -> str:
+    # Foreign keys are stored as row indices into the referenced tables, so a
+    # staged table is only reusable while those tables (and their keys) are too.
+    by_name = by_name or {}
+    parents = {
+        fk: [t, by_name[t].source.identity, by_name[t].primary_key] if t in by_name else t
+        for fk, t in plan.foreign_keys.items()
+    }
     doc = {
         "format": _native.FORMAT_VERSION,
         "headwater": _native.__version__,
@@ -212,7 +226,7 @@ def _fingerprint(plan: TablePlan, index: int) -> str:
         "identity": plan.source.identity,
         "pk": plan.primary_key,
         "time": plan.time_column,
-        "fks": plan.foreign_keys,
+        "fks": parents,
         "declared": plan.declared,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -229,36 +243,40 @@ def _add_table(
     key_cols = {c for c in [plan.primary_key, *plan.foreign_keys] if c}
     all_cols = [c for c, _ in plan.source.columns]
     types = dict(plan.source.columns)
-    to_read = [c for c in all_cols if plan.declared.get(c) != "ignored" or c in key_cols or c == plan.time_column]
-    data = _read(src.con, plan.name, to_read)
-    n = data.num_rows
+    n = _read_count(src.con, plan.name)
     columns: list[tuple[Any, ...]] = []
+    # One column at a time: peak memory is one Arrow column plus the compact
+    # encoded arrays, not the whole table.
     for c in all_cols:
-        if c in plan.declared:
-            st, reason = plan.declared[c], "declared"
-            if c in key_cols and st not in ("identifier", "ignored"):
-                raise SchemaError(f"table `{plan.name}` column `{c}` is a key; it cannot be {st}")
-        elif c not in data.column_names:
-            st, reason = "ignored", "not read"
+        declared = plan.declared.get(c)
+        if declared is not None and c in key_cols and declared not in ("identifier", "ignored"):
+            raise SchemaError(f"table `{plan.name}` column `{c}` is a key; it cannot be {declared}")
+        if declared in ("identifier", "ignored"):
+            st, reason, col = declared, "declared", None
         else:
-            st, reason = infer_stype(c, data.column(c), c in key_cols)
-            log(f"  {plan.name}.{c}: inferred {st} ({reason})")
+            col = _read(src.con, plan.name, [c]).column(0).combine_chunks()
+            if declared is not None:
+                st, reason = declared, "declared"
+            else:
+                st, reason = infer_stype(c, col, c in key_cols)
+                log(f"  {plan.name}.{c}: inferred {st} ({reason})")
         plan.stypes[c], plan.reasons[c] = st, reason
         inferred = reason != "declared"
-        if st in ("identifier", "ignored"):
+        if st in ("identifier", "ignored") or col is None:
             columns.append((c, st, types[c], inferred, None, None, None))
             continue
-        col = data.column(c).combine_chunks()
         values, valid, extra = encode_column(st, col, f"table `{plan.name}` column `{c}`")
+        del col
         columns.append((c, st, types[c], inferred, values, valid, extra))
     if plan.time_column:
-        t = _to_micros(data.column(plan.time_column).combine_chunks(), f"table `{plan.name}` time column")
+        tcol = _read(src.con, plan.name, [plan.time_column]).column(0).combine_chunks()
+        t = _to_micros(tcol, f"table `{plan.name}` time column")
         row_time = _fill(t, I64_MIN, np.int64)
     else:
         row_time = np.full(n, I64_MIN, dtype=np.int64)
     fks = []
     for fk, target in plan.foreign_keys.items():
-        col = data.column(fk).combine_chunks()
+        col = _read(src.con, plan.name, [fk]).column(0).combine_chunks()
         pk = keys[target]
         where = f"table `{plan.name}` foreign key `{fk}` → `{target}`"
         if col.type != pk.type:
@@ -435,8 +453,9 @@ def preprocess(
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
     resuming = True
+    by_name = {p.name: p for p in plans}
     for i, plan in enumerate(_progress(plans, "tables", len(plans), progress)):
-        fp = _fingerprint(plan, i)
+        fp = _fingerprint(plan, i, by_name)
         if resuming and writer.resume_table(fp):
             # Re-derive stypes for task planning from the staged metadata.
             _restore_stypes(writer, plan)

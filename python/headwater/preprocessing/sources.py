@@ -284,9 +284,15 @@ def _open_sqlite(p: Path) -> Source:
         st = SourceTable(name=name, columns=_columns(con, q), identity=identity)
         if len(pks) == 1:
             st.primary_key = pks[0]
-        for fk in sq.execute(f"PRAGMA foreign_key_list({q})").fetchall():
-            # id, seq, table, from, to, on_update, on_delete, match
-            st.foreign_keys[fk[3]] = fk[2]
+        # id, seq, table, from, to, on_update, on_delete, match. SQLite lists
+        # foreign keys in reverse declaration order: keep the table's column
+        # order (as the other sources do); composite keys are not supported.
+        fk_rows = sq.execute(f"PRAGMA foreign_key_list({q})").fetchall()
+        width = {fid: sum(1 for r in fk_rows if r[0] == fid) for fid, *_ in fk_rows}
+        position = {r[1]: r[0] for r in info}
+        for fk in sorted(fk_rows, key=lambda r: position.get(r[3], len(position))):
+            if width[fk[0]] == 1:
+                st.foreign_keys[fk[3]] = fk[2]
         tables[name] = st
     sq.close()
     return Source(path=p, kind="sqlite", con=con, tables=tables)

@@ -1,0 +1,74 @@
+"""The ``headwater`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _cmd_preprocess(a: argparse.Namespace) -> int:
+    from headwater.preprocessing import preprocess
+
+    t0 = time.perf_counter()
+    out = preprocess(a.source, a.out_dir, schema=a.schema, embedder=a.embedder, overwrite=a.overwrite)
+    print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from headwater.inspection import format_report, inspect
+
+    r = inspect(a.db_dir)
+    print(json.dumps(r, indent=2) if a.json else format_report(r))
+    return 0
+
+
+def _cmd_default_db(a: argparse.Namespace) -> int:
+    from headwater.default_db import default_database
+
+    print(default_database(scale_factor=a.scale_factor, embedder=a.embedder))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="headwater", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pp = sub.add_parser("preprocess", help="build a database from a relational source")
+    pp.add_argument("source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files")
+    pp.add_argument("out_dir", help="output database directory (written atomically)")
+    pp.add_argument("--schema", help="schema file (TOML or JSON): keys, time columns, semantic types, tasks")
+    pp.add_argument("--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)")
+    pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    pp.set_defaults(func=_cmd_preprocess)
+
+    pi = sub.add_parser("inspect", help="validate a database and summarise it")
+    pi.add_argument("db_dir")
+    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pi.set_defaults(func=_cmd_inspect)
+
+    pd = sub.add_parser("default-db", help="build (once) and print the path of the default TPC-H database")
+    pd.add_argument("--scale-factor", type=float, default=0.01)
+    pd.add_argument("--embedder", default="auto")
+    pd.set_defaults(func=_cmd_default_db)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from headwater.errors import HeadwaterError
+
+    try:
+        return int(args.func(args))
+    except (HeadwaterError, ValueError, FileNotFoundError) as e:
+        print(f"headwater {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"headwater {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

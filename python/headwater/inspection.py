@@ -1,0 +1,109 @@
+"""``headwater inspect``: what a database holds, after validating every file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from headwater import _native
+
+
+def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Open (and so fully validate) ``db_dir`` and summarise it as a dict."""
+    db = _native.Database(Path(db_dir))
+    meta = json.loads(db.metadata_json())
+    tables = []
+    for t in meta["tables"]:
+        stypes = Counter(meta["columns"][c]["stype"] for c in t["columns"])
+        stypes.update(u["stype"] for u in t["unstored_columns"])
+        tables.append(
+            {
+                "name": t["name"],
+                "rows": t["num_rows"],
+                "primary_key": t["primary_key"],
+                "time_column": t["time_column"],
+                "columns_by_type": dict(sorted(stypes.items())),
+                "foreign_keys": [
+                    {
+                        "column": fk["column"],
+                        "references": meta["tables"][fk["references"]]["name"],
+                        "edges": fk["num_edges"],
+                        "null": fk["num_null"],
+                        "dangling": fk["num_dangling"],
+                    }
+                    for fk in t["foreign_keys"]
+                ],
+                "bytes": meta["files"][t["file"]]["bytes"],
+            }
+        )
+    tasks = [
+        {
+            "name": k["name"],
+            "kind": k["kind"],
+            "anchor_table": meta["tables"][k["anchor_table"]]["name"],
+            "target_stype": k["target_stype"],
+            "seeds": k["num_seeds"],
+            "null_targets": k["num_null_targets"],
+            "temporal": k["temporal"],
+        }
+        for k in meta["tasks"]
+    ]
+    dim = meta["embedder"]["dim"]
+    return {
+        "path": str(Path(db_dir).resolve()),
+        "format_version": meta["format_version"],
+        "content_hash": meta["content_hash"],
+        "embedder": meta["embedder"],
+        "rows": meta["num_rows"],
+        "edges": meta["num_edges"],
+        "tables": tables,
+        "tasks": tasks,
+        "embeddings": {
+            "column": [len(meta["columns"]), dim],
+            "categorical": [meta["num_categorical_embeddings"], dim],
+            "text": [meta["num_text_embeddings"], dim],
+        },
+        "bytes_on_disk": db.bytes_on_disk,
+        "files": {k: v["bytes"] for k, v in meta["files"].items()},
+    }
+
+
+def _bytes(n: int) -> str:
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """A human-readable report of :func:`inspect`'s result."""
+    lines = [
+        f"database      {r['path']}",
+        f"format        v{r['format_version']}   content hash {r['content_hash']}",
+        f"embedder      {r['embedder']['name']} (dim {r['embedder']['dim']})",
+        f"rows          {r['rows']:,}   edges {r['edges']:,} (each way)",
+        f"size on disk  {_bytes(r['bytes_on_disk'])}",
+        "",
+        f"{'table':<16} {'rows':>12} {'bytes':>10}  columns by type",
+    ]
+    for t in r["tables"]:
+        types = ", ".join(f"{k} {v}" for k, v in t["columns_by_type"].items())
+        lines.append(f"{t['name']:<16} {t['rows']:>12,} {_bytes(t['bytes']):>10}  {types}")
+        for fk in t["foreign_keys"]:
+            extra = f", {fk['dangling']:,} dangling" if fk["dangling"] else ""
+            lines.append(f"{'':<16}   {fk['column']} → {fk['references']}: {fk['edges']:,} edges{extra}")
+    lines += ["", f"{'task':<28} {'kind':<9} {'anchor':<12} {'target':<12} {'seeds':>10}  temporal"]
+    for k in r["tasks"]:
+        lines.append(
+            f"{k['name']:<28} {k['kind']:<9} {k['anchor_table']:<12} {k['target_stype']:<12} "
+            f"{k['seeds']:>10,}  {'yes' if k['temporal'] else 'no'}"
+        )
+    lines += ["", "embeddings (f16):"]
+    for kind, (n, d) in r["embeddings"].items():
+        lines.append(f"  {kind:<12} [{n:,}, {d}]  {_bytes(n * d * 2)}")
+    return "\n".join(lines)

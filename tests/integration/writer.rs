@@ -1,0 +1,208 @@
+//! The writer driven from Rust: a database built without Python opens, and
+//! the output appears only when complete.
+
+use headwater::format::{Database, SemanticType};
+use headwater::preprocess::{
+    ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
+};
+use headwater::Error;
+
+fn parents_table<'a>(
+    name: &str,
+    n: usize,
+    row_time: &'a [i64],
+    values: &'a [f64],
+    valid: &'a [u8],
+) -> TableInput<'a> {
+    TableInput {
+        name: name.into(),
+        num_rows: n,
+        primary_key: Some("id".into()),
+        time_column: None,
+        row_time,
+        columns: vec![
+            ColumnInput {
+                name: "id".into(),
+                stype: SemanticType::Identifier,
+                source_type: "BIGINT".into(),
+                inferred: false,
+                data: ColumnData::Unstored,
+            },
+            ColumnInput {
+                name: "x".into(),
+                stype: SemanticType::Numerical,
+                source_type: "DOUBLE".into(),
+                inferred: false,
+                data: ColumnData::Numerical { values, valid },
+            },
+        ],
+        foreign_keys: vec![],
+        fingerprint: format!("{name}-v1"),
+    }
+}
+
+#[test]
+fn rust_built_database_round_trips_and_publishes_atomically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("db");
+    let mut w = DatabaseWriter::new(&out, "unit-test", "hash", 8).unwrap();
+    let none = [i64::MIN; 3];
+    let xs = [1.0, 2.0, 6.0];
+    let ok = [1u8, 1, 1];
+    w.add_table(parents_table("a", 3, &none, &xs, &ok)).unwrap();
+    let times = [30i64, 10, 20, 10];
+    let parents = [0i64, 0, 2, -1];
+    let ys = [0.5, 1.5, 2.5, 3.5];
+    let ok4 = [1u8, 1, 0, 1];
+    w.add_table(TableInput {
+        name: "b".into(),
+        num_rows: 4,
+        primary_key: None,
+        time_column: Some("t".into()),
+        row_time: &times,
+        columns: vec![
+            ColumnInput {
+                name: "a_id".into(),
+                stype: SemanticType::Identifier,
+                source_type: "BIGINT".into(),
+                inferred: false,
+                data: ColumnData::Unstored,
+            },
+            ColumnInput {
+                name: "y".into(),
+                stype: SemanticType::Numerical,
+                source_type: "DOUBLE".into(),
+                inferred: false,
+                data: ColumnData::Numerical {
+                    values: &ys,
+                    valid: &ok4,
+                },
+            },
+        ],
+        foreign_keys: vec![ForeignKeyInput {
+            column: "a_id".into(),
+            references: "a".into(),
+            parents: &parents,
+            num_null: 1,
+            num_dangling: 0,
+        }],
+        fingerprint: "b-v1".into(),
+    })
+    .unwrap();
+    w.add_cell_task("b.y", "b", "y", None).unwrap();
+    let anchors = [0u32, 2];
+    let obs = [i64::MAX, 15];
+    let labels = [1u8, 0];
+    w.add_task(TaskInput {
+        name: "flag".into(),
+        kind: "sql".into(),
+        anchor_table: "a".into(),
+        anchor_rows: &anchors,
+        obs_time: &obs,
+        target: TaskTarget::Values {
+            stype: SemanticType::Boolean,
+            data: ColumnData::Boolean {
+                values: &labels,
+                valid: &[1, 1],
+            },
+        },
+        query: None,
+        description: None,
+    })
+    .unwrap();
+    assert!(!out.exists(), "nothing is published before finish");
+    let cols = w.column_texts().len();
+    let cats = w.category_texts().len();
+    let texts = w.text_values().len();
+    let z = |n: usize| vec![half::f16::ZERO; n * 8];
+    w.finish(&z(cols), &z(cats), &z(texts), false).unwrap();
+    let db = Database::open(&out).unwrap();
+    let g = db.graph();
+    // b rows are globals 3..7; a rows 0..3.
+    assert_eq!(g.parents(3), &[0]);
+    assert_eq!(g.parents(6), &[] as &[u32]);
+    let (kids, times) = g.children(0);
+    assert_eq!((kids, times), (&[4u32, 3][..], &[10i64, 30][..]));
+    assert_eq!(g.children_visible_at(0, 15), &[4]);
+    assert_eq!(g.children_visible_at(0, 9), &[] as &[u32]);
+    let m = db.metadata();
+    let cell = m.task_by_name("b.y").unwrap();
+    assert_eq!(cell.num_seeds, 3, "the null y row is not a seed");
+    let tv = db.task(cell.idx as usize).unwrap();
+    assert_eq!(tv.anchor_rows, &[3, 4, 6]);
+    assert_eq!(tv.obs_times, &[30, 10, 10]);
+    let flag = db
+        .task(m.task_by_name("flag").unwrap().idx as usize)
+        .unwrap();
+    assert_eq!(flag.obs_times, &[i64::MAX, 15]);
+    assert_eq!(flag.anchor_rows, &[0, 2]);
+}
+
+#[test]
+fn bad_inputs_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = DatabaseWriter::new(tmp.path().join("db"), "unit-test", "hash", 4).unwrap();
+    let none = [i64::MIN; 3];
+    let ok = [1u8; 3];
+    let e = w
+        .add_table(parents_table("../evil", 3, &none, &[1.0, 2.0, 3.0], &ok))
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Preprocess(m) if m.contains("unsafe table name \"../evil\"")),
+        "{e}"
+    );
+    let e = w
+        .add_table(parents_table("short", 3, &none, &[1.0, 2.0], &ok))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("table `short` column `x`: 2 values, expected 3"),
+        "{e}"
+    );
+    w.add_table(parents_table("a", 3, &none, &[1.0, 2.0, 3.0], &ok))
+        .unwrap();
+    let e = w.add_cell_task("t", "nope", "x", None).unwrap_err();
+    assert!(e.to_string().contains("unknown anchor table `nope`"), "{e}");
+    let e = w
+        .add_task(TaskInput {
+            name: "empty".into(),
+            kind: "sql".into(),
+            anchor_table: "a".into(),
+            anchor_rows: &[],
+            obs_time: &[],
+            target: TaskTarget::Values {
+                stype: SemanticType::Numerical,
+                data: ColumnData::Numerical {
+                    values: &[],
+                    valid: &[],
+                },
+            },
+            query: None,
+            description: None,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("task `empty` has zero rows"), "{e}");
+    let e = w
+        .add_task(TaskInput {
+            name: "far".into(),
+            kind: "sql".into(),
+            anchor_table: "a".into(),
+            anchor_rows: &[7],
+            obs_time: &[0],
+            target: TaskTarget::Values {
+                stype: SemanticType::Numerical,
+                data: ColumnData::Numerical {
+                    values: &[1.0],
+                    valid: &[1],
+                },
+            },
+            query: None,
+            description: None,
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("anchors row 7 of `a`, which has 3 rows"),
+        "{e}"
+    );
+}
