@@ -92,9 +92,9 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
     by_name = {p.name: p for p in plans}
     for p in plans:
         cols = {c for c, _ in p.source.columns}
-        for c in [p.primary_key, p.time_column, *p.foreign_keys]:
-            if c and c not in cols:
-                raise SchemaError(f"table `{p.name}`: declared key/time column `{c}` does not exist")
+        for cname in [p.primary_key, p.time_column, *p.foreign_keys]:
+            if cname and cname not in cols:
+                raise SchemaError(f"table `{p.name}`: declared key/time column `{cname}` does not exist")
         for fk, target in p.foreign_keys.items():
             if target not in by_name:
                 raise SchemaError(
@@ -293,7 +293,7 @@ def _add_table(
     writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
 
 
-def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> np.ndarray:
+def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> pa.Array:
     if table not in keys:
         raise SchemaError(f"task `{task}`: anchor table `{table}` has no primary key to match anchors against")
     pk = keys[table]
@@ -441,7 +441,10 @@ def preprocess(
     if out.exists() and not overwrite:
         raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
     log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
-    sch = schema if isinstance(schema, Schema) else load_schema(schema) if schema is not None else Schema()
+    if isinstance(schema, Schema):
+        sch = schema
+    else:
+        sch = load_schema(Path(schema)) if schema is not None else Schema()
     emb = get_embedder(embedder)
     src = open_source(source)
     for w in src.warnings:
