@@ -42,6 +42,15 @@ pub enum Error {
     /// problem), naming table/column.
     #[error("{0}")]
     Preprocess(String),
+    /// The sampler was shut down; no more batches.
+    #[error("the sampler has been shut down")]
+    Shutdown,
+    /// A producer thread panicked or failed; the message says where.
+    #[error("sampler worker failed: {0}")]
+    Worker(String),
+    /// A resource limit (e.g. `max_rss_bytes`) would be exceeded.
+    #[error("resource limit: {0}")]
+    Resource(String),
 }
 
 impl Error {

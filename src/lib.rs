@@ -7,13 +7,22 @@
 //! - [`error`]: the crate's error type.
 //! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3 appears.
 
+pub mod batch;
+pub mod config;
 pub mod error;
 pub mod format;
+pub mod pipeline;
 pub mod preprocess;
 pub mod rng;
+pub mod sampler;
+pub mod seeds;
 
 #[cfg(feature = "python")]
 mod python;
 
+pub use batch::Batch;
+pub use config::{SamplerConfig, TaskPick};
 pub use error::{Error, Result};
 pub use format::{Database, Metadata, SemanticType};
+pub use pipeline::Sampler;
+pub use seeds::Split;

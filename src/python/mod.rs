@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use crate::error::Error;
 
 mod database;
+mod sampler;
 mod writer;
 
 create_exception!(
@@ -38,6 +39,25 @@ create_exception!(
     "A configuration key is unknown or has a bad value."
 );
 
+create_exception!(
+    _native,
+    SamplerShutdown,
+    HeadwaterError,
+    "The sampler was shut down; no more batches."
+);
+create_exception!(
+    _native,
+    WorkerError,
+    HeadwaterError,
+    "A sampler producer thread failed or panicked."
+);
+create_exception!(
+    _native,
+    ResourceError,
+    HeadwaterError,
+    "A resource limit such as max_rss_bytes would be exceeded."
+);
+
 /// Convert a core error into the matching Python exception.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -50,6 +70,9 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         Error::Config { .. } => ConfigError::new_err(msg),
         Error::InvalidArgument { .. } => PyValueError::new_err(msg),
         Error::Preprocess(_) => SchemaError::new_err(msg),
+        Error::Shutdown => SamplerShutdown::new_err(msg),
+        Error::Worker(_) => WorkerError::new_err(msg),
+        Error::Resource(_) => ResourceError::new_err(msg),
     }
 }
 
@@ -60,10 +83,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("SchemaError", py.get_type::<SchemaError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
+    m.add("WorkerError", py.get_type::<WorkerError>())?;
+    m.add("ResourceError", py.get_type::<ResourceError>())?;
+    m.add("BATCH_KEYS", crate::batch::BATCH_KEYS.to_vec())?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<database::Database>()?;
     m.add_class::<writer::DatabaseWriter>()?;
+    m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
     Ok(())
 }

@@ -1,0 +1,154 @@
+//! Subgraphs → the batch tensors of seed 000 §3b.
+//!
+//! Layout per sequence: the rows of the subgraph in BFS order, each row's
+//! cells in table column order; the seed row first, led by its target cell.
+//! Positions past the last cell are padding (`is_padding = 1`, zeros
+//! elsewhere). `fk_adj[b, i, j] = 1` iff included row `i` references included
+//! row `j` (child → parent). `col_perm` orders positions by column, padding
+//! last; `out_perm` / `in_perm` order rows by reverse Cuthill–McKee over the
+//! outbound / inbound row graph (cells of a row stay together), padding last.
+//! Text cells hold batch-local indices into `text_batch_embeddings`, which
+//! holds each distinct text value of the batch once.
+//!
+//! Invariant: every tensor is freshly allocated per batch and handed over
+//! whole (to NumPy without a copy); nothing here keeps a reference to it.
+
+mod assemble;
+mod perm;
+mod timestamp;
+
+pub use assemble::{
+    assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, SeqOut,
+    TableCells, Target,
+};
+pub use perm::rcm_order;
+pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
+
+use half::f16;
+
+/// Names of the batch tensors, in the order they are exported.
+pub const BATCH_KEYS: [&str; 20] = [
+    "semantic_types",
+    "column_ids",
+    "seq_row_ids",
+    "numeric_values",
+    "timestamp_values",
+    "bool_values",
+    "categorical_embed_ids",
+    "text_embed_ids",
+    "is_null",
+    "is_target",
+    "is_padding",
+    "fk_adj",
+    "col_perm",
+    "out_perm",
+    "in_perm",
+    "text_batch_embeddings",
+    "target_stype",
+    "task_idx",
+    "cat_emb_start",
+    "cat_emb_count",
+];
+
+/// Per-sequence measurements, recorded for telemetry.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SeqStats {
+    pub depth: u8,
+    pub rows: u32,
+    pub cells: u32,
+    pub cells_dropped: u64,
+    pub children_capped: u64,
+    pub temporal_filtered: u64,
+    pub temporal_leaks: u64,
+}
+
+/// One batch: every tensor as a flat row-major buffer plus its shape.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// R: the most rows of any sequence in the batch.
+    pub max_rows: usize,
+    /// U: distinct text values in the batch.
+    pub num_text: usize,
+    pub text_dim: usize,
+    pub semantic_types: Vec<i8>,
+    pub column_ids: Vec<i32>,
+    pub seq_row_ids: Vec<u16>,
+    pub numeric_values: Vec<f32>,
+    pub timestamp_values: Vec<f32>,
+    pub bool_values: Vec<u8>,
+    pub categorical_embed_ids: Vec<u32>,
+    pub text_embed_ids: Vec<u32>,
+    pub is_null: Vec<u8>,
+    pub is_target: Vec<u8>,
+    pub is_padding: Vec<u8>,
+    pub fk_adj: Vec<u8>,
+    pub col_perm: Vec<u16>,
+    pub out_perm: Vec<u16>,
+    pub in_perm: Vec<u16>,
+    pub text_batch_embeddings: Vec<f16>,
+    pub target_stype: u8,
+    pub task_idx: u32,
+    pub cat_emb_start: u32,
+    pub cat_emb_count: u32,
+    /// Positions (in the task's seed list) of the batch's seeds.
+    pub seeds: Vec<u32>,
+    pub seq_stats: Vec<SeqStats>,
+    /// Wall time of BFS, assembly, text collation, and the whole batch (ns).
+    pub stage_ns: [u64; 4],
+    /// Pools that ran out and reshuffled while drawing this batch.
+    pub exhaust_events: u32,
+    /// Seeds drawn twice within one epoch (must stay 0).
+    pub duplicate_seeds: u32,
+    pub split: crate::seeds::Split,
+    /// Index of this batch in its split's stream.
+    pub step: u64,
+}
+
+impl Batch {
+    /// Zeroed tensors for `b` sequences of `s` cells with up to `r` rows.
+    pub fn zeroed(b: usize, s: usize, r: usize, text_dim: usize) -> Batch {
+        let n = b * s;
+        Batch {
+            batch_size: b,
+            seq_len: s,
+            max_rows: r,
+            num_text: 0,
+            text_dim,
+            semantic_types: vec![0; n],
+            column_ids: vec![0; n],
+            seq_row_ids: vec![0; n],
+            numeric_values: vec![0.0; n],
+            timestamp_values: vec![0.0; n * TIMESTAMP_DIM],
+            bool_values: vec![0; n],
+            categorical_embed_ids: vec![0; n],
+            text_embed_ids: vec![0; n],
+            is_null: vec![0; n],
+            is_target: vec![0; n],
+            is_padding: vec![1; n],
+            fk_adj: vec![0; b * r * r],
+            col_perm: vec![0; n],
+            out_perm: vec![0; n],
+            in_perm: vec![0; n],
+            text_batch_embeddings: Vec::new(),
+            target_stype: 0,
+            task_idx: 0,
+            cat_emb_start: 0,
+            cat_emb_count: 0,
+            seeds: Vec::with_capacity(b),
+            seq_stats: Vec::with_capacity(b),
+            stage_ns: [0; 4],
+            exhaust_events: 0,
+            duplicate_seeds: 0,
+            split: crate::seeds::Split::Train,
+            step: 0,
+        }
+    }
+
+    /// Non-padding cells over all cells.
+    pub fn fill_fraction(&self) -> f64 {
+        let pad = self.is_padding.iter().filter(|&&p| p != 0).count();
+        1.0 - pad as f64 / self.is_padding.len().max(1) as f64
+    }
+}

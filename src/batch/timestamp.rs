@@ -1,0 +1,86 @@
+//! The 15-float timestamp encoding: 7 sin/cos pairs (second of minute,
+//! minute of hour, hour of day, day of week, day of month, month of year, day
+//! of year) and the epoch z-scored with database-wide statistics.
+
+pub const TIMESTAMP_DIM: usize = 15;
+
+/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31) (Hinnant's
+/// civil-from-days, proleptic Gregorian).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+const CUM_DAYS: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+const MONTH_DAYS: [u32; 12] = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+
+/// Encode `us` (µs since the epoch) into `out`.
+pub fn encode_timestamp(us: i64, mean_us: f64, std_us: f64, out: &mut [f32]) {
+    const DAY: i64 = 86_400_000_000;
+    let days = us.div_euclid(DAY);
+    let in_day = us.rem_euclid(DAY) as f64 / 1e6; // seconds into the day
+    let (y, m, d) = civil(days);
+    let leap = is_leap(y);
+    let month_len = MONTH_DAYS[m as usize - 1] + (m == 2 && leap) as u32;
+    let yday = CUM_DAYS[m as usize - 1] + (m > 2 && leap) as u32 + d - 1;
+    let weekday = (days + 3).rem_euclid(7); // 1970-01-01 was a Thursday; Monday = 0
+    let fracs = [
+        (in_day % 60.0) / 60.0,
+        ((in_day / 60.0).floor() % 60.0) / 60.0,
+        (in_day / 3600.0).floor() / 24.0,
+        weekday as f64 / 7.0,
+        (d - 1) as f64 / month_len as f64,
+        (m - 1) as f64 / 12.0,
+        yday as f64 / (365 + leap as u32) as f64,
+    ];
+    for (i, f) in fracs.iter().enumerate() {
+        let (s, c) = (std::f64::consts::TAU * f).sin_cos();
+        out[2 * i] = s as f32;
+        out[2 * i + 1] = c as f32;
+    }
+    out[14] = ((us as f64 - mean_us) / std_us) as f32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_dates() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(19_723), (2024, 1, 1));
+        assert_eq!(civil(19_782), (2024, 2, 29));
+        assert_eq!(civil(-1), (1969, 12, 31));
+        let mut out = [0f32; 15];
+        // 2024-01-01 (a Monday) 00:00:00.
+        encode_timestamp(19_723 * 86_400_000_000, 0.0, 1.0, &mut out);
+        for i in 0..7 {
+            assert!(
+                out[2 * i].abs() < 1e-6 && (out[2 * i + 1] - 1.0).abs() < 1e-6,
+                "pair {i}: {out:?}"
+            );
+        }
+        // Noon: hour pair at half a turn.
+        encode_timestamp(
+            19_723 * 86_400_000_000 + 12 * 3_600_000_000,
+            0.0,
+            1.0,
+            &mut out,
+        );
+        assert!((out[5] + 1.0).abs() < 1e-6);
+        encode_timestamp(1_000_000, 500_000.0, 250_000.0, &mut out);
+        assert_eq!(out[14], 2.0);
+    }
+}

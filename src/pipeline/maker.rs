@@ -1,0 +1,382 @@
+//! Making one batch: pick a task, draw seeds, BFS in parallel, assemble in
+//! parallel, collate text serially.
+//!
+//! Determinism: all randomness comes from the split's generator, seeded by
+//! (`seed`, `rank`, split); each sequence gets its own generator drawn from it
+//! before the parallel phase, so the thread count never changes a batch.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::batch::{
+    assemble_sequence, collate_text, AssembleScratch, Batch, FxMap, SeqContext, TableCells, Target,
+};
+use crate::config::SamplerConfig;
+use crate::error::{Error, Result};
+use crate::format::Database;
+use crate::rng::{mix64, Xoshiro256pp};
+use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use crate::seeds::{shard, SeedPool, Split, TaskPicker};
+
+/// How a task's target cell is found.
+#[derive(Debug, Clone, Copy)]
+enum TargetPlan {
+    Cell { slot: usize },
+    Virtual { column_idx: u32, code: i8 },
+}
+
+#[derive(Debug, Clone)]
+struct TaskPlan {
+    target: TargetPlan,
+    seed_cells: usize,
+    stype_code: u8,
+    cat_emb_start: u32,
+    cat_emb_count: u32,
+}
+
+/// Everything immutable a sampler needs, shared by its producers.
+pub struct SamplerCore {
+    pub db: Arc<Database>,
+    pub cfg: SamplerConfig,
+    row_cells: Vec<u16>,
+    tasks: Vec<TaskPlan>,
+    weights: Vec<f64>,
+    pool: rayon::ThreadPool,
+}
+
+/// One split's sampling state (pools, task picker, generator). Owned by the
+/// split's producer.
+pub struct SplitState {
+    pub split: Split,
+    pools: Vec<Option<SeedPool>>,
+    picker: TaskPicker,
+    rng: Xoshiro256pp,
+    subgraphs: Vec<Subgraph>,
+    jobs: Vec<(u32, u32, i64, u64)>,
+    text_map: FxMap<u32, u32>,
+    pub step: u64,
+}
+
+impl SplitState {
+    /// Seeds left and pool size per task (`None` = no seeds on this rank).
+    pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
+        self.pools
+            .iter()
+            .map(|p| p.as_ref().map(|p| (p.remaining(), p.len())))
+            .collect()
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<(BfsScratch, AssembleScratch)> = RefCell::new(Default::default());
+}
+
+fn derive(seed: u64, parts: &[u64]) -> u64 {
+    parts
+        .iter()
+        .fold(mix64(seed ^ 0x6865_6164_7761_7465), |acc, &p| {
+            mix64(acc ^ mix64(p.wrapping_add(0x9E37_79B9)))
+        })
+}
+
+impl SamplerCore {
+    pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
+        let db = Database::open(db_path)?;
+        Self::with_database(Arc::new(db), cfg)
+    }
+
+    pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
+        let m = db.metadata();
+        cfg.validate(m.tasks.len())?;
+        let row_cells: Vec<u16> = m
+            .tables
+            .iter()
+            .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
+            .collect();
+        let mut tasks = Vec::with_capacity(m.tasks.len());
+        for k in &m.tasks {
+            let col = &m.columns[k.target_column as usize];
+            let table = &m.tables[k.anchor_table as usize];
+            let target = match col.slot {
+                Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
+                    slot: slot as usize,
+                },
+                _ => TargetPlan::Virtual {
+                    column_idx: col.idx,
+                    code: k.target_stype.code().unwrap_or(0) as i8,
+                },
+            };
+            let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
+            tasks.push(TaskPlan {
+                target,
+                seed_cells: table.columns.len() + extra,
+                stype_code: k.target_stype.code().unwrap_or(0),
+                cat_emb_start: col.cat_emb_start,
+                cat_emb_count: col.cat_emb_count,
+            });
+        }
+        let weights = cfg
+            .task_weights
+            .clone()
+            .unwrap_or_else(|| vec![1.0; m.tasks.len()]);
+        let threads = cfg.num_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("headwater-worker-{i}"))
+            .build()
+            .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
+        Ok(SamplerCore {
+            db,
+            cfg,
+            row_cells,
+            tasks,
+            weights,
+            pool,
+        })
+    }
+
+    pub fn num_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Fresh sampling state for `split` on this rank.
+    pub fn split_state(&self, split: Split) -> SplitState {
+        let c = &self.cfg;
+        let m = self.db.metadata();
+        let mut pools = Vec::with_capacity(m.tasks.len());
+        let mut eligible = Vec::with_capacity(m.tasks.len());
+        for k in 0..m.tasks.len() {
+            let view = self.db.task(k).expect("validated at open");
+            let seeds = shard(
+                k as u32,
+                view.anchor_rows,
+                split,
+                c.split_seed,
+                c.split_ratios,
+                c.rank,
+                c.world_size,
+            );
+            if seeds.is_empty() {
+                if self.weights[k] > 0.0 {
+                    tracing_warn(&format!(
+                        "task `{}` has no {} seeds on rank {} of {}; it is skipped",
+                        m.tasks[k].name,
+                        split.name(),
+                        c.rank,
+                        c.world_size
+                    ));
+                }
+                pools.push(None);
+                eligible.push(false);
+            } else {
+                let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
+                pools.push(Some(SeedPool::new(seeds, s)));
+                eligible.push(true);
+            }
+        }
+        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible);
+        SplitState {
+            split,
+            pools,
+            picker,
+            rng: Xoshiro256pp::seed_from_u64(derive(
+                c.seed,
+                &[c.rank as u64, split.index() as u64, 2],
+            )),
+            subgraphs: Vec::new(),
+            jobs: Vec::new(),
+            text_map: FxMap::default(),
+            step: 0,
+        }
+    }
+
+    /// Make the next batch of `state`'s split.
+    pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
+        if state.picker.is_empty() {
+            return Err(Error::invalid(
+                "task_weights",
+                format!(
+                    "no task with weight > 0 has {} seeds on rank {} of {}",
+                    state.split.name(),
+                    self.cfg.rank,
+                    self.cfg.world_size
+                ),
+            ));
+        }
+        let t0 = Instant::now();
+        let b = self.cfg.default_batch_size;
+        let s = self.cfg.default_sequence_length;
+        let k = state.picker.pick(&mut state.rng) as usize;
+        let plan = &self.tasks[k];
+        let task = self.db.task(k)?;
+        let pool = state.pools[k]
+            .as_mut()
+            .expect("picker only picks tasks with seeds");
+        let mut exhaust_events = 0u32;
+        let mut duplicates = 0u32;
+        state.jobs.clear();
+        for _ in 0..b {
+            let d = pool.draw();
+            exhaust_events += d.exhausted as u32;
+            duplicates += d.duplicate as u32;
+            let i = d.seed as usize;
+            state.jobs.push((
+                d.seed,
+                task.anchor_rows[i],
+                task.obs_times[i],
+                state.rng.next_u64(),
+            ));
+        }
+        if state.subgraphs.len() != b {
+            state.subgraphs.resize_with(b, Subgraph::default);
+        }
+        let graph = self.db.graph();
+        let params = BfsParams {
+            max_cells: s,
+            max_hops: self.cfg.max_hops,
+            child_width: self.cfg.bfs_child_width,
+            temporal_filter: self.cfg.temporal_filter,
+        };
+        let row_cells = &self.row_cells;
+        let seed_cells = plan.seed_cells;
+        let jobs = &state.jobs;
+        self.pool.install(|| {
+            state
+                .subgraphs
+                .par_iter_mut()
+                .zip(jobs.par_iter())
+                .for_each(|(sub, &(_, row, obs, rs))| {
+                    let mut rng = Xoshiro256pp::seed_from_u64(rs);
+                    SCRATCH.with(|sc| {
+                        let sc = &mut *sc.borrow_mut();
+                        bfs(
+                            &graph, row_cells, row, seed_cells, obs, &params, &mut rng, &mut sc.0,
+                            sub,
+                        );
+                    });
+                })
+        });
+        let t_bfs = Instant::now();
+        let r = state
+            .subgraphs
+            .iter()
+            .map(|g| g.rows.len())
+            .max()
+            .unwrap_or(0);
+        let m = self.db.metadata();
+        let mut batch = Batch::zeroed(b, s, r, m.embedder.dim as usize);
+        batch.task_idx = k as u32;
+        batch.target_stype = plan.stype_code;
+        batch.cat_emb_start = plan.cat_emb_start;
+        batch.cat_emb_count = plan.cat_emb_count;
+        batch.seeds.extend(state.jobs.iter().map(|j| j.0));
+        let tables: Vec<TableCells<'_>> = (0..m.tables.len())
+            .map(|t| {
+                let v = self.db.table(t)?;
+                let codes = v
+                    .columns
+                    .iter()
+                    .map(|c| m.columns[c.column_idx as usize].stype.code().unwrap_or(0) as i8)
+                    .collect();
+                Ok(TableCells {
+                    row_offset: v.row_offset,
+                    columns: v.columns,
+                    codes,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let target = match plan.target {
+            TargetPlan::Cell { slot } => Target::Cell { slot },
+            TargetPlan::Virtual { column_idx, code } => Target::Virtual {
+                column_idx,
+                code,
+                values: task.targets,
+                validity: task.target_validity,
+            },
+        };
+        let ctx = SeqContext {
+            graph,
+            tables: &tables,
+            ts_mean: m.timestamp_stats.mean_us,
+            ts_std: m.timestamp_stats.std_us,
+            target,
+        };
+        let subgraphs = &state.subgraphs;
+        let stats = {
+            let mut outs = batch.sequences();
+            self.pool.install(|| {
+                outs.par_iter_mut()
+                    .zip(subgraphs.par_iter())
+                    .zip(jobs.par_iter())
+                    .map(|((o, sub), job)| {
+                        SCRATCH.with(|sc| {
+                            assemble_sequence(
+                                &ctx,
+                                sub,
+                                job.0 as usize,
+                                r,
+                                o,
+                                &mut sc.borrow_mut().1,
+                            )
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        batch.seq_stats = stats;
+        let t_asm = Instant::now();
+        let dim = m.embedder.dim as usize;
+        collate_text(
+            &mut batch,
+            self.db.text_embeddings()?,
+            dim,
+            &mut state.text_map,
+        );
+        let t_end = Instant::now();
+        batch.stage_ns = [
+            (t_bfs - t0).as_nanos() as u64,
+            (t_asm - t_bfs).as_nanos() as u64,
+            (t_end - t_asm).as_nanos() as u64,
+            (t_end - t0).as_nanos() as u64,
+        ];
+        batch.exhaust_events = exhaust_events;
+        batch.duplicate_seeds = duplicates;
+        batch.split = state.split;
+        batch.step = state.step;
+        state.step += 1;
+        Ok(batch)
+    }
+}
+
+/// A synchronous batch source (no threads besides the pool): for benchmarks
+/// and Rust trainers that want to drive sampling themselves.
+pub struct BatchMaker {
+    pub core: Arc<SamplerCore>,
+    pub state: SplitState,
+}
+
+impl BatchMaker {
+    pub fn new(core: Arc<SamplerCore>, split: Split) -> Self {
+        let state = core.split_state(split);
+        BatchMaker { core, state }
+    }
+}
+
+impl Iterator for BatchMaker {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Result<Batch>> {
+        Some(self.core.make_batch(&mut self.state))
+    }
+}
+
+fn tracing_warn(msg: &str) {
+    eprintln!("headwater: warning: {msg}");
+}

@@ -1,0 +1,242 @@
+//! Producer threads, bounded channels, shutdown.
+//!
+//! One producer thread per split (train, val) fills a bounded channel of
+//! `num_prefetch` batches; the sampler's rayon pool parallelises the seeds of
+//! each batch. The consumer blocks on the channel; `shutdown()` wakes every
+//! blocked producer and consumer, joins the producers and drops queued
+//! batches. A producer error or panic is delivered to the consumer as an
+//! error, never a hang. With `max_rss_bytes`, a producer stops with a clear
+//! error before the process grows past the cap.
+
+mod maker;
+mod rss;
+
+pub use maker::{BatchMaker, SamplerCore, SplitState};
+pub use rss::current_rss_bytes;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
+
+use crate::batch::Batch;
+use crate::config::SamplerConfig;
+use crate::error::{Error, Result};
+use crate::seeds::Split;
+
+/// The splits that have a producer.
+pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
+
+struct Producer {
+    rx: Receiver<Result<Batch>>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A running sampler: the Rust API (`next_batch`, `iter`) behind the Python
+/// `headwater.Sampler`.
+pub struct Sampler {
+    core: Arc<SamplerCore>,
+    producers: Vec<Producer>,
+    stop: Mutex<Option<Sender<()>>>,
+    stop_rx: Receiver<()>,
+    closed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    pid: u32,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+fn produce(
+    core: Arc<SamplerCore>,
+    mut state: SplitState,
+    tx: Sender<Result<Batch>>,
+    stop: Receiver<()>,
+) {
+    loop {
+        let msg = match core.cfg.max_rss_bytes.map(|cap| (cap, current_rss_bytes())) {
+            Some((cap, Some(rss))) if rss > cap => Err(Error::Resource(format!(
+                "process RSS {rss} bytes exceeds max_rss_bytes {cap}; lower num_prefetch, default_batch_size or default_sequence_length"
+            ))),
+            _ => match catch_unwind(AssertUnwindSafe(|| core.make_batch(&mut state))) {
+                Ok(r) => r,
+                Err(p) => Err(Error::Worker(format!("{} producer panicked: {}", state.split.name(), panic_message(p)))),
+            },
+        };
+        let fatal = msg.is_err();
+        select! {
+            send(tx, msg) -> sent => if sent.is_err() { return },
+            recv(stop) -> _ => return,
+        }
+        if fatal {
+            return;
+        }
+    }
+}
+
+impl Sampler {
+    /// Open `db_path` and start the producers.
+    pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Sampler> {
+        let core = Arc::new(SamplerCore::new(db_path, cfg)?);
+        Sampler::start(core)
+    }
+
+    /// Start producers for an already built core.
+    pub fn start(core: Arc<SamplerCore>) -> Result<Sampler> {
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let mut producers = Vec::new();
+        for split in PRODUCED {
+            let cap = core.cfg.num_prefetch;
+            let (tx, rx) = bounded(cap);
+            let state = core.split_state(split);
+            let (c, s) = (core.clone(), stop_rx.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("headwater-{}", split.name()))
+                .spawn(move || produce(c, state, tx, s))
+                .map_err(|e| {
+                    Error::Worker(format!(
+                        "cannot start the {} producer thread: {e}",
+                        split.name()
+                    ))
+                })?;
+            producers.push(Producer {
+                rx,
+                handle: Mutex::new(Some(handle)),
+            });
+        }
+        Ok(Sampler {
+            core,
+            producers,
+            stop: Mutex::new(Some(stop_tx)),
+            stop_rx,
+            closed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            pid: std::process::id(),
+        })
+    }
+
+    pub fn core(&self) -> &Arc<SamplerCore> {
+        &self.core
+    }
+
+    fn producer(&self, split: Split) -> Result<&Producer> {
+        PRODUCED
+            .iter()
+            .position(|&s| s == split)
+            .map(|i| &self.producers[i])
+            .ok_or_else(|| {
+                Error::invalid(
+                    "split",
+                    format!("{} has no producer (train and val do)", split.name()),
+                )
+            })
+    }
+
+    /// Batches waiting in `split`'s channel.
+    pub fn queue_depth(&self, split: Split) -> usize {
+        self.producer(split).map(|p| p.rx.len()).unwrap_or(0)
+    }
+
+    /// The next batch of `split`, waiting at most `timeout` (`None` = forever).
+    /// `Ok(None)` means the wait timed out (callers check signals and retry).
+    pub fn next_batch_timeout(
+        &self,
+        split: Split,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Batch>> {
+        if std::process::id() != self.pid {
+            return Err(Error::Worker(format!(
+                "this sampler was created in process {} and cannot be used in forked process {}; create a new Sampler after fork",
+                self.pid,
+                std::process::id()
+            )));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if let Some(f) = self.failure.lock().unwrap().clone() {
+            return Err(Error::Worker(f));
+        }
+        let p = self.producer(split)?;
+        let got = match timeout {
+            Some(t) => select! {
+                recv(p.rx) -> m => Some(m),
+                recv(self.stop_rx) -> _ => None,
+                default(t) => return Ok(None),
+            },
+            None => select! {
+                recv(p.rx) -> m => Some(m),
+                recv(self.stop_rx) -> _ => None,
+            },
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        match got {
+            None => Err(Error::Shutdown),
+            Some(Ok(Ok(b))) => Ok(Some(b)),
+            Some(Ok(Err(e))) => {
+                if !matches!(e, Error::Shutdown) {
+                    *self.failure.lock().unwrap() = Some(e.to_string());
+                }
+                Err(e)
+            }
+            Some(Err(_)) => Err(Error::Worker(format!(
+                "the {} producer exited",
+                split.name()
+            ))),
+        }
+    }
+
+    /// The next batch of `split`, blocking until one is ready.
+    pub fn next_batch(&self, split: Split) -> Result<Batch> {
+        loop {
+            if let Some(b) = self.next_batch_timeout(split, None)? {
+                return Ok(b);
+            }
+        }
+    }
+
+    /// An iterator of `split`'s batches (ends at shutdown).
+    pub fn iter(&self, split: Split) -> impl Iterator<Item = Result<Batch>> + '_ {
+        std::iter::from_fn(move || match self.next_batch(split) {
+            Err(Error::Shutdown) => None,
+            r => Some(r),
+        })
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Stop producers, wake blocked consumers, drain channels, join threads.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        drop(self.stop.lock().unwrap().take());
+        for p in &self.producers {
+            while p.rx.try_recv().is_ok() {}
+            if let Some(h) = p.handle.lock().unwrap().take() {
+                let _ = h.join();
+            }
+            while p.rx.try_recv().is_ok() {}
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

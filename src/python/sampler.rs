@@ -1,0 +1,313 @@
+//! `Sampler`: batches as NumPy arrays that own the Rust buffers (no copy).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use half::f16;
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use super::to_py;
+use crate::batch::{Batch, TIMESTAMP_DIM};
+use crate::config::{SamplerConfig, TaskPick};
+use crate::pipeline;
+use crate::seeds::Split;
+
+/// How long a blocked wait sleeps between checks for Ctrl-C.
+const WAKE: Duration = Duration::from_millis(50);
+
+fn nonneg(name: &str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!("invalid argument `{name}`: must be >= 0, got {v}"))
+    })
+}
+
+/// The headwater sampler: prefetching producers for the train and val splits.
+#[pyclass(module = "headwater._native", frozen)]
+pub struct Sampler {
+    inner: pipeline::Sampler,
+    last_pointers: Mutex<Vec<(&'static str, usize)>>,
+}
+
+fn arr<'py, T: numpy::Element>(
+    py: Python<'py>,
+    v: Vec<T>,
+    shape: &[usize],
+    ptrs: &mut Vec<(&'static str, usize)>,
+    key: &'static str,
+) -> PyResult<Bound<'py, PyAny>> {
+    ptrs.push((key, v.as_ptr() as usize));
+    let a = PyArray1::from_vec(py, v);
+    Ok(a.reshape(shape)?.into_any())
+}
+
+fn batch_dict<'py>(
+    py: Python<'py>,
+    b: Batch,
+    ptrs: &mut Vec<(&'static str, usize)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let (bs, s, r) = (b.batch_size, b.seq_len, b.max_rows);
+    let bs2 = [bs, s];
+    d.set_item(
+        "semantic_types",
+        arr(py, b.semantic_types, &bs2, ptrs, "semantic_types")?,
+    )?;
+    d.set_item(
+        "column_ids",
+        arr(py, b.column_ids, &bs2, ptrs, "column_ids")?,
+    )?;
+    d.set_item(
+        "seq_row_ids",
+        arr(py, b.seq_row_ids, &bs2, ptrs, "seq_row_ids")?,
+    )?;
+    d.set_item(
+        "numeric_values",
+        arr(py, b.numeric_values, &bs2, ptrs, "numeric_values")?,
+    )?;
+    d.set_item(
+        "timestamp_values",
+        arr(
+            py,
+            b.timestamp_values,
+            &[bs, s, TIMESTAMP_DIM],
+            ptrs,
+            "timestamp_values",
+        )?,
+    )?;
+    d.set_item(
+        "bool_values",
+        arr(py, b.bool_values, &bs2, ptrs, "bool_values")?,
+    )?;
+    d.set_item(
+        "categorical_embed_ids",
+        arr(
+            py,
+            b.categorical_embed_ids,
+            &bs2,
+            ptrs,
+            "categorical_embed_ids",
+        )?,
+    )?;
+    d.set_item(
+        "text_embed_ids",
+        arr(py, b.text_embed_ids, &bs2, ptrs, "text_embed_ids")?,
+    )?;
+    d.set_item("is_null", arr(py, b.is_null, &bs2, ptrs, "is_null")?)?;
+    d.set_item("is_target", arr(py, b.is_target, &bs2, ptrs, "is_target")?)?;
+    d.set_item(
+        "is_padding",
+        arr(py, b.is_padding, &bs2, ptrs, "is_padding")?,
+    )?;
+    d.set_item("fk_adj", arr(py, b.fk_adj, &[bs, r, r], ptrs, "fk_adj")?)?;
+    d.set_item("col_perm", arr(py, b.col_perm, &bs2, ptrs, "col_perm")?)?;
+    d.set_item("out_perm", arr(py, b.out_perm, &bs2, ptrs, "out_perm")?)?;
+    d.set_item("in_perm", arr(py, b.in_perm, &bs2, ptrs, "in_perm")?)?;
+    d.set_item(
+        "text_batch_embeddings",
+        arr::<f16>(
+            py,
+            b.text_batch_embeddings,
+            &[b.num_text, b.text_dim],
+            ptrs,
+            "text_batch_embeddings",
+        )?,
+    )?;
+    d.set_item("target_stype", PyArray1::from_vec(py, vec![b.target_stype]))?;
+    d.set_item("task_idx", PyArray1::from_vec(py, vec![b.task_idx]))?;
+    d.set_item(
+        "cat_emb_start",
+        PyArray1::from_vec(py, vec![b.cat_emb_start]),
+    )?;
+    d.set_item(
+        "cat_emb_count",
+        PyArray1::from_vec(py, vec![b.cat_emb_count]),
+    )?;
+    Ok(d)
+}
+
+impl Sampler {
+    fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
+        loop {
+            let got = py
+                .detach(|| self.inner.next_batch_timeout(split, Some(WAKE)))
+                .map_err(to_py)?;
+            match got {
+                Some(b) => {
+                    let mut ptrs = Vec::with_capacity(16);
+                    let d = batch_dict(py, b, &mut ptrs)?;
+                    *self.last_pointers.lock().unwrap() = ptrs;
+                    return Ok(d);
+                }
+                None => py.check_signals()?,
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Sampler {
+    #[new]
+    #[pyo3(signature = (
+        db_path, rank=0, world_size=1, split_ratios=(0.8, 0.1, 0.1), split_seed=0, seed=0,
+        num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
+        bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
+        num_threads=None, max_rss_bytes=None, temporal_filter=true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        db_path: std::path::PathBuf,
+        rank: i64,
+        world_size: i64,
+        split_ratios: (f64, f64, f64),
+        split_seed: i64,
+        seed: i64,
+        num_prefetch: i64,
+        default_batch_size: i64,
+        default_sequence_length: i64,
+        bfs_child_width: i64,
+        max_hops: i64,
+        task_weights: Option<Vec<f64>>,
+        task_pick: &str,
+        num_threads: Option<i64>,
+        max_rss_bytes: Option<i64>,
+        temporal_filter: bool,
+    ) -> PyResult<Self> {
+        let task_pick = match task_pick {
+            "weighted" => TaskPick::Weighted,
+            "round_robin" => TaskPick::RoundRobin,
+            other => return Err(PyValueError::new_err(format!(
+                "invalid argument `task_pick`: {other:?}, expected \"weighted\" or \"round_robin\""
+            ))),
+        };
+        let small = |name: &str, v: i64| -> PyResult<u32> {
+            let x = nonneg(name, v)?;
+            u32::try_from(x).map_err(|_| {
+                PyValueError::new_err(format!("invalid argument `{name}`: {v} is too large"))
+            })
+        };
+        let cfg = SamplerConfig {
+            rank: small("rank", rank)?,
+            world_size: small("world_size", world_size)?,
+            split_ratios: [split_ratios.0, split_ratios.1, split_ratios.2],
+            split_seed: split_seed as u64,
+            seed: seed as u64,
+            num_prefetch: nonneg("num_prefetch", num_prefetch)? as usize,
+            default_batch_size: nonneg("default_batch_size", default_batch_size)? as usize,
+            default_sequence_length: nonneg("default_sequence_length", default_sequence_length)?
+                as usize,
+            bfs_child_width: nonneg("bfs_child_width", bfs_child_width)? as usize,
+            max_hops: nonneg("max_hops", max_hops)? as usize,
+            task_weights,
+            task_pick,
+            num_threads: num_threads
+                .map(|n| nonneg("num_threads", n))
+                .transpose()?
+                .map(|n| n as usize),
+            max_rss_bytes: max_rss_bytes
+                .map(|n| nonneg("max_rss_bytes", n))
+                .transpose()?,
+            temporal_filter,
+        };
+        let inner = py
+            .detach(|| pipeline::Sampler::new(&db_path, cfg))
+            .map_err(to_py)?;
+        Ok(Sampler {
+            inner,
+            last_pointers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The next training batch (blocks, GIL released; Ctrl-C interrupts).
+    fn next_train_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.next(py, Split::Train)
+    }
+
+    /// The next validation batch.
+    fn next_val_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.next(py, Split::Val)
+    }
+
+    /// Column-name embeddings `f16 [C, D]` (for a one-time device upload).
+    fn column_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let db = &self.inner.core().db;
+        let d = db.metadata().embedder.dim as usize;
+        let v = db.column_embeddings().map_err(to_py)?;
+        Ok(PyArray1::from_slice(py, v)
+            .reshape([v.len() / d.max(1), d])?
+            .into_any())
+    }
+
+    /// Category embeddings `f16 [Vc, D]`.
+    fn categorical_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let db = &self.inner.core().db;
+        let d = db.metadata().embedder.dim as usize;
+        let v = db.categorical_embeddings().map_err(to_py)?;
+        Ok(PyArray1::from_slice(py, v)
+            .reshape([v.len() / d.max(1), d])?
+            .into_any())
+    }
+
+    /// `metadata.json` as a dict.
+    fn database_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = serde_json::to_string(self.inner.core().db.metadata()).expect("serialisable");
+        py.import("json")?.call_method1("loads", (s,))
+    }
+
+    #[getter]
+    fn content_hash(&self) -> String {
+        self.inner.core().db.content_hash().to_string()
+    }
+
+    /// The effective configuration as a dict.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = serde_json::to_string(&self.inner.core().cfg).expect("serialisable");
+        py.import("json")?.call_method1("loads", (s,))
+    }
+
+    #[getter]
+    fn num_threads(&self) -> usize {
+        self.inner.core().num_threads()
+    }
+
+    /// Batches waiting in the split's prefetch channel.
+    #[pyo3(signature = (split="train"))]
+    fn queue_depth(&self, split: &str) -> PyResult<usize> {
+        let s = Split::parse(split).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
+            ))
+        })?;
+        Ok(self.inner.queue_depth(s))
+    }
+
+    /// Stop producers, drain channels, join threads (idempotent). A later
+    /// `next_*_batch()` raises `SamplerShutdown`; a wait blocked in another
+    /// thread is woken with it.
+    fn shutdown(&self, py: Python<'_>) {
+        py.detach(|| self.inner.shutdown());
+    }
+
+    #[getter]
+    fn is_shut_down(&self) -> bool {
+        self.inner.is_shut_down()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        self.shutdown(py);
+        false
+    }
+
+    /// Data addresses of the last batch's Rust buffers, for zero-copy checks.
+    fn _last_batch_pointers(&self) -> Vec<(&'static str, usize)> {
+        self.last_pointers.lock().unwrap().clone()
+    }
+}

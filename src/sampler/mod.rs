@@ -1,0 +1,19 @@
+//! BFS from a seed row over foreign-key edges, with the time filter and
+//! width caps; per-worker scratch.
+//!
+//! Rules (SPEC §4): parents (F→P) first and unconditionally; children (P→F)
+//! only when visible at the seed's observation time (their table has no time,
+//! or their time ≤ `obs_time`), then at most `bfs_child_width` of them,
+//! uniformly; closest hop first, ties broken at random; rows are added whole
+//! while they fit the cell budget; stop at the budget, `max_hops`, or an empty
+//! frontier.
+//!
+//! Hot-path invariants: no allocation per seed after warm-up (scratch is
+//! cleared, not reallocated); the visited set is an epoch-stamped array, not a
+//! hash set; the children visible at a cutoff are a prefix found by binary
+//! search on the time-sorted CSR, so a hub with millions of children costs
+//! O(width), never O(degree). Never reads column data.
+
+mod bfs;
+
+pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
