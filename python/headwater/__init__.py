@@ -34,4 +34,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'headwater' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "Database",
+    "FormatError",
+    "HeadwaterError",
+    "SchemaError",
+    "default_database",
+    "inspect",
+    "preprocess",
+]

@@ -7,10 +7,10 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "FORMAT_VERSION",
     "ConfigError",
     "Database",
     "DatabaseWriter",
-    "FORMAT_VERSION",
     "FormatError",
     "HeadwaterError",
     "SchemaError",

@@ -33,6 +33,12 @@ fn unpack_bits(bitmap: &[u8], n: usize) -> Vec<u8> {
     (0..n).map(|i| format::bit(bitmap, i) as u8).collect()
 }
 
+fn index(name: &str, v: i64) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!("invalid argument `{name}`: must be >= 0, got {v}"))
+    })
+}
+
 fn emb_kind(which: &str) -> PyResult<EmbeddingKind> {
     Ok(match which {
         "column" => EmbeddingKind::Column,
@@ -70,12 +76,8 @@ impl Database {
     }
 
     /// `(values, valid)` of a stored column of table `table` (slot order).
-    fn column(
-        &self,
-        py: Python<'_>,
-        table: usize,
-        slot: usize,
-    ) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+    fn column(&self, py: Python<'_>, table: i64, slot: i64) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+        let (table, slot) = (index("table", table)?, index("slot", slot)?);
         let t = self.inner.table(table).map_err(to_py)?;
         let c = t.columns.get(slot).ok_or_else(|| {
             PyValueError::new_err(format!(
@@ -105,8 +107,8 @@ impl Database {
     }
 
     /// Task `k` as arrays: anchor_row, obs_time, target, target_valid.
-    fn task_arrays<'py>(&self, py: Python<'py>, k: usize) -> PyResult<Bound<'py, PyDict>> {
-        let t = self.inner.task(k).map_err(to_py)?;
+    fn task_arrays<'py>(&self, py: Python<'py>, k: i64) -> PyResult<Bound<'py, PyDict>> {
+        let t = self.inner.task(index("k", k)?).map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("anchor_row", PyArray1::from_slice(py, t.anchor_rows))?;
         d.set_item("obs_time", PyArray1::from_slice(py, t.obs_times))?;
@@ -132,7 +134,8 @@ impl Database {
     }
 
     /// The `i`-th string that was embedded into table `which`.
-    fn embedded_string(&self, which: &str, i: usize) -> PyResult<String> {
+    fn embedded_string(&self, which: &str, i: i64) -> PyResult<String> {
+        let i = index("i", i)?;
         Ok(self
             .inner
             .embedded_string(emb_kind(which)?, i)

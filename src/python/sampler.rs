@@ -179,9 +179,11 @@ impl Sampler {
         let task_pick = match task_pick {
             "weighted" => TaskPick::Weighted,
             "round_robin" => TaskPick::RoundRobin,
-            other => return Err(PyValueError::new_err(format!(
+            other => {
+                return Err(PyValueError::new_err(format!(
                 "invalid argument `task_pick`: {other:?}, expected \"weighted\" or \"round_robin\""
-            ))),
+            )))
+            }
         };
         let small = |name: &str, v: i64| -> PyResult<u32> {
             let x = nonneg(name, v)?;

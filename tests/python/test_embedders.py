@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from headwater.embedders import (
     EMBEDDER_NAMES,
     Embedder,

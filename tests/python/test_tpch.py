@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 import pytest
+
 from headwater import tpch
 
 if sys.version_info >= (3, 11):

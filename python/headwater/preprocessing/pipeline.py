@@ -111,7 +111,7 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
 
 def _read(con: duckdb.DuckDBPyConnection, table: str, cols: list[str]) -> pa.Table:
     sel = ", ".join(quote(c) for c in cols) if cols else "1 AS __dummy"
-    return con.execute(f"SELECT {sel} FROM {quote(table)}").fetch_arrow_table()
+    return con.execute(f"SELECT {sel} FROM {quote(table)}").to_arrow_table()
 
 
 def _read_count(con: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -154,6 +154,9 @@ def _to_micros(col: pa.Array, where: str) -> pa.Array:
         if pa.types.is_date(t):
             col = col.cast(pa.timestamp("us"))
         elif pa.types.is_timestamp(t):
+            if t.unit == "ns":
+                # Stored in µs: drop sub-µs digits (floor), rather than fail.
+                col = pc.floor_temporal(col, unit="microsecond")
             col = col.cast(pa.timestamp("us", t.tz))
         else:
             col = col.cast(pa.timestamp("us"))
@@ -335,7 +338,8 @@ def _add_value_task(
         raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
     rows = np.ascontiguousarray(idx.filter(keep).to_numpy(zero_copy_only=False), dtype=np.uint32)
     obs_col = result.column(1).combine_chunks().filter(keep)
-    if pa.types.is_null(obs_col.type):
+    # A bare `NULL` comes back typed (DuckDB: INTEGER): all-null = non-temporal.
+    if pa.types.is_null(obs_col.type) or obs_col.null_count == len(obs_col):
         obs = np.full(len(rows), I64_MAX, dtype=np.int64)
     else:
         obs = _fill(_to_micros(obs_col, f"task `{name}` observation time"), I64_MAX, np.int64)
@@ -371,7 +375,7 @@ def _add_tasks(
                 continue
             assert t.query is not None
             try:
-                result = src.con.execute(t.query).fetch_arrow_table()
+                result = src.con.execute(t.query).to_arrow_table()
             except duckdb.Error as e:
                 raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
             _add_value_task(
@@ -390,7 +394,7 @@ def _add_tasks(
                 f"FROM read_parquet([{files}])"
             )
             try:
-                result = src.con.execute(q).fetch_arrow_table()
+                result = src.con.execute(q).to_arrow_table()
             except duckdb.Error as e:
                 raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
             _add_value_task(
@@ -399,11 +403,20 @@ def _add_tasks(
             )
         return
     created = 0
-    for p in plans:
+    # Non-null count per stored column: a column without values has no seeds.
+    counts = {
+        (c["table"], c["name"]): c["stats"]["count"]
+        for c in json.loads(writer.columns_json())
+        if c["slot"] is not None
+    }
+    for ti, p in enumerate(plans):
         key_cols = {c for c in [p.primary_key, p.time_column, *p.foreign_keys] if c}
         for c, _ in p.source.columns:
             st = p.stypes.get(c)
             if st in ("numerical", "boolean", "timestamp", "categorical") and c not in key_cols:
+                if not counts.get((ti, c)):
+                    log(f"  {p.name}.{c}: no non-null values, no cell task")
+                    continue
                 writer.add_cell_task(f"{p.name}.{c}", p.name, c, f"mask {p.name}.{c}")
                 created += 1
     log(f"no tasks declared: created {created} cell-masking task(s), one per eligible column")

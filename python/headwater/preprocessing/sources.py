@@ -305,7 +305,7 @@ def _sqlite_column(p: Path, table: str, col: str, decl: str, values: list[Any]) 
 
             parsed = [
                 None if v is None else (
-                    dt.datetime.fromtimestamp(v, dt.timezone.utc).replace(tzinfo=None)
+                    dt.datetime.fromtimestamp(v, dt.UTC).replace(tzinfo=None)
                     if isinstance(v, (int, float))
                     else dt.datetime.fromisoformat(str(v))
                 )

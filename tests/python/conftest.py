@@ -1,0 +1,512 @@
+"""Shared fixtures for the preprocessing tests.
+
+* ``small_data``: one small relational database (users, items, events) as
+  in-memory Arrow tables, with NULLs, a boolean, a categorical, a text column,
+  numerical columns, timestamps with microseconds and one dangling foreign-key
+  value (``items.seller_id = 999``).
+* ``make_relbench`` / ``make_duckdb`` / ``make_sqlite`` / ``make_files``: write
+  that database as each kind of source under a given directory.
+* ``build``: preprocess a source into a fresh directory (``embedder="hash"``)
+  and open the result.
+* ``tpch``: TPC-H SF0.01 generated with ``headwater.tpch.generate_tpch`` and
+  preprocessed with ``headwater/data/tpch_schema.toml`` (session-scoped).
+
+None of these fixtures is autouse, so they do not affect other test modules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.resources
+import importlib.util
+import json
+import sqlite3
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+TPCH_SCHEMA = Path(str(importlib.resources.files("headwater") / "data" / "tpch_schema.toml"))
+
+# ----------------------------------------------------------------------------
+# The small relational database
+# ----------------------------------------------------------------------------
+
+N_USERS, N_ITEMS, N_EVENTS = 40, 25, 300
+DANGLING_SELLER = 999
+BASE_TIME = dt.datetime(2024, 1, 1, 8, 0, 0)
+USER_HIDDEN_BY_RELBENCH = "age"  # remove_columns of the RelBench task
+RELBENCH_TASK = "user_churn"
+
+
+def _small_tables(seed: int = 7) -> dict[str, pa.Table]:
+    rng = np.random.default_rng(seed)
+    # users: ids ascending (SQLite `INTEGER PRIMARY KEY` is the rowid, so
+    # `SELECT *` returns it in id order).
+    user_ids = list(range(1, N_USERS + 1))
+    countries = ["DE", "FR", "US", "JP"]
+    users = pa.table(
+        {
+            "user_id": pa.array(user_ids, pa.int64()),
+            "country": pa.array(
+                [None if i % 11 == 5 else countries[i % 4] for i in range(N_USERS)], pa.string()
+            ),
+            "age": pa.array(
+                [None if i % 9 == 2 else float(18 + (i * 7) % 50) + 0.5 for i in range(N_USERS)],
+                pa.float64(),
+            ),
+            "is_active": pa.array(
+                [None if i % 13 == 3 else bool(i % 3) for i in range(N_USERS)], pa.bool_()
+            ),
+            "signup": pa.array(
+                [
+                    None if i == 17 else BASE_TIME + dt.timedelta(days=i, microseconds=37 * i)
+                    for i in range(N_USERS)
+                ],
+                pa.timestamp("us"),
+            ),
+        }
+    )
+    # items: seller_id references users, one NULL and one dangling value.
+    cats = ["book", "toy", "food"]
+    seller = [int(rng.integers(1, N_USERS + 1)) for _ in range(N_ITEMS)]
+    seller[3] = None  # type: ignore[call-overload]
+    seller[8] = DANGLING_SELLER
+    items = pa.table(
+        {
+            "item_id": pa.array([100 + i for i in range(N_ITEMS)], pa.int64()),
+            "seller_id": pa.array(seller, pa.int64()),
+            "category": pa.array([cats[i % 3] for i in range(N_ITEMS)], pa.string()),
+            "price": pa.array(
+                [None if i == 4 else round(float(rng.uniform(1, 100)), 2) for i in range(N_ITEMS)],
+                pa.float64(),
+            ),
+            "in_stock": pa.array(
+                [None if i == 6 else bool(i % 2) for i in range(N_ITEMS)], pa.bool_()
+            ),
+        }
+    )
+    # events: ids shuffled (row order != key order), FKs to users and items.
+    event_ids = rng.permutation(np.arange(1000, 1000 + N_EVENTS)).tolist()
+    ev_user: list[int | None] = [int(x) for x in rng.integers(1, N_USERS + 1, N_EVENTS)]
+    for i in (5, 50, 150):
+        ev_user[i] = None
+    ev_item = [100 + int(x) for x in rng.integers(0, N_ITEMS, N_EVENTS)]
+    kinds = ["view", "click", "buy"]
+    words = ["red", "green", "blue", "fast", "slow", "big", "small", "shiny"]
+    events = pa.table(
+        {
+            "event_id": pa.array(event_ids, pa.int64()),
+            "user_id": pa.array(ev_user, pa.int64()),
+            "item_id": pa.array(ev_item, pa.int64()),
+            "ts": pa.array(
+                [
+                    BASE_TIME
+                    + dt.timedelta(
+                        days=int(rng.integers(0, 120)),
+                        seconds=int(rng.integers(0, 86400)),
+                        microseconds=int(rng.integers(0, 1_000_000)),
+                    )
+                    for _ in range(N_EVENTS)
+                ],
+                pa.timestamp("us"),
+            ),
+            "amount": pa.array(
+                [None if i % 17 == 0 else float(rng.normal(50, 20)) for i in range(N_EVENTS)],
+                pa.float64(),
+            ),
+            "kind": pa.array([kinds[int(x)] for x in rng.integers(0, 3, N_EVENTS)], pa.string()),
+            # > 256 distinct values with spaces: inferred as text.
+            "note": pa.array(
+                [
+                    None if i % 23 == 1 else f"note {i} {words[i % 8]} {words[(i * 3) % 8]} item"
+                    for i in range(N_EVENTS)
+                ],
+                pa.string(),
+            ),
+        }
+    )
+    return {"users": users, "items": items, "events": events}
+
+
+@dataclass
+class SmallData:
+    tables: dict[str, pa.Table]
+    labels: dict[str, pa.Table]  # RelBench task labels per split
+
+    def values(self, table: str, column: str) -> list[Any]:
+        return self.tables[table].column(column).to_pylist()
+
+
+def _labels(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    out = {}
+    k = 0
+    for split, n in (("train", 20), ("val", 6), ("test", 6)):
+        uids: list[int] = []
+        times, churn = [], []
+        for _ in range(n):
+            uids.append(1 + (k * 7) % N_USERS)
+            times.append(BASE_TIME + dt.timedelta(days=30 + k))
+            churn.append(k % 3 == 0)
+            k += 1
+        if split == "test":
+            uids[-1] = 12345  # matches no user: dropped with a warning
+        out[split] = pa.table(
+            {
+                "timestamp": pa.array(times, pa.timestamp("ns")),
+                "user_id": pa.array(uids, pa.int64()),
+                "churn": pa.array([int(c) for c in churn], pa.int64()),
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_data() -> SmallData:
+    tables = _small_tables()
+    return SmallData(tables=tables, labels=_labels(tables))
+
+
+# Schema fragments for the sources that cannot declare everything themselves.
+TIME_SCHEMA = """
+[tables.users]
+time_column = "signup"
+[tables.events]
+time_column = "ts"
+"""
+
+FULL_SCHEMA = """
+[tables.users]
+primary_key = "user_id"
+time_column = "signup"
+[tables.items]
+primary_key = "item_id"
+foreign_keys = { seller_id = "users" }
+[tables.events]
+primary_key = "event_id"
+time_column = "ts"
+foreign_keys = { user_id = "users", item_id = "items" }
+"""
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def relbench_manifest_module() -> Any:
+    """``relbench.manifest``; loaded from its file when ``import relbench`` fails.
+
+    ``relbench/__init__`` imports pandas, which need not be installed; the
+    manifest module itself needs only PyYAML.
+    """
+    try:
+        import relbench.manifest as m
+
+        return m
+    except ImportError:
+        spec = importlib.util.find_spec("relbench")
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip("relbench is not installed")
+        path = Path(next(iter(spec.submodule_search_locations))) / "manifest.py"
+        name = "_relbench_manifest_standalone"
+        if name in sys.modules:
+            return sys.modules[name]
+        mspec = importlib.util.spec_from_file_location(name, path)
+        assert mspec is not None and mspec.loader is not None
+        mod = importlib.util.module_from_spec(mspec)
+        sys.modules[name] = mod
+        mspec.loader.exec_module(mod)
+        return mod
+
+
+def _write_relbench(root: Path, data: SmallData, remove_columns: bool = True) -> Path:
+    rb = relbench_manifest_module()
+    root.mkdir(parents=True)
+    (root / "db").mkdir()
+    for name, t in data.tables.items():
+        # RelBench (pandas) writes nanosecond timestamps.
+        cols = [
+            c.cast(pa.timestamp("ns")) if pa.types.is_timestamp(c.type) else c for c in t.columns
+        ]
+        pq.write_table(pa.table(cols, names=t.column_names), root / "db" / f"{name}.parquet")
+    rb.DatasetManifest(
+        name="small",
+        val_timestamp="2024-03-01",
+        test_timestamp="2024-04-01",
+        description="headwater test database",
+        tables={
+            "users": rb.TableSpec(pkey="user_id", time_col="signup"),
+            "items": rb.TableSpec(pkey="item_id", fkeys={"seller_id": "users"}),
+            "events": rb.TableSpec(
+                pkey="event_id", time_col="ts", fkeys={"user_id": "users", "item_id": "items"}
+            ),
+        },
+    ).save(root / "manifest.yaml")
+    tdir = root / "tasks" / RELBENCH_TASK
+    rb.TaskManifest(
+        name=RELBENCH_TASK,
+        kind="forecast",
+        task_type="binary_classification",
+        description="will the user stay inactive for 30 days",
+        entity_table="users",
+        entity_col="user_id",
+        target_col="churn",
+        time_col="timestamp",
+        timedelta="30 days",
+        remove_columns=[["users", USER_HIDDEN_BY_RELBENCH]] if remove_columns else [],
+        sql="SELECT timestamp, user_id, 0 AS churn FROM timestamps, users",
+    ).save(tdir / "manifest.yaml")
+    for split, t in data.labels.items():
+        pq.write_table(t, tdir / f"{split}.parquet")
+    return root
+
+
+def _write_duckdb(path: Path, data: SmallData) -> Path:
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE users (user_id BIGINT PRIMARY KEY, country VARCHAR, age DOUBLE, "
+        "is_active BOOLEAN, signup TIMESTAMP)"
+    )
+    # DuckDB enforces foreign keys, so items.seller_id (which holds a dangling
+    # value) has no constraint; the schema file declares it.
+    con.execute(
+        "CREATE TABLE items (item_id BIGINT PRIMARY KEY, seller_id BIGINT, category VARCHAR, "
+        "price DOUBLE, in_stock BOOLEAN)"
+    )
+    con.execute(
+        "CREATE TABLE events (event_id BIGINT PRIMARY KEY, "
+        "user_id BIGINT REFERENCES users(user_id), item_id BIGINT REFERENCES items(item_id), "
+        "ts TIMESTAMP, amount DOUBLE, kind VARCHAR, note VARCHAR)"
+    )
+    for name in ("users", "items", "events"):
+        arrow = data.tables[name]  # noqa: F841  (used by the replacement scan)
+        con.execute(f"INSERT INTO {name} SELECT * FROM arrow")
+    con.close()
+    return path
+
+
+def _write_sqlite(path: Path, data: SmallData) -> Path:
+    sq = sqlite3.connect(str(path))
+    sq.execute(
+        "CREATE TABLE users (user_id INTEGER PRIMARY KEY, country TEXT, age REAL, "
+        "is_active BOOLEAN, signup TIMESTAMP)"
+    )
+    sq.execute(
+        "CREATE TABLE items (item_id INTEGER PRIMARY KEY, "
+        "seller_id INTEGER REFERENCES users(user_id), category TEXT, price REAL, in_stock BOOLEAN)"
+    )
+    # BIGINT PRIMARY KEY is not a rowid alias: rows keep insertion order.
+    sq.execute(
+        "CREATE TABLE events (event_id BIGINT PRIMARY KEY, "
+        "user_id INTEGER REFERENCES users(user_id), item_id INTEGER REFERENCES items(item_id), "
+        "ts TIMESTAMP, amount REAL, kind TEXT, note TEXT)"
+    )
+
+    def cell(v: Any) -> Any:
+        if isinstance(v, dt.datetime):
+            return v.isoformat(sep=" ")
+        return v
+
+    for name in ("users", "items", "events"):
+        t = data.tables[name]
+        rows = [tuple(cell(v) for v in r.values()) for r in t.to_pylist()]
+        marks = ", ".join("?" * t.num_columns)
+        sq.executemany(f"INSERT INTO {name} VALUES ({marks})", rows)
+    sq.commit()
+    sq.close()
+    return path
+
+
+def _write_files(root: Path, data: SmallData) -> tuple[Path, Path]:
+    """Parquet for users/events, CSV for items, plus a schema declaring the keys."""
+    root.mkdir(parents=True)
+    pq.write_table(data.tables["users"], root / "users.parquet")
+    pq.write_table(data.tables["events"], root / "events.parquet")
+    lines = ["item_id,seller_id,category,price,in_stock"]
+    for r in data.tables["items"].to_pylist():
+        cells = []
+        for k in ("item_id", "seller_id", "category", "price", "in_stock"):
+            v = r[k]
+            cells.append(
+                ""
+                if v is None
+                else (
+                    "true"
+                    if v is True
+                    else "false"
+                    if v is False
+                    else repr(v)
+                    if isinstance(v, float)
+                    else str(v)
+                )
+            )
+        lines.append(",".join(cells))
+    (root / "items.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    schema = write_text(root.parent / f"{root.name}_schema.toml", FULL_SCHEMA)
+    return root, schema
+
+
+@pytest.fixture
+def make_relbench(small_data: SmallData) -> Callable[..., Path]:
+    def make(root: Path, remove_columns: bool = True) -> Path:
+        return _write_relbench(root, small_data, remove_columns)
+
+    return make
+
+
+@pytest.fixture
+def make_duckdb(small_data: SmallData) -> Callable[[Path], Path]:
+    return lambda path: _write_duckdb(path, small_data)
+
+
+@pytest.fixture
+def make_sqlite(small_data: SmallData) -> Callable[[Path], Path]:
+    return lambda path: _write_sqlite(path, small_data)
+
+
+@pytest.fixture
+def make_files(small_data: SmallData) -> Callable[[Path], tuple[Path, Path]]:
+    return lambda root: _write_files(root, small_data)
+
+
+@pytest.fixture
+def duckdb_source(tmp_path: Path, make_duckdb: Callable[[Path], Path]) -> tuple[Path, Path]:
+    """The small database as a DuckDB file plus the schema it needs (time columns, items FK)."""
+    src = make_duckdb(tmp_path / "small.duckdb")
+    schema = write_text(
+        tmp_path / "duck_schema.toml",
+        TIME_SCHEMA + '\n[tables.items]\nforeign_keys = { seller_id = "users" }\n',
+    )
+    return src, schema
+
+
+# ----------------------------------------------------------------------------
+# Building and opening databases
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class Built:
+    path: Path
+    db: Any  # headwater.Database
+    meta: dict[str, Any]
+
+    def table(self, name: str) -> dict[str, Any]:
+        return next(t for t in self.meta["tables"] if t["name"] == name)
+
+    def table_idx(self, name: str) -> int:
+        return int(self.table(name)["idx"])
+
+    def columns_of(self, name: str) -> dict[str, dict[str, Any]]:
+        """Stored columns of table ``name`` by column name."""
+        t = self.table(name)
+        return {self.meta["columns"][c]["name"]: self.meta["columns"][c] for c in t["columns"]}
+
+    def column(self, table: str, column: str) -> tuple[np.ndarray, np.ndarray]:
+        cm = self.columns_of(table)[column]
+        return self.db.column(self.table_idx(table), cm["slot"])
+
+    def decoded(self, table: str, column: str) -> list[Any]:
+        """Values of a stored column decoded back to source values (None = null)."""
+        cm = self.columns_of(table)[column]
+        values, valid = self.column(table, column)
+        return decode(self.db, cm, values, valid)
+
+    def task(self, name: str) -> dict[str, Any]:
+        return next(k for k in self.meta["tasks"] if k["name"] == name)
+
+    def stype(self, table: str, column: str) -> str:
+        t = self.table(table)
+        for c in t["columns"]:
+            if self.meta["columns"][c]["name"] == column:
+                return str(self.meta["columns"][c]["stype"])
+        for u in t["unstored_columns"]:
+            if u["name"] == column:
+                return str(u["stype"])
+        raise KeyError(f"{table}.{column}")
+
+
+def scale_of(stats: dict[str, Any]) -> float:
+    """The std the writer z-scores with: population std, 1 when it is 0."""
+    s = float(stats["std"])
+    return s if s > 0 and np.isfinite(s) else 1.0
+
+
+def decode(db: Any, cm: dict[str, Any], values: np.ndarray, valid: np.ndarray) -> list[Any]:
+    st = cm["stype"]
+    out: list[Any] = []
+    for v, ok in zip(values.tolist(), valid.tolist()):
+        if not ok:
+            out.append(None)
+        elif st == "numerical":
+            out.append(v * scale_of(cm["stats"]) + cm["stats"]["mean"])
+        elif st == "boolean":
+            out.append(bool(v))
+        elif st == "timestamp":
+            out.append(int(v))
+        elif st == "categorical":
+            out.append(cm["categories"][v - cm["cat_emb_start"]])
+        elif st == "text":
+            out.append(db.embedded_string("text", v))
+        else:  # pragma: no cover
+            raise AssertionError(st)
+    return out
+
+
+def open_built(path: Path) -> Built:
+    import headwater
+
+    db = headwater.Database(path)
+    return Built(path=path, db=db, meta=json.loads(db.metadata_json()))
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Callable[..., Built]:
+    """``build(source, schema=None, name=None, **kw)``: preprocess into tmp_path and open."""
+    import headwater
+
+    counter = iter(range(10_000))
+
+    def run(source: Path, schema: Any = None, name: str | None = None, **kw: Any) -> Built:
+        out = tmp_path / (name or f"db{next(counter)}")
+        kw.setdefault("progress", False)
+        headwater.preprocess(source, out, schema=schema, embedder="hash", **kw)
+        return open_built(out)
+
+    return run
+
+
+# ----------------------------------------------------------------------------
+# TPC-H SF0.01
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class Tpch:
+    source: Path
+    built: Built
+
+
+@pytest.fixture(scope="session")
+def tpch(tmp_path_factory: pytest.TempPathFactory) -> Tpch:
+    import headwater
+    from headwater.tpch import generate_tpch
+
+    root = tmp_path_factory.mktemp("tpch")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        src = generate_tpch(root / "tpch_sf001.duckdb", 0.01)
+        out = root / "db"
+        headwater.preprocess(src, out, schema=TPCH_SCHEMA, embedder="hash", progress=False)
+    finally:
+        mp.undo()
+    return Tpch(source=Path(src), built=open_built(out))
