@@ -8,7 +8,7 @@ import math
 import os
 import pathlib
 import re
-import sys
+import tomllib
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,11 +16,6 @@ import duckdb
 import pytest
 
 from headwater import tpch
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    tomllib = pytest.importorskip("tomli")
 
 SCHEMA_TEXT = (importlib.resources.files("headwater") / "data" / "tpch_schema.toml").read_text(
     encoding="utf-8"
