@@ -46,6 +46,10 @@ pub struct SamplerConfig {
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
+    /// Test hook: the producer panics when making this step (fault tests).
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub debug_panic_at_step: Option<u64>,
 }
 
 impl Default for SamplerConfig {
@@ -66,6 +70,7 @@ impl Default for SamplerConfig {
             num_threads: None,
             max_rss_bytes: None,
             temporal_filter: true,
+            debug_panic_at_step: None,
         }
     }
 }

@@ -211,6 +211,13 @@ impl SamplerCore {
                 ),
             ));
         }
+        if self.cfg.debug_panic_at_step == Some(state.step) {
+            panic!(
+                "debug_panic_at_step: deliberate panic at {} step {}",
+                state.split.name(),
+                state.step
+            );
+        }
         let t0 = Instant::now();
         let b = self.cfg.default_batch_size;
         let s = self.cfg.default_sequence_length;

@@ -16,11 +16,13 @@
 mod graph;
 mod hash_embed;
 mod stats;
+mod synth;
 mod writer;
 
 pub use graph::{build_csr, Csr};
 pub use hash_embed::hash_embed;
 pub use stats::{column_stats, RunningStats};
+pub use synth::{synth_database, SynthSpec};
 pub use writer::{
     ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
 };

@@ -154,7 +154,7 @@ impl Sampler {
         db_path, rank=0, world_size=1, split_ratios=(0.8, 0.1, 0.1), split_seed=0, seed=0,
         num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
         bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
-        num_threads=None, max_rss_bytes=None, temporal_filter=true,
+        num_threads=None, max_rss_bytes=None, temporal_filter=true, _debug_panic_at_step=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -175,6 +175,7 @@ impl Sampler {
         num_threads: Option<i64>,
         max_rss_bytes: Option<i64>,
         temporal_filter: bool,
+        _debug_panic_at_step: Option<u64>,
     ) -> PyResult<Self> {
         let task_pick = match task_pick {
             "weighted" => TaskPick::Weighted,
@@ -213,6 +214,7 @@ impl Sampler {
                 .map(|n| nonneg("max_rss_bytes", n))
                 .transpose()?,
             temporal_filter,
+            debug_panic_at_step: _debug_panic_at_step,
         };
         let inner = py
             .detach(|| pipeline::Sampler::new(&db_path, cfg))
