@@ -8,6 +8,7 @@
 //! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3 appears.
 
 pub mod batch;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod format;

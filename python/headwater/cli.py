@@ -32,6 +32,15 @@ def _cmd_default_db(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from headwater.bench import format_bench, run_bench
+
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else None
+    r = run_bench(a.db, a.batch_size, a.seq_len, threads, a.steps, a.warmup)
+    print(json.dumps(r) if a.json else format_bench(r))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="headwater", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -53,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--scale-factor", type=float, default=0.01)
     pd.add_argument("--embedder", default="auto")
     pd.set_defaults(func=_cmd_default_db)
+
+    pb = sub.add_parser("bench", help="measure sampler throughput, stages, scaling, handoff, memory")
+    pb.add_argument("db", nargs="?", help="database directory (default: the default database)")
+    pb.add_argument("--batch-size", type=int, default=32)
+    pb.add_argument("--seq-len", type=int, default=1024)
+    pb.add_argument("--threads", help="comma-separated thread counts (default: 1 and all CPUs)")
+    pb.add_argument("--steps", type=int, default=200)
+    pb.add_argument("--warmup", type=int, default=20)
+    pb.add_argument("--json", action="store_true", help="print one JSON object")
+    pb.set_defaults(func=_cmd_bench)
     return p
 
 

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+mod bench;
 mod database;
 mod sampler;
 mod writer;
@@ -93,5 +94,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::DatabaseWriter>()?;
     m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::bench_sampler, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::peak_rss_bytes, m)?)?;
     Ok(())
 }

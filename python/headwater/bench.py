@@ -1,0 +1,95 @@
+"""``headwater bench``: sampler throughput, stage times, thread scaling,
+handoff latency and memory, all measured in one run on one database."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from headwater import _native
+
+
+def _handoff_us(db: Path, batch_size: int, seq_len: int, samples: int) -> float:
+    """Median time of ``next_train_batch()`` when a batch is already waiting."""
+    depth = 2
+    times = []
+    with _native.Sampler(
+        db, default_batch_size=batch_size, default_sequence_length=seq_len, num_prefetch=depth
+    ) as s:
+        for _ in range(samples):
+            deadline = time.monotonic() + 30
+            while s.queue_depth("train") < depth and time.monotonic() < deadline:
+                time.sleep(0.002)
+            t0 = time.perf_counter()
+            batch = s.next_train_batch()
+            times.append(time.perf_counter() - t0)
+            del batch
+    return statistics.median(times) * 1e6
+
+
+def run_bench(
+    db: str | os.PathLike[str] | None = None,
+    batch_size: int = 32,
+    seq_len: int = 1024,
+    threads: list[int] | None = None,
+    steps: int = 200,
+    warmup: int = 20,
+    handoff_samples: int = 30,
+) -> dict[str, Any]:
+    """Measure everything in one process; returns a JSON-able dict."""
+    if db is None:
+        from headwater.default_db import default_database
+
+        db = default_database()
+    path = Path(db)
+    ncpu = os.cpu_count() or 1
+    threads = threads or sorted({1, ncpu})
+    runs = [
+        _native.bench_sampler(path, t, steps, warmup, batch_size, seq_len) for t in threads
+    ]
+    handoff = _handoff_us(path, batch_size, seq_len, handoff_samples)
+    base = runs[0]
+    best = max(runs, key=lambda r: r["batches_per_s"])
+    return {
+        "db": str(path.resolve()),
+        "db_bytes": _native.Database(path).bytes_on_disk,
+        "conditions": {
+            "batch_size": batch_size,
+            "sequence_length": seq_len,
+            "steps": steps,
+            "warmup": warmup,
+            "cpus": ncpu,
+        },
+        "runs": runs,
+        "batches_per_s": best["batches_per_s"],
+        "batches_per_s_per_core": base["batches_per_s"] / base["threads"],
+        "scaling": {f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"] for r in runs},
+        "handoff_us_median": handoff,
+        "peak_rss_bytes": _native.peak_rss_bytes(),
+    }
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    c = r["conditions"]
+    lines = [
+        f"database   {r['db']}  ({r['db_bytes'] / 2**20:.1f} MiB mapped)",
+        f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs",
+        "",
+        f"{'threads':>7} {'batches/s':>10} {'Mcells/s':>9} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
+    ]
+    for x in r["runs"]:
+        lines.append(
+            f"{x['threads']:>7} {x['batches_per_s']:>10.1f} {x['cells_per_s'] / 1e6:>9.2f} {x['fill']:>6.1%} "
+            f"{x['bfs_ms']:>8.3f} {x['assemble_ms']:>8.3f} {x['collate_ms']:>8.3f} {x['total_ms']:>9.3f}"
+        )
+    lines += [
+        "",
+        f"steady state     {r['batches_per_s']:.1f} batches/s ({r['batches_per_s_per_core']:.1f} per core at 1 thread)",
+        "scaling          " + ", ".join(f"{k}: {v:.2f}x" for k, v in r["scaling"].items()),
+        f"handoff          {r['handoff_us_median']:.1f} µs median (next_train_batch with a batch ready)",
+        f"peak RSS         {(r['peak_rss_bytes'] or 0) / 2**20:.1f} MiB",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+//! The measurement behind `headwater bench`: steady-state batch production
+//! on one thread count, with per-stage times.
+//!
+//! Runs the synchronous [`BatchMaker`] (no prefetch thread) so the figure is
+//! the sampler's own throughput; the Python side adds handoff latency and
+//! thread scaling from several runs in the same process.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::SamplerConfig;
+use crate::error::Result;
+use crate::pipeline::{current_rss_bytes, BatchMaker, SamplerCore};
+use crate::seeds::Split;
+
+/// One benchmark run's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchRun {
+    pub threads: usize,
+    pub batches: u64,
+    pub seconds: f64,
+    pub batches_per_s: f64,
+    pub cells_per_s: f64,
+    /// Mean share of non-padding cells.
+    pub fill: f64,
+    /// Mean milliseconds per batch: BFS, assembly + permutations, text
+    /// dedup + gather, total.
+    pub bfs_ms: f64,
+    pub assemble_ms: f64,
+    pub collate_ms: f64,
+    pub total_ms: f64,
+    pub rss_bytes: u64,
+}
+
+/// Produce `warmup` then `steps` train batches with `threads` worker threads.
+pub fn bench_run(db_path: &Path, mut cfg: SamplerConfig, threads: usize, warmup: u64, steps: u64) -> Result<BenchRun> {
+    cfg.num_threads = Some(threads);
+    let core = Arc::new(SamplerCore::new(db_path, cfg)?);
+    let mut maker = BatchMaker::new(core, Split::Train);
+    for _ in 0..warmup {
+        maker.core.make_batch(&mut maker.state)?;
+    }
+    let mut stage = [0u64; 4];
+    let mut cells = 0u64;
+    let mut slots = 0u64;
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        let b = maker.core.make_batch(&mut maker.state)?;
+        for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
+            *acc += x;
+        }
+        cells += b.seq_stats.iter().map(|s| s.cells as u64).sum::<u64>();
+        slots += (b.batch_size * b.seq_len) as u64;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
+    Ok(BenchRun {
+        threads,
+        batches: steps,
+        seconds: secs,
+        batches_per_s: steps as f64 / secs,
+        cells_per_s: cells as f64 / secs,
+        fill: cells as f64 / slots.max(1) as f64,
+        bfs_ms: ms(stage[0]),
+        assemble_ms: ms(stage[1]),
+        collate_ms: ms(stage[2]),
+        total_ms: ms(stage[3]),
+        rss_bytes: current_rss_bytes().unwrap_or(0),
+    })
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}

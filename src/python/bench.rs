@@ -1,0 +1,44 @@
+//! `bench_sampler`: one `headwater bench` run, as a dict.
+
+use pyo3::prelude::*;
+
+use super::to_py;
+use crate::bench;
+use crate::config::SamplerConfig;
+
+/// Steady-state train-batch production on `threads` threads (GIL released).
+#[pyfunction]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3))]
+#[allow(clippy::too_many_arguments)]
+pub fn bench_sampler<'py>(
+    py: Python<'py>,
+    db_path: std::path::PathBuf,
+    threads: usize,
+    steps: u64,
+    warmup: u64,
+    batch_size: usize,
+    sequence_length: usize,
+    seed: u64,
+    bfs_child_width: usize,
+    max_hops: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let cfg = SamplerConfig {
+        seed,
+        default_batch_size: batch_size,
+        default_sequence_length: sequence_length,
+        bfs_child_width,
+        max_hops,
+        ..SamplerConfig::default()
+    };
+    let run = py
+        .detach(|| bench::bench_run(&db_path, cfg, threads, warmup, steps))
+        .map_err(to_py)?;
+    let s = serde_json::to_string(&run).expect("serialisable");
+    py.import("json")?.call_method1("loads", (s,))
+}
+
+/// Peak RSS of this process in bytes (`VmHWM`), or None off Linux.
+#[pyfunction]
+pub fn peak_rss_bytes() -> Option<u64> {
+    bench::peak_rss_bytes()
+}
