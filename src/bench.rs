@@ -34,7 +34,13 @@ pub struct BenchRun {
 }
 
 /// Produce `warmup` then `steps` train batches with `threads` worker threads.
-pub fn bench_run(db_path: &Path, mut cfg: SamplerConfig, threads: usize, warmup: u64, steps: u64) -> Result<BenchRun> {
+pub fn bench_run(
+    db_path: &Path,
+    mut cfg: SamplerConfig,
+    threads: usize,
+    warmup: u64,
+    steps: u64,
+) -> Result<BenchRun> {
     cfg.num_threads = Some(threads);
     let core = Arc::new(SamplerCore::new(db_path, cfg)?);
     let mut maker = BatchMaker::new(core, Split::Train);

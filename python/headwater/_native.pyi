@@ -7,24 +7,35 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "BATCH_KEYS",
     "FORMAT_VERSION",
     "ConfigError",
     "Database",
     "DatabaseWriter",
     "FormatError",
     "HeadwaterError",
+    "ResourceError",
+    "Sampler",
+    "SamplerShutdown",
     "SchemaError",
+    "WorkerError",
     "__version__",
+    "bench_sampler",
     "hash_embed",
+    "peak_rss_bytes",
 ]
 
 FORMAT_VERSION: int
+BATCH_KEYS: list[str]
 __version__: str
 
 class HeadwaterError(Exception): ...
 class FormatError(HeadwaterError): ...
 class SchemaError(HeadwaterError): ...
 class ConfigError(HeadwaterError): ...
+class SamplerShutdown(HeadwaterError): ...
+class WorkerError(HeadwaterError): ...
+class ResourceError(HeadwaterError): ...
 
 @final
 class Database:
@@ -93,3 +104,58 @@ class DatabaseWriter:
     ) -> str: ...
 
 def hash_embed(texts: list[str], dim: int) -> npt.NDArray[np.float16]: ...
+
+def bench_sampler(
+    db_path: str | os.PathLike[str],
+    threads: int,
+    steps: int,
+    warmup: int = 10,
+    batch_size: int = 32,
+    sequence_length: int = 1024,
+    seed: int = 0,
+    bfs_child_width: int = 16,
+    max_hops: int = 3,
+) -> dict[str, Any]: ...
+def peak_rss_bytes() -> int | None: ...
+
+@final
+class Sampler:
+    """Prefetching sampler for the train and val splits of one database."""
+
+    def __new__(
+        cls,
+        db_path: str | os.PathLike[str],
+        rank: int = 0,
+        world_size: int = 1,
+        split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
+        split_seed: int = 0,
+        seed: int = 0,
+        num_prefetch: int = 3,
+        default_batch_size: int = 32,
+        default_sequence_length: int = 1024,
+        bfs_child_width: int = 16,
+        max_hops: int = 3,
+        task_weights: list[float] | None = None,
+        task_pick: str = "weighted",
+        num_threads: int | None = None,
+        max_rss_bytes: int | None = None,
+        temporal_filter: bool = True,
+        _debug_panic_at_step: int | None = None,
+    ) -> Sampler: ...
+    def next_train_batch(self) -> dict[str, npt.NDArray[Any]]: ...
+    def next_val_batch(self) -> dict[str, npt.NDArray[Any]]: ...
+    def column_embeddings(self) -> npt.NDArray[np.float16]: ...
+    def categorical_embeddings(self) -> npt.NDArray[np.float16]: ...
+    def database_metadata(self) -> dict[str, Any]: ...
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def content_hash(self) -> str: ...
+    @property
+    def num_threads(self) -> int: ...
+    def queue_depth(self, split: str = "train") -> int: ...
+    def shutdown(self) -> None: ...
+    @property
+    def is_shut_down(self) -> bool: ...
+    def __enter__(self) -> Sampler: ...
+    def __exit__(self, *_args: object) -> bool: ...
+    def _last_batch_pointers(self) -> list[tuple[str, int]]: ...

@@ -240,8 +240,8 @@ pub fn assemble_sequence(
     for (k, key) in s.keys.iter().enumerate() {
         o.col_perm[k] = (*key & 0xffff) as u16;
     }
-    for p in cells..seq_len {
-        o.col_perm[p] = p as u16;
+    for (p, slot) in o.col_perm.iter_mut().enumerate().skip(cells) {
+        *slot = p as u16;
     }
     for (outbound, perm) in [(true, &mut *o.out_perm), (false, &mut *o.in_perm)] {
         rcm_order(
@@ -258,8 +258,8 @@ pub fn assemble_sequence(
                 k += 1;
             }
         }
-        for p in cells..seq_len {
-            perm[p] = p as u16;
+        for (p, slot) in perm.iter_mut().enumerate().skip(cells) {
+            *slot = p as u16;
         }
     }
     SeqStats {

@@ -420,6 +420,7 @@ impl DatabaseWriter {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new_column(
         &mut self,
         table: u32,

@@ -1,0 +1,73 @@
+//! Criterion benches: BFS per seed and whole-batch assembly on a synthetic
+//! database (set `HEADWATER_BENCH_DB` to bench a real one, e.g. TPC-H SF1).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::preprocess::{synth_database, SynthSpec};
+use headwater::rng::Xoshiro256pp;
+use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use headwater::{Database, SamplerConfig, Split};
+
+fn database() -> (Option<tempfile::TempDir>, PathBuf) {
+    if let Ok(p) = std::env::var("HEADWATER_BENCH_DB") {
+        return (None, PathBuf::from(p));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("db");
+    let mut spec = SynthSpec::small(6, 20_000, 7);
+    spec.fks_per_table = 2;
+    synth_database(&path, &spec).unwrap();
+    (Some(tmp), path)
+}
+
+fn benches(c: &mut Criterion) {
+    let (_tmp, path) = database();
+    let db = Database::open(&path).unwrap();
+    let g = db.graph();
+    let m = db.metadata();
+    let row_cells: Vec<u16> = m.tables.iter().map(|t| t.columns.len() as u16).collect();
+    let task = db.task(0).unwrap();
+    let params = BfsParams {
+        max_cells: 1024,
+        max_hops: 3,
+        child_width: 16,
+        temporal_filter: true,
+    };
+    let mut scratch = BfsScratch::default();
+    let mut out = Subgraph::default();
+    let mut rng = Xoshiro256pp::seed_from_u64(1);
+    let mut i = 0usize;
+    c.bench_function("bfs_per_seed", |b| {
+        b.iter(|| {
+            i = (i + 1) % task.anchor_rows.len();
+            bfs(
+                &g,
+                &row_cells,
+                task.anchor_rows[i],
+                8,
+                task.obs_times[i],
+                &params,
+                &mut rng,
+                &mut scratch,
+                &mut out,
+            );
+            black_box(out.rows.len())
+        })
+    });
+    let cfg = SamplerConfig {
+        num_threads: Some(1),
+        ..SamplerConfig::default()
+    };
+    let core = Arc::new(SamplerCore::new(&path, cfg).unwrap());
+    let mut maker = BatchMaker::new(core, Split::Train);
+    c.bench_function("make_batch_b32_s1024_1thread", |b| {
+        b.iter(|| black_box(maker.core.make_batch(&mut maker.state).unwrap().batch_size))
+    });
+}
+
+criterion_group!(sampler, benches);
+criterion_main!(sampler);
