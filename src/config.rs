@@ -46,6 +46,9 @@ pub struct SamplerConfig {
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
+    /// Record step telemetry (drain API, Prometheus). Off only to measure
+    /// its cost.
+    pub telemetry: bool,
     /// Test hook: the producer panics when making this step (fault tests).
     #[serde(skip)]
     #[doc(hidden)]
@@ -70,6 +73,7 @@ impl Default for SamplerConfig {
             num_threads: None,
             max_rss_bytes: None,
             temporal_filter: true,
+            telemetry: true,
             debug_panic_at_step: None,
         }
     }

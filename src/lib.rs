@@ -17,6 +17,7 @@ pub mod preprocess;
 pub mod rng;
 pub mod sampler;
 pub mod seeds;
+pub mod telemetry;
 
 #[cfg(feature = "python")]
 mod python;

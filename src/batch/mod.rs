@@ -104,6 +104,8 @@ pub struct Batch {
     pub split: crate::seeds::Split,
     /// Index of this batch in its split's stream.
     pub step: u64,
+    /// Pool and mix state when the batch was made (telemetry).
+    pub telemetry: crate::telemetry::BatchTelemetry,
 }
 
 impl Batch {
@@ -143,6 +145,7 @@ impl Batch {
             duplicate_seeds: 0,
             split: crate::seeds::Split::Train,
             step: 0,
+            telemetry: Default::default(),
         }
     }
 

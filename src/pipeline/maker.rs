@@ -21,6 +21,10 @@ use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::seeds::{shard, SeedPool, Split, TaskPicker};
+use crate::telemetry::{BatchTelemetry, MixWindow, TelemetrySchema};
+
+/// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
+pub const MIX_WINDOW: usize = 64;
 
 /// How a task's target cell is found.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +50,7 @@ pub struct SamplerCore {
     tasks: Vec<TaskPlan>,
     weights: Vec<f64>,
     pool: rayon::ThreadPool,
+    pub schema: TelemetrySchema,
 }
 
 /// One split's sampling state (pools, task picker, generator). Owned by the
@@ -58,6 +63,8 @@ pub struct SplitState {
     subgraphs: Vec<Subgraph>,
     jobs: Vec<(u32, u32, i64, u64)>,
     text_map: FxMap<u32, u32>,
+    last_picked: Vec<Option<u64>>,
+    mix: MixWindow,
     pub step: u64,
 }
 
@@ -133,6 +140,8 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
+        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
+        let schema = TelemetrySchema::new(&names, cfg.max_hops, cfg.default_sequence_length);
         Ok(SamplerCore {
             db,
             cfg,
@@ -140,6 +149,7 @@ impl SamplerCore {
             tasks,
             weights,
             pool,
+            schema,
         })
     }
 
@@ -194,6 +204,8 @@ impl SamplerCore {
             subgraphs: Vec::new(),
             jobs: Vec::new(),
             text_map: FxMap::default(),
+            last_picked: vec![None; m.tasks.len()],
+            mix: MixWindow::new(m.tasks.len(), MIX_WINDOW),
             step: 0,
         }
     }
@@ -221,6 +233,7 @@ impl SamplerCore {
         let t0 = Instant::now();
         let b = self.cfg.default_batch_size;
         let s = self.cfg.default_sequence_length;
+        let rng_state = state.rng.state();
         let k = state.picker.pick(&mut state.rng) as usize;
         let plan = &self.tasks[k];
         let task = self.db.task(k)?;
@@ -354,12 +367,68 @@ impl SamplerCore {
             (t_end - t_asm).as_nanos() as u64,
             (t_end - t0).as_nanos() as u64,
         ];
+        if self.cfg.telemetry {
+            batch.telemetry = self.batch_telemetry(state, k, rng_state, &batch.seeds);
+        }
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
         batch.step = state.step;
         state.step += 1;
         Ok(batch)
+    }
+}
+
+impl SamplerCore {
+    /// Pool, mix and fingerprint measurements after drawing task `k`'s seeds.
+    fn batch_telemetry(
+        &self,
+        state: &mut SplitState,
+        k: usize,
+        rng_state: [u64; 4],
+        seeds: &[u32],
+    ) -> BatchTelemetry {
+        state.last_picked[k] = Some(state.step);
+        state.mix.push(k as u32);
+        let b = self.cfg.default_batch_size as f64;
+        let mut t = BatchTelemetry {
+            remaining_min: f64::INFINITY,
+            remaining_max: f64::NEG_INFINITY,
+            remaining_fraction_min: f64::INFINITY,
+            remaining_fraction_max: f64::NEG_INFINITY,
+            steps_since_pick_max: f64::NEG_INFINITY,
+            steps_to_exhaust_min: f64::INFINITY,
+            tv_distance: state.mix.tv_distance(&self.weights),
+            fingerprint: 0,
+        };
+        for (j, pool) in state.pools.iter().enumerate() {
+            if self.weights[j] <= 0.0 {
+                continue;
+            }
+            let since = match state.last_picked[j] {
+                Some(s) => state.step - s,
+                None => state.step + 1,
+            };
+            t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
+            let Some(pool) = pool else { continue };
+            let (rem, len) = (pool.remaining() as f64, pool.len() as f64);
+            t.remaining_min = t.remaining_min.min(rem);
+            t.remaining_max = t.remaining_max.max(rem);
+            t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
+            t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
+            let rate = state.mix.count(j) as f64 / state.mix.len().max(1) as f64 * b;
+            if rate > 0.0 {
+                t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
+            }
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for w in rng_state {
+            h.update(&w.to_le_bytes());
+        }
+        h.update(&(k as u32).to_le_bytes());
+        h.update(bytemuck::cast_slice(seeds));
+        t.fingerprint = h.digest();
+        t
     }
 }
 

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
@@ -27,6 +27,7 @@ use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
+use crate::telemetry::StepRecorder;
 
 /// The splits that have a producer.
 pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
@@ -46,6 +47,7 @@ pub struct Sampler {
     closed: AtomicBool,
     failure: Mutex<Option<String>>,
     pid: u32,
+    recorders: Vec<Mutex<StepRecorder>>,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -115,7 +117,12 @@ impl Sampler {
                 handle: Mutex::new(Some(handle)),
             });
         }
+        let recorders = PRODUCED
+            .iter()
+            .map(|_| Mutex::new(StepRecorder::new(&core.schema)))
+            .collect();
         Ok(Sampler {
+            recorders,
             core,
             producers,
             stop: Mutex::new(Some(stop_tx)),
@@ -199,13 +206,48 @@ impl Sampler {
         }
     }
 
-    /// The next batch of `split`, blocking until one is ready.
+    /// The next batch of `split`, blocking until one is ready; records it
+    /// in the split's telemetry.
     pub fn next_batch(&self, split: Split) -> Result<Batch> {
+        let t0 = Instant::now();
+        let depth = self.queue_depth(split);
         loop {
             if let Some(b) = self.next_batch_timeout(split, None)? {
+                self.deliver(split, &b, depth, t0.elapsed().as_secs_f64());
                 return Ok(b);
             }
         }
+    }
+
+    /// Record a batch handed to the consumer: `depth` batches were waiting
+    /// when it asked and it blocked `wait_seconds`.
+    pub fn deliver(&self, split: Split, b: &Batch, depth: usize, wait_seconds: f64) {
+        if !self.core.cfg.telemetry {
+            return;
+        }
+        if let Some(i) = PRODUCED.iter().position(|&s| s == split) {
+            self.recorders[i]
+                .lock()
+                .unwrap()
+                .record(b, depth, wait_seconds);
+        }
+    }
+
+    /// The step metrics of `split` since the last drain (empty if no batch
+    /// was delivered since), clearing the accumulated counters.
+    pub fn drain_step_metrics(&self, split: Split) -> Result<Vec<(String, f64)>> {
+        let i = PRODUCED.iter().position(|&s| s == split).ok_or_else(|| {
+            Error::invalid(
+                "split",
+                format!("{} has no producer (train and val do)", split.name()),
+            )
+        })?;
+        let mut out = Vec::new();
+        self.recorders[i]
+            .lock()
+            .unwrap()
+            .drain(&self.core.schema, &mut out);
+        Ok(out)
     }
 
     /// An iterator of `split`'s batches (ends at shutdown).

@@ -1,7 +1,7 @@
 //! `Sampler`: batches as NumPy arrays that own the Rust buffers (no copy).
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use half::f16;
 use numpy::{PyArray1, PyArrayMethods};
@@ -125,17 +125,25 @@ fn batch_dict<'py>(
         "cat_emb_count",
         PyArray1::from_vec(py, vec![b.cat_emb_count]),
     )?;
+    d.set_item(
+        "fingerprint",
+        PyArray1::from_vec(py, vec![b.telemetry.fingerprint]),
+    )?;
     Ok(d)
 }
 
 impl Sampler {
     fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
+        let t0 = Instant::now();
+        let depth = self.inner.queue_depth(split);
         loop {
             let got = py
                 .detach(|| self.inner.next_batch_timeout(split, Some(WAKE)))
                 .map_err(to_py)?;
             match got {
                 Some(b) => {
+                    self.inner
+                        .deliver(split, &b, depth, t0.elapsed().as_secs_f64());
                     let mut ptrs = Vec::with_capacity(16);
                     let d = batch_dict(py, b, &mut ptrs)?;
                     *self.last_pointers.lock().unwrap() = ptrs;
@@ -154,7 +162,8 @@ impl Sampler {
         db_path, rank=0, world_size=1, split_ratios=(0.8, 0.1, 0.1), split_seed=0, seed=0,
         num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
         bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
-        num_threads=None, max_rss_bytes=None, temporal_filter=true, _debug_panic_at_step=None,
+        num_threads=None, max_rss_bytes=None, temporal_filter=true, telemetry=true,
+        _debug_panic_at_step=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -175,6 +184,7 @@ impl Sampler {
         num_threads: Option<i64>,
         max_rss_bytes: Option<i64>,
         temporal_filter: bool,
+        telemetry: bool,
         _debug_panic_at_step: Option<u64>,
     ) -> PyResult<Self> {
         let task_pick = match task_pick {
@@ -214,6 +224,7 @@ impl Sampler {
                 .map(|n| nonneg("max_rss_bytes", n))
                 .transpose()?,
             temporal_filter,
+            telemetry,
             debug_panic_at_step: _debug_panic_at_step,
         };
         let inner = py
@@ -308,6 +319,36 @@ impl Sampler {
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
         self.shutdown(py);
         false
+    }
+
+    /// Step metrics of `split` since the last drain: the latest snapshot
+    /// scalars plus counters and histogram buckets accumulated since the
+    /// previous drain (which this clears). `{}` if no batch was delivered
+    /// since.
+    #[pyo3(signature = (split="train"))]
+    fn drain_step_metrics<'py>(
+        &self,
+        py: Python<'py>,
+        split: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let s = Split::parse(split).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
+            ))
+        })?;
+        let items = self.inner.drain_step_metrics(s).map_err(to_py)?;
+        let d = PyDict::new(py);
+        for (k, v) in items {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// The ordered telemetry keys: `[{"key", "reduction", "edges", "help"}]`.
+    /// Depends only on the database metadata and the config.
+    fn telemetry_schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = serde_json::to_string(&self.inner.core().schema.entries).expect("serialisable");
+        py.import("json")?.call_method1("loads", (s,))
     }
 
     /// Data addresses of the last batch's Rust buffers, for zero-copy checks.
