@@ -49,6 +49,12 @@ pub struct SamplerConfig {
     /// Record step telemetry (drain API, Prometheus). Off only to measure
     /// its cost.
     pub telemetry: bool,
+    /// Serve Prometheus `/metrics` on `prometheus_port + local_rank`.
+    pub prometheus_port: Option<u16>,
+    /// Address the exporter binds (loopback by default).
+    pub prometheus_host: String,
+    /// Rank within this machine (default: `rank`), offsets the port.
+    pub local_rank: Option<u32>,
     /// Test hook: the producer panics when making this step (fault tests).
     #[serde(skip)]
     #[doc(hidden)]
@@ -74,6 +80,9 @@ impl Default for SamplerConfig {
             max_rss_bytes: None,
             temporal_filter: true,
             telemetry: true,
+            prometheus_port: None,
+            prometheus_host: "127.0.0.1".into(),
+            local_rank: None,
             debug_panic_at_step: None,
         }
     }
@@ -174,6 +183,21 @@ impl SamplerConfig {
                 ));
             }
         }
+        if let Some(p) = self.prometheus_port {
+            let port = p as u32 + self.local_rank.unwrap_or(self.rank);
+            if p == 0 || port > u16::MAX as u32 {
+                return Err(bad(
+                    "prometheus_port",
+                    format!("{p} + local rank must be a port in 1..=65535"),
+                ));
+            }
+            if self.prometheus_host.parse::<std::net::IpAddr>().is_err() {
+                return Err(bad(
+                    "prometheus_host",
+                    format!("{:?} is not an IP address", self.prometheus_host),
+                ));
+            }
+        }
         if let Some(m) = self.max_rss_bytes {
             if m == 0 {
                 return Err(bad("max_rss_bytes", "must be > 0 when set".into()));
@@ -259,5 +283,14 @@ mod tests {
 
     fn toml_like_json(s: &str) -> std::result::Result<SamplerConfig, serde_json::Error> {
         serde_json::from_str(s)
+    }
+}
+
+impl SamplerConfig {
+    /// The exporter address for this rank, when Prometheus is on.
+    pub fn prometheus_addr(&self) -> Option<std::net::SocketAddr> {
+        let p = self.prometheus_port? as u32 + self.local_rank.unwrap_or(self.rank);
+        let ip: std::net::IpAddr = self.prometheus_host.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, p as u16))
     }
 }

@@ -26,7 +26,10 @@ pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
 
 use half::f16;
 
-/// Names of the batch tensors, in the order they are exported.
+/// Names of the batch tensors of seed 000 §3b, in the order they are
+/// exported. The Python batch dict carries one more key after them,
+/// `fingerprint` (`uint64 [1]`): a hash of the producer's RNG state and the
+/// drawn seeds, so an anomalous step can be identified and replayed.
 pub const BATCH_KEYS: [&str; 20] = [
     "semantic_types",
     "column_ids",

@@ -27,6 +27,7 @@ use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
+use crate::telemetry::export::prometheus::{self, PromSplit};
 use crate::telemetry::StepRecorder;
 
 /// The splits that have a producer.
@@ -45,9 +46,11 @@ pub struct Sampler {
     stop: Mutex<Option<Sender<()>>>,
     stop_rx: Receiver<()>,
     closed: AtomicBool,
-    failure: Mutex<Option<String>>,
+    /// The first producer failure: (was it a resource limit?, message).
+    failure: Mutex<Option<(bool, String)>>,
     pid: u32,
     recorders: Vec<Mutex<StepRecorder>>,
+    prom: Vec<PromSplit>,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -96,6 +99,14 @@ impl Sampler {
 
     /// Start producers for an already built core.
     pub fn start(core: Arc<SamplerCore>) -> Result<Sampler> {
+        let mut prom = Vec::new();
+        if let (true, Some(addr)) = (core.cfg.telemetry, core.cfg.prometheus_addr()) {
+            prometheus::install(addr, &core.schema)?;
+            prom = PRODUCED
+                .iter()
+                .map(|s| PromSplit::register(&core.schema, core.cfg.rank, s.name()))
+                .collect();
+        }
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut producers = Vec::new();
         for split in PRODUCED {
@@ -122,6 +133,7 @@ impl Sampler {
             .map(|_| Mutex::new(StepRecorder::new(&core.schema)))
             .collect();
         Ok(Sampler {
+            prom,
             recorders,
             core,
             producers,
@@ -151,8 +163,8 @@ impl Sampler {
     }
 
     /// Batches waiting in `split`'s channel.
-    pub fn queue_depth(&self, split: Split) -> usize {
-        self.producer(split).map(|p| p.rx.len()).unwrap_or(0)
+    pub fn queue_depth(&self, split: Split) -> Result<usize> {
+        Ok(self.producer(split)?.rx.len())
     }
 
     /// The next batch of `split`, waiting at most `timeout` (`None` = forever).
@@ -172,8 +184,12 @@ impl Sampler {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        if let Some(f) = self.failure.lock().unwrap().clone() {
-            return Err(Error::Worker(f));
+        if let Some((resource, msg)) = self.failure.lock().unwrap().clone() {
+            return Err(if resource {
+                Error::Resource(msg)
+            } else {
+                Error::Worker(msg)
+            });
         }
         let p = self.producer(split)?;
         let got = match timeout {
@@ -194,8 +210,14 @@ impl Sampler {
             None => Err(Error::Shutdown),
             Some(Ok(Ok(b))) => Ok(Some(b)),
             Some(Ok(Err(e))) => {
-                if !matches!(e, Error::Shutdown) {
-                    *self.failure.lock().unwrap() = Some(e.to_string());
+                let first = match &e {
+                    Error::Resource(m) => Some((true, m.clone())),
+                    Error::Worker(m) => Some((false, m.clone())),
+                    Error::Shutdown => None,
+                    other => Some((false, other.to_string())),
+                };
+                if let Some(f) = first {
+                    self.failure.lock().unwrap().get_or_insert(f);
                 }
                 Err(e)
             }
@@ -210,7 +232,7 @@ impl Sampler {
     /// in the split's telemetry.
     pub fn next_batch(&self, split: Split) -> Result<Batch> {
         let t0 = Instant::now();
-        let depth = self.queue_depth(split);
+        let depth = self.queue_depth(split)?;
         loop {
             if let Some(b) = self.next_batch_timeout(split, None)? {
                 self.deliver(split, &b, depth, t0.elapsed().as_secs_f64());
@@ -230,6 +252,9 @@ impl Sampler {
                 .lock()
                 .unwrap()
                 .record(b, depth, wait_seconds);
+            if let Some(p) = self.prom.get(i) {
+                p.record(b, depth, wait_seconds);
+            }
         }
     }
 
@@ -266,6 +291,11 @@ impl Sampler {
     /// Idempotent.
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
+        if std::process::id() != self.pid {
+            // A forked child has none of the parent's threads: nothing to
+            // stop or join (joining would fail); the maps stay valid.
+            return;
+        }
         drop(self.stop.lock().unwrap().take());
         for p in &self.producers {
             while p.rx.try_recv().is_ok() {}

@@ -135,7 +135,7 @@ fn batch_dict<'py>(
 impl Sampler {
     fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
         let t0 = Instant::now();
-        let depth = self.inner.queue_depth(split);
+        let depth = self.inner.queue_depth(split).map_err(to_py)?;
         loop {
             let got = py
                 .detach(|| self.inner.next_batch_timeout(split, Some(WAKE)))
@@ -163,7 +163,7 @@ impl Sampler {
         num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
         bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
         num_threads=None, max_rss_bytes=None, temporal_filter=true, telemetry=true,
-        _debug_panic_at_step=None,
+        prometheus_port=None, prometheus_host=String::from("127.0.0.1"), local_rank=None, _debug_panic_at_step=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -185,6 +185,9 @@ impl Sampler {
         max_rss_bytes: Option<i64>,
         temporal_filter: bool,
         telemetry: bool,
+        prometheus_port: Option<i64>,
+        prometheus_host: String,
+        local_rank: Option<i64>,
         _debug_panic_at_step: Option<u64>,
     ) -> PyResult<Self> {
         let task_pick = match task_pick {
@@ -225,6 +228,17 @@ impl Sampler {
                 .transpose()?,
             temporal_filter,
             telemetry,
+            prometheus_port: prometheus_port
+                .map(|p| {
+                    u16::try_from(p).map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "invalid argument `prometheus_port`: must be in 1..=65535, got {p}"
+                        ))
+                    })
+                })
+                .transpose()?,
+            prometheus_host,
+            local_rank: local_rank.map(|r| small("local_rank", r)).transpose()?,
             debug_panic_at_step: _debug_panic_at_step,
         };
         let inner = py
@@ -296,7 +310,7 @@ impl Sampler {
                 "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
             ))
         })?;
-        Ok(self.inner.queue_depth(s))
+        self.inner.queue_depth(s).map_err(to_py)
     }
 
     /// Stop producers, drain channels, join threads (idempotent). A later

@@ -12,10 +12,13 @@
 //! Never: names built from row/seed/step values (series count grows with
 //! tasks only), or blocking the producer.
 
+pub mod export;
 mod hist;
 mod schema;
 mod step;
 
 pub use hist::{quantile_from_buckets, FixedHistogram};
-pub use schema::{Reduction, SchemaEntry, TelemetrySchema, PREFIX};
+pub use schema::{
+    seconds_edges as schema_seconds_edges, Reduction, SchemaEntry, TelemetrySchema, PREFIX,
+};
 pub use step::{BatchTelemetry, MixWindow, StepRecorder};

@@ -1,0 +1,6 @@
+//! Exporting telemetry out of the process: Prometheus (`prometheus.rs`).
+//!
+//! Recording stays separate from exporting: the [`super::StepRecorder`]
+//! feeds the drain API; the exporter keeps cumulative series for scrapers.
+
+pub mod prometheus;
