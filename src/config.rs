@@ -207,6 +207,15 @@ impl SamplerConfig {
     }
 }
 
+impl SamplerConfig {
+    /// The exporter address for this rank, when Prometheus is on.
+    pub fn prometheus_addr(&self) -> Option<std::net::SocketAddr> {
+        let p = self.prometheus_port? as u32 + self.local_rank.unwrap_or(self.rank);
+        let ip: std::net::IpAddr = self.prometheus_host.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, p as u16))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,14 +292,5 @@ mod tests {
 
     fn toml_like_json(s: &str) -> std::result::Result<SamplerConfig, serde_json::Error> {
         serde_json::from_str(s)
-    }
-}
-
-impl SamplerConfig {
-    /// The exporter address for this rank, when Prometheus is on.
-    pub fn prometheus_addr(&self) -> Option<std::net::SocketAddr> {
-        let p = self.prometheus_port? as u32 + self.local_rank.unwrap_or(self.rank);
-        let ip: std::net::IpAddr = self.prometheus_host.parse().ok()?;
-        Some(std::net::SocketAddr::new(ip, p as u16))
     }
 }
