@@ -55,6 +55,8 @@ pub struct SamplerConfig {
     pub prometheus_host: String,
     /// Rank within this machine (default: `rank`), offsets the port.
     pub local_rank: Option<u32>,
+    /// OTLP/HTTP base URL for stage spans (else `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub otlp_endpoint: Option<String>,
     /// Test hook: the producer panics when making this step (fault tests).
     #[serde(skip)]
     #[doc(hidden)]
@@ -83,6 +85,7 @@ impl Default for SamplerConfig {
             prometheus_port: None,
             prometheus_host: "127.0.0.1".into(),
             local_rank: None,
+            otlp_endpoint: None,
             debug_panic_at_step: None,
         }
     }

@@ -144,6 +144,7 @@ class Sampler:
         prometheus_port: int | None = None,
         prometheus_host: str = "127.0.0.1",
         local_rank: int | None = None,
+        otlp_endpoint: str | None = None,
         _debug_panic_at_step: int | None = None,
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]: ...

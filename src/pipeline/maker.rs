@@ -231,6 +231,16 @@ impl SamplerCore {
             );
         }
         let t0 = Instant::now();
+        let batch_span = tracing::info_span!(
+            "batch",
+            split = state.split.name(),
+            step = state.step as i64,
+            rank = self.cfg.rank as i64,
+            task = tracing::field::Empty,
+            rows = tracing::field::Empty,
+            cells = tracing::field::Empty,
+        );
+        let _batch = batch_span.enter();
         let b = self.cfg.default_batch_size;
         let s = self.cfg.default_sequence_length;
         let rng_state = state.rng.state();
@@ -259,6 +269,8 @@ impl SamplerCore {
             state.subgraphs.resize_with(b, Subgraph::default);
         }
         let graph = self.db.graph();
+        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
+        let bfs_span = tracing::info_span!("bfs", seeds = b as i64).entered();
         let params = BfsParams {
             max_cells: s,
             max_hops: self.cfg.max_hops,
@@ -284,7 +296,9 @@ impl SamplerCore {
                     });
                 })
         });
+        drop(bfs_span);
         let t_bfs = Instant::now();
+        let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
         let r = state
             .subgraphs
             .iter()
@@ -352,7 +366,11 @@ impl SamplerCore {
             })
         };
         batch.seq_stats = stats;
+        asm_span.record("max_rows", r as i64);
+        drop(asm_span);
         let t_asm = Instant::now();
+        let collate_span =
+            tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let dim = m.embedder.dim as usize;
         collate_text(
             &mut batch,
@@ -360,7 +378,17 @@ impl SamplerCore {
             dim,
             &mut state.text_map,
         );
+        collate_span.record("unique_texts", batch.num_text as i64);
+        drop(collate_span);
         let t_end = Instant::now();
+        batch_span.record(
+            "rows",
+            batch.seq_stats.iter().map(|q| q.rows as i64).sum::<i64>(),
+        );
+        batch_span.record(
+            "cells",
+            batch.seq_stats.iter().map(|q| q.cells as i64).sum::<i64>(),
+        );
         batch.stage_ns = [
             (t_bfs - t0).as_nanos() as u64,
             (t_asm - t_bfs).as_nanos() as u64,

@@ -107,6 +107,11 @@ impl Sampler {
                 .map(|s| PromSplit::register(&core.schema, core.cfg.rank, s.name()))
                 .collect();
         }
+        if let Some(ep) =
+            crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
+        {
+            crate::telemetry::export::otel::install(&ep, core.cfg.rank)?;
+        }
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut producers = Vec::new();
         for split in PRODUCED {
@@ -304,6 +309,7 @@ impl Sampler {
             }
             while p.rx.try_recv().is_ok() {}
         }
+        crate::telemetry::export::otel::flush();
     }
 }
 

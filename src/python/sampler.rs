@@ -163,7 +163,8 @@ impl Sampler {
         num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
         bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
         num_threads=None, max_rss_bytes=None, temporal_filter=true, telemetry=true,
-        prometheus_port=None, prometheus_host=String::from("127.0.0.1"), local_rank=None, _debug_panic_at_step=None,
+        prometheus_port=None, prometheus_host=String::from("127.0.0.1"), local_rank=None,
+        otlp_endpoint=None, _debug_panic_at_step=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -188,6 +189,7 @@ impl Sampler {
         prometheus_port: Option<i64>,
         prometheus_host: String,
         local_rank: Option<i64>,
+        otlp_endpoint: Option<String>,
         _debug_panic_at_step: Option<u64>,
     ) -> PyResult<Self> {
         let task_pick = match task_pick {
@@ -239,6 +241,7 @@ impl Sampler {
                 .transpose()?,
             prometheus_host,
             local_rank: local_rank.map(|r| small("local_rank", r)).transpose()?,
+            otlp_endpoint,
             debug_panic_at_step: _debug_panic_at_step,
         };
         let inner = py

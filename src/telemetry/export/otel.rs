@@ -1,0 +1,81 @@
+//! Tracing spans per batch stage, exported over OTLP (HTTP/protobuf) when an
+//! endpoint is configured (`otlp_endpoint`, or the standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`).
+//!
+//! Off by default: with no endpoint no subscriber is installed, and a
+//! `tracing` span is then a single check of the global dispatcher. Export
+//! happens on the SDK's batch thread, never on the sampling path; the
+//! provider is flushed when a sampler shuts down.
+
+use std::sync::{Mutex, OnceLock};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::layer::SubscriberExt;
+
+use crate::error::{Error, Result};
+
+static PROVIDER: OnceLock<Mutex<Option<(String, SdkTracerProvider)>>> = OnceLock::new();
+
+/// The endpoint to use: the explicit one, else `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub fn resolve_endpoint(explicit: Option<&str>) -> Option<String> {
+    explicit
+        .map(str::to_string)
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Install the process-wide OTLP span exporter for `endpoint` (base URL;
+/// spans go to `<endpoint>/v1/traces`). Idempotent for the same endpoint.
+pub fn install(endpoint: &str, rank: u32) -> Result<()> {
+    let slot = PROVIDER.get_or_init(|| Mutex::new(None));
+    let mut g = slot.lock().unwrap();
+    if let Some((existing, _)) = g.as_ref() {
+        if existing == endpoint {
+            return Ok(());
+        }
+        return Err(Error::Config {
+            key: "otlp_endpoint".into(),
+            what: format!("this process already exports spans to {existing}; one endpoint per process (asked for {endpoint})"),
+        });
+    }
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(url.clone())
+        .build()
+        .map_err(|e| Error::Config {
+            key: "otlp_endpoint".into(),
+            what: format!("cannot export spans to {url}: {e}"),
+        })?;
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            Resource::builder()
+                .with_service_name("headwater")
+                .with_attribute(opentelemetry::KeyValue::new("headwater.rank", rank as i64))
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer("headwater");
+    let subscriber =
+        tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer));
+    tracing::subscriber::set_global_default(subscriber).map_err(|e| Error::Config {
+        key: "otlp_endpoint".into(),
+        what: format!("a global tracing subscriber is already installed: {e}"),
+    })?;
+    *g = Some((endpoint.to_string(), provider));
+    Ok(())
+}
+
+/// Push buffered spans out now (blocks on network I/O).
+pub fn flush() {
+    if let Some(slot) = PROVIDER.get() {
+        if let Some((_, p)) = slot.lock().unwrap().as_ref() {
+            let _ = p.force_flush();
+        }
+    }
+}
