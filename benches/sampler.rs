@@ -10,6 +10,7 @@ use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use headwater::telemetry::StepRecorder;
 use headwater::{Database, SamplerConfig, Split};
 
 fn database() -> (Option<tempfile::TempDir>, PathBuf) {
@@ -66,6 +67,21 @@ fn benches(c: &mut Criterion) {
     let mut maker = BatchMaker::new(core, Split::Train);
     c.bench_function("make_batch_b32_s1024_1thread", |b| {
         b.iter(|| black_box(maker.core.make_batch(&mut maker.state).unwrap().batch_size))
+    });
+    // The telemetry cost per batch: record a delivered batch, and drain.
+    let batch = maker.core.make_batch(&mut maker.state).unwrap();
+    let schema = &maker.core.schema;
+    let mut rec = StepRecorder::new(schema);
+    c.bench_function("telemetry_record_per_batch_b32", |b| {
+        b.iter(|| rec.record(black_box(&batch), 2, 0.001))
+    });
+    let mut out = Vec::new();
+    c.bench_function("telemetry_record_and_drain_per_batch_b32", |b| {
+        b.iter(|| {
+            rec.record(black_box(&batch), 2, 0.001);
+            rec.drain(schema, &mut out);
+            black_box(out.len())
+        })
     });
 }
 

@@ -13,11 +13,13 @@ use crate::config::SamplerConfig;
 use crate::error::Result;
 use crate::pipeline::{current_rss_bytes, BatchMaker, SamplerCore};
 use crate::seeds::Split;
+use crate::telemetry::StepRecorder;
 
 /// One benchmark run's figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BenchRun {
     pub threads: usize,
+    pub telemetry: bool,
     pub batches: u64,
     pub seconds: f64,
     pub batches_per_s: f64,
@@ -34,6 +36,8 @@ pub struct BenchRun {
 }
 
 /// Produce `warmup` then `steps` train batches with `threads` worker threads.
+/// With telemetry on, every batch is also recorded and drained, as a
+/// training loop with the step hook would.
 pub fn bench_run(
     db_path: &Path,
     mut cfg: SamplerConfig,
@@ -42,7 +46,10 @@ pub fn bench_run(
     steps: u64,
 ) -> Result<BenchRun> {
     cfg.num_threads = Some(threads);
+    let telemetry = cfg.telemetry;
     let core = Arc::new(SamplerCore::new(db_path, cfg)?);
+    let mut recorder = StepRecorder::new(&core.schema);
+    let mut drained = Vec::new();
     let mut maker = BatchMaker::new(core, Split::Train);
     for _ in 0..warmup {
         maker.core.make_batch(&mut maker.state)?;
@@ -53,6 +60,10 @@ pub fn bench_run(
     let t0 = Instant::now();
     for _ in 0..steps {
         let b = maker.core.make_batch(&mut maker.state)?;
+        if telemetry {
+            recorder.record(&b, 0, 0.0);
+            recorder.drain_values(&maker.core.schema, &mut drained);
+        }
         for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
             *acc += x;
         }
@@ -63,6 +74,7 @@ pub fn bench_run(
     let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
     Ok(BenchRun {
         threads,
+        telemetry,
         batches: steps,
         seconds: secs,
         batches_per_s: steps as f64 / secs,

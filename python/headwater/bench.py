@@ -30,6 +30,25 @@ def _handoff_us(db: Path, batch_size: int, seq_len: int, samples: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _telemetry_ratio(
+    path: Path, threads: int, steps: int, warmup: int, batch_size: int, seq_len: int, rounds: int
+) -> dict[str, float]:
+    """Throughput with telemetry on over off, alternating runs in this process
+    (best of `rounds` each, so a noisy neighbour does not decide the ratio)."""
+    best = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for on in (True, False):
+            r = _native.bench_sampler(
+                path, threads, steps, warmup, batch_size, seq_len, telemetry=on
+            )
+            best[on] = max(best[on], r["batches_per_s"])
+    return {
+        "on_batches_per_s": best[True],
+        "off_batches_per_s": best[False],
+        "ratio_on_over_off": best[True] / best[False],
+    }
+
+
 def run_bench(
     db: str | os.PathLike[str] | None = None,
     batch_size: int = 32,
@@ -38,8 +57,15 @@ def run_bench(
     steps: int = 200,
     warmup: int = 20,
     handoff_samples: int = 30,
+    telemetry: str = "on",
 ) -> dict[str, Any]:
-    """Measure everything in one process; returns a JSON-able dict."""
+    """Measure everything in one process; returns a JSON-able dict.
+
+    ``telemetry``: ``on`` / ``off`` for the main runs, or ``both`` to also
+    measure the on/off throughput ratio (alternating runs, best of three).
+    """
+    if telemetry not in ("on", "off", "both"):
+        raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
     if db is None:
         from headwater.default_db import default_database
 
@@ -47,8 +73,10 @@ def run_bench(
     path = Path(db)
     ncpu = os.cpu_count() or 1
     threads = threads or sorted({1, ncpu})
+    on = telemetry != "off"
     runs = [
-        _native.bench_sampler(path, t, steps, warmup, batch_size, seq_len) for t in threads
+        _native.bench_sampler(path, t, steps, warmup, batch_size, seq_len, telemetry=on)
+        for t in threads
     ]
     handoff = _handoff_us(path, batch_size, seq_len, handoff_samples)
     base = runs[0]
@@ -69,6 +97,12 @@ def run_bench(
         "scaling": {f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"] for r in runs},
         "handoff_us_median": handoff,
         "peak_rss_bytes": _native.peak_rss_bytes(),
+        "telemetry": telemetry,
+        "telemetry_cost": (
+            _telemetry_ratio(path, max(threads), steps, warmup, batch_size, seq_len, 3)
+            if telemetry == "both"
+            else None
+        ),
     }
 
 
@@ -92,4 +126,10 @@ def format_bench(r: dict[str, Any]) -> str:
         f"handoff          {r['handoff_us_median']:.1f} µs median (next_train_batch with a batch ready)",
         f"peak RSS         {(r['peak_rss_bytes'] or 0) / 2**20:.1f} MiB",
     ]
+    tc = r.get("telemetry_cost")
+    if tc:
+        lines.append(
+            f"telemetry        on {tc['on_batches_per_s']:.1f} / off {tc['off_batches_per_s']:.1f} "
+            f"batches/s = {tc['ratio_on_over_off']:.3f}x"
+        )
     return "\n".join(lines)

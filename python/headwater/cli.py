@@ -36,7 +36,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from headwater.bench import format_bench, run_bench
 
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
-    r = run_bench(a.db, a.batch_size, a.seq_len, threads, a.steps, a.warmup)
+    r = run_bench(a.db, a.batch_size, a.seq_len, threads, a.steps, a.warmup, telemetry=a.telemetry)
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
 
@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--threads", help="comma-separated thread counts (default: 1 and all CPUs)")
     pb.add_argument("--steps", type=int, default=200)
     pb.add_argument("--warmup", type=int, default=20)
+    pb.add_argument(
+        "--telemetry",
+        choices=["on", "off", "both"],
+        default="on",
+        help="record step telemetry in the runs; 'both' also measures the on/off ratio",
+    )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
     return p

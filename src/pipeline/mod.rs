@@ -263,9 +263,10 @@ impl Sampler {
         }
     }
 
-    /// The step metrics of `split` since the last drain (empty if no batch
-    /// was delivered since), clearing the accumulated counters.
-    pub fn drain_step_metrics(&self, split: Split) -> Result<Vec<(String, f64)>> {
+    /// The step metrics of `split` since the last drain, one value per
+    /// `schema.drained_keys` (empty if no batch was delivered since),
+    /// clearing the accumulated counters.
+    pub fn drain_step_values(&self, split: Split) -> Result<Vec<f64>> {
         let i = PRODUCED.iter().position(|&s| s == split).ok_or_else(|| {
             Error::invalid(
                 "split",
@@ -276,16 +277,21 @@ impl Sampler {
         self.recorders[i]
             .lock()
             .unwrap()
-            .drain(&self.core.schema, &mut out);
+            .drain_values(&self.core.schema, &mut out);
         Ok(out)
     }
 
-    /// An iterator of `split`'s batches (ends at shutdown).
-    pub fn iter(&self, split: Split) -> impl Iterator<Item = Result<Batch>> + '_ {
-        std::iter::from_fn(move || match self.next_batch(split) {
-            Err(Error::Shutdown) => None,
-            r => Some(r),
-        })
+    /// [`drain_step_values`](Self::drain_step_values) paired with the keys.
+    pub fn drain_step_metrics(&self, split: Split) -> Result<Vec<(String, f64)>> {
+        let v = self.drain_step_values(split)?;
+        Ok(self
+            .core
+            .schema
+            .drained_keys
+            .iter()
+            .cloned()
+            .zip(v)
+            .collect())
     }
 
     pub fn is_shut_down(&self) -> bool {

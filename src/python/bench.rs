@@ -8,7 +8,7 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released).
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,
@@ -21,6 +21,7 @@ pub fn bench_sampler<'py>(
     seed: u64,
     bfs_child_width: usize,
     max_hops: usize,
+    telemetry: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let cfg = SamplerConfig {
         seed,
@@ -28,6 +29,7 @@ pub fn bench_sampler<'py>(
         default_sequence_length: sequence_length,
         bfs_child_width,
         max_hops,
+        telemetry,
         ..SamplerConfig::default()
     };
     let run = py

@@ -7,13 +7,22 @@ use half::f16;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::to_py;
 use crate::batch::{Batch, TIMESTAMP_DIM};
 use crate::config::{SamplerConfig, TaskPick};
 use crate::pipeline;
 use crate::seeds::Split;
+use crate::telemetry::Reduction;
+
+fn parse_split(split: &str) -> PyResult<Split> {
+    Split::parse(split).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
+        ))
+    })
+}
 
 /// How long a blocked wait sleeps between checks for Ctrl-C.
 const WAKE: Duration = Duration::from_millis(50);
@@ -308,12 +317,7 @@ impl Sampler {
     /// Batches waiting in the split's prefetch channel.
     #[pyo3(signature = (split="train"))]
     fn queue_depth(&self, split: &str) -> PyResult<usize> {
-        let s = Split::parse(split).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
-            ))
-        })?;
-        self.inner.queue_depth(s).map_err(to_py)
+        self.inner.queue_depth(parse_split(split)?).map_err(to_py)
     }
 
     /// Stop producers, drain channels, join threads (idempotent). A later
@@ -348,24 +352,58 @@ impl Sampler {
         py: Python<'py>,
         split: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let s = Split::parse(split).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
-            ))
-        })?;
-        let items = self.inner.drain_step_metrics(s).map_err(to_py)?;
+        let values = self
+            .inner
+            .drain_step_values(parse_split(split)?)
+            .map_err(to_py)?;
         let d = PyDict::new(py);
-        for (k, v) in items {
+        for (k, v) in self.inner.core().schema.drained_keys.iter().zip(values) {
             d.set_item(k, v)?;
         }
         Ok(d)
     }
 
-    /// The ordered telemetry keys: `[{"key", "reduction", "edges", "help"}]`.
-    /// Depends only on the database metadata and the config.
-    fn telemetry_schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = serde_json::to_string(&self.inner.core().schema.entries).expect("serialisable");
-        py.import("json")?.call_method1("loads", (s,))
+    /// The same as one `float64` array in `telemetry_keys()` order (empty when
+    /// nothing was delivered since the last drain): one packed structure per
+    /// step for the cross-rank reduction.
+    #[pyo3(signature = (split="train"))]
+    fn drain_step_metrics_packed<'py>(
+        &self,
+        py: Python<'py>,
+        split: &str,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let values = self
+            .inner
+            .drain_step_values(parse_split(split)?)
+            .map_err(to_py)?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+
+    /// The keys of a drain, in order (histograms expanded).
+    fn telemetry_keys(&self) -> Vec<String> {
+        self.inner.core().schema.drained_keys.clone()
+    }
+
+    /// The ordered telemetry schema: `[{"key", "reduction", "edges", "help"}]`
+    /// (`edges` ends with `inf`; `None` for scalars). Depends only on the
+    /// database metadata and the config.
+    fn telemetry_schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for e in &self.inner.core().schema.entries {
+            let d = PyDict::new(py);
+            d.set_item("key", &e.key)?;
+            let r = match e.reduction {
+                Reduction::Min => "MIN",
+                Reduction::Max => "MAX",
+                Reduction::Sum => "SUM",
+                Reduction::Histogram => "HISTOGRAM",
+            };
+            d.set_item("reduction", r)?;
+            d.set_item("edges", e.edges.as_ref().map(|x| x.to_vec()))?;
+            d.set_item("help", e.help)?;
+            out.append(d)?;
+        }
+        Ok(out)
     }
 
     /// Data addresses of the last batch's Rust buffers, for zero-copy checks.

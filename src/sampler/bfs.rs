@@ -30,8 +30,9 @@ pub struct Subgraph {
     pub children_capped: u64,
     /// Children hidden by the time filter.
     pub temporal_filtered: u64,
-    /// Included rows (other than the seed) whose time is after `obs_time`,
-    /// counted from the rows' own times, independently of the filter.
+    /// Rows included as children whose time is after `obs_time`, counted
+    /// from the rows' own times, independently of the filter (parents are
+    /// included unconditionally by design and are not counted).
     pub temporal_leaks: u64,
 }
 
@@ -226,8 +227,12 @@ pub fn bfs(
                 out.cells += c;
                 out.max_depth = hop as u8;
                 s.frontier.push(r);
+                // Children are the only rows the time filter governs (parents
+                // come unconditionally), so the leak check covers them: read
+                // from the row's own time, not from the CSR times the filter
+                // used.
                 let t = g.row_time[r as usize];
-                if t != i64::MIN && t > obs_time {
+                if list == 1 && t != i64::MIN && t > obs_time {
                     out.temporal_leaks += 1;
                 }
             }

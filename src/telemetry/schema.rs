@@ -34,6 +34,9 @@ pub struct SchemaEntry {
 pub struct TelemetrySchema {
     pub entries: Vec<SchemaEntry>,
     pub task_names: Vec<String>,
+    /// The keys a drain produces, in order: scalar keys as they are,
+    /// histograms expanded into `<key>/bucket_NN`, `<key>_p50`, `_p95`, `_max`.
+    pub drained_keys: Vec<String>,
 }
 
 fn pow2_edges(upto: usize) -> Arc<[f64]> {
@@ -245,9 +248,21 @@ impl TelemetrySchema {
             "rows with time after the seed's observation time (must stay 0)",
         );
         add("batches", Sum, None, "batches delivered");
+        let mut drained_keys = Vec::new();
+        for e in &entries {
+            match &e.edges {
+                Some(edges) if e.reduction == Histogram => {
+                    drained_keys
+                        .extend((0..edges.len()).map(|i| format!("{}/bucket_{i:02}", e.key)));
+                    drained_keys.extend(["p50", "p95", "max"].map(|q| format!("{}_{q}", e.key)));
+                }
+                _ => drained_keys.push(e.key.clone()),
+            }
+        }
         TelemetrySchema {
             entries,
             task_names: task_names.to_vec(),
+            drained_keys,
         }
     }
 

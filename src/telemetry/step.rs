@@ -159,10 +159,10 @@ impl StepRecorder {
         self.delivered
     }
 
-    /// The snapshot + accumulated values as `(key, value)` pairs in schema
-    /// order (histograms expanded into buckets and p50/p95/max), then clear
-    /// the accumulators. Empty when nothing was delivered since the last drain.
-    pub fn drain(&mut self, schema: &TelemetrySchema, out: &mut Vec<(String, f64)>) {
+    /// The snapshot + accumulated values, one per `schema.drained_keys`
+    /// (histograms expanded into buckets and p50/p95/max), then clear the
+    /// accumulators. Empty when nothing was delivered since the last drain.
+    pub fn drain_values(&mut self, schema: &TelemetrySchema, out: &mut Vec<f64>) {
         out.clear();
         if self.delivered == 0 {
             return;
@@ -203,18 +203,23 @@ impl StepRecorder {
                         "stage/total_seconds" => &self.stages[3],
                         other => unreachable!("no recorder for {other}"),
                     };
-                    for (i, c) in h.counts().iter().enumerate() {
-                        out.push((format!("{}/bucket_{i:02}", e.key), *c as f64));
-                    }
-                    out.push((format!("{}_p50", e.key), h.quantile(0.5)));
-                    out.push((format!("{}_p95", e.key), h.quantile(0.95)));
-                    out.push((format!("{}_max", e.key), h.max()));
+                    out.extend(h.counts().iter().map(|&c| c as f64));
+                    out.extend([h.quantile(0.5), h.quantile(0.95), h.max()]);
                     continue;
                 }
             };
-            out.push((e.key.clone(), v));
+            out.push(v);
         }
+        debug_assert_eq!(out.len(), schema.drained_keys.len());
         self.clear();
+    }
+
+    /// [`drain_values`](Self::drain_values) paired with the keys.
+    pub fn drain(&mut self, schema: &TelemetrySchema, out: &mut Vec<(String, f64)>) {
+        let mut values = Vec::with_capacity(schema.drained_keys.len());
+        self.drain_values(schema, &mut values);
+        out.clear();
+        out.extend(schema.drained_keys.iter().cloned().zip(values));
     }
 
     fn clear(&mut self) {

@@ -22,7 +22,7 @@ import importlib.util
 import json
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -510,3 +510,90 @@ def tpch(tmp_path_factory: pytest.TempPathFactory) -> Tpch:
     finally:
         mp.undo()
     return Tpch(source=Path(src), built=open_built(out))
+
+
+# ----------------------------------------------------------------------------
+# The small database with declared tasks (sampler and telemetry tests)
+# ----------------------------------------------------------------------------
+
+TASKS = """
+[tables.items]
+foreign_keys = { seller_id = "users" }
+
+[[tasks]]
+name = "event_amount"
+anchor_table = "events"
+target_stype = "numerical"
+column = "amount"
+
+[[tasks]]
+name = "event_kind"
+anchor_table = "events"
+target_stype = "categorical"
+column = "kind"
+
+[[tasks]]
+name = "user_country"
+anchor_table = "users"
+target_stype = "categorical"
+column = "country"
+
+[[tasks]]
+name = "item_in_stock"
+anchor_table = "items"
+target_stype = "boolean"
+column = "in_stock"
+
+[[tasks]]
+name = "user_signup_next_day"
+anchor_table = "users"
+target_stype = "timestamp"
+query = "SELECT user_id, NULL, signup + INTERVAL 1 DAY FROM users WHERE signup IS NOT NULL"
+
+[[tasks]]
+name = "event_amount_x2"
+anchor_table = "events"
+target_stype = "numerical"
+query = "SELECT event_id, NULL, amount * 2 FROM events WHERE amount IS NOT NULL"
+"""
+TASK_NAMES = [
+    "event_amount",
+    "event_kind",
+    "user_country",
+    "item_in_stock",
+    "user_signup_next_day",
+    "event_amount_x2",
+]
+
+
+@dataclass
+class SmallDb:
+    path: Path
+    built: Built
+    data: SmallData
+
+
+def build_small_db(root: Path, data: SmallData) -> SmallDb:
+    """The small database (DuckDB source + TIME_SCHEMA + TASKS) preprocessed into ``root/db``."""
+    import headwater
+
+    src = _write_duckdb(root / "small.duckdb", data)
+    schema = write_text(root / "schema.toml", TIME_SCHEMA + TASKS)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        headwater.preprocess(src, root / "db", schema=schema, embedder="hash", progress=False)
+    finally:
+        mp.undo()
+    built = open_built(root / "db")
+    assert [k["name"] for k in built.meta["tasks"]] == TASK_NAMES
+    return SmallDb(path=root / "db", built=built, data=data)
+
+
+@pytest.fixture
+def closing() -> Iterator[list[Any]]:
+    """Samplers appended here are shut down after the test, pass or fail."""
+    made: list[Any] = []
+    yield made
+    for s in made:
+        s.shutdown()

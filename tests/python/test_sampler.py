@@ -26,14 +26,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TIME_SCHEMA, Built, SmallData, Tpch, _write_duckdb, open_built, write_text
+from conftest import TASK_NAMES, Built, SmallData, SmallDb, Tpch, build_small_db
 
 import headwater
 from headwater import _native
@@ -76,79 +74,13 @@ DAY_US = 86_400_000_000
 # The small database with declared tasks
 # ----------------------------------------------------------------------------
 
-TASKS = """
-[tables.items]
-foreign_keys = { seller_id = "users" }
-
-[[tasks]]
-name = "event_amount"
-anchor_table = "events"
-target_stype = "numerical"
-column = "amount"
-
-[[tasks]]
-name = "event_kind"
-anchor_table = "events"
-target_stype = "categorical"
-column = "kind"
-
-[[tasks]]
-name = "user_country"
-anchor_table = "users"
-target_stype = "categorical"
-column = "country"
-
-[[tasks]]
-name = "item_in_stock"
-anchor_table = "items"
-target_stype = "boolean"
-column = "in_stock"
-
-[[tasks]]
-name = "user_signup_next_day"
-anchor_table = "users"
-target_stype = "timestamp"
-query = "SELECT user_id, NULL, signup + INTERVAL 1 DAY FROM users WHERE signup IS NOT NULL"
-
-[[tasks]]
-name = "event_amount_x2"
-anchor_table = "events"
-target_stype = "numerical"
-query = "SELECT event_id, NULL, amount * 2 FROM events WHERE amount IS NOT NULL"
-"""
-TASK_NAMES = [
-    "event_amount",
-    "event_kind",
-    "user_country",
-    "item_in_stock",
-    "user_signup_next_day",
-    "event_amount_x2",
-]
 T_AMOUNT, T_KIND, T_COUNTRY, T_STOCK, T_SIGNUP1, T_AMOUNT2 = range(6)
 SMALL = {"default_batch_size": 16, "default_sequence_length": 48}
 
 
-@dataclass
-class SmallDb:
-    path: Path
-    built: Built
-    data: SmallData
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> SmallDb:
-    root = tmp_path_factory.mktemp("sampler_small")
-    src = _write_duckdb(root / "small.duckdb", small_data)
-    schema = write_text(root / "schema.toml", TIME_SCHEMA + TASKS)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
-    try:
-        headwater.preprocess(src, root / "db", schema=schema, embedder="hash", progress=False)
-    finally:
-        mp.undo()
-    built = open_built(root / "db")
-    assert [k["name"] for k in built.meta["tasks"]] == TASK_NAMES
-    return SmallDb(path=root / "db", built=built, data=small_data)
+    return build_small_db(tmp_path_factory.mktemp("sampler_small"), small_data)
 
 
 def sampler(db: SmallDb | Path, **kw: Any) -> Any:
@@ -162,15 +94,6 @@ def one_hot(k: int, n: int = len(TASK_NAMES)) -> list[float]:
     w = [0.0] * n
     w[k] = 1.0
     return w
-
-
-@pytest.fixture
-def closing() -> Iterator[list[Any]]:
-    """Samplers appended here are shut down after the test, pass or fail."""
-    made: list[Any] = []
-    yield made
-    for s in made:
-        s.shutdown()
 
 
 # ----------------------------------------------------------------------------

@@ -4,8 +4,8 @@
 //! Names are `headwater_<subsystem>_<quantity>_<unit>` in base units,
 //! counters end in `_total`, histograms are bucketed (so PromQL can sum them
 //! across ranks); labels are only `rank`, `split` and `task`. Series per
-//! process: 2 splits × (8 gauges + 8 counters + T task counters + 8
-//! histograms × (buckets + 3)) — they grow with the number of tasks T only.
+//! process: 2 splits × (8 gauges + 7 counters + T task counters + Σ over the
+//! 8 histograms of (buckets + 2)) — they grow with the number of tasks T only.
 //! Handles are registered once per sampler and cached; recording is atomic
 //! increments, and scrapes read the atomics on the exporter's own thread,
 //! never blocking the sampler.

@@ -1,0 +1,1092 @@
+"""Step telemetry (SPEC §5): the drain API, the schema and the Prometheus exporter.
+
+Every metric is driven on a constructed case where its value follows from the
+data and the configuration, often exactly:
+
+* ``shapes``: a DuckDB database built here with one table per shape: ``tiny``
+  (10 rows, a pool that runs out every batch), ``flat`` (200 rows, no foreign
+  keys: one-row sequences), ``hub`` → ``child`` → ``grand`` (4 hubs with 100
+  children each, half of them later than the hub's observation time, and 3
+  grandchildren per child: width caps, time filtering, truncation) and
+  ``late_parent`` ← ``early_child`` (every parent is later than its children).
+* ``small``: the six-task database of ``conftest.py`` (task mix, histograms).
+
+Drains are per split and hold the last batch's snapshot plus counters and
+histogram buckets since the previous drain. The Prometheus test runs each
+exporter in its own subprocess (one exporter per process), scrapes it with a
+real Prometheus server started here on a free loopback port, and checks that
+``/api/v1/query`` returns what the drains returned; ``promtool check metrics``
+lints the exposition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import TASK_NAMES, SmallData, SmallDb, build_small_db
+
+import headwater
+from headwater import _native
+
+N: Any = _native
+P = "sampler/"
+MIX_WINDOW = 64  # batches behind mix/tv_distance (src/pipeline/maker.rs)
+INF = float("inf")
+
+# ----------------------------------------------------------------------------
+# Databases
+# ----------------------------------------------------------------------------
+
+SHAPES_TASKS = ["tiny_x", "flat_x", "hub_v", "early_v"]
+TINY, FLAT, HUB, EARLY = range(4)
+TINY_ROWS, FLAT_ROWS, HUBS, CHILDREN_PER_HUB = 10, 200, 4, 100
+# Children of a hub are 0, 2, ..., 198 days after 2024-01-01; the hub (and so
+# each hub_v seed) is observed at day 100: 51 children visible, 49 hidden.
+HUB_VISIBLE, HUB_HIDDEN = 51, 49
+
+SHAPES_SCHEMA = """
+[tables.hub]
+time_column = "t"
+[tables.child]
+time_column = "t"
+[tables.grand]
+time_column = "t"
+[tables.late_parent]
+time_column = "t"
+[tables.early_child]
+time_column = "t"
+
+[[tasks]]
+name = "tiny_x"
+anchor_table = "tiny"
+target_stype = "numerical"
+column = "x"
+
+[[tasks]]
+name = "flat_x"
+anchor_table = "flat"
+target_stype = "numerical"
+column = "x"
+
+[[tasks]]
+name = "hub_v"
+anchor_table = "hub"
+target_stype = "numerical"
+column = "v"
+
+[[tasks]]
+name = "early_v"
+anchor_table = "early_child"
+target_stype = "numerical"
+column = "v"
+"""
+
+T0 = "TIMESTAMP '2024-01-01'"
+SHAPES_SQL = [
+    "CREATE TABLE tiny (id BIGINT PRIMARY KEY, x DOUBLE, y DOUBLE)",
+    f"INSERT INTO tiny SELECT i, i * 1.5, i * 0.5 FROM range({TINY_ROWS}) r(i)",
+    "CREATE TABLE flat (id BIGINT PRIMARY KEY, x DOUBLE)",
+    f"INSERT INTO flat SELECT i, i * 0.25 FROM range({FLAT_ROWS}) r(i)",
+    "CREATE TABLE hub (id BIGINT PRIMARY KEY, t TIMESTAMP, v DOUBLE)",
+    f"INSERT INTO hub SELECT i, {T0} + INTERVAL 100 DAY, i FROM range({HUBS}) r(i)",
+    (
+        "CREATE TABLE child (id BIGINT PRIMARY KEY, hub_id BIGINT REFERENCES hub(id), "
+        "t TIMESTAMP, a DOUBLE, b DOUBLE)"
+    ),
+    (
+        f"INSERT INTO child SELECT i, i % {HUBS}, {T0} + INTERVAL (2 * (i // {HUBS})) DAY, i, -i "
+        f"FROM range({HUBS * CHILDREN_PER_HUB}) r(i)"
+    ),
+    (
+        "CREATE TABLE grand (id BIGINT PRIMARY KEY, child_id BIGINT REFERENCES child(id), "
+        "t TIMESTAMP, a DOUBLE)"
+    ),
+    f"INSERT INTO grand SELECT i, i % 400, {T0} + INTERVAL (i % 97) DAY, i FROM range(1200) r(i)",
+    "CREATE TABLE late_parent (id BIGINT PRIMARY KEY, t TIMESTAMP, v DOUBLE)",
+    f"INSERT INTO late_parent SELECT i, {T0} + INTERVAL 300 DAY, i FROM range(20) r(i)",
+    (
+        "CREATE TABLE early_child (id BIGINT PRIMARY KEY, p_id BIGINT REFERENCES late_parent(id), "
+        "t TIMESTAMP, v DOUBLE)"
+    ),
+    f"INSERT INTO early_child SELECT i, i % 20, {T0} + INTERVAL (i) DAY, i FROM range(100) r(i)",
+]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("telemetry_shapes")
+    con = duckdb.connect(str(root / "shapes.duckdb"))
+    for q in SHAPES_SQL:
+        con.execute(q)
+    con.close()
+    (root / "schema.toml").write_text(SHAPES_SCHEMA, encoding="utf-8")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        headwater.preprocess(
+            root / "shapes.duckdb",
+            root / "db",
+            schema=root / "schema.toml",
+            embedder="hash",
+            progress=False,
+        )
+    finally:
+        mp.undo()
+    meta = json.loads(headwater.Database(root / "db").metadata_json())
+    assert [k["name"] for k in meta["tasks"]] == SHAPES_TASKS
+    return root / "db"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> SmallDb:
+    return build_small_db(tmp_path_factory.mktemp("telemetry_small"), small_data)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+BASE_KW: dict[str, Any] = {"default_batch_size": 8, "default_sequence_length": 48}
+
+
+def make(db: SmallDb | Path, closing: list[Any], **kw: Any) -> Any:
+    path = db.path if isinstance(db, SmallDb) else db
+    for k, v in BASE_KW.items():
+        kw.setdefault(k, v)
+    s = N.Sampler(path, **kw)
+    closing.append(s)
+    return s
+
+
+def one_hot(k: int, n: int) -> list[float]:
+    return [float(i == k) for i in range(n)]
+
+
+def step_drains(s: Any, n: int, split: str = "train") -> list[dict[str, float]]:
+    """Consume ``n`` batches of ``split``, draining after each."""
+    out = []
+    for _ in range(n):
+        getattr(s, f"next_{split}_batch")()
+        out.append(s.drain_step_metrics(split))
+    return out
+
+
+def v(d: dict[str, float], key: str) -> float:
+    return d[P + key]
+
+
+def picked(d: dict[str, float], names: list[str]) -> int:
+    """The task of the single batch a per-step drain covers."""
+    hits = [i for i, t in enumerate(names) if v(d, f"tasks/{t}") > 0]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+def schema_edges(schema: list[dict[str, Any]], key: str) -> list[float]:
+    e = next(x for x in schema if x["key"] == P + key)["edges"]
+    # serde_json writes the +inf edge as null.
+    return [INF if x is None else float(x) for x in e]
+
+
+def buckets(d: dict[str, float], key: str) -> list[float]:
+    out = []
+    i = 0
+    while f"{P}{key}/bucket_{i:02}" in d:
+        out.append(d[f"{P}{key}/bucket_{i:02}"])
+        i += 1
+    return out
+
+
+def quantile(edges: list[float], counts: list[float], q: float, mx: float) -> float:
+    """The documented rule (src/telemetry/hist.rs): upper edge of the bucket
+    holding rank ceil(q * n), capped by the observed max."""
+    total = sum(counts)
+    rank = max(math.ceil(q * total), 1)
+    acc = 0.0
+    for e, c in zip(edges, counts):
+        acc += c
+        if acc >= rank:
+            return min(e, mx) if math.isfinite(e) else mx
+    return mx
+
+
+def expected_keys(schema: list[dict[str, Any]]) -> list[str]:
+    """Every drained key, in order, derived from the schema."""
+    out = []
+    for e in schema:
+        if e["reduction"] == "HISTOGRAM":
+            out += [f"{e['key']}/bucket_{i:02}" for i in range(len(e["edges"]))]
+            out += [f"{e['key']}_p50", f"{e['key']}_p95", f"{e['key']}_max"]
+        else:
+            out.append(e["key"])
+    return out
+
+
+SNAPSHOT = [
+    "pool/remaining_min",
+    "pool/remaining_max",
+    "pool/remaining_fraction_min",
+    "pool/remaining_fraction_max",
+    "pool/steps_since_pick_max",
+    "pool/steps_to_exhaust_min",
+    "mix/tv_distance",
+]
+COUNTERS = [
+    "pool/exhaust_events",
+    "truncation/cells_dropped",
+    "bfs/children_capped",
+    "bfs/temporal_filtered",
+    "invariants/duplicate_seeds",
+    "invariants/temporal_leaks",
+    "batches",
+]
+SEQ_HISTS = ["bfs/depth", "bfs/rows", "padding/fraction"]
+STAGE_HISTS = [
+    "stage/bfs_seconds",
+    "stage/assemble_seconds",
+    "stage/collate_seconds",
+    "stage/total_seconds",
+]
+
+
+# ----------------------------------------------------------------------------
+# Pools
+# ----------------------------------------------------------------------------
+
+
+def test_tiny_pool_exhausts_every_step_large_pool_never(shapes: Path, closing: list[Any]) -> None:
+    b, n = 8, 15
+    kw = {"default_batch_size": b, "split_ratios": (1.0, 0.0, 0.0), "num_prefetch": 1}
+    tiny = step_drains(make(shapes, closing, task_weights=one_hot(TINY, 4), **kw), n)
+    for i, d in enumerate(tiny):
+        # Draw j (1-based) reshuffles when j = 10k + 1, k >= 1.
+        want = sum(
+            1 for j in range(b * i + 1, b * i + b + 1) if j > TINY_ROWS and j % TINY_ROWS == 1
+        )
+        assert v(d, "pool/exhaust_events") == want, (i, d)
+        rem = TINY_ROWS - ((b * (i + 1) - 1) % TINY_ROWS + 1)
+        assert v(d, "pool/remaining_min") == v(d, "pool/remaining_max") == rem, i
+        assert v(d, "pool/remaining_fraction_min") == pytest.approx(rem / TINY_ROWS)
+        assert v(d, "pool/steps_to_exhaust_min") == pytest.approx(rem / b)
+        assert v(d, "invariants/duplicate_seeds") == 0
+    events = [v(d, "pool/exhaust_events") for d in tiny]
+    assert sum(e >= 1 for e in events) >= 0.7 * n, events  # 4 of every 5 batches
+    assert sum(events) == (b * n - 1) // TINY_ROWS
+    rems = [v(d, "pool/remaining_min") for d in tiny]
+    assert any(x < y for x, y in itertools.pairwise(rems)) and any(
+        x > y for x, y in itertools.pairwise(rems)
+    )
+
+    flat = step_drains(make(shapes, closing, task_weights=one_hot(FLAT, 4), **kw), n)
+    assert [v(d, "pool/exhaust_events") for d in flat] == [0.0] * n
+    for i, d in enumerate(flat):
+        assert v(d, "pool/remaining_min") == FLAT_ROWS - b * (i + 1)
+        assert v(d, "pool/remaining_fraction_max") == pytest.approx(1 - b * (i + 1) / FLAT_ROWS)
+
+
+def _mix_reference(weights: list[float], picks: list[int]) -> tuple[list[float], list[float]]:
+    """steps_since_pick_max and tv_distance after each batch, from the picks."""
+    total_w = sum(w for w in weights if w > 0)
+    last: dict[int, int] = {}
+    since_max: list[float] = []
+    tv: list[float] = []
+    for step, k in enumerate(picks):
+        last[k] = step
+        since_max.append(
+            float(
+                max(
+                    step - last[j] if j in last else step + 1
+                    for j, w in enumerate(weights)
+                    if w > 0
+                )
+            )
+        )
+        window = picks[max(0, step + 1 - MIX_WINDOW) : step + 1]
+        n = len(window)
+        tv.append(
+            0.5 * sum(abs(window.count(j) / n - max(w, 0) / total_w) for j, w in enumerate(weights))
+        )
+    return since_max, tv
+
+
+def _run_mix(
+    db: SmallDb | Path, names: list[str], closing: list[Any], n: int, **kw: Any
+) -> tuple[list[int], list[dict[str, float]]]:
+    ds = step_drains(make(db, closing, default_batch_size=2, default_sequence_length=16, **kw), n)
+    picks = [picked(d, names) for d in ds]
+    since, tv = _mix_reference(kw["task_weights"], picks)
+    assert [v(d, "pool/steps_since_pick_max") for d in ds] == since
+    assert [v(d, "mix/tv_distance") for d in ds] == pytest.approx(tv, abs=1e-12)
+    return picks, ds
+
+
+def test_skewed_weights_push_steps_since_pick(small: SmallDb, closing: list[Any]) -> None:
+    n, t = 100, len(TASK_NAMES)
+    _, skewed = _run_mix(small, TASK_NAMES, closing, n, task_weights=[1.0, 1e-4] + [0.0] * (t - 2))
+    since = [v(d, "pool/steps_since_pick_max") for d in skewed]
+    # The rare task is (almost) never picked: the gauge grows by one per step.
+    assert since[-1] >= 0.9 * n, since
+    assert sum(b == a + 1 for a, b in itertools.pairwise(since)) >= 0.9 * (n - 1)
+    _, uniform = _run_mix(small, TASK_NAMES, closing, n, task_weights=[1.0] * t)
+    assert max(v(d, "pool/steps_since_pick_max") for d in uniform) <= 8 * t
+
+
+def test_tv_distance_low_when_mix_achievable(small: SmallDb, closing: list[Any]) -> None:
+    # Two equally weighted tasks: over a full window of 64 batches the count of
+    # one task is Binomial(64, 1/2), so TV = |c/64 - 1/2| has sd 1/16 = 0.0625;
+    # 0.2 is more than 3 sd.
+    n, t = 100, len(TASK_NAMES)
+    bound = 3.2 * math.sqrt(0.25 / MIX_WINDOW)
+    _, ds = _run_mix(small, TASK_NAMES, closing, n, task_weights=[1.0, 1.0] + [0.0] * (t - 2))
+    tv = [v(d, "mix/tv_distance") for d in ds[MIX_WINDOW:]]
+    assert max(tv) < bound, tv
+
+
+def test_tv_distance_high_when_a_weighted_task_has_no_seeds(
+    shapes: Path, closing: list[Any]
+) -> None:
+    # tiny has 10 train seeds: ranks 10..15 of 16 own none of them.
+    _, ds = _run_mix(
+        shapes,
+        SHAPES_TASKS,
+        closing,
+        20,
+        rank=12,
+        world_size=16,
+        split_ratios=(1.0, 0.0, 0.0),
+        task_weights=[1.0, 1.0, 0.0, 0.0],
+    )
+    assert all(v(d, "mix/tv_distance") >= 0.4 for d in ds)
+    assert [v(d, "pool/steps_since_pick_max") for d in ds] == [i + 1.0 for i in range(20)]
+
+
+# ----------------------------------------------------------------------------
+# BFS shapes, truncation, time filter
+# ----------------------------------------------------------------------------
+
+
+def _one_drain(s: Any, n: int) -> dict[str, float]:
+    for _ in range(n):
+        s.next_train_batch()
+    return s.drain_step_metrics()
+
+
+def test_shallow_graph_pads(shapes: Path, closing: list[Any]) -> None:
+    b, n = 8, 4
+    d = _one_drain(
+        make(shapes, closing, task_weights=one_hot(FLAT, 4), default_sequence_length=256), n
+    )
+    assert v(d, "bfs/depth_max") == 0 and v(d, "bfs/rows_max") == 1
+    assert v(d, "padding/fraction_p50") >= 0.99
+    assert buckets(d, "padding/fraction")[-2] == b * n  # the (0.95, 1] bucket
+    for k in ("truncation/cells_dropped", "bfs/children_capped", "bfs/temporal_filtered"):
+        assert v(d, k) == 0, k
+
+
+def test_deep_graph_truncates_and_caps(shapes: Path, closing: list[Any]) -> None:
+    b, n = 8, 4
+    seeds = b * n
+    d = _one_drain(
+        make(
+            shapes,
+            closing,
+            task_weights=one_hot(HUB, 4),
+            default_sequence_length=16,
+            bfs_child_width=16,
+        ),
+        n,
+    )
+    assert v(d, "truncation/cells_dropped") > 0
+    assert v(d, "padding/fraction_p95") <= 0.1
+    # Hop 1 sees 51 visible children per hub and keeps 16; grandchildren
+    # (3 per child, all before day 97) are neither capped nor hidden.
+    assert v(d, "bfs/children_capped") == seeds * (HUB_VISIBLE - 16)
+    assert v(d, "bfs/temporal_filtered") == seeds * HUB_HIDDEN
+    assert v(d, "invariants/temporal_leaks") == 0
+    wide = _one_drain(
+        make(
+            shapes,
+            closing,
+            task_weights=one_hot(HUB, 4),
+            default_sequence_length=16,
+            bfs_child_width=64,
+        ),
+        n,
+    )
+    assert v(wide, "bfs/children_capped") == 0
+    assert v(wide, "bfs/temporal_filtered") == seeds * HUB_HIDDEN
+
+
+def test_temporal_filter_and_leak_invariant(shapes: Path, closing: list[Any]) -> None:
+    kw = {"task_weights": one_hot(HUB, 4), "default_sequence_length": 128}
+    on = _one_drain(make(shapes, closing, **kw), 4)
+    off = _one_drain(make(shapes, closing, temporal_filter=False, **kw), 4)
+    assert v(on, "bfs/temporal_filtered") > 0 and v(on, "invariants/temporal_leaks") == 0
+    assert v(off, "bfs/temporal_filtered") == 0 and v(off, "invariants/temporal_leaks") > 0
+
+
+def test_leak_invariant_quiet_for_unconditional_parents(shapes: Path, closing: list[Any]) -> None:
+    # early_child seeds (days 0..99) reach their late_parent (day 300) through
+    # an F→P edge, which SPEC §4 follows unconditionally. No child edge is
+    # followed past the observation time, so nothing leaked.
+    d = _one_drain(make(shapes, closing, task_weights=one_hot(EARLY, 4)), 2)
+    assert v(d, "invariants/temporal_leaks") == 0
+
+
+# ----------------------------------------------------------------------------
+# The prefetch queue
+# ----------------------------------------------------------------------------
+
+
+def test_slow_consumer_keeps_the_queue_full(small: SmallDb, closing: list[Any]) -> None:
+    prefetch = 3
+    s = make(
+        small, closing, default_batch_size=4, default_sequence_length=32, num_prefetch=prefetch
+    )
+    deadline = time.monotonic() + 10
+    while s.queue_depth("train") < prefetch:  # warm-up
+        assert time.monotonic() < deadline, "the queue never filled"
+        time.sleep(0.01)
+    ds = []
+    for _ in range(8):
+        s.next_train_batch()
+        ds.append(s.drain_step_metrics())
+        time.sleep(0.05)  # the producer refills the slot in well under a millisecond
+    assert [v(d, "queue/depth_min") for d in ds] == [prefetch] * len(ds)
+    waits = [v(d, "queue/wait_seconds") for d in ds]
+    assert max(waits) < 0.01 and sum(waits) < 0.02, waits
+
+
+def test_fast_consumer_empties_the_queue_and_waits(small: SmallDb, closing: list[Any]) -> None:
+    # ~20 ms per batch on one thread; the consumer asks again at once.
+    s = make(
+        small,
+        closing,
+        default_batch_size=1024,
+        default_sequence_length=256,
+        num_threads=1,
+        num_prefetch=2,
+        split_ratios=(1.0, 0.0, 0.0),
+    )
+    ds = step_drains(s, 8)
+    depth = [v(d, "queue/depth_min") for d in ds]
+    waits = [v(d, "queue/wait_seconds") for d in ds]
+    assert depth[0] == 0 and sum(x == 0 for x in depth) >= 6, depth
+    assert all(w > 0 for w in waits) and sum(waits) > 0.02, waits
+
+
+# ----------------------------------------------------------------------------
+# Drain semantics
+# ----------------------------------------------------------------------------
+
+
+def test_drain_empty_before_first_batch_and_after_drain(small: SmallDb, closing: list[Any]) -> None:
+    s = make(small, closing)
+    assert s.drain_step_metrics() == {} and s.drain_step_metrics("val") == {}
+    keys = expected_keys(s.telemetry_schema())
+    for _ in range(3):
+        s.next_train_batch()
+        d = s.drain_step_metrics()
+        assert list(d) == keys  # every snapshot key, in schema order, each drain
+        assert v(d, "batches") == 1
+        assert s.drain_step_metrics() == {}
+    with pytest.raises(ValueError, match="`split`"):
+        s.drain_step_metrics("test")
+
+
+def test_counters_are_deltas(small: SmallDb, closing: list[Any]) -> None:
+    """Drain every step vs once: counters and sequence buckets sum exactly."""
+    n = 12
+    kw = {"seed": 5, "default_batch_size": 6, "num_threads": 1}
+    per_step = step_drains(make(small, closing, **kw), n)
+    s = make(small, closing, **kw)
+    for _ in range(n):
+        s.next_train_batch()
+    once = s.drain_step_metrics()
+    for key in COUNTERS + [f"tasks/{t}" for t in TASK_NAMES]:
+        assert sum(v(d, key) for d in per_step) == v(once, key), key
+    for h in SEQ_HISTS:
+        summed = [sum(c) for c in zip(*(buckets(d, h) for d in per_step))]
+        assert summed == buckets(once, h), h
+    for h in STAGE_HISTS:
+        assert sum(buckets(once, h)) == n
+    # The snapshot is the last batch's (same seeds, same batches).
+    for key in SNAPSHOT:
+        assert v(per_step[-1], key) == v(once, key), key
+    assert v(once, "bfs/depth_max") == max(v(d, "bfs/depth_max") for d in per_step)
+    assert v(once, "queue/wait_seconds") > 0
+
+
+def test_batches_counts_delivered_not_queued(small: SmallDb, closing: list[Any]) -> None:
+    s = make(small, closing, num_prefetch=3)
+    deadline = time.monotonic() + 10
+    while s.queue_depth("train") < 3:
+        assert time.monotonic() < deadline, "the queue never filled"
+        time.sleep(0.01)
+    assert s.drain_step_metrics() == {}  # produced and queued, none delivered
+    s.next_train_batch()
+    s.next_train_batch()
+    d = s.drain_step_metrics()
+    assert v(d, "batches") == 2
+    assert sum(v(d, f"tasks/{t}") for t in TASK_NAMES) == 2 * BASE_KW["default_batch_size"]
+    assert v(d, "queue/depth_min") >= 2  # the first call saw a full queue
+    assert s.drain_step_metrics() == {}
+
+
+def test_train_and_val_drain_separately(small: SmallDb, closing: list[Any]) -> None:
+    s = make(small, closing)
+    for _ in range(2):
+        s.next_train_batch()
+    for _ in range(3):
+        s.next_val_batch()
+    train = s.drain_step_metrics("train")
+    assert v(train, "batches") == 2
+    assert s.drain_step_metrics("train") == {}
+    val = s.drain_step_metrics("val")
+    assert v(val, "batches") == 3
+    assert s.drain_step_metrics("val") == {}
+    b = BASE_KW["default_batch_size"]
+    assert sum(buckets(val, "bfs/depth")) == 3 * b and sum(buckets(train, "bfs/depth")) == 2 * b
+
+
+def test_telemetry_off_drains_nothing(small: SmallDb, closing: list[Any]) -> None:
+    s = make(small, closing, telemetry=False)
+    for _ in range(3):
+        s.next_train_batch()
+        s.next_val_batch()
+    assert s.drain_step_metrics() == {} and s.drain_step_metrics("val") == {}
+
+
+# ----------------------------------------------------------------------------
+# Histograms
+# ----------------------------------------------------------------------------
+
+
+def _check_hist(d: dict[str, float], schema: list[dict[str, Any]], key: str, total: int) -> None:
+    edges = schema_edges(schema, key)
+    counts = buckets(d, key)
+    assert len(counts) == len(edges) and sum(counts) == total, (key, counts)
+    p50, p95, mx = v(d, f"{key}_p50"), v(d, f"{key}_p95"), v(d, f"{key}_max")
+    assert p50 <= p95 <= mx, key
+    assert p50 in edges or p50 == mx, (key, p50)
+    assert p50 == quantile(edges, counts, 0.5, mx) and p95 == quantile(edges, counts, 0.95, mx)
+    # The max lies in the last non-empty bucket.
+    last = max(i for i, c in enumerate(counts) if c)
+    assert mx <= edges[last] and (last == 0 or mx > edges[last - 1]), (key, mx, counts)
+
+
+def test_histograms_sum_and_quantiles(small: SmallDb, closing: list[Any]) -> None:
+    b, n, hops, seq = 8, 6, 3, 48
+    s = make(small, closing, default_batch_size=b, max_hops=hops, default_sequence_length=seq)
+    schema = s.telemetry_schema()
+    ds = step_drains(s, n - 1)
+    s.next_train_batch()
+    s.next_train_batch()
+    ds.append(s.drain_step_metrics())  # one drain over two batches
+    for i, d in enumerate(ds):
+        nb = 1 if i < n - 1 else 2
+        for h in SEQ_HISTS:
+            _check_hist(d, schema, h, b * nb)
+        for h in STAGE_HISTS:
+            _check_hist(d, schema, h, nb)
+        assert v(d, "bfs/depth_max") <= hops and v(d, "bfs/rows_max") <= seq
+        assert 0 <= v(d, "padding/fraction_max") <= 1
+
+
+# ----------------------------------------------------------------------------
+# Schema
+# ----------------------------------------------------------------------------
+
+# SPEC §5's table, plus the keys the implementation adds (named like their kind).
+SPEC_REDUCTIONS = {
+    "pool/remaining_min": "MIN",
+    "pool/remaining_max": "MAX",
+    "pool/remaining_fraction_min": "MIN",
+    "pool/remaining_fraction_max": "MAX",
+    "pool/steps_since_pick_max": "MAX",
+    "pool/exhaust_events": "SUM",
+    "bfs/depth": "HISTOGRAM",
+    "bfs/rows": "HISTOGRAM",
+    "padding/fraction": "HISTOGRAM",
+    "truncation/cells_dropped": "SUM",
+    "bfs/children_capped": "SUM",
+    "bfs/temporal_filtered": "SUM",
+    "queue/depth_min": "MIN",
+    "queue/wait_seconds": "SUM",
+    "stage/bfs_seconds": "HISTOGRAM",
+    "stage/collate_seconds": "HISTOGRAM",
+    "stage/total_seconds": "HISTOGRAM",
+    "invariants/duplicate_seeds": "SUM",
+    "invariants/temporal_leaks": "SUM",
+}
+EXTRA_REDUCTIONS = {
+    "pool/steps_to_exhaust_min": "MIN",
+    "mix/tv_distance": "MAX",
+    "stage/assemble_seconds": "HISTOGRAM",
+    "batches": "SUM",
+}
+
+
+def test_schema_identical_across_ranks_and_seeds(shapes: Path, closing: list[Any]) -> None:
+    kw: dict[str, Any] = {
+        "default_batch_size": 1,
+        "split_ratios": (1.0, 0.0, 0.0),
+        "num_prefetch": 1,
+        "task_weights": one_hot(TINY, 4),
+    }
+    schemas, pool_sizes = [], set()
+    for rank in range(4):
+        s = make(shapes, closing, rank=rank, world_size=4, **kw)
+        schemas.append(s.telemetry_schema())
+        s.next_train_batch()
+        pool_sizes.add(v(s.drain_step_metrics(), "pool/remaining_max") + 1)
+        s.shutdown()
+    assert pool_sizes == {2.0, 3.0}  # 10 tiny seeds over 4 ranks
+    for seed in (1, 99):
+        schemas.append(make(shapes, closing, seed=seed, world_size=4, **kw).telemetry_schema())
+    # A rank that owns no seeds of a weighted task packs the same keys.
+    schemas.append(
+        make(
+            shapes, closing, rank=12, world_size=16, **{**kw, "task_weights": [1.0, 1.0, 0, 0]}
+        ).telemetry_schema()
+    )
+    assert all(x == schemas[0] for x in schemas[1:])
+
+
+def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: list[Any]) -> None:
+    base = make(small, closing).telemetry_schema()
+    hops = make(small, closing, max_hops=5).telemetry_schema()
+    seq = make(small, closing, default_sequence_length=200).telemetry_schema()
+    diff = lambda a, b: {x["key"] for x, y in zip(a, b) if x != y}
+    assert [x["key"] for x in hops] == [x["key"] for x in base]
+    assert diff(base, hops) == {P + "bfs/depth"}
+    assert diff(base, seq) == {P + "bfs/rows"}
+    assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
+    assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
+    assert schema_edges(seq, "bfs/rows") == [1, 2, 4, 8, 16, 32, 64, 128, 200, INF]
+
+
+def test_schema_keys_and_reductions(small: SmallDb, closing: list[Any]) -> None:
+    s = make(small, closing)
+    schema = s.telemetry_schema()
+    got = {x["key"]: x["reduction"] for x in schema}
+    want = {P + k: r for k, r in {**SPEC_REDUCTIONS, **EXTRA_REDUCTIONS}.items()}
+    want.update({f"{P}tasks/{t}": "SUM" for t in TASK_NAMES})
+    assert got == want
+    assert len(got) == len(schema)
+    for x in schema:
+        assert x["help"], x["key"]
+        if x["reduction"] == "HISTOGRAM":
+            e = schema_edges(schema, x["key"][len(P) :])
+            assert e[-1] == INF and all(a < b for a, b in itertools.pairwise(e)), x
+        else:
+            assert x["edges"] is None, x
+    # Every drained key derives from a schema key.
+    s.next_train_batch()
+    d = s.drain_step_metrics()
+    assert list(d) == expected_keys(schema)
+
+
+# ----------------------------------------------------------------------------
+# Prometheus
+# ----------------------------------------------------------------------------
+
+# Prometheus name → drain key (src/telemetry/export/prometheus.rs).
+PROM_GAUGES = {
+    "headwater_pool_remaining_min_seeds": "pool/remaining_min",
+    "headwater_pool_remaining_max_seeds": "pool/remaining_max",
+    "headwater_pool_remaining_fraction_min_ratio": "pool/remaining_fraction_min",
+    "headwater_pool_remaining_fraction_max_ratio": "pool/remaining_fraction_max",
+    "headwater_pool_steps_since_pick_max_batches": "pool/steps_since_pick_max",
+    "headwater_pool_steps_to_exhaust_min_batches": "pool/steps_to_exhaust_min",
+    "headwater_mix_tv_distance_ratio": "mix/tv_distance",
+    "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
+}
+PROM_COUNTERS = {
+    "headwater_pool_exhaust_events_total": "pool/exhaust_events",
+    "headwater_truncation_cells_dropped_total": "truncation/cells_dropped",
+    "headwater_bfs_children_capped_total": "bfs/children_capped",
+    "headwater_bfs_temporal_filtered_total": "bfs/temporal_filtered",
+    "headwater_invariant_duplicate_seeds_total": "invariants/duplicate_seeds",
+    "headwater_invariant_temporal_leaks_total": "invariants/temporal_leaks",
+    "headwater_batches_delivered_total": "batches",
+}
+PROM_TASKS = "headwater_task_seeds_drawn_total"
+PROM_HISTS = {
+    "headwater_bfs_depth_hops": "bfs/depth",
+    "headwater_bfs_sequence_rows": "bfs/rows",
+    "headwater_padding_fraction_ratio": "padding/fraction",
+    "headwater_stage_bfs_seconds": "stage/bfs_seconds",
+    "headwater_stage_assemble_seconds": "stage/assemble_seconds",
+    "headwater_stage_collate_seconds": "stage/collate_seconds",
+    "headwater_stage_total_seconds": "stage/total_seconds",
+}
+PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
+
+EXPORTER_CHILD = """
+import json, os, sys, time, urllib.request
+from headwater import _native as N
+
+cfg = json.loads(sys.argv[1])
+s = N.Sampler(cfg["db"], **cfg["kw"])
+url = "http://127.0.0.1:%d/metrics" % cfg["kw"]["prometheus_port"]
+for attempt in range(50):
+    try:
+        before = urllib.request.urlopen(url, timeout=10).read().decode()
+        break
+    except OSError:
+        if attempt == 49:
+            raise
+        time.sleep(0.1)
+out = {"before": before}
+for split, n in (("train", cfg["n_train"]), ("val", cfg["n_val"])):
+    out[split] = []
+    for _ in range(n):
+        getattr(s, "next_%s_batch" % split)()
+        out[split].append(s.drain_step_metrics(split))
+with open(cfg["out"] + ".tmp", "w") as f:
+    json.dump(out, f)
+os.replace(cfg["out"] + ".tmp", cfg["out"])
+sys.stdin.read()  # serve /metrics until the test closes stdin
+s.shutdown()
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        pytest.fail(
+            f"`{name}` is not installed; the telemetry tests need it (apt-get install prometheus)"
+        )
+    return path
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process this test started, by its PID."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def running_prometheus(tmp_path: Path, targets: list[str]) -> Iterator[str]:
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        textwrap.dedent(
+            f"""\
+            global:
+              scrape_interval: 1s
+              scrape_timeout: 1s
+              evaluation_interval: 1s
+            scrape_configs:
+              - job_name: headwater
+                scrape_interval: 1s
+                static_configs:
+                  - targets: {json.dumps(targets)}
+            """
+        ),
+        encoding="utf-8",
+    )
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            binary("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Prometheus never became ready"
+            time.sleep(0.1)
+        yield base
+    finally:
+        stop(proc)
+        log.close()
+
+
+def prom_query(base: str, q: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def parse_exposition(
+    text: str,
+) -> tuple[list[tuple[str, dict[str, str], float]], dict[str, str], dict[str, str]]:
+    """(series, HELP by family, TYPE by family) of a text exposition."""
+    series, helps, types = [], {}, {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("# HELP "):
+            name, _, h = line[7:].partition(" ")
+            helps[name] = h
+        elif line.startswith("# TYPE "):
+            name, _, t = line[7:].partition(" ")
+            types[name] = t
+        elif not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            name, _, rest = head.partition("{")
+            labels = {}
+            for part in rest.rstrip("}").split(","):
+                if part:
+                    k, _, val = part.partition("=")
+                    labels[k] = val.strip('"')
+            series.append((name, labels, float(value)))
+    return series, helps, types
+
+
+def family(name: str) -> str:
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name[: -len(suffix)] in {*PROM_HISTS, PROM_WAIT}:
+            return name[: -len(suffix)]
+    return name
+
+
+def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int, int]:
+    """(a, b, a*T + b): series per process from the schema, per SPEC §5's names."""
+    per_hist = [
+        len(schema_edges(schema, k)) + 2 for k in PROM_HISTS.values()
+    ]  # buckets + sum + count
+    per_hist.append(len(schema_edges(schema, "stage/total_seconds")) + 2)  # queue wait
+    a = 2  # one task counter per split
+    b = 2 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + sum(per_hist))
+    return a, b, a * tasks + b
+
+
+def compare_with_prometheus(
+    got: dict[tuple[str, str, str, str], float],
+    drains: dict[str, list[dict[str, float]]],
+    task_names: list[str],
+    schema: list[dict[str, Any]],
+) -> list[str]:
+    """Mismatches between Prometheus' values (by name, split, task, le) and the drains."""
+    bad = []
+
+    def check(key: tuple[str, str, str, str], want: float) -> None:
+        have = got.get(key)
+        if have is None or not math.isclose(have, want, rel_tol=1e-9, abs_tol=1e-12):
+            bad.append(f"{key}: prometheus {have}, drains {want}")
+
+    for split, ds in drains.items():
+        for name, key in PROM_COUNTERS.items():
+            check((name, split, "", ""), sum(v(d, key) for d in ds))
+        for t in task_names:
+            check((PROM_TASKS, split, t, ""), sum(v(d, f"tasks/{t}") for d in ds))
+        if ds:
+            for name, key in PROM_GAUGES.items():
+                check((name, split, "", ""), v(ds[-1], key))
+        for name, key in PROM_HISTS.items():
+            edges = schema_edges(schema, key)
+            per = [sum(c) for c in zip(*(buckets(d, key) for d in ds))] or [0.0] * len(edges)
+            acc = 0.0
+            for e, c in zip(edges, per):
+                acc += c
+                check((name + "_bucket", split, "", "+Inf" if e == INF else repr(e)), acc)
+            check((name + "_count", split, "", ""), acc)
+        check((PROM_WAIT + "_count", split, "", ""), len(ds))
+        check((PROM_WAIT + "_sum", split, "", ""), sum(v(d, "queue/wait_seconds") for d in ds))
+    return bad
+
+
+def _le_key(le: str) -> str:
+    return "+Inf" if le == "+Inf" else repr(float(le))
+
+
+@dataclass
+class Exported:
+    """One exporter process: its configuration, drains, exposition and what Prometheus holds."""
+
+    db: str
+    tasks: list[str]
+    rank: int
+    n_train: int
+    n_val: int
+    port: int = 0
+    schema: list[dict[str, Any]] = field(default_factory=list)
+    drains: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    before: str = ""  # /metrics before the first batch
+    text: str = ""  # /metrics after the last batch
+    queried: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+
+
+def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[bytes]:
+    kw = {
+        **PROM_COMMON,
+        "rank": e.rank,
+        "world_size": 2,
+        "local_rank": 0,  # the exporter listens on prometheus_port + local_rank
+        "prometheus_port": e.port,
+    }
+    out = tmp_path / f"exporter{i}.json"
+    cfg = {"db": e.db, "kw": kw, "n_train": e.n_train, "n_val": e.n_val, "out": str(out)}
+    with open(tmp_path / f"exporter{i}.err", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-c", EXPORTER_CHILD, json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+PROM_COMMON = {"default_batch_size": 8, "default_sequence_length": 48, "max_hops": 3}
+
+
+@pytest.fixture(scope="module")
+def exported(
+    tmp_path_factory: pytest.TempPathFactory, small: SmallDb, shapes: Path
+) -> list[Exported]:
+    """Two exporters (different task counts, ranks and numbers of batches)
+    scraped by a real Prometheus; everything is collected before they stop."""
+    binary("promtool")
+    tmp_path = tmp_path_factory.mktemp("prometheus")
+    runs = [
+        Exported(str(small.path), TASK_NAMES, rank=0, n_train=9, n_val=4),
+        Exported(str(shapes), SHAPES_TASKS, rank=1, n_train=3, n_val=0),
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, e in enumerate(runs):
+            e.port = free_port()
+            procs.append(_start_exporter(tmp_path, i, e))
+            # The schema of the same configuration, for the bucket edges.
+            plain = N.Sampler(e.db, rank=e.rank, world_size=2, **PROM_COMMON)
+            e.schema = plain.telemetry_schema()
+            plain.shutdown()
+        with running_prometheus(tmp_path, [f"127.0.0.1:{e.port}" for e in runs]) as base:
+            deadline = time.monotonic() + 30
+            for i, (e, proc) in enumerate(zip(runs, procs)):
+                out = tmp_path / f"exporter{i}.json"
+                while not out.exists():
+                    if proc.poll() is not None:
+                        err = (tmp_path / f"exporter{i}.err").read_text()
+                        pytest.fail(f"exporter {i} exited: {err}")
+                    assert time.monotonic() < deadline, "an exporter never finished its batches"
+                    time.sleep(0.05)
+                res = json.loads(out.read_text())
+                e.before, e.drains = res["before"], {"train": res["train"], "val": res["val"]}
+            t_done = time.time()
+            # Wait for a scrape of both targets that began after the last batch.
+            deadline = time.monotonic() + 20
+            while True:
+                ups = prom_query(base, 'timestamp(up{job="headwater"})')
+                if len(ups) == len(runs) and all(float(u["value"][1]) > t_done for u in ups):
+                    break
+                assert time.monotonic() < deadline, f"no scrape after the last batch: {ups}"
+                time.sleep(0.2)
+            up = prom_query(base, 'up{job="headwater"}')
+            assert sorted(u["value"][1] for u in up) == ["1", "1"], up
+            result = prom_query(base, '{__name__=~"headwater_.+", job="headwater"}')
+            for e in runs:
+                url = f"http://127.0.0.1:{e.port}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as f:
+                    e.text = f.read().decode()
+    finally:
+        for proc in procs:
+            if proc.stdin:
+                proc.stdin.close()
+            stop(proc)
+    for e in runs:
+        for x in result:
+            m = x["metric"]
+            if m["instance"] != f"127.0.0.1:{e.port}":
+                continue
+            assert m["rank"] == str(e.rank), m
+            le = _le_key(m["le"]) if "le" in m else ""
+            e.queried[(m["__name__"], m["split"], m.get("task", ""), le)] = float(x["value"][1])
+        assert e.queried, f"Prometheus holds no series of rank {e.rank}"
+    return runs
+
+
+def test_prometheus_query_matches_drains(exported: list[Exported]) -> None:
+    """Counters = sum of the drains, gauges = the last drain, histogram buckets
+    (cumulative `le`) = summed drain buckets, queue wait sum = summed waits."""
+    for e in exported:
+        bad = compare_with_prometheus(e.queried, e.drains, e.tasks, e.schema)
+        assert not bad, "\n".join(bad[:20])
+
+
+def test_exposition_passes_promtool_and_naming_rules(exported: list[Exported]) -> None:
+    promtool = binary("promtool")
+    for e in exported:
+        lint = subprocess.run(
+            [promtool, "check", "metrics"],
+            input=e.text,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        series, helps, types = parse_exposition(e.text)
+        for name, labels, _ in series:
+            fam = family(name)
+            assert name.startswith("headwater_"), name
+            assert helps.get(fam), f"{fam} has no HELP text"
+            if types[fam] == "counter":
+                assert fam.endswith("_total"), fam
+            allowed = {"rank", "split"} | ({"task"} if fam == PROM_TASKS else set())
+            allowed |= {"le"} if name.endswith("_bucket") else set()
+            assert set(labels) <= allowed and {"rank", "split"} <= set(labels), (name, labels)
+            assert labels["rank"] == str(e.rank)
+
+
+def test_series_grow_with_tasks_only(exported: list[Exported]) -> None:
+    counts = []
+    for e in exported:
+        a, b, want = expected_series(e.schema, len(e.tasks))
+        before = len(parse_exposition(e.before)[0])
+        after = len(parse_exposition(e.text)[0])
+        # Same count before the first batch and after n_train + n_val batches.
+        assert (before, after) == (want, want), (e.db, before, after, a, b)
+        counts.append((len(e.tasks), after))
+    (t0, c0), (t1, c1) = counts
+    assert t0 != t1
+    a = (c0 - c1) // (t0 - t1)
+    b = c0 - a * t0
+    assert (a, b) == expected_series(exported[0].schema, 0)[:2]
+    print(f"series per process = {a} * T + {b}")
