@@ -1,11 +1,11 @@
 //! Synthetic relational databases for tests and benchmarks.
 //!
 //! Table `i` references tables `j < i` (a DAG), so every foreign key points at
-//! an existing primary key. Times are consistent: a child row is never older
-//! than its parents, and task observation times are never before the anchor
-//! row's time, so with the time filter on no sampled row can be from after
-//! the observation time. One row of table 0 can be made a hub that most rows
-//! of table 1 reference.
+//! an existing primary key. A temporal row is never older than its temporal
+//! parents, and task observation times are never before the anchor row's
+//! time; a table without a time column can still reference a newer row (as
+//! real data can), which the time filter must keep out. One row of table 0
+//! can be made a hub that most rows of table 1 reference.
 
 use std::path::Path;
 
@@ -108,7 +108,10 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
             })
             .collect();
         let x: Vec<f64> = (0..n).map(|_| rng.next_f64() * 100.0).collect();
-        let ok: Vec<u8> = (0..n).map(|_| (rng.next_f64() > 0.1) as u8).collect();
+        // About 10% nulls, but never all: every table keeps a cell task.
+        let ok: Vec<u8> = (0..n)
+            .map(|r| (r == 0 || rng.next_f64() > 0.1) as u8)
+            .collect();
         let flags: Vec<u8> = (0..n).map(|_| (rng.next_f64() > 0.5) as u8).collect();
         let codes: Vec<u32> = (0..n).map(|_| rng.below(5) as u32).collect();
         let tcodes: Vec<u32> = (0..n)

@@ -28,11 +28,11 @@ pub struct Subgraph {
     pub cells_dropped: u64,
     /// Visible children not sampled because of the width cap.
     pub children_capped: u64,
-    /// Children hidden by the time filter.
+    /// Rows hidden by the time filter (children, and parents dated after
+    /// the cutoff, reachable only through rows without a time).
     pub temporal_filtered: u64,
-    /// Rows included as children whose time is after `obs_time`, counted
-    /// from the rows' own times, independently of the filter (parents are
-    /// included unconditionally by design and are not counted).
+    /// Included rows (other than the seed) whose time is after `obs_time`,
+    /// counted from the rows' own times, independently of the filter.
     pub temporal_leaks: u64,
 }
 
@@ -174,7 +174,15 @@ pub fn bfs(
             let u = s.frontier[i];
             for &par in g.parents(u) {
                 if s.visit(par) {
-                    s.parents.push(par);
+                    // A parent dated after the cutoff is future data (it can
+                    // only be reached through a row without a time); parents
+                    // are otherwise taken unconditionally.
+                    let t = g.row_time[par as usize];
+                    if t != i64::MIN && t > cutoff {
+                        out.temporal_filtered += 1;
+                    } else {
+                        s.parents.push(par);
+                    }
                 }
             }
         }
@@ -227,12 +235,11 @@ pub fn bfs(
                 out.cells += c;
                 out.max_depth = hop as u8;
                 s.frontier.push(r);
-                // Children are the only rows the time filter governs (parents
-                // come unconditionally), so the leak check covers them: read
-                // from the row's own time, not from the CSR times the filter
-                // used.
+                // The leak check reads the row's own time, not the CSR times
+                // or the cutoff the filter used, so it stays an independent
+                // witness (and lights up when the filter is off).
                 let t = g.row_time[r as usize];
-                if list == 1 && t != i64::MIN && t > obs_time {
+                if t != i64::MIN && t > obs_time {
                     out.temporal_leaks += 1;
                 }
             }

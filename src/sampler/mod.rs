@@ -1,12 +1,15 @@
 //! BFS from a seed row over foreign-key edges, with the time filter and
 //! width caps; per-worker scratch.
 //!
-//! Rules (SPEC §4): parents (F→P) first and unconditionally; children (P→F)
-//! only when visible at the seed's observation time (their table has no time,
-//! or their time ≤ `obs_time`), then at most `bfs_child_width` of them,
+//! Rules (SPEC §4): parents (F→P) first and without width cap; children
+//! (P→F) only when visible at the seed's observation time (their table has no
+//! time, or their time ≤ `obs_time`), then at most `bfs_child_width` of them,
 //! uniformly; closest hop first, ties broken at random; rows are added whole
 //! while they fit the cell budget; stop at the budget, `max_hops`, or an empty
-//! frontier.
+//! frontier. With the filter on no row dated after `obs_time` is ever
+//! included: a parent is always older than the row referencing it in
+//! consistent data, but a row without a time can reference a future one, so
+//! parents are checked against the cutoff too (their own time, one lookup).
 //!
 //! Hot-path invariants: no allocation per seed after warm-up (scratch is
 //! cleared, not reallocated); the visited set is an epoch-stamped array, not a

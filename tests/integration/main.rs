@@ -1,6 +1,10 @@
 //! Rust integration tests (one binary): the golden v1 database, corrupt and
-//! truncated files, and the writer driven from Rust.
+//! truncated files, the writer driven from Rust, and property tests of the
+//! sampler on random synthetic databases.
 
 mod format;
+mod oracle;
+mod props;
+mod sampler;
 mod support;
 mod writer;

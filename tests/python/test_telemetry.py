@@ -442,12 +442,18 @@ def test_temporal_filter_and_leak_invariant(shapes: Path, closing: list[Any]) ->
     assert v(off, "bfs/temporal_filtered") == 0 and v(off, "invariants/temporal_leaks") > 0
 
 
-def test_leak_invariant_quiet_for_unconditional_parents(shapes: Path, closing: list[Any]) -> None:
-    # early_child seeds (days 0..99) reach their late_parent (day 300) through
-    # an F→P edge, which SPEC §4 follows unconditionally. No child edge is
-    # followed past the observation time, so nothing leaked.
+def test_future_parent_is_filtered_not_leaked(shapes: Path, closing: list[Any]) -> None:
+    # early_child seeds (days 0..99) reference a late_parent (day 300): a
+    # parent from the future. With the filter on it is kept out (counted as
+    # filtered) and nothing leaks; with the filter off it comes in and the
+    # leak invariant, reading row times independently, lights up.
     d = _one_drain(make(shapes, closing, task_weights=one_hot(EARLY, 4)), 2)
     assert v(d, "invariants/temporal_leaks") == 0
+    assert v(d, "bfs/temporal_filtered") > 0
+    off = _one_drain(
+        make(shapes, closing, task_weights=one_hot(EARLY, 4), temporal_filter=False), 2
+    )
+    assert v(off, "invariants/temporal_leaks") > 0
 
 
 # ----------------------------------------------------------------------------
