@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,13 +424,29 @@ def _add_tasks(
 
 
 def _embed(embedder: Any, texts: list[str], what: str, enabled: bool) -> np.ndarray:
+    """Embed in chunks so a long run shows progress (and the cache fills as
+    it goes, so an interrupted run resumes where it stopped)."""
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float16)
+    chunk = 4096
+    out = np.empty((len(texts), embedder.dim), dtype=np.float16)
+    starts = range(0, len(texts), chunk)
     if enabled:
-        print(f"embedding {len(texts)} {what} with {embedder.name}", file=sys.stderr)
-    out = np.ascontiguousarray(embedder.embed(texts), dtype=np.float16)
-    if out.shape != (len(texts), embedder.dim):
-        raise RuntimeError(f"embedder {embedder.name} returned shape {out.shape}, expected {(len(texts), embedder.dim)}")
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts), desc=f"embedding {what} ({embedder.name})", unit="str", file=sys.stderr)
+    for a in starts:
+        part = np.asarray(embedder.embed(texts[a : a + chunk]), dtype=np.float16)
+        if part.shape != (min(chunk, len(texts) - a), embedder.dim):
+            raise RuntimeError(
+                f"embedder {embedder.name} returned shape {part.shape}, expected "
+                f"{(min(chunk, len(texts) - a), embedder.dim)}"
+            )
+        out[a : a + len(part)] = part
+        if enabled:
+            bar.update(len(part))
+    if enabled:
+        bar.close()
     return out
 
 
@@ -483,7 +500,10 @@ def preprocess(
     col_emb = _embed(emb, writer.column_texts(), "column names", progress)
     cat_emb = _embed(emb, writer.category_texts(), "categories", progress)
     text_emb = _embed(emb, writer.text_values(), "text values", progress)
+    log("building the graph and writing the database ...")
+    t0 = time.perf_counter()
     writer.finish(col_emb, cat_emb, text_emb, overwrite)
+    log(f"graph and metadata written in {time.perf_counter() - t0:.1f} s")
     src.con.close()
     log(f"wrote {out}")
     return out
