@@ -142,22 +142,8 @@ impl TelemetrySchema {
             "total-variation distance of the recent task mix from the configured weights (ratio)",
         );
         for t in task_names {
-            entries.push(SchemaEntry {
-                key: format!("{PREFIX}tasks/{t}"),
-                reduction: Sum,
-                edges: None,
-                help: "seeds drawn for the task",
-            });
+            add(&format!("tasks/{t}"), Sum, None, "seeds drawn for the task");
         }
-        let mut add =
-            |key: &str, reduction: Reduction, edges: Option<Arc<[f64]>>, help: &'static str| {
-                entries.push(SchemaEntry {
-                    key: format!("{PREFIX}{key}"),
-                    reduction,
-                    edges,
-                    help,
-                })
-            };
         let depth: Arc<[f64]> = (0..=max_hops)
             .map(|h| h as f64)
             .chain([f64::INFINITY])
