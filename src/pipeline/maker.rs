@@ -481,6 +481,11 @@ impl Iterator for BatchMaker {
     }
 }
 
+/// A `tracing` warning; also on stderr when no subscriber is installed, so a
+/// user without tracing set up still sees it.
 fn tracing_warn(msg: &str) {
-    eprintln!("headwater: warning: {msg}");
+    tracing::warn!("{msg}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("headwater: warning: {msg}");
+    }
 }
