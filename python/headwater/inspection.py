@@ -96,7 +96,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"{t['name']:<16} {t['rows']:>12,} {_bytes(t['bytes']):>10}  {types}")
         for fk in t["foreign_keys"]:
             extra = f", {fk['dangling']:,} dangling" if fk["dangling"] else ""
-            lines.append(f"{'':<16}   {fk['column']} → {fk['references']}: {fk['edges']:,} edges{extra}")
+            lines.append(f"  └ {fk['column']} → {fk['references']}: {fk['edges']:,} edges{extra}")
     lines += ["", f"{'task':<28} {'kind':<9} {'anchor':<12} {'target':<12} {'seeds':>10}  temporal"]
     for k in r["tasks"]:
         lines.append(
