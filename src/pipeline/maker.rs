@@ -210,8 +210,63 @@ impl SamplerCore {
         }
     }
 
-    /// Make the next batch of `state`'s split.
-    pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
+    /// Pick the batch's task and draw its seeds into `state.jobs` (seed,
+    /// anchor row, observation time, per-sequence RNG seed). Everything
+    /// random about a batch happens here, serially, which is what makes
+    /// batches independent of the thread count and replayable.
+    fn draw(&self, state: &mut SplitState) -> Result<Draws> {
+        let rng_state = state.rng.state();
+        let k = state.picker.pick(&mut state.rng) as usize;
+        let task = self.db.task(k)?;
+        let pool = state.pools[k]
+            .as_mut()
+            .expect("picker only picks tasks with seeds");
+        let mut d = Draws {
+            task: k,
+            rng_state,
+            exhaust_events: 0,
+            duplicates: 0,
+        };
+        state.jobs.clear();
+        for _ in 0..self.cfg.default_batch_size {
+            let x = pool.draw();
+            d.exhaust_events += x.exhausted as u32;
+            d.duplicates += x.duplicate as u32;
+            let i = x.seed as usize;
+            state.jobs.push((
+                x.seed,
+                task.anchor_rows[i],
+                task.obs_times[i],
+                state.rng.next_u64(),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// Advance `state` past `n` batches without building them: the same
+    /// draws as [`make_batch`](Self::make_batch), no BFS or assembly.
+    pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
+        for _ in 0..n {
+            self.check_can_draw(state)?;
+            let d = self.draw(state)?;
+            if self.cfg.telemetry {
+                state.last_picked[d.task] = Some(state.step);
+                state.mix.push(d.task as u32);
+            }
+            state.step += 1;
+        }
+        Ok(())
+    }
+
+    /// Rebuild batch `step` of `split` exactly as the producer made it (same
+    /// tensors, same fingerprint), from a fresh state of the same config.
+    pub fn replay_batch(&self, split: Split, step: u64) -> Result<Batch> {
+        let mut state = self.split_state(split);
+        self.skip_batches(&mut state, step)?;
+        self.make_batch(&mut state)
+    }
+
+    fn check_can_draw(&self, state: &SplitState) -> Result<()> {
         if state.picker.is_empty() {
             return Err(Error::invalid(
                 "task_weights",
@@ -223,6 +278,12 @@ impl SamplerCore {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Make the next batch of `state`'s split.
+    pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
+        self.check_can_draw(state)?;
         if self.cfg.debug_panic_at_step == Some(state.step) {
             panic!(
                 "debug_panic_at_step: deliberate panic at {} step {}",
@@ -243,28 +304,14 @@ impl SamplerCore {
         let _batch = batch_span.enter();
         let b = self.cfg.default_batch_size;
         let s = self.cfg.default_sequence_length;
-        let rng_state = state.rng.state();
-        let k = state.picker.pick(&mut state.rng) as usize;
+        let Draws {
+            task: k,
+            rng_state,
+            exhaust_events,
+            duplicates,
+        } = self.draw(state)?;
         let plan = &self.tasks[k];
         let task = self.db.task(k)?;
-        let pool = state.pools[k]
-            .as_mut()
-            .expect("picker only picks tasks with seeds");
-        let mut exhaust_events = 0u32;
-        let mut duplicates = 0u32;
-        state.jobs.clear();
-        for _ in 0..b {
-            let d = pool.draw();
-            exhaust_events += d.exhausted as u32;
-            duplicates += d.duplicate as u32;
-            let i = d.seed as usize;
-            state.jobs.push((
-                d.seed,
-                task.anchor_rows[i],
-                task.obs_times[i],
-                state.rng.next_u64(),
-            ));
-        }
         if state.subgraphs.len() != b {
             state.subgraphs.resize_with(b, Subgraph::default);
         }
@@ -458,6 +505,14 @@ impl SamplerCore {
         t.fingerprint = h.digest();
         t
     }
+}
+
+/// The random choices of one batch.
+struct Draws {
+    task: usize,
+    rng_state: [u64; 4],
+    exhaust_events: u32,
+    duplicates: u32,
 }
 
 /// A synchronous batch source (no threads besides the pool): for benchmarks

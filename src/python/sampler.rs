@@ -406,6 +406,26 @@ impl Sampler {
         Ok(out)
     }
 
+    /// Rebuild batch number `step` of `split` exactly as it was delivered
+    /// (same tensors and `fingerprint`), from a fresh state with this
+    /// sampler's configuration; the running producers are not disturbed.
+    #[pyo3(signature = (step, split="train"))]
+    fn replay_batch<'py>(
+        &self,
+        py: Python<'py>,
+        step: i64,
+        split: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let split = parse_split(split)?;
+        let step = u64::try_from(step).map_err(|_| {
+            PyValueError::new_err(format!("invalid argument `step`: must be >= 0, got {step}"))
+        })?;
+        let b = py
+            .detach(|| self.inner.core().replay_batch(split, step))
+            .map_err(to_py)?;
+        batch_dict(py, b, &mut Vec::new())
+    }
+
     /// Data addresses of the last batch's Rust buffers, for zero-copy checks.
     fn _last_batch_pointers(&self) -> Vec<(&'static str, usize)> {
         self.last_pointers.lock().unwrap().clone()
