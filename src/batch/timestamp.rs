@@ -2,7 +2,50 @@
 //! minute of hour, hour of day, day of week, day of month, month of year, day
 //! of year) and the epoch z-scored with database-wide statistics.
 
+use std::sync::LazyLock;
+
 pub const TIMESTAMP_DIM: usize = 15;
+
+/// The periods with integer positions: seconds and minutes (60), hours
+/// (24), weekdays (7), months (12), month lengths (28..=31), year lengths.
+const PERIODS: [u32; 10] = [60, 24, 7, 12, 28, 29, 30, 31, 365, 366];
+
+/// `(sin, cos)` of `2π k / n` for every period `n` above and `k < n`, computed
+/// exactly as the direct formula would, so a table lookup replaces the trig
+/// on the hot path without changing a bit of the output.
+static TURNS: LazyLock<(Vec<usize>, Vec<[f32; 2]>)> = LazyLock::new(|| {
+    let mut offsets = Vec::new();
+    let mut table = Vec::new();
+    for n in PERIODS {
+        offsets.push(table.len());
+        for k in 0..n {
+            table.push(turn(k as f64 / n as f64));
+        }
+    }
+    (offsets, table)
+});
+
+#[inline]
+fn turn(frac: f64) -> [f32; 2] {
+    let (s, c) = (std::f64::consts::TAU * frac).sin_cos();
+    [s as f32, c as f32]
+}
+
+#[inline]
+fn turn_of(k: u32, n: u32) -> [f32; 2] {
+    let (offsets, table) = &*TURNS;
+    let i = match n {
+        60 => 0,
+        24 => 1,
+        7 => 2,
+        12 => 3,
+        28..=31 => 4 + (n - 28) as usize,
+        365 => 8,
+        366 => 9,
+        _ => unreachable!("period {n} is not tabulated"),
+    };
+    table[offsets[i] + k as usize]
+}
 
 /// Days since 1970-01-01 → (year, month 1..=12, day 1..=31) (Hinnant's
 /// civil-from-days, proleptic Gregorian).
@@ -30,25 +73,30 @@ const MONTH_DAYS: [u32; 12] = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 pub fn encode_timestamp(us: i64, mean_us: f64, std_us: f64, out: &mut [f32]) {
     const DAY: i64 = 86_400_000_000;
     let days = us.div_euclid(DAY);
-    let in_day = us.rem_euclid(DAY) as f64 / 1e6; // seconds into the day
+    let in_day_us = us.rem_euclid(DAY);
+    let secs = (in_day_us / 1_000_000) as u32; // whole seconds into the day
     let (y, m, d) = civil(days);
     let leap = is_leap(y);
     let month_len = MONTH_DAYS[m as usize - 1] + (m == 2 && leap) as u32;
     let yday = CUM_DAYS[m as usize - 1] + (m > 2 && leap) as u32 + d - 1;
-    let weekday = (days + 3).rem_euclid(7); // 1970-01-01 was a Thursday; Monday = 0
-    let fracs = [
-        (in_day % 60.0) / 60.0,
-        ((in_day / 60.0).floor() % 60.0) / 60.0,
-        (in_day / 3600.0).floor() / 24.0,
-        weekday as f64 / 7.0,
-        (d - 1) as f64 / month_len as f64,
-        (m - 1) as f64 / 12.0,
-        yday as f64 / (365 + leap as u32) as f64,
+    let weekday = (days + 3).rem_euclid(7) as u32; // 1970-01-01 was a Thursday; Monday = 0
+    let second = if in_day_us % 1_000_000 == 0 {
+        turn_of(secs % 60, 60)
+    } else {
+        turn(((in_day_us as f64 / 1e6) % 60.0) / 60.0)
+    };
+    let pairs = [
+        second,
+        turn_of((secs / 60) % 60, 60),
+        turn_of(secs / 3600, 24),
+        turn_of(weekday, 7),
+        turn_of(d - 1, month_len),
+        turn_of(m - 1, 12),
+        turn_of(yday, 365 + leap as u32),
     ];
-    for (i, f) in fracs.iter().enumerate() {
-        let (s, c) = (std::f64::consts::TAU * f).sin_cos();
-        out[2 * i] = s as f32;
-        out[2 * i + 1] = c as f32;
+    for (i, [s, c]) in pairs.into_iter().enumerate() {
+        out[2 * i] = s;
+        out[2 * i + 1] = c;
     }
     out[14] = ((us as f64 - mean_us) / std_us) as f32;
 }
@@ -82,5 +130,50 @@ mod tests {
         assert!((out[5] + 1.0).abs() < 1e-6);
         encode_timestamp(1_000_000, 500_000.0, 250_000.0, &mut out);
         assert_eq!(out[14], 2.0);
+    }
+
+    /// The direct formula the table replaces.
+    fn reference(us: i64, out: &mut [f32]) {
+        const DAY: i64 = 86_400_000_000;
+        let days = us.div_euclid(DAY);
+        let in_day = us.rem_euclid(DAY) as f64 / 1e6;
+        let (y, m, d) = civil(days);
+        let leap = is_leap(y);
+        let month_len = MONTH_DAYS[m as usize - 1] + (m == 2 && leap) as u32;
+        let yday = CUM_DAYS[m as usize - 1] + (m > 2 && leap) as u32 + d - 1;
+        let weekday = (days + 3).rem_euclid(7);
+        let fracs = [
+            (in_day % 60.0) / 60.0,
+            ((in_day / 60.0).floor() % 60.0) / 60.0,
+            (in_day / 3600.0).floor() / 24.0,
+            weekday as f64 / 7.0,
+            (d - 1) as f64 / month_len as f64,
+            (m - 1) as f64 / 12.0,
+            yday as f64 / (365 + leap as u32) as f64,
+        ];
+        for (i, f) in fracs.iter().enumerate() {
+            let [s, c] = turn(*f);
+            out[2 * i] = s;
+            out[2 * i + 1] = c;
+        }
+    }
+
+    #[test]
+    fn table_matches_the_direct_formula_bit_for_bit() {
+        let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(5);
+        let (mut a, mut b) = ([0f32; 15], [0f32; 15]);
+        for i in 0..20_000 {
+            // Whole days, whole seconds and arbitrary µs, before and after 1970.
+            let span = 200 * 365 * 86_400_000_000u64;
+            let mut us = rng.below(span) as i64 - (span / 2) as i64;
+            match i % 3 {
+                0 => us -= us.rem_euclid(86_400_000_000),
+                1 => us -= us.rem_euclid(1_000_000),
+                _ => {}
+            }
+            encode_timestamp(us, 0.0, 1.0, &mut a);
+            reference(us, &mut b);
+            assert_eq!(a[..14], b[..14], "{us}");
+        }
     }
 }
