@@ -1,0 +1,674 @@
+"""A small relational transformer in plain JAX (seed 000 §4a–§4h, §7).
+
+Owns: :class:`ModelConfig`, parameter init, the forward pass (value encoder →
+blocks of column / feature / neighbour attention + MLP → decoder heads on the
+target cell), the loss dispatch of §4g, the jitted train / eval steps, and the
+host → device conversion of sampler batches.
+
+Plain JAX + optax, no flax: the model is a handful of matrices in a nested
+dict, the forward pass is a few pure functions, and the sampler batch is
+already a dict of arrays — a module system would add indirection (and a
+dependency) without removing any code.
+
+Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
+
+* **Value encoder** per cell, by semantic type (numerical 0, boolean 1,
+  timestamp 2, categorical 3, text 4): numerical ``v * w + b``; timestamp
+  ``[15] @ W + b``; boolean ``bool_emb[v]``; categorical
+  ``unit_rms(cat_emb_table)[id] @ emb_proj[1]``; text
+  ``unit_rms(text_batch_embeddings)[id] @ emb_proj[2]``. A null cell gets
+  ``null_emb[stype]``, the target cell ``mask_emb[stype]`` (the target
+  takes precedence over null, so neither its value nor its null bit reaches
+  the input; its raw value inputs are also zeroed before any arithmetic, so
+  a NaN there cannot leak through a gradient either). Added to every cell:
+  ``unit_rms(col_emb_table)[column_id] @ emb_proj[0]`` and ``type_emb[stype]``.
+  Frozen tables are projected first and gathered after (``[V, d]`` instead of
+  ``[B, S, D_t]`` work). Padding cells are encoded like any cell and are
+  never zeroed (§4e).
+* **Blocks** (``num_layers``, weights stacked, ``lax.scan`` over layers): for each kind in ``attention`` a pre-norm
+  (RMSNorm) residual attention sub-layer, then a pre-norm GELU MLP. Masks
+  ``[B, S, S]`` are built once per forward pass from the batch: ``column``
+  (same ``column_ids``), ``feature`` (same ``seq_row_ids``), ``outbound``
+  (``fk_adj[row_i, row_j]``: cell i's row references cell j's row),
+  ``inbound`` (the transpose), ``neighbour`` (outbound or inbound); row pairs
+  are gathered from ``fk_adj`` by ``seq_row_ids`` (no Python loops). Padding
+  is excluded as key and as query; the diagonal is always allowed.
+  Attention is QK-normalised, computed in float32 with
+  ``q / max(||q||, 1e-6)`` (written as ``q * rsqrt(max(||q||², 1e-12))``,
+  the same function, whose gradient is also finite at ``q = 0``), a learned
+  per-head temperature, mask fill ``-1e9``, and cast back to the compute
+  dtype after the weighted sum.
+* **Heads** on the final-normed hidden state of the target cell (the
+  position where ``is_target`` is 1, position 0 in the sampler's layout):
+  numerical (Huber on the z-score), boolean (BCE on a logit), timestamp (MSE
+  on the 15-float encoding), categorical (scores against the projected
+  category embeddings ``cat_emb_table[cat_emb_start + k]`` for ``k <
+  max_categories``, masked to ``k < cat_emb_count``: one static window, no
+  recompilation per batch), and null (BCE: is the target null?).
+* **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``,
+  ``one_hot(target_stype, 4) @ type_losses``,
+  ``mean(null_loss + (1 - is_null_at_target) * type_loss)``.
+
+Numerics (§4e, §7): parameters are float32; value inputs, frozen tables and
+activations are cast to ``compute_dtype`` (bfloat16 by default) at the
+encoder; norms, attention softmax and the heads' outputs run in float32.
+
+Static shapes: ``B`` and ``S`` are fixed by the sampler config, but ``U``
+(distinct texts of a batch) and ``R`` (most rows of a sequence) vary per
+batch. :func:`batch_to_device` pads both up to :func:`bucket_size` (a
+multiple of 64 up to 1024, then 8 buckets per doubling) so ``jit`` compiles
+once per bucket, not once per batch; padded text rows and ``fk_adj`` rows are
+zeros that no cell indexes.
+
+Not used: ``col_perm`` / ``out_perm`` / ``in_perm`` (attention here is dense
+and masked, ``O(S²)`` per kind; the permutations are for a block-sparse
+kernel) and ``task_idx`` (logging only).
+
+Must never: read a target cell's value or null bit into the input; zero
+padding hidden states; build masks with per-cell Python loops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from headwater.optim import OptConfig, make_optimizer
+
+#: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
+NUMERICAL, BOOLEAN, TIMESTAMP, CATEGORICAL, TEXT = range(5)
+NUM_STYPES = 5
+#: ``target_stype`` takes one of the first four codes.
+NUM_TARGET_STYPES = 4
+TIMESTAMP_DIM = 15
+MASK_FILL = -1e9
+ATTENTION_KINDS = ("column", "feature", "outbound", "inbound", "neighbour")
+
+#: The 20 batch tensors of seed 000 §3b (``headwater._native.BATCH_KEYS``).
+BATCH_KEYS = (
+    "semantic_types",
+    "column_ids",
+    "seq_row_ids",
+    "numeric_values",
+    "timestamp_values",
+    "bool_values",
+    "categorical_embed_ids",
+    "text_embed_ids",
+    "is_null",
+    "is_target",
+    "is_padding",
+    "fk_adj",
+    "col_perm",
+    "out_perm",
+    "in_perm",
+    "text_batch_embeddings",
+    "target_stype",
+    "task_idx",
+    "cat_emb_start",
+    "cat_emb_count",
+)
+
+Params = dict[str, Any]
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+StepFn = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Model shape and numerics. A bigger model is a change here only."""
+
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    mlp_ratio: int = 4
+    #: Attention sub-layers of every block, in order (see ``ATTENTION_KINDS``).
+    attention: tuple[str, ...] = ("column", "feature", "neighbour")
+    #: Static size of the categorical head's window (the most categories of
+    #: any categorical target column; see :func:`max_categories`).
+    max_categories: int = 64
+    compute_dtype: str = "bfloat16"
+    #: Initial per-head temperature of QK-normalised attention.
+    qk_scale_init: float = 8.0
+    huber_delta: float = 1.0
+    norm_eps: float = 1e-6
+    #: Rematerialise each block in the backward pass (less memory, more time).
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.d_model <= 0 or self.num_layers < 0 or self.num_heads <= 0:
+            raise ValueError("d_model and num_heads must be > 0, num_layers >= 0")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        bad = [k for k in self.attention if k not in ATTENTION_KINDS]
+        if bad:
+            raise ValueError(f"attention: unknown kinds {bad}, expected some of {ATTENTION_KINDS}")
+        if not self.attention:
+            raise ValueError("attention: at least one kind is needed")
+        if self.max_categories <= 0:
+            raise ValueError(f"max_categories must be > 0, got {self.max_categories}")
+        if self.compute_dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"compute_dtype: {self.compute_dtype!r} is not a float dtype")
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.compute_dtype)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+def max_categories(metadata: Mapping[str, Any], multiple: int = 8) -> int:
+    """The most categories of any column in ``database_metadata()``, rounded up."""
+    counts = [int(c.get("cat_emb_count", 0)) for c in metadata.get("columns", [])]
+    k = max([1, *counts])
+    return -(-k // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------
+# Parameters
+# ----------------------------------------------------------------------------
+
+
+def _host_rng(key: jax.Array | int) -> np.random.Generator:
+    if isinstance(key, int):
+        return np.random.default_rng(key)
+    data = (
+        np.asarray(
+            jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        )
+        .astype(np.uint64)
+        .ravel()
+    )
+    return np.random.default_rng(np.random.SeedSequence(data.tolist()))
+
+
+def init_params(key: jax.Array | int, cfg: ModelConfig, embed_dim: int) -> Params:
+    """Float32 parameters for frozen tables of width ``embed_dim`` (``D_t``).
+
+    ``key`` is a JAX PRNG key (new-style or raw ``uint32[2]``) or an int. The
+    values are drawn on the host by a NumPy generator seeded from the key's
+    data: the same key gives bit-identical parameters on every backend, and
+    no per-shape ``jax.random`` kernels are compiled (seconds on a CPU).
+
+    Block weights are stacked over layers ``L`` and attention kinds ``A``
+    (``wqkv [L, A, 3, d, d]``, ``wo [L, A, d, d]``, ``w_up [L, d, f]``, …) so
+    the forward pass scans over layers and Muon orthogonalises each matrix
+    slice in one batched call. ``enc.emb_proj [3, D_t, d]`` projects the
+    column (0), categorical (1) and text (2) embeddings.
+    """
+    d, f, h = cfg.d_model, cfg.d_model * cfg.mlp_ratio, cfg.num_heads
+    n_layers, n_kinds = cfg.num_layers, len(cfg.attention)
+    rng = _host_rng(key)
+
+    def normal(shape: tuple[int, ...], std: float) -> jax.Array:
+        return jnp.asarray(std * rng.standard_normal(shape, np.float32))
+
+    def lin(shape: tuple[int, ...]) -> jax.Array:
+        return normal(shape, 1.0 / math.sqrt(shape[-2]))
+
+    def full(shape: tuple[int, ...], value: float) -> jax.Array:
+        return jnp.asarray(np.full(shape, value, np.float32))
+
+    enc = {
+        "numeric_w": normal((1, d), 1.0),
+        "numeric_b": full((d,), 0.0),
+        "timestamp_w": lin((TIMESTAMP_DIM, d)),
+        "timestamp_b": full((d,), 0.0),
+        "bool_emb": normal((2, d), 1.0),
+        "emb_proj": lin((3, embed_dim, d)),
+        "null_emb": normal((NUM_STYPES, d), 1.0),
+        "mask_emb": normal((NUM_STYPES, d), 1.0),
+        "type_emb": normal((NUM_STYPES, d), 1.0),
+    }
+    blocks = {
+        "attn_norm": full((n_layers, n_kinds, d), 1.0),
+        "wqkv": lin((n_layers, n_kinds, 3, d, d)),
+        "wo": lin((n_layers, n_kinds, d, d)),
+        "qk_scale": full((n_layers, n_kinds, h), cfg.qk_scale_init),
+        "mlp_norm": full((n_layers, d), 1.0),
+        "w_up": lin((n_layers, d, f)),
+        "w_down": lin((n_layers, f, d)),
+    }
+    head = {
+        "norm": full((d,), 1.0),
+        "numeric_w": lin((d, 1)),
+        "numeric_b": full((1,), 0.0),
+        "bool_w": lin((d, 1)),
+        "bool_b": full((1,), 0.0),
+        "timestamp_w": lin((d, TIMESTAMP_DIM)),
+        "timestamp_b": full((TIMESTAMP_DIM,), 0.0),
+        "cat_w": lin((d, d)),
+        "null_w": lin((d, 1)),
+        "null_b": full((1,), 0.0),
+    }
+    return {"enc": enc, "blocks": blocks, "head": head}
+
+
+# ----------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, dtype: jnp.dtype) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * scale).astype(dtype)
+
+
+def _unit_rms(table: jax.Array) -> jax.Array:
+    """Rows scaled to unit RMS (float32), so any embedder's scale looks alike."""
+    t = table.astype(jnp.float32)
+    ms = jnp.mean(t * t, axis=-1, keepdims=True)
+    return t * lax.rsqrt(jnp.maximum(ms, 1e-12))
+
+
+def _l2_normalize(x: jax.Array) -> jax.Array:
+    """``x / max(||x||, 1e-6)`` with a gradient that is finite at ``x = 0``."""
+    return x * lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))
+
+
+def _project_table(table: jax.Array, w: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    return _unit_rms(table).astype(dtype) @ w.astype(dtype)
+
+
+def _take(table: jax.Array, ids: jax.Array) -> jax.Array:
+    return jnp.take(table, ids.astype(jnp.int32), axis=0, mode="clip")
+
+
+def attention_masks(batch: Mapping[str, jax.Array], kinds: tuple[str, ...]) -> dict[str, jax.Array]:
+    """Boolean masks ``[B, S, S]`` (query i, key j) for each attention kind.
+
+    ``mask[b, i, j]`` is the relation of the kind between cells i and j, and
+    both i and j non-padding; or ``i == j``.
+    """
+    valid = batch["is_padding"] == 0
+    rows = batch["seq_row_ids"].astype(jnp.int32)
+    s = rows.shape[1]
+    both_valid = valid[:, :, None] & valid[:, None, :]
+    eye = jnp.eye(s, dtype=jnp.bool_)[None]
+    out_rel = None
+    if any(k in kinds for k in ("outbound", "inbound", "neighbour")):
+        adj = batch["fk_adj"] != 0
+        # out_rel[b, i, j] = fk_adj[b, rows[b, i], rows[b, j]]
+        out_rel = jax.vmap(lambda a, r: a[r][:, r])(adj, rows)
+    masks = {}
+    for kind in kinds:
+        if kind == "column":
+            col = batch["column_ids"]
+            rel = col[:, :, None] == col[:, None, :]
+        elif kind == "feature":
+            rel = rows[:, :, None] == rows[:, None, :]
+        else:
+            assert out_rel is not None
+            if kind == "outbound":
+                rel = out_rel
+            elif kind == "inbound":
+                rel = jnp.swapaxes(out_rel, 1, 2)
+            else:
+                rel = out_rel | jnp.swapaxes(out_rel, 1, 2)
+        masks[kind] = (rel & both_valid) | eye
+    return masks
+
+
+def _attention(
+    wqkv: jax.Array,
+    wo: jax.Array,
+    qk_scale: jax.Array,
+    x: jax.Array,
+    mask: jax.Array,
+    cfg: ModelConfig,
+) -> jax.Array:
+    b, s, d = x.shape
+    h, dh, dt = cfg.num_heads, cfg.head_dim, cfg.dtype
+    qkv = jnp.einsum("bsd,kde->kbse", x, wqkv.astype(dt))
+    q, k, v = (t.reshape(b, s, h, dh).astype(jnp.float32) for t in qkv)
+    q = _l2_normalize(q) * qk_scale[None, None, :, None]
+    k = _l2_normalize(k)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    scores = jnp.where(mask[:, None], scores, MASK_FILL)
+    probs = jax.nn.softmax(scores, axis=-1)
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs, v).astype(dt).reshape(b, s, d)
+    return o @ wo.astype(dt)
+
+
+def _block(blk: Params, h: jax.Array, masks: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """One layer; ``blk`` is that layer's slice of the stacked block params and
+    ``masks [A, B, S, S]`` the attention masks in ``cfg.attention`` order. The
+    attention sub-layers run as a scan over kinds (compiled once)."""
+    dt = cfg.dtype
+
+    def sub_layer(h: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
+        norm, wqkv, wo, qk_scale, mask = xs
+        x = rms_norm(h, norm, cfg.norm_eps, dt)
+        return h + _attention(wqkv, wo, qk_scale, x, mask, cfg), None
+
+    xs = (blk["attn_norm"], blk["wqkv"], blk["wo"], blk["qk_scale"], masks)
+    h, _ = lax.scan(sub_layer, h, xs)
+    x = rms_norm(h, blk["mlp_norm"], cfg.norm_eps, dt)
+    return h + jax.nn.gelu(x @ blk["w_up"].astype(dt)) @ blk["w_down"].astype(dt)
+
+
+# ----------------------------------------------------------------------------
+# Forward pass
+# ----------------------------------------------------------------------------
+
+
+def encode(
+    enc: Params,
+    batch: Mapping[str, jax.Array],
+    col_emb: jax.Array,
+    cat_table: jax.Array,
+    cfg: ModelConfig,
+) -> jax.Array:
+    """Cell embeddings ``[B, S, d]`` in the compute dtype.
+
+    ``cat_table`` is the projected categorical table ``[Vc, d]``
+    (``unit_rms(cat_emb) @ emb_proj[1]``, shared with the categorical head).
+    """
+    dt = cfg.dtype
+    st = jnp.clip(batch["semantic_types"].astype(jnp.int32), 0, NUM_STYPES - 1)
+    is_target = batch["is_target"] != 0
+    is_null = batch["is_null"] != 0
+    hide = is_target | is_null | (batch["is_padding"] != 0)
+    # Inputs of hidden cells are zeroed before any arithmetic.
+    num = jnp.where(hide, 0.0, batch["numeric_values"]).astype(dt)
+    ts = jnp.where(hide[..., None], 0.0, batch["timestamp_values"]).astype(dt)
+    bools = jnp.where(hide, 0, jnp.clip(batch["bool_values"].astype(jnp.int32), 0, 1))
+    cat_ids = jnp.where(hide, 0, batch["categorical_embed_ids"].astype(jnp.int32))
+    text_ids = jnp.where(hide, 0, batch["text_embed_ids"].astype(jnp.int32))
+
+    text_table = _project_table(batch["text_batch_embeddings"], enc["emb_proj"][2], dt)
+    values = jnp.stack(
+        [
+            num[..., None] * enc["numeric_w"][0].astype(dt) + enc["numeric_b"].astype(dt),
+            _take(enc["bool_emb"].astype(dt), bools),
+            ts @ enc["timestamp_w"].astype(dt) + enc["timestamp_b"].astype(dt),
+            _take(cat_table, cat_ids),
+            _take(text_table, text_ids),
+        ],
+        axis=2,
+    )  # [B, S, 5, d]
+    value = jnp.take_along_axis(values, st[:, :, None, None], axis=2)[:, :, 0]
+    null_e = _take(enc["null_emb"].astype(dt), st)
+    mask_e = _take(enc["mask_emb"].astype(dt), st)
+    h = jnp.where(is_target[..., None], mask_e, jnp.where(is_null[..., None], null_e, value))
+    col_table = _project_table(col_emb, enc["emb_proj"][0], dt)
+    return h + _take(col_table, batch["column_ids"]) + _take(enc["type_emb"].astype(dt), st)
+
+
+def target_positions(batch: Mapping[str, jax.Array]) -> jax.Array:
+    """``[B]`` position of each sequence's target cell (0 in the sampler's layout)."""
+    return jnp.argmax(batch["is_target"], axis=1)
+
+
+def _at_target(x: jax.Array, pos: jax.Array) -> jax.Array:
+    return x[jnp.arange(x.shape[0]), pos]
+
+
+def hidden_states(
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    col_emb: jax.Array,
+    cat_emb: jax.Array,
+    cfg: ModelConfig,
+) -> jax.Array:
+    """Hidden states ``[B, S, d]`` of every cell after the last block."""
+    cat_table = _project_table(cat_emb, params["enc"]["emb_proj"][1], cfg.dtype)
+    return _hidden(params, batch, col_emb, cat_table, cfg)
+
+
+def _hidden(
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    col_emb: jax.Array,
+    cat_table: jax.Array,
+    cfg: ModelConfig,
+) -> jax.Array:
+    h = encode(params["enc"], batch, col_emb, cat_table, cfg)
+    by_kind = attention_masks(batch, cfg.attention)
+    masks = jnp.stack([by_kind[k] for k in cfg.attention])  # [A, B, S, S]
+
+    def layer(h: jax.Array, blk: Params) -> tuple[jax.Array, None]:
+        return _block(blk, h, masks, cfg), None
+
+    if cfg.num_layers:
+        h, _ = lax.scan(jax.checkpoint(layer) if cfg.remat else layer, h, params["blocks"])
+    return h
+
+
+def forward(
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    col_emb: jax.Array,
+    cat_emb: jax.Array,
+    cfg: ModelConfig,
+) -> dict[str, jax.Array]:
+    """Decoder outputs (float32) at each sequence's target cell.
+
+    ``numeric [B]``, ``boolean [B]`` (logit), ``timestamp [B, 15]``,
+    ``categorical [B, max_categories]`` (logits, invalid slots ``-1e9``),
+    ``null [B]`` (logit).
+    """
+    cat_table = _project_table(cat_emb, params["enc"]["emb_proj"][1], cfg.dtype)
+    h = _hidden(params, batch, col_emb, cat_table, cfg)
+    hp = params["head"]
+    z = rms_norm(_at_target(h, target_positions(batch)), hp["norm"], cfg.norm_eps, jnp.float32)
+
+    start = batch["cat_emb_start"][0].astype(jnp.int32)
+    slots = jnp.arange(cfg.max_categories)
+    cand = _take(cat_table, start + slots).astype(jnp.float32)  # [K, d]
+    q = z @ hp["cat_w"]
+    cat_logits = (q @ cand.T) / math.sqrt(cfg.d_model)
+    cat_logits = jnp.where(slots[None] < batch["cat_emb_count"][0], cat_logits, MASK_FILL)
+    return {
+        "numeric": (z @ hp["numeric_w"] + hp["numeric_b"])[:, 0],
+        "boolean": (z @ hp["bool_w"] + hp["bool_b"])[:, 0],
+        "timestamp": z @ hp["timestamp_w"] + hp["timestamp_b"],
+        "categorical": cat_logits,
+        "null": (z @ hp["null_w"] + hp["null_b"])[:, 0],
+    }
+
+
+# ----------------------------------------------------------------------------
+# Loss (seed 000 §4g)
+# ----------------------------------------------------------------------------
+
+
+def compute_loss(
+    outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array], cfg: ModelConfig
+) -> tuple[jax.Array, Metrics]:
+    """The §4g loss and per-part means, from the target cell of each sequence."""
+    pos = target_positions(batch)
+    y_null = _at_target(batch["is_null"], pos).astype(jnp.float32)
+    y_num = _at_target(batch["numeric_values"], pos).astype(jnp.float32)
+    y_bool = _at_target(batch["bool_values"], pos).astype(jnp.float32)
+    y_ts = _at_target(batch["timestamp_values"], pos).astype(jnp.float32)
+    cat_id = _at_target(batch["categorical_embed_ids"], pos).astype(jnp.int32)
+    y_cat = jnp.clip(
+        cat_id - batch["cat_emb_start"][0].astype(jnp.int32), 0, cfg.max_categories - 1
+    )
+    # A null target's value slots may hold anything: keep them finite, its
+    # type loss is multiplied by 0 below.
+    y_num = jnp.where(y_null > 0, 0.0, y_num)
+    y_ts = jnp.where(y_null[:, None] > 0, 0.0, y_ts)
+
+    num_loss = optax.huber_loss(outputs["numeric"], y_num, delta=cfg.huber_delta)
+    bool_loss = optax.sigmoid_binary_cross_entropy(outputs["boolean"], y_bool)
+    ts_loss = jnp.mean(jnp.square(outputs["timestamp"] - y_ts), axis=-1)
+    cat_loss = optax.softmax_cross_entropy_with_integer_labels(outputs["categorical"], y_cat)
+    null_loss = optax.sigmoid_binary_cross_entropy(outputs["null"], y_null)
+
+    type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]
+    selector = jax.nn.one_hot(batch["target_stype"][0].astype(jnp.int32), NUM_TARGET_STYPES)
+    type_loss = selector @ type_losses  # [B]
+    per_example = null_loss + (1.0 - y_null) * type_loss
+    loss = jnp.mean(per_example)
+    non_null = jnp.maximum(jnp.sum(1.0 - y_null), 1.0)
+    metrics = {
+        "loss": loss,
+        "null_loss": jnp.mean(null_loss),
+        "type_loss": jnp.sum((1.0 - y_null) * type_loss) / non_null,
+    }
+    return loss, metrics
+
+
+def loss_fn(
+    params: Params,
+    batch: Mapping[str, jax.Array],
+    col_emb: jax.Array,
+    cat_emb: jax.Array,
+    cfg: ModelConfig,
+) -> tuple[jax.Array, Metrics]:
+    return compute_loss(forward(params, batch, col_emb, cat_emb, cfg), batch, cfg)
+
+
+# ----------------------------------------------------------------------------
+# Steps
+# ----------------------------------------------------------------------------
+
+
+def init_opt_state(params: Params, opt_cfg: OptConfig) -> Any:
+    return make_optimizer(opt_cfg).init(params)
+
+
+@functools.cache
+def make_train_step(
+    model_cfg: ModelConfig,
+    opt_cfg: OptConfig,
+    axis_name: str | None = None,
+    *,
+    donate: bool = False,
+) -> StepFn:
+    """A jitted ``(params, opt_state, batch, col_emb, cat_emb) -> (params, opt_state, metrics)``.
+
+    With ``axis_name``, gradients, loss and metrics are averaged with
+    ``lax.pmean`` over that axis (call it under ``shard_map``/``pmap``/
+    ``vmap`` binding the name); clipping and the update then see the mean.
+    ``donate`` donates ``params`` and ``opt_state`` buffers to the update.
+    Cached per argument set (configs are frozen), so callers share one
+    compiled step per batch shape.
+    """
+    tx = make_optimizer(opt_cfg)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(
+        params: Params, opt_state: Any, batch: Batch, col_emb: jax.Array, cat_emb: jax.Array
+    ) -> tuple[Params, Any, Metrics]:
+        (_, metrics), grads = grad_fn(params, batch, col_emb, cat_emb, model_cfg)
+        if axis_name is not None:
+            grads = lax.pmean(grads, axis_name)
+            metrics = lax.pmean(metrics, axis_name)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+@functools.cache
+def make_eval_step(model_cfg: ModelConfig, axis_name: str | None = None) -> StepFn:
+    """A jitted ``(params, batch, col_emb, cat_emb) -> metrics`` (no update)."""
+
+    def step(params: Params, batch: Batch, col_emb: jax.Array, cat_emb: jax.Array) -> Metrics:
+        _, metrics = loss_fn(params, batch, col_emb, cat_emb, model_cfg)
+        if axis_name is not None:
+            metrics = lax.pmean(metrics, axis_name)
+        return metrics
+
+    return jax.jit(step)
+
+
+# ----------------------------------------------------------------------------
+# Host → device
+# ----------------------------------------------------------------------------
+
+
+def bucket_size(n: int, base: int = 64) -> int:
+    """``n`` rounded up to a static bucket: a multiple of ``base`` up to
+    ``16 * base``, then a multiple of 1/8 of the enclosing power of two
+    (8 buckets per doubling, at most 12.5 % waste). Never below ``base``."""
+    n = max(int(n), 1)
+    if n <= 16 * base:
+        return -(-n // base) * base
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+def pad_batch(
+    np_batch: Mapping[str, np.ndarray],
+    *,
+    bucket: int = 64,
+    text_rows: int | None = None,
+    fk_rows: int | None = None,
+    max_categories: int | None = None,
+) -> dict[str, np.ndarray]:
+    """The 20 batch tensors with ``U`` and ``R`` padded to static sizes (NumPy).
+
+    ``fingerprint`` (and any other extra key) is dropped; dtypes are kept.
+    ``text_rows`` / ``fk_rows`` force a size (at least the batch's own);
+    otherwise :func:`bucket_size` picks it. With ``max_categories``, a batch
+    whose ``cat_emb_count`` exceeds it is a ``ValueError``.
+    """
+    missing = [k for k in BATCH_KEYS if k not in np_batch]
+    if missing:
+        raise KeyError(f"batch is missing keys {missing}")
+    out = {k: np.asarray(np_batch[k]) for k in BATCH_KEYS}
+    text = out["text_batch_embeddings"]
+    u = text.shape[0]
+    u_to = bucket_size(u, bucket) if text_rows is None else text_rows
+    if u_to < u:
+        raise ValueError(f"text_rows={u_to} is below the batch's {u} distinct texts")
+    if u_to > u:
+        out["text_batch_embeddings"] = np.concatenate(
+            [text, np.zeros((u_to - u, text.shape[1]), text.dtype)]
+        )
+    adj = out["fk_adj"]
+    r = adj.shape[1]
+    r_to = bucket_size(r, bucket) if fk_rows is None else fk_rows
+    if r_to < r:
+        raise ValueError(f"fk_rows={r_to} is below the batch's {r} rows")
+    if r_to > r:
+        out["fk_adj"] = np.pad(adj, ((0, 0), (0, r_to - r), (0, r_to - r)))
+    if max_categories is not None and int(out["cat_emb_count"][0]) > max_categories:
+        raise ValueError(
+            f"cat_emb_count={int(out['cat_emb_count'][0])} exceeds max_categories={max_categories}"
+        )
+    return out
+
+
+def batch_to_device(
+    np_batch: Mapping[str, np.ndarray],
+    device: Any = None,
+    **pad_kw: Any,
+) -> Batch:
+    """:func:`pad_batch`, then ``jax.device_put`` (``device`` or the default)."""
+    arrays = jax.device_put(pad_batch(np_batch, **pad_kw), device)
+    return {k: arrays[k] for k in BATCH_KEYS}
+
+
+def tables_to_device(
+    col_emb: np.ndarray, cat_emb: np.ndarray, device: Any = None
+) -> tuple[jax.Array, jax.Array]:
+    """The frozen f16 tables on device, each padded to at least one row
+    (a database without categorical columns has ``Vc = 0``)."""
+
+    def at_least_one(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, np.float16)
+        return t if t.shape[0] > 0 else np.zeros((1, t.shape[1]), np.float16)
+
+    col, cat = jax.device_put((at_least_one(col_emb), at_least_one(cat_emb)), device)
+    return col, cat
