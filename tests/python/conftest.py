@@ -33,6 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import headwater
+
 TPCH_SCHEMA = Path(str(importlib.resources.files("headwater") / "data" / "tpch_schema.toml"))
 
 # ----------------------------------------------------------------------------
@@ -597,3 +599,30 @@ def closing() -> Iterator[list[Any]]:
     yield made
     for s in made:
         s.shutdown()
+
+
+def build_db_from_sql(
+    root: Path, name: str, sql: list[str], schema: str, expected_tasks: list[str]
+) -> Path:
+    """Run `sql` in a fresh DuckDB file, preprocess it with `schema` (hash
+    embedder, cache under `root`), check the task list, return the database."""
+    con = duckdb.connect(str(root / f"{name}.duckdb"))
+    for q in sql:
+        con.execute(q)
+    con.close()
+    (root / "schema.toml").write_text(schema, encoding="utf-8")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        headwater.preprocess(
+            root / f"{name}.duckdb",
+            root / "db",
+            schema=root / "schema.toml",
+            embedder="hash",
+            progress=False,
+        )
+    finally:
+        mp.undo()
+    meta = json.loads(headwater.Database(root / "db").metadata_json())
+    assert [k["name"] for k in meta["tasks"]] == expected_tasks
+    return root / "db"

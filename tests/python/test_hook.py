@@ -39,11 +39,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pytest
+from conftest import build_db_from_sql
 
-import headwater
 from headwater import _native
 from headwater import telemetry as T
 from headwater.wandb import WandbSink, summary_for
@@ -117,26 +116,7 @@ SAMPLER_KW: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def hookdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hookdb")
-    con = duckdb.connect(str(root / "hook.duckdb"))
-    for q in HOOK_SQL:
-        con.execute(q)
-    con.close()
-    (root / "schema.toml").write_text(HOOK_SCHEMA, encoding="utf-8")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
-    try:
-        headwater.preprocess(
-            root / "hook.duckdb",
-            root / "db",
-            schema=root / "schema.toml",
-            embedder="hash",
-            progress=False,
-        )
-    finally:
-        mp.undo()
-    meta = json.loads(headwater.Database(root / "db").metadata_json())
-    assert [k["name"] for k in meta["tasks"]] == HOOK_TASKS
-    return root / "db"
+    return build_db_from_sql(root, "hook", HOOK_SQL, HOOK_SCHEMA, HOOK_TASKS)
 
 
 @pytest.fixture

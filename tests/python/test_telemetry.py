@@ -38,12 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pytest
-from conftest import TASK_NAMES, SmallData, SmallDb, build_small_db
+from conftest import TASK_NAMES, SmallData, SmallDb, build_db_from_sql, build_small_db
 
-import headwater
 from headwater import _native
 
 N: Any = _native
@@ -133,26 +131,7 @@ SHAPES_SQL = [
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("telemetry_shapes")
-    con = duckdb.connect(str(root / "shapes.duckdb"))
-    for q in SHAPES_SQL:
-        con.execute(q)
-    con.close()
-    (root / "schema.toml").write_text(SHAPES_SCHEMA, encoding="utf-8")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
-    try:
-        headwater.preprocess(
-            root / "shapes.duckdb",
-            root / "db",
-            schema=root / "schema.toml",
-            embedder="hash",
-            progress=False,
-        )
-    finally:
-        mp.undo()
-    meta = json.loads(headwater.Database(root / "db").metadata_json())
-    assert [k["name"] for k in meta["tasks"]] == SHAPES_TASKS
-    return root / "db"
+    return build_db_from_sql(root, "shapes", SHAPES_SQL, SHAPES_SCHEMA, SHAPES_TASKS)
 
 
 @pytest.fixture(scope="module")
