@@ -82,6 +82,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from headwater import _native
 from headwater.optim import OptConfig, make_optimizer
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
@@ -93,29 +94,8 @@ TIMESTAMP_DIM = 15
 MASK_FILL = -1e9
 ATTENTION_KINDS = ("column", "feature", "outbound", "inbound", "neighbour")
 
-#: The 20 batch tensors of seed 000 §3b (``headwater._native.BATCH_KEYS``).
-BATCH_KEYS = (
-    "semantic_types",
-    "column_ids",
-    "seq_row_ids",
-    "numeric_values",
-    "timestamp_values",
-    "bool_values",
-    "categorical_embed_ids",
-    "text_embed_ids",
-    "is_null",
-    "is_target",
-    "is_padding",
-    "fk_adj",
-    "col_perm",
-    "out_perm",
-    "in_perm",
-    "text_batch_embeddings",
-    "target_stype",
-    "task_idx",
-    "cat_emb_start",
-    "cat_emb_count",
-)
+#: The 20 batch tensors of seed 000 §3b, defined once in Rust.
+BATCH_KEYS: tuple[str, ...] = tuple(_native.BATCH_KEYS)
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
