@@ -312,7 +312,6 @@ impl Database {
             }
         }
         let d = m.embedder.dim as usize;
-        self.column_embeddings()?;
         for (f, count) in [
             (&self.column_emb, m.columns.len()),
             (&self.categorical_emb, m.num_categorical_embeddings as usize),
