@@ -835,18 +835,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _bench_worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
+def initialize_loopback(rank: int, world: int, port: int, timeout_s: int = 120) -> None:
+    """Join a ``jax.distributed`` job of ``world`` CPU processes on this
+    machine: coordinator on 127.0.0.1:``port`` (bound to loopback only), gloo
+    collectives. How tests, benchmarks and the local launcher start ranks."""
     import jax
 
     if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
-        coordinator_bind_address=f"127.0.0.1:{port}",  # loopback only
+        coordinator_bind_address=f"127.0.0.1:{port}",
         num_processes=world,
         process_id=rank,
-        initialization_timeout=120,
+        initialization_timeout=timeout_s,
     )
+
+
+def _bench_worker(rank: int, world: int, port: int, steps: int, warmup: int) -> None:
+    import jax
+
+    initialize_loopback(rank, world, port)
     try:
         schema = Schema(synthetic_schema())
         rng = np.random.default_rng(rank)

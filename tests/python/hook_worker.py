@@ -71,15 +71,9 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # the in-step path in float64
-    if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") is None:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{cfg['port']}",
-        coordinator_bind_address=f"127.0.0.1:{cfg['port']}",  # loopback only
-        num_processes=world,
-        process_id=rank,
-        initialization_timeout=60,
-    )
+    from headwater.telemetry import initialize_loopback
+
+    initialize_loopback(rank, world, cfg["port"], timeout_s=60)
     import numpy as np
     from jax import lax
     from jax.sharding import NamedSharding
