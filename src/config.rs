@@ -57,6 +57,13 @@ pub struct SamplerConfig {
     pub local_rank: Option<u32>,
     /// OTLP/HTTP base URL for stage spans (else `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub otlp_endpoint: Option<String>,
+    /// Keep this share of each of this rank's seed pools (an evenly spaced
+    /// subset, at least one seed): a diagnostic knob for tiny pools and for
+    /// cross-rank shard skew (set it on one rank only).
+    pub pool_fraction: f64,
+    /// Diagnostic: the producer sleeps this long per batch (inside the timed
+    /// stage), to simulate a slow sampler and starve the prefetch queue.
+    pub debug_batch_delay_ms: f64,
     /// Test hook: the producer panics when making this step (fault tests).
     #[serde(skip)]
     #[doc(hidden)]
@@ -86,6 +93,8 @@ impl Default for SamplerConfig {
             prometheus_host: "127.0.0.1".into(),
             local_rank: None,
             otlp_endpoint: None,
+            pool_fraction: 1.0,
+            debug_batch_delay_ms: 0.0,
             debug_panic_at_step: None,
         }
     }
@@ -200,6 +209,18 @@ impl SamplerConfig {
                     format!("{:?} is not an IP address", self.prometheus_host),
                 ));
             }
+        }
+        if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
+            return Err(bad(
+                "pool_fraction",
+                format!("must be in (0, 1], got {}", self.pool_fraction),
+            ));
+        }
+        if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
+            return Err(bad(
+                "debug_batch_delay_ms",
+                format!("must be in 0..=60000, got {}", self.debug_batch_delay_ms),
+            ));
         }
         if let Some(m) = self.max_rss_bytes {
             if m == 0 {

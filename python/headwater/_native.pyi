@@ -146,6 +146,8 @@ class Sampler:
         prometheus_host: str = "127.0.0.1",
         local_rank: int | None = None,
         otlp_endpoint: str | None = None,
+        pool_fraction: float = 1.0,
+        debug_batch_delay_ms: float = 0.0,
         _debug_panic_at_step: int | None = None,
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]: ...

@@ -12,7 +12,9 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
     from headwater.preprocessing import preprocess
 
     t0 = time.perf_counter()
-    out = preprocess(a.source, a.out_dir, schema=a.schema, embedder=a.embedder, overwrite=a.overwrite)
+    out = preprocess(
+        a.source, a.out_dir, schema=a.schema, embedder=a.embedder, overwrite=a.overwrite
+    )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -41,15 +43,41 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(a: argparse.Namespace) -> int:
+    from headwater.train import launch
+
+    overrides = {}
+    if a.steps is not None:
+        overrides["train.steps"] = a.steps
+    if a.profile:
+        overrides["train.profile"] = True
+    if a.db:
+        overrides["database.path"] = a.db
+    if a.wandb_mode:
+        overrides["logging.wandb_mode"] = a.wandb_mode
+    if a.prometheus_port is not None:
+        overrides["logging.prometheus_port"] = a.prometheus_port
+    if a.dir:
+        overrides["logging.dir"] = a.dir
+    launch(a.config, num_processes=a.num_processes, run_name=a.run_name, **overrides)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="headwater", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     pp = sub.add_parser("preprocess", help="build a database from a relational source")
-    pp.add_argument("source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files")
+    pp.add_argument(
+        "source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files"
+    )
     pp.add_argument("out_dir", help="output database directory (written atomically)")
-    pp.add_argument("--schema", help="schema file (TOML or JSON): keys, time columns, semantic types, tasks")
-    pp.add_argument("--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)")
+    pp.add_argument(
+        "--schema", help="schema file (TOML or JSON): keys, time columns, semantic types, tasks"
+    )
+    pp.add_argument(
+        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
+    )
     pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     pp.set_defaults(func=_cmd_preprocess)
 
@@ -58,12 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pi.set_defaults(func=_cmd_inspect)
 
-    pd = sub.add_parser("default-db", help="build (once) and print the path of the default TPC-H database")
+    pd = sub.add_parser(
+        "default-db", help="build (once) and print the path of the default TPC-H database"
+    )
     pd.add_argument("--scale-factor", type=float, default=0.01)
     pd.add_argument("--embedder", default="auto")
     pd.set_defaults(func=_cmd_default_db)
 
-    pb = sub.add_parser("bench", help="measure sampler throughput, stages, scaling, handoff, memory")
+    pb = sub.add_parser(
+        "bench", help="measure sampler throughput, stages, scaling, handoff, memory"
+    )
     pb.add_argument("db", nargs="?", help="database directory (default: the default database)")
     pb.add_argument("--batch-size", type=int, default=32)
     pb.add_argument("--seq-len", type=int, default=1024)
@@ -78,6 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
+
+    pt = sub.add_parser(
+        "train",
+        help="train the relational transformer on a database (default: the embedded TPC-H one)",
+    )
+    pt.add_argument("config", nargs="?", help="TOML config (see diag_configs/healthy.toml)")
+    pt.add_argument("--steps", type=int, help="override train.steps")
+    pt.add_argument(
+        "--num-processes",
+        type=int,
+        default=1,
+        help="local processes joining one jax.distributed job on loopback (data parallel)",
+    )
+    pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
+    pt.add_argument("--db", help="override database.path")
+    pt.add_argument("--run-name", help="override logging.run_name")
+    pt.add_argument("--dir", help="override logging.dir (where runs are written)")
+    pt.add_argument("--wandb-mode", choices=["offline", "online", "disabled"])
+    pt.add_argument(
+        "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
+    )
+    pt.set_defaults(func=_cmd_train)
     return p
 
 
@@ -87,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except (HeadwaterError, ValueError, FileNotFoundError) as e:
+    except (HeadwaterError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"headwater {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -165,14 +165,17 @@ impl SamplerCore {
         let mut eligible = Vec::with_capacity(m.tasks.len());
         for k in 0..m.tasks.len() {
             let view = self.db.task(k).expect("validated at open");
-            let seeds = shard(
-                k as u32,
-                view.anchor_rows,
-                split,
-                c.split_seed,
-                c.split_ratios,
-                c.rank,
-                c.world_size,
+            let seeds = keep_fraction(
+                shard(
+                    k as u32,
+                    view.anchor_rows,
+                    split,
+                    c.split_seed,
+                    c.split_ratios,
+                    c.rank,
+                    c.world_size,
+                ),
+                c.pool_fraction,
             );
             if seeds.is_empty() {
                 if self.weights[k] > 0.0 {
@@ -292,6 +295,11 @@ impl SamplerCore {
             );
         }
         let t0 = Instant::now();
+        if self.cfg.debug_batch_delay_ms > 0.0 {
+            std::thread::sleep(std::time::Duration::from_secs_f64(
+                self.cfg.debug_batch_delay_ms / 1e3,
+            ));
+        }
         let batch_span = tracing::info_span!(
             "batch",
             split = state.split.name(),
@@ -507,6 +515,16 @@ impl SamplerCore {
     }
 }
 
+/// An evenly spaced `fraction` of `seeds` (at least one when any), in order.
+fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
+    if fraction >= 1.0 || seeds.is_empty() {
+        return seeds;
+    }
+    let n = seeds.len();
+    let k = ((n as f64 * fraction).ceil() as usize).clamp(1, n);
+    (0..k).map(|j| seeds[j * n / k]).collect()
+}
+
 /// The random choices of one batch.
 struct Draws {
     task: usize,
@@ -542,5 +560,23 @@ fn tracing_warn(msg: &str) {
     tracing::warn!("{msg}");
     if !tracing::dispatcher::has_been_set() {
         eprintln!("headwater: warning: {msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_fraction;
+
+    #[test]
+    fn keep_fraction_is_an_even_subset_of_at_least_one() {
+        let seeds: Vec<u32> = (0..100).collect();
+        assert_eq!(keep_fraction(seeds.clone(), 1.0), seeds);
+        let tenth = keep_fraction(seeds.clone(), 0.1);
+        assert_eq!(tenth, (0..10).map(|j| j * 10).collect::<Vec<u32>>());
+        assert_eq!(keep_fraction(seeds.clone(), 1e-9), vec![0]);
+        assert_eq!(keep_fraction(vec![], 0.5), Vec::<u32>::new());
+        let third = keep_fraction(seeds, 0.333);
+        assert_eq!(third.len(), 34);
+        assert!(third.windows(2).all(|w| w[0] < w[1]), "ordered, no repeats");
     }
 }

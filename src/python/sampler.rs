@@ -173,7 +173,8 @@ impl Sampler {
         bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
         num_threads=None, max_rss_bytes=None, temporal_filter=true, telemetry=true,
         prometheus_port=None, prometheus_host=String::from("127.0.0.1"), local_rank=None,
-        otlp_endpoint=None, _debug_panic_at_step=None,
+        otlp_endpoint=None, pool_fraction=1.0, debug_batch_delay_ms=0.0,
+        _debug_panic_at_step=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -199,6 +200,8 @@ impl Sampler {
         prometheus_host: String,
         local_rank: Option<i64>,
         otlp_endpoint: Option<String>,
+        pool_fraction: f64,
+        debug_batch_delay_ms: f64,
         _debug_panic_at_step: Option<u64>,
     ) -> PyResult<Self> {
         let task_pick = match task_pick {
@@ -251,6 +254,8 @@ impl Sampler {
             prometheus_host,
             local_rank: local_rank.map(|r| small("local_rank", r)).transpose()?,
             otlp_endpoint,
+            pool_fraction,
+            debug_batch_delay_ms,
             debug_panic_at_step: _debug_panic_at_step,
         };
         let inner = py

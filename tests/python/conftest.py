@@ -20,7 +20,9 @@ import datetime as dt
 import importlib.resources
 import importlib.util
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -626,3 +628,55 @@ def build_db_from_sql(
     meta = json.loads(headwater.Database(root / "db").metadata_json())
     assert [k["name"] for k in meta["tasks"]] == expected_tasks
     return root / "db"
+
+
+# ----------------------------------------------------------------------------
+# Subprocesses that use JAX and W&B (hook, train and diag tests)
+# ----------------------------------------------------------------------------
+
+
+def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
+    """The environment of every subprocess: CPU JAX, offline and silent W&B
+    with every directory under ``tmp_path``; ``TMPDIR`` (where wandb-core
+    puts its Unix sockets, whose paths must stay under 108 bytes) is the
+    short pytest directory ``short_tmp``."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "JAX_PLATFORMS": "cpu",
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_DIR": str(tmp_path / "wandb"),
+            "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
+            "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
+            "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
+            "WANDB_ARTIFACT_DIR": str(tmp_path / "wandb_artifacts"),
+            "HEADWATER_CACHE_DIR": str(tmp_path / "cache"),
+            "OPENBLAS_NUM_THREADS": "1",
+        }
+    )
+    env.pop("XLA_FLAGS", None)
+    for d in ("wandb", "wandb_config", "wandb_cache", "wandb_data", "wandb_artifacts"):
+        (tmp_path / d).mkdir(exist_ok=True)
+    if short_tmp is not None and len(str(short_tmp)) <= 60:
+        env["TMPDIR"] = str(short_tmp)
+    return env
+
+
+READ_WANDB = Path(__file__).resolve().parent / "read_wandb.py"
+
+
+def read_wandb_run(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The offline W&B run in ``run_dir`` (its ``run-*.wandb`` file) read back
+    with ``read_wandb.py``: ``{"history": [...], "metrics": {...}}``."""
+    (wandb_file,) = Path(run_dir).glob("run-*.wandb")
+    read = subprocess.run(
+        [sys.executable, str(READ_WANDB), str(wandb_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    return json.loads(read.stdout)

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import build_db_from_sql
+from conftest import build_db_from_sql, child_env
 
 from headwater import _native
 from headwater import telemetry as T
@@ -229,34 +229,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
         sk.bind(("127.0.0.1", 0))
         return int(sk.getsockname()[1])
-
-
-def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
-    """The environment of every subprocess: CPU JAX, offline and silent W&B
-    with every directory under ``tmp_path``; ``TMPDIR`` (where wandb-core
-    puts its Unix sockets, whose paths must stay under 108 bytes) is the
-    short pytest directory ``short_tmp``."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "JAX_PLATFORMS": "cpu",
-            "WANDB_MODE": "offline",
-            "WANDB_SILENT": "true",
-            "WANDB_DIR": str(tmp_path / "wandb"),
-            "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
-            "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
-            "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
-            "WANDB_ARTIFACT_DIR": str(tmp_path / "wandb_artifacts"),
-            "HEADWATER_CACHE_DIR": str(tmp_path / "cache"),
-            "OPENBLAS_NUM_THREADS": "1",
-        }
-    )
-    env.pop("XLA_FLAGS", None)
-    for d in ("wandb", "wandb_config", "wandb_cache", "wandb_data", "wandb_artifacts"):
-        (tmp_path / d).mkdir(exist_ok=True)
-    if short_tmp is not None and len(str(short_tmp)) <= 60:
-        env["TMPDIR"] = str(short_tmp)
-    return env
 
 
 def run_ranks(

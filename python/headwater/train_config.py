@@ -1,0 +1,327 @@
+"""The ``headwater train`` configuration: a TOML file, checked key by key.
+
+Owns: :class:`TrainConfig` (one frozen dataclass per section), loading a
+TOML file or a dict with every unknown key and every ill-typed value
+reported as a :class:`~headwater.errors.ConfigError` naming the file and the
+dotted key, and the defaults of the main job (small ``B`` and ``S``, so the
+default run finishes in a few minutes on a 2-core CPU machine).
+
+Sections (every key optional; see ``diag_configs/healthy.toml`` for a
+complete file)::
+
+    [database]  path, scale_factor, embedder
+    [sampler]   any Sampler keyword except the ones the launcher sets
+                (rank, world_size, local_rank, prometheus_*, otlp_endpoint);
+                task_weights is a table {task name = weight} (unlisted
+                tasks keep weight 1)
+    [ranks.N]   per-rank overrides of [sampler] keys (diagnostics)
+    [model]     ModelConfig fields (max_categories = 0: from the database)
+    [optim]     OptConfig fields (total_steps = 0: train.steps)
+    [train]     steps, val_every, val_batches, seed, log_every, ...
+    [logging]   wandb_mode, wandb_project, run_name, dir, prometheus_port,
+                otlp_endpoint
+    [diag]      read by ``headwater diag`` only (expectations of the run)
+
+Must never: accept a key it does not know, or let a bad value reach the
+training loop without the key's name in the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from headwater.errors import ConfigError
+
+#: ``[sampler]`` keys and their types (the ``Sampler`` keywords a config may set).
+SAMPLER_KEYS: dict[str, Any] = {
+    "split_ratios": list,
+    "split_seed": int,
+    "seed": int,
+    "num_prefetch": int,
+    "default_batch_size": int,
+    "default_sequence_length": int,
+    "bfs_child_width": int,
+    "max_hops": int,
+    "task_weights": dict,
+    "task_pick": str,
+    "num_threads": int,
+    "max_rss_bytes": int,
+    "temporal_filter": bool,
+    "telemetry": bool,
+    "pool_fraction": float,
+    "debug_batch_delay_ms": float,
+}
+
+#: The main job's sampler settings (small B and S: a CPU step stays well
+#: under a second with the default model).
+SAMPLER_DEFAULTS: dict[str, Any] = {
+    "default_batch_size": 8,
+    "default_sequence_length": 256,
+    "num_threads": 1,
+    "num_prefetch": 4,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DatabaseSection:
+    #: A preprocessed database directory; "" = the embedded default database.
+    path: str = ""
+    #: TPC-H scale factor of the default database (when ``path`` is "").
+    scale_factor: float = 0.01
+    embedder: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.scale_factor <= 0:
+            raise ValueError(f"scale_factor must be > 0, got {self.scale_factor}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    steps: int = 300
+    #: Validate every this many steps (0 = only at the end).
+    val_every: int = 100
+    #: Batches per rank in each validation.
+    val_batches: int = 4
+    #: Seed of parameter init (the sampler has its own ``[sampler] seed``).
+    seed: int = 0
+    #: Progress lines every this many steps when stdout is not a terminal.
+    log_every: int = 25
+    #: Log step ``t``'s telemetry one step late so the step never waits for
+    #: its collective (see ``StepHook``).
+    buffered_telemetry: bool = False
+    #: Print the step-time breakdown at the end (``--profile``).
+    profile: bool = False
+    #: Steps left out of throughput and timing figures (compilation).
+    warmup_steps: int = 3
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0:
+            raise ValueError(f"steps must be > 0, got {self.steps}")
+        for name in ("val_every", "val_batches", "log_every", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.log_every == 0:
+            raise ValueError("log_every must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    #: "offline" (default: written under ``dir``, sync later with
+    #: ``wandb sync``), "online" or "disabled".
+    wandb_mode: str = "offline"
+    wandb_project: str = "headwater"
+    #: Run name ("" = ``train-<time>``).
+    run_name: str = ""
+    #: Where runs are written (W&B files, per-rank summaries, logs).
+    dir: str = "runs"
+    #: Prometheus exporter base port (rank r serves ``port + r`` on
+    #: 127.0.0.1); 0 = no exporter.
+    prometheus_port: int = 9464
+    prometheus_host: str = "127.0.0.1"
+    #: OTLP/HTTP endpoint for the sampler's stage spans ("" = off).
+    otlp_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(
+                f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}"
+            )
+        if not 0 <= self.prometheus_port <= 65535:
+            raise ValueError(f"prometheus_port must be in 0..=65535, got {self.prometheus_port}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    database: DatabaseSection
+    sampler: Mapping[str, Any]
+    ranks: Mapping[int, Mapping[str, Any]]
+    model: Any  # headwater.model.ModelConfig (imported lazily: it pulls in JAX)
+    optim: Any  # headwater.optim.OptConfig
+    train: TrainSection
+    logging: LoggingSection
+    diag: Mapping[str, Any]
+    source: str = "<defaults>"
+    #: ``model.max_categories`` was 0: take it from the database.
+    auto_categories: bool = True
+
+    def sampler_kwargs(self, rank: int) -> dict[str, Any]:
+        """``[sampler]`` with ``[ranks.<rank>]`` applied (Sampler keywords)."""
+        kw = {**SAMPLER_DEFAULTS, **self.sampler, **self.ranks.get(rank, {})}
+        if "split_ratios" in kw:
+            kw["split_ratios"] = tuple(kw["split_ratios"])
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for the W&B run config and the run's summary)."""
+        return {
+            "database": dataclasses.asdict(self.database),
+            "sampler": dict(self.sampler),
+            "ranks": {str(k): dict(v) for k, v in self.ranks.items()},
+            "model": dataclasses.asdict(self.model),
+            "optim": dataclasses.asdict(self.optim),
+            "train": dataclasses.asdict(self.train),
+            "logging": dataclasses.asdict(self.logging),
+            "source": self.source,
+        }
+
+
+_SECTIONS = ("database", "sampler", "ranks", "model", "optim", "train", "logging", "diag")
+
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        t, getattr(t, "__name__", str(t))
+    )
+
+
+def _check_value(where: str, key: str, value: Any, t: Any) -> Any:
+    """``value`` as type ``t`` (ints widen to floats, lists to tuples), or a ConfigError."""
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        t, origin = args[0], typing.get_origin(args[0])
+    if origin is tuple or t is tuple:
+        if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(f"{where}: `{key}` must be a list of strings, got {value!r}")
+        return tuple(value)
+    if t is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: `{key}` must be a list, got {value!r}")
+        return value
+    if t is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: `{key}` must be a table, got {value!r}")
+        return value
+    if t is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: `{key}` must be a number, got {value!r}")
+        return float(value)
+    if t is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: `{key}` must be an integer, got {value!r}")
+        return value
+    if t in (bool, str) and not isinstance(value, t):
+        raise ConfigError(f"{where}: `{key}` must be {_type_name(t)}, got {value!r}")
+    return value
+
+
+def _dataclass_section(cls: Any, table: Mapping[str, Any], where: str, section: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {}
+    for key, value in table.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{where}: unknown key `{section}.{key}` (known: {', '.join(sorted(fields))})"
+            )
+        kw[key] = _check_value(where, f"{section}.{key}", value, hints[key])
+    try:
+        return cls(**kw)
+    except ValueError as e:
+        raise ConfigError(f"{where}: [{section}] {e}") from None
+
+
+def _sampler_section(table: Mapping[str, Any], where: str, section: str) -> dict[str, Any]:
+    out = {}
+    for key, value in table.items():
+        if key not in SAMPLER_KEYS:
+            hint = ""
+            if key in ("rank", "world_size", "local_rank"):
+                hint = " (set by the launcher: use --num-processes)"
+            elif key.startswith("prometheus") or key == "otlp_endpoint":
+                hint = " (set it under [logging])"
+            raise ConfigError(
+                f"{where}: unknown key `{section}.{key}`{hint} "
+                f"(known: {', '.join(sorted(SAMPLER_KEYS))})"
+            )
+        out[key] = _check_value(where, f"{section}.{key}", value, SAMPLER_KEYS[key])
+    if "task_weights" in out:
+        for name, w in out["task_weights"].items():
+            _check_value(where, f"{section}.task_weights.{name}", w, float)
+    return out
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] | None = None, **overrides: Any
+) -> TrainConfig:
+    """A :class:`TrainConfig` from a TOML file, a dict or nothing (defaults).
+
+    ``overrides``: dotted keys (``{"train.steps": 5}``) applied on top, as the
+    CLI flags do.
+    """
+    from headwater.model import ModelConfig
+    from headwater.optim import OptConfig
+
+    if source is None:
+        raw: dict[str, Any] = {}
+        where = "<defaults>"
+    elif isinstance(source, Mapping):
+        raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in source.items()}
+        where = "<dict>"
+    else:
+        path = Path(source)
+        where = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: no such config file") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where}: not UTF-8 text ({e})") from None
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{where}: invalid TOML: {e}") from None
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        raw.setdefault(section, {})[key] = value
+
+    for key, value in raw.items():
+        if key not in _SECTIONS:
+            raise ConfigError(
+                f"{where}: unknown section or key `{key}` (known sections: {', '.join(_SECTIONS)})"
+            )
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: `{key}` must be a table ([{key}]), got {value!r}")
+
+    ranks: dict[int, dict[str, Any]] = {}
+    for rk, table in raw.get("ranks", {}).items():
+        try:
+            r = int(rk)
+            if r < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{where}: `ranks.{rk}`: a rank must be an integer >= 0") from None
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: `ranks.{rk}` must be a table")
+        ranks[r] = _sampler_section(table, where, f"ranks.{rk}")
+
+    train = _dataclass_section(TrainSection, raw.get("train", {}), where, "train")
+    model_tbl = dict(raw.get("model", {}))
+    # max_categories = 0 (the default): the trainer reads it from the database.
+    auto_categories = model_tbl.get("max_categories", 0) == 0
+    if auto_categories:
+        model_tbl["max_categories"] = 1
+    optim_tbl = dict(raw.get("optim", {}))
+    optim_tbl.setdefault("total_steps", 0)
+    optim_tbl.setdefault("warmup_steps", min(100, max(1, train.steps // 10)))
+    if optim_tbl["total_steps"] == 0:
+        optim_tbl["total_steps"] = max(train.steps, optim_tbl["warmup_steps"] + 1)
+    model = _dataclass_section(ModelConfig, model_tbl, where, "model")
+    return TrainConfig(
+        database=_dataclass_section(DatabaseSection, raw.get("database", {}), where, "database"),
+        sampler=_sampler_section(raw.get("sampler", {}), where, "sampler"),
+        ranks=ranks,
+        model=model,
+        optim=_dataclass_section(OptConfig, optim_tbl, where, "optim"),
+        train=train,
+        logging=_dataclass_section(LoggingSection, raw.get("logging", {}), where, "logging"),
+        diag=dict(raw.get("diag", {})),
+        source=where,
+        auto_categories=auto_categories,
+    )

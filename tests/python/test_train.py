@@ -1,0 +1,238 @@
+"""``headwater train``: the config checks, one- and two-process runs, failures.
+
+Every run is the real command (``headwater train``) in a subprocess on the
+session's TPC-H database, with a tiny model so a step takes milliseconds:
+
+* two processes on one loopback ``jax.distributed`` job end with identical
+  parameters (digest) and identical losses, and the reduced telemetry is in
+  rank 0's offline W&B run once per step (read back from the ``.wandb``
+  file) and nowhere else;
+* one process: the loss falls, the profile accounts for the whole step;
+* a rank that fails stops the others, and the error names it;
+* unknown keys, ill-typed or invalid values, unknown tasks and out-of-range
+  ranks are errors naming the key.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Tpch, child_env, read_wandb_run
+
+pytest.importorskip("jax")
+pytest.importorskip("optax")
+pytest.importorskip("wandb")
+
+from headwater.errors import ConfigError
+from headwater.train_config import load_config
+
+STEPS = 6
+
+
+def tiny_config(db: Path, **extra: str) -> str:
+    """A TOML config for a fast run on ``db``; ``extra`` adds sections verbatim."""
+    base = f"""
+[database]
+path = "{db}"
+
+[sampler]
+default_batch_size = 4
+default_sequence_length = 64
+num_threads = 1
+
+[model]
+d_model = 32
+num_layers = 1
+num_heads = 2
+
+[train]
+steps = {STEPS}
+val_every = 3
+val_batches = 1
+log_every = 1
+warmup_steps = 1
+
+[logging]
+prometheus_port = 0
+"""
+    return base + "\n".join(extra.values())
+
+
+def run_train(
+    tmp_path: Path, config: str, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(config, encoding="utf-8")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headwater.cli",
+            "train",
+            str(cfg),
+            "--dir",
+            str(tmp_path / "runs"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(tmp_path),
+        check=False,
+    )
+
+
+def summaries(tmp_path: Path, name: str, world: int) -> list[dict[str, Any]]:
+    import json
+
+    return [
+        json.loads((tmp_path / "runs" / name / f"rank-{r}.json").read_text()) for r in range(world)
+    ]
+
+
+# ----------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------
+
+
+def test_two_processes_train_identically_and_log_once(tmp_path: Path, tpch: Tpch) -> None:
+    r = run_train(
+        tmp_path, tiny_config(tpch.built.path), "--num-processes", "2", "--run-name", "two"
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    s0, s1 = summaries(tmp_path, "two", 2)
+    assert (s0["world"], s1["world"], s0["steps"], s1["steps"]) == (2, 2, STEPS, STEPS)
+    # Same averaged gradients on both ranks: the same parameters, bit for bit,
+    # and the same (pmean-ed) losses.
+    assert s0["param_digest"] == s1["param_digest"]
+    assert s0["losses"] == s1["losses"]
+    assert s0["telemetry_rows_logged"] == STEPS and s1["telemetry_rows_logged"] == 0
+    assert s1["wandb_dir"] is None
+    assert "W&B run (offline)" in r.stdout and s0["wandb_dir"] in r.stdout
+    assert "sampler health: ok" in r.stdout
+
+    run = read_wandb_run(Path(s0["wandb_dir"]), child_env(tmp_path))
+    hist = run["history"]
+    tele = [row for row in hist if "sampler/batches" in row]
+    # One reduced row per step, each the cluster total of one batch per rank.
+    assert [row["trainer/step"] for row in tele] == list(range(STEPS))
+    assert all(row["sampler/batches"] == 2.0 for row in tele)
+    assert all(row["sampler/batches_max"] == 1.0 for row in tele)
+    trainer = [row for row in hist if "trainer/loss" in row]
+    assert [row["trainer/step"] for row in trainer] == list(range(STEPS))
+    assert [row["trainer/loss"] for row in trainer] == pytest.approx(s0["losses"], rel=1e-6)
+    assert all(0.0 <= row["trainer/data_wait_share"] <= 1.0 for row in trainer)
+    assert [row["trainer/step"] for row in hist if "val/loss" in row] == [2, STEPS - 1]
+    # No other process wrote a W&B run.
+    assert len(list((tmp_path / "runs" / "two").rglob("run-*.wandb"))) == 1
+
+
+def test_one_process_loss_falls_and_profile_accounts_for_the_step(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    cfg = tiny_config(tpch.built.path).replace(f"steps = {STEPS}", "steps = 60")
+    r = run_train(tmp_path, cfg, "--profile", "--run-name", "one", "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    (s,) = summaries(tmp_path, "one", 1)
+    assert s["steps"] == 60 and s["steady_steps"] == 59
+    assert s["loss_end"] < 0.7 * s["loss_start"], (s["loss_start"], s["loss_end"])
+    assert sum(s["phase_share"].values()) == pytest.approx(1.0)
+    for phase in ("sample_wait", "host_to_device", "compute", "telemetry", "other"):
+        assert phase in r.stdout
+        assert s["phase_seconds_mean"][phase] >= 0
+    assert s["phase_seconds_mean"]["compute"] > 0
+    assert s["data_wait_share"] == pytest.approx(s["phase_share"]["sample_wait"])
+    assert s["invariants"] == {
+        "sampler/invariants/duplicate_seeds": 0.0,
+        "sampler/invariants/temporal_leaks": 0.0,
+    }
+
+
+def _worker_pids(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "headwater.train" in cmd and marker in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def test_a_failing_rank_stops_the_others(tmp_path: Path, tpch: Tpch) -> None:
+    cfg = tiny_config(tpch.built.path, bad="[ranks.1]\npool_fraction = 2.0\n")
+    t0 = time.monotonic()
+    r = run_train(tmp_path, cfg, "--num-processes", "2", "--run-name", "fails", timeout=240)
+    assert r.returncode == 2
+    assert "rank 1" in r.stderr and "pool_fraction" in r.stderr, r.stderr[-3000:]
+    assert "the other ranks were stopped" in r.stderr
+    assert time.monotonic() - t0 < 200  # not the collective's own timeout
+    assert _worker_pids(str(tmp_path / "runs" / "fails")) == []
+
+
+def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -> None:
+    db = tpch.built.path
+    r = run_train(tmp_path, tiny_config(db).replace("num_threads = 1", "num_prefetch = 0"))
+    assert r.returncode == 2 and "num_prefetch" in r.stderr, r.stderr[-2000:]
+    r = run_train(tmp_path, tiny_config(db, w="[sampler.task_weights]\nno_such_task = 2.0\n"))
+    assert r.returncode == 2
+    assert "task_weights" in r.stderr and "no_such_task" in r.stderr, r.stderr[-2000:]
+    r = run_train(
+        tmp_path, tiny_config(db, w="[ranks.3]\npool_fraction = 0.5\n"), "--num-processes", "2"
+    )
+    assert r.returncode == 2 and "ranks.3" in r.stderr, r.stderr[-2000:]
+    r = run_train(tmp_path, tiny_config(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "database.path" in r.stderr, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------
+# Config checks (no run)
+# ----------------------------------------------------------------------------
+
+BAD_CONFIGS = [
+    ("[modle]\nd_model = 8\n", "`modle`"),
+    ("[model]\ndmodel = 8\n", "`model.dmodel`"),
+    ("[model]\nd_model = 'big'\n", "`model.d_model` must be an integer"),
+    ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] d_model (30) must be divisible"),
+    ("[optim]\nlearning_rate = -1.0\n", "[optim]"),
+    ("[train]\nsteps = 0\n", "[train] steps must be > 0"),
+    ("[sampler]\nrank = 1\n", "`sampler.rank` (set by the launcher"),
+    ("[sampler]\nprometheus_port = 9000\n", "set it under [logging]"),
+    ("[sampler]\ndefault_batch_size = 4.5\n", "`sampler.default_batch_size` must be an integer"),
+    ("[sampler.task_weights]\na = 'x'\n", "`sampler.task_weights.a` must be a number"),
+    ("[ranks.x]\npool_fraction = 0.5\n", "`ranks.x`"),
+    ("[ranks.1]\nbfs_width = 3\n", "`ranks.1.bfs_width`"),
+    ("[logging]\nwandb_mode = 'sometimes'\n", "wandb_mode must be offline, online or disabled"),
+    ("steps = 5\n", "`steps`"),
+    ("[train\nsteps = 5\n", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_CONFIGS)
+def test_config_errors_name_the_key_and_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_config_defaults_and_overrides(tmp_path: Path) -> None:
+    cfg = load_config(None)
+    assert cfg.sampler_kwargs(0)["default_batch_size"] == 8  # the CPU main job's size
+    assert cfg.optim.total_steps == cfg.train.steps and cfg.auto_categories
+    path = tmp_path / "c.toml"
+    path.write_text("[sampler]\nsplit_ratios = [0.5, 0.25, 0.25]\n[ranks.1]\nseed = 9\n")
+    cfg = load_config(path, **{"train.steps": 40})
+    assert cfg.train.steps == 40 and cfg.optim.total_steps == 40 and cfg.optim.warmup_steps == 4
+    assert cfg.sampler_kwargs(0)["split_ratios"] == (0.5, 0.25, 0.25)
+    assert cfg.sampler_kwargs(1)["seed"] == 9 and "seed" not in cfg.sampler_kwargs(0)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.toml")
