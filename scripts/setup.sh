@@ -31,6 +31,6 @@ if [[ $want_test == 1 ]]; then
   # Test-only: relbench's manifest writer builds RelBench-layout fixtures.
   "${PIP[@]}" --no-deps "relbench==3.0.2"
 else
-  "${PIP[@]}" .
+  "${PIP[@]}" ".[train]"
 fi
 echo "setup: headwater $("$PY" -c 'import headwater._native as n; print(n.__version__)') installed"

@@ -45,8 +45,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
 def _cmd_train(a: argparse.Namespace) -> int:
     from headwater.train import launch
+    from headwater.train_config import parse_overrides
 
-    overrides = {}
+    overrides = parse_overrides(a.set)
     if a.steps is not None:
         overrides["train.steps"] = a.steps
     if a.profile:
@@ -61,6 +62,12 @@ def _cmd_train(a: argparse.Namespace) -> int:
         overrides["logging.dir"] = a.dir
     launch(a.config, num_processes=a.num_processes, run_name=a.run_name, **overrides)
     return 0
+
+
+def _cmd_diag(a: argparse.Namespace) -> int:
+    from headwater.diag import main as diag_main
+
+    return diag_main(a.args[1:] if a.args[:1] == ["--"] else a.args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,10 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
     )
     pt.set_defaults(func=_cmd_train)
+
+    pg = sub.add_parser(
+        "diag",
+        help="run diagnostic configs and check which sampler-health signals light up",
+        add_help=False,
+    )
+    pg.add_argument("args", nargs=argparse.REMAINDER)
+    pg.set_defaults(func=_cmd_diag)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["diag"]:  # its own parser (headwater.diag.main)
+        argv = ["diag", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     from headwater.errors import HeadwaterError
 

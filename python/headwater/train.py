@@ -113,6 +113,50 @@ class _Progress:
             print(("\n" if self.tty else "") + text, flush=True)
 
 
+def _scalars(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` without histogram bucket counts (the JSONL files' rows)."""
+    return {k: v for k, v in metrics.items() if "/bucket_" not in k}
+
+
+class _JsonlSink:
+    """A telemetry sink writing ``{"step": t, **reduced scalars}`` per line."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.write({"step": step, **_scalars(metrics)})
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self.file.write(json.dumps(row, allow_nan=True) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _DrainRecorder:
+    """Forwards a sampler, writing every packed drain of the hook as a JSONL row."""
+
+    def __init__(self, sampler: Any, path: Path) -> None:
+        self.sampler = sampler
+        self.keys = tuple(sampler.telemetry_keys())
+        self.file = path.open("w", encoding="utf-8")
+        self.step = 0
+
+    def drain_step_metrics_packed(self, split: str = "train") -> Any:
+        v = self.sampler.drain_step_metrics_packed(split)
+        row = _scalars(dict(zip(self.keys, v.tolist()))) if len(v) else {}
+        self.file.write(json.dumps({"step": self.step, **row}) + "\n")
+        self.step += 1
+        return v
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def _digest(tree: Any) -> str:
     import jax
 
@@ -319,7 +363,17 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         )
         lr = make_schedule(cfg.optim)
         pad = _Padder(mesh, model_cfg.max_categories)
-        hook = T.StepHook(sampler, sinks=sinks, buffered=tc.buffered_telemetry)
+        jsonl = _JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
+        drains = (
+            _DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
+            if lg.record_drains
+            else None
+        )
+        hook = T.StepHook(
+            drains or sampler,
+            sinks=[*sinks, *([jsonl] if jsonl else [])],
+            buffered=tc.buffered_telemetry,
+        )
 
         if lead:
             print(
@@ -350,6 +404,8 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
             val_losses.append((step, v))
             if run is not None:
                 run.log({"val/loss": v, "trainer/step": step})
+            if jsonl is not None:
+                jsonl.write({"step": step, "val/loss": v})
             progress.message(f"validation at step {step + 1}: loss {v:.4f}")
             return v
 
@@ -379,27 +435,32 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
                 raise FloatingPointError(f"loss is {loss} at step {step}")
             step_s = t4 - t0
             wait_share = (t1 - t0) / step_s if step_s > 0 else 0.0
+            row = {
+                **{f"trainer/{k}": v for k, v in host_metrics.items()},
+                "trainer/lr": float(lr(step)),
+                "trainer/step_seconds": step_s,
+                "trainer/batches_per_second": world / step_s if step_s > 0 else 0.0,
+                "trainer/data_wait_share": wait_share,
+                "trainer/step": step,
+            }
             if run is not None:
-                run.log(
-                    {
-                        **{f"trainer/{k}": v for k, v in host_metrics.items()},
-                        "trainer/lr": float(lr(step)),
-                        "trainer/step_seconds": step_s,
-                        "trainer/batches_per_second": world / step_s if step_s > 0 else 0.0,
-                        "trainer/data_wait_share": wait_share,
-                        "trainer/step": step,
-                    }
-                )
+                run.log(row)
+            if jsonl is not None:
+                jsonl.write({"step": step, **row})
             progress.update(step, loss, world / step_s if step_s > 0 else 0.0, wait_share)
             if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
                 validate(step)
             t5 = time.perf_counter()
             for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 times[name].append(dt)
-        hook.close()
         final_val = validate(tc.steps - 1) if tc.val_batches else math.nan
+        hook.close()
+        if drains is not None:
+            drains.close()
         wall = time.perf_counter() - t_start
         digest = _digest(params)
+        if lg.prometheus_port and lg.prometheus_linger_s > 0:
+            time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
 
     summary = _summary(
         cfg,
@@ -417,6 +478,7 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         str(Path(run.dir).parent) if run is not None else None,
         final_val,
     )
+    summary["telemetry_reductions"] = {e["key"]: e["reduction"] for e in hook.schema.entries}
     if run is not None:
         run.summary.update({"trainer/param_digest": digest})
         run.finish()

@@ -126,11 +126,25 @@ class LoggingSection:
     prometheus_host: str = "127.0.0.1"
     #: OTLP/HTTP endpoint for the sampler's stage spans ("" = off).
     otlp_endpoint: str = ""
+    #: Keep the exporters up this long after the last step, so that a
+    #: scraper sees the final values of a short run.
+    prometheus_linger_s: float = 0.0
+    #: Rank 0 writes ``metrics.jsonl``: per step, the reduced telemetry
+    #: (without bucket counts) and the trainer's metrics (``headwater diag``
+    #: reads it).
+    jsonl: bool = True
+    #: Every rank writes ``drains-rank<r>.jsonl``: its own drained values per
+    #: step (without bucket counts), to check the reduction against.
+    record_drains: bool = False
 
     def __post_init__(self) -> None:
         if self.wandb_mode not in ("offline", "online", "disabled"):
             raise ValueError(
                 f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}"
+            )
+        if not 0 <= self.prometheus_linger_s <= 3600:
+            raise ValueError(
+                f"prometheus_linger_s must be in 0..=3600, got {self.prometheus_linger_s}"
             )
         if not 0 <= self.prometheus_port <= 65535:
             raise ValueError(f"prometheus_port must be in 0..=65535, got {self.prometheus_port}")
@@ -244,6 +258,22 @@ def _sampler_section(table: Mapping[str, Any], where: str, section: str) -> dict
     if "task_weights" in out:
         for name, w in out["task_weights"].items():
             _check_value(where, f"{section}.task_weights.{name}", w, float)
+    return out
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["train.steps=5", "logging.wandb_mode=offline"]`` as load_config
+    overrides; values are read as TOML (``5``, ``0.5``, ``true``, ``[1, 2]``,
+    ``"x"``) and fall back to a plain string."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
     return out
 
 

@@ -21,10 +21,17 @@ import importlib.resources
 import importlib.util
 import json
 import os
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
+import textwrap
+import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -680,3 +687,98 @@ def read_wandb_run(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     )
     assert read.returncode == 0, read.stderr[-3000:]
     return json.loads(read.stdout)
+
+
+# ----------------------------------------------------------------------------
+# A real Prometheus server (telemetry and diag tests)
+# ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        pytest.fail(
+            f"`{name}` is not installed; the telemetry tests need it (apt-get install prometheus)"
+        )
+    return path
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process this test started, by its PID."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def running_prometheus(
+    tmp_path: Path, targets: list[str], interval: str = "1s"
+) -> Iterator[str]:
+    """A real Prometheus (Debian's package) on a free loopback port scraping
+    ``targets``; yields its base URL and stops it by PID."""
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        textwrap.dedent(
+            f"""\
+            global:
+              scrape_interval: {interval}
+              scrape_timeout: {interval}
+              evaluation_interval: 1s
+            scrape_configs:
+              - job_name: headwater
+                scrape_interval: {interval}
+                static_configs:
+                  - targets: {json.dumps(targets)}
+            """
+        ),
+        encoding="utf-8",
+    )
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            binary("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Prometheus never became ready"
+            time.sleep(0.1)
+        yield base
+    finally:
+        stop(proc)
+        log.close()
+
+
+def prom_query(base: str, q: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])

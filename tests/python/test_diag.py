@@ -1,0 +1,325 @@
+"""``headwater diag``: the pathology × signal matrix, run for real.
+
+Each config in ``diag_configs/`` is run with ``headwater diag`` (a real
+``headwater train`` on the session's TPC-H database, 1 or 2 processes) and
+must light exactly the signals it declares; the healthy config lights
+nothing. The default run covers ``healthy`` (two ranks), ``tiny_pools`` and
+``cross_rank_skew`` (two ranks, culprit rank); ``pytest -m matrix`` runs the
+rest.
+
+The healthy run is also scraped by a real Prometheus (Debian's package,
+started here on loopback) every 0.5 s: every dashboard query returns data
+for the run, and the per-step values logged to the offline W&B run, each
+rank's drained values and Prometheus's counters agree.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Tpch, child_env, free_port, read_wandb_run, running_prometheus
+
+pytest.importorskip("jax")
+pytest.importorskip("wandb")
+pytest.importorskip("matplotlib")
+
+from headwater import diag as D
+from headwater.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "diag_configs"
+DEFAULT_MATRIX = ("tiny_pools", "cross_rank_skew")
+ALL = sorted(p.stem for p in CONFIGS.glob("*.toml"))
+
+
+def run_diag_cli(
+    tmp: Path, config: Path, db: Path, *args: str, timeout: float = 600
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headwater.cli",
+            "diag",
+            str(config),
+            "--db",
+            str(db),
+            "--dir",
+            str(tmp / "runs"),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(tmp),
+        check=False,
+    )
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('{"config"')]
+    assert lines, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, json.loads(lines[-1])
+
+
+def lit(result: dict[str, Any]) -> set[str]:
+    return {v["signal"] for v in result["verdicts"] if v["lit"]}
+
+
+# ----------------------------------------------------------------------------
+# The healthy run, scraped by Prometheus
+# ----------------------------------------------------------------------------
+
+
+def two_free_ports() -> int:
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two consecutive free ports")
+
+
+@dataclass
+class Healthy:
+    tmp: Path
+    proc: subprocess.CompletedProcess[str]
+    result: dict[str, Any]
+    run_dir: Path
+    prom: str
+    start: float
+    end: float
+    plot: Path
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory, tpch: Tpch) -> Iterator[Healthy]:
+    tmp = tmp_path_factory.mktemp("healthy")
+    port = two_free_ports()
+    targets = [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
+    plot = tmp / "healthy.png"
+    with running_prometheus(tmp, targets, interval="500ms") as prom:
+        start = time.time()
+        proc, result = run_diag_cli(
+            tmp,
+            CONFIGS / "healthy.toml",
+            tpch.built.path,
+            "--plot",
+            str(plot),
+            "--set",
+            f"logging.prometheus_port={port}",
+            "--set",
+            "logging.prometheus_linger_s=3.0",
+            "--set",
+            'logging.wandb_mode="offline"',
+            "--set",
+            "logging.record_drains=true",
+        )
+        end = time.time()
+        yield Healthy(tmp, proc, result, Path(result["run_dir"]), prom, start, end, plot)
+
+
+def test_healthy_lights_nothing(healthy: Healthy) -> None:
+    assert healthy.proc.returncode == 0, healthy.proc.stdout[-3000:]
+    assert healthy.result["ok"] and lit(healthy.result) == set()
+    assert {v["signal"] for v in healthy.result["verdicts"]} == set(D.SIGNALS)
+    # The panels: a real PNG with one small multiple per signal.
+    import matplotlib.image
+
+    img = matplotlib.image.imread(healthy.plot)
+    assert img.shape[0] > 400 and img.shape[1] > 800
+
+
+def prom_range(h: Healthy, expr: str) -> list[dict[str, Any]]:
+    q = urllib.parse.urlencode({"query": expr, "start": h.start, "end": h.end + 2, "step": "1s"})
+    with urllib.request.urlopen(f"{h.prom}/api/v1/query_range?{q}", timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", (expr, body)
+    return list(body["data"]["result"])
+
+
+def prom_instant(h: Healthy, expr: str) -> list[dict[str, Any]]:
+    q = urllib.parse.urlencode({"query": expr, "time": h.end + 2})
+    with urllib.request.urlopen(f"{h.prom}/api/v1/query?{q}", timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", (expr, body)
+    return list(body["data"]["result"])
+
+
+def test_every_dashboard_query_returns_data(healthy: Healthy) -> None:
+    dash = pytest.importorskip("headwater.dashboards")
+    board = json.loads((ROOT / "dashboards" / "headwater.json").read_text())
+    queries = dash.queries(board)
+    assert len(queries) >= 20
+    empty = []
+    for q in queries:
+        expr = dash.render_expr(q["expr"], rank_regex=".*", split="train", rate_interval="5s")
+        res = prom_range(healthy, expr)
+        if not any(s["values"] for s in res):
+            empty.append((q["panel"], expr))
+    assert not empty, empty
+    # Both ranks were scraped.
+    ranks = prom_instant(
+        healthy,
+        'count by (rank) (max_over_time(headwater_batches_delivered_total{split="train"}[10m]))',
+    )
+    assert sorted(s["metric"]["rank"] for s in ranks) == ["0", "1"]
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_wandb_drains_and_prometheus_agree(healthy: Healthy) -> None:
+    run = healthy.run_dir
+    drains = [_jsonl(run / f"drains-rank{r}.jsonl") for r in range(2)]
+    (s0,) = [json.loads((run / "rank-0.json").read_text())]
+    wb = read_wandb_run(Path(s0["wandb_dir"]), child_env(healthy.tmp))
+    rows = {int(r["trainer/step"]): r for r in wb["history"] if "sampler/batches" in r}
+    steps = s0["steps"]
+    assert sorted(rows) == list(range(steps))
+    assert all(len(d) == steps for d in drains)
+
+    # Step by step: W&B's row is the reduction of the two ranks' drains.
+    schema = s0["telemetry_reductions"]
+    for t in range(steps):
+        a, b = drains[0][t], drains[1][t]
+        assert a["step"] == b["step"] == t
+        for key, red in schema.items():
+            if red == "HISTOGRAM":
+                continue
+            want = {"SUM": a[key] + b[key], "MIN": min(a[key], b[key]), "MAX": max(a[key], b[key])}[
+                red
+            ]
+            assert rows[t][key] == pytest.approx(want, rel=1e-9, abs=1e-9), (t, key)
+
+    # Run totals: W&B sums == drained sums == Prometheus's final counters.
+    def prom_total(metric: str, extra: str = "") -> float:
+        res = prom_instant(healthy, f'sum(max_over_time({metric}{{split="train"{extra}}}[10m]))')
+        return float(res[0]["value"][1]) if res else 0.0
+
+    pairs = {
+        "sampler/batches": "headwater_batches_delivered_total",
+        "sampler/pool/exhaust_events": "headwater_pool_exhaust_events_total",
+        "sampler/truncation/cells_dropped": "headwater_truncation_cells_dropped_total",
+        "sampler/bfs/children_capped": "headwater_bfs_children_capped_total",
+        "sampler/bfs/temporal_filtered": "headwater_bfs_temporal_filtered_total",
+        "sampler/invariants/temporal_leaks": "headwater_invariant_temporal_leaks_total",
+        "sampler/queue/wait_seconds": "headwater_queue_wait_seconds_sum",
+    }
+    tasks = [k.removeprefix("sampler/tasks/") for k in schema if k.startswith("sampler/tasks/")]
+    for t in tasks:
+        pairs[f"sampler/tasks/{t}"] = f"headwater_task_seeds_drawn_total|{t}"
+    for key, metric in pairs.items():
+        wb_total = sum(rows[t][key] for t in range(steps))
+        drained = sum(d[key] for rank in drains for d in rank)
+        name, _, task = metric.partition("|")
+        prom = prom_total(name, f',task="{task}"' if task else "")
+        assert wb_total == pytest.approx(drained, rel=1e-9), key
+        assert prom == pytest.approx(drained, rel=1e-6, abs=1e-6), (key, prom, drained)
+    assert sum(rows[t]["sampler/batches"] for t in range(steps)) == 2 * steps
+
+
+# ----------------------------------------------------------------------------
+# Pathologies
+# ----------------------------------------------------------------------------
+
+
+def _check_pathology(tmp: Path, db: Path, name: str) -> dict[str, Any]:
+    config = CONFIGS / f"{name}.toml"
+    spec, _ = D.load_spec(config)
+    assert spec.expect, f"{name} declares nothing to light"
+    proc, result = run_diag_cli(tmp, config, db)
+    table = "\n".join(
+        f"{v['signal']}: {v['value']} lit={v['lit']} ok={v['ok']} {v['why']}"
+        for v in result["verdicts"]
+    )
+    assert proc.returncode == 0, table
+    assert lit(result) == set(spec.expect), table
+    return result
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n in DEFAULT_MATRIX else pytest.param(n, marks=pytest.mark.matrix)
+        for n in ALL
+        if n != "healthy"
+    ],
+)
+def test_pathology_lights_exactly_what_it_declares(tmp_path: Path, tpch: Tpch, name: str) -> None:
+    result = _check_pathology(tmp_path, tpch.built.path, name)
+    if name == "cross_rank_skew":
+        culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
+        assert set(culprits.values()) == {1}, culprits
+        # The same rows judged as if healthy: every lit signal is a failure.
+        spec, cfg = D.load_spec(CONFIGS / "healthy.toml")
+        rows, _ = D.read_rows(Path(result["run_dir"]))
+        ctx = D.context(cfg, spec, tpch.built.path)
+        verdicts = D.evaluate(spec, rows, ctx)
+        assert {v.signal for v in verdicts if not v.ok} == set(culprits)
+
+
+def test_every_pathology_in_the_matrix_is_covered() -> None:
+    assert "healthy" in ALL and len(ALL) >= 8
+    declared = set()
+    for name in ALL:
+        spec, _ = D.load_spec(CONFIGS / f"{name}.toml")
+        declared |= set(spec.expect)
+        assert spec.description
+    # Every signal but the duplicate-seed invariant is lit by some config.
+    assert set(D.SIGNALS) - declared == {"invariants/duplicate_seeds"}
+
+
+def test_mismatch_exits_non_zero(tmp_path: Path, tpch: Tpch) -> None:
+    """A config declaring a signal its run cannot light fails the verdict."""
+    text = (CONFIGS / "tiny_pools.toml").read_text()
+    text = (
+        text.replace("steps = 120", "steps = 24")
+        .replace('signal = "pool/exhaust_events"', 'signal = "invariants/temporal_leaks"')
+        .replace("band = [0.8, 1.0]", "band = [1, inf]")
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    proc, result = run_diag_cli(tmp_path, bad, tpch.built.path)
+    assert proc.returncode == 1 and not result["ok"]
+    v = {x["signal"]: x for x in result["verdicts"]}
+    assert not v["invariants/temporal_leaks"]["ok"]
+    assert not v["pool/exhaust_events"]["ok"]  # lit but now undeclared: a false positive
+    assert "false positive" in v["pool/exhaust_events"]["why"]
+
+
+@pytest.mark.parametrize(
+    ("diag", "message"),
+    [
+        ('[[diag.expect]]\nsignal = "nope"\nband = [0, 1]\n', "unknown signal 'nope'"),
+        ('[[diag.expect]]\nsignal = "mix/tv_distance"\nband = [1, 0]\n', "band must be"),
+        (
+            '[[diag.expect]]\nsignal = "mix/tv_distance"\nband = [0, 1]\nculprit_rank = 0\n',
+            "has no culprit rank",
+        ),
+        (
+            '[[diag.expect]]\nsignal = "pool/remaining_min"\nband = [0, 1]\nculprit_rank = 3\n',
+            "culprit_rank 3 is outside",
+        ),
+        ('[[diag.expect]]\nsignal = "mix/tv_distance"\nbnd = [0, 1]\n', "unknown key `bnd`"),
+    ],
+)
+def test_bad_diag_sections_are_errors(tmp_path: Path, diag: str, message: str) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text("[diag]\nprocesses = 2\n" + diag)
+    with pytest.raises(ConfigError) as e:
+        D.load_spec(path)
+    assert message in str(e.value) and str(path) in str(e.value)
