@@ -722,7 +722,7 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 @contextmanager
 def running_prometheus(
-    tmp_path: Path, targets: list[str], interval: str = "1s"
+    tmp_path: Path, targets: list[str], interval: str = "1s", rules: Path | None = None
 ) -> Iterator[str]:
     """A real Prometheus (Debian's package) on a free loopback port scraping
     ``targets``; yields its base URL and stops it by PID."""
@@ -734,7 +734,8 @@ def running_prometheus(
             global:
               scrape_interval: {interval}
               scrape_timeout: {interval}
-              evaluation_interval: 1s
+              evaluation_interval: {interval}
+            rule_files: {json.dumps([str(rules)] if rules else [])}
             scrape_configs:
               - job_name: headwater
                 scrape_interval: {interval}

@@ -16,6 +16,7 @@ rank's drained values and Prometheus's counters agree.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def healthy(tmp_path_factory: pytest.TempPathFactory, tpch: Tpch) -> Iterator[He
     port = two_free_ports()
     targets = [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
     plot = tmp / "healthy.png"
-    with running_prometheus(tmp, targets, interval="500ms") as prom:
+    rules = ROOT / "dashboards" / "rules.yml"
+    with running_prometheus(tmp, targets, interval="500ms", rules=rules) as prom:
         start = time.time()
         proc, result = run_diag_cli(
             tmp,
@@ -170,6 +172,21 @@ def test_every_dashboard_query_returns_data(healthy: Healthy) -> None:
         if not any(s["values"] for s in res):
             empty.append((q["panel"], expr))
     assert not empty, empty
+    # The recording rules: valid for promtool, and each one recorded data.
+    rules = ROOT / "dashboards" / "rules.yml"
+    from conftest import binary
+
+    check = subprocess.run(
+        [binary("promtool"), "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    records = re.findall(r"^\s*- record: (\S+)", rules.read_text(), flags=re.MULTILINE)
+    assert len(records) >= 5
+    for name in records:
+        assert any(s["values"] for s in prom_range(healthy, name)), name
     # Both ranks were scraped.
     ranks = prom_instant(
         healthy,
