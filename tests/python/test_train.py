@@ -178,18 +178,25 @@ def test_a_failing_rank_stops_the_others(tmp_path: Path, tpch: Tpch) -> None:
 
 
 def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -> None:
-    db = tpch.built.path
-    r = run_train(tmp_path, tiny_config(db).replace("num_threads = 1", "num_prefetch = 0"))
-    assert r.returncode == 2 and "num_prefetch" in r.stderr, r.stderr[-2000:]
-    r = run_train(tmp_path, tiny_config(db, w="[sampler.task_weights]\nno_such_task = 2.0\n"))
-    assert r.returncode == 2
-    assert "task_weights" in r.stderr and "no_such_task" in r.stderr, r.stderr[-2000:]
-    r = run_train(
-        tmp_path, tiny_config(db, w="[ranks.3]\npool_fraction = 0.5\n"), "--num-processes", "2"
-    )
-    assert r.returncode == 2 and "ranks.3" in r.stderr, r.stderr[-2000:]
-    r = run_train(tmp_path, tiny_config(tmp_path / "nowhere"))
-    assert r.returncode == 2 and "database.path" in r.stderr, r.stderr[-2000:]
+    """Rejected before any training (in this process: no run is started)."""
+    import tomllib
+
+    from headwater.train import launch
+
+    def fails(extra: str, message: str, processes: int = 1, db: Path = tpch.built.path) -> None:
+        cfg = tomllib.loads(tiny_config(db, x=extra))
+        cfg["logging"].update(wandb_mode="disabled", dir=str(tmp_path / "runs"))
+        with pytest.raises(ConfigError) as e:
+            launch(cfg, num_processes=processes)
+        assert message in str(e.value)
+
+    fails("[ranks.0]\nnum_prefetch = 0\n", "num_prefetch")
+    fails("[sampler.task_weights]\nno_such_task = 2.0\n", "no_such_task")
+    fails("[ranks.3]\npool_fraction = 0.5\n", "ranks.3", processes=2)
+    fails("[ranks.0]\npool_fraction = 0.0\n", "pool_fraction")
+    fails("", "database.path", db=tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="num-processes"):
+        launch(None, num_processes=0)
 
 
 # ----------------------------------------------------------------------------
