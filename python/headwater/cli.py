@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
     )
+    pt.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="override any config key (value read as TOML), e.g. --set model.d_model=128",
+    )
     pt.set_defaults(func=_cmd_train)
 
     pg = sub.add_parser(

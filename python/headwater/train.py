@@ -336,131 +336,138 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         run.define_metric("val/*", step_metric="trainer/step")
         sinks.append(WandbSink(run))
 
-    with sampler:
-        meta = sampler.database_metadata()
-        model_cfg = cfg.model
-        if cfg.auto_categories:
-            model_cfg = dataclasses.replace(model_cfg, max_categories=M.max_categories(meta))
-        col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        embed_dim = int(col_np.shape[1])
+    try:
+        with sampler:
+            meta = sampler.database_metadata()
+            model_cfg = cfg.model
+            if cfg.auto_categories:
+                model_cfg = dataclasses.replace(model_cfg, max_categories=M.max_categories(meta))
+            col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
+            embed_dim = int(col_np.shape[1])
 
-        mesh = _Mesh()
-        col, cat = mesh.replicate(M.tables_to_device(col_np, cat_np))
-        # Every rank initialises the same parameters from the same seed.
-        local_params = M.init_params(tc.seed, model_cfg, embed_dim)
-        params = mesh.replicate(local_params)
-        opt_state = mesh.replicate(M.init_opt_state(local_params, cfg.optim))
-        del local_params
-        train_fn = mesh.step_fn(
-            M.make_train_step(model_cfg, cfg.optim, axis_name="data"),
-            in_specs=(P(), P(), P("data"), P(), P()),
-            out_specs=(P(), P(), P()),
-        )
-        eval_fn = mesh.step_fn(
-            M.make_eval_step(model_cfg, axis_name="data"),
-            in_specs=(P(), P("data"), P(), P()),
-            out_specs=P(),
-        )
-        lr = make_schedule(cfg.optim)
-        pad = _Padder(mesh, model_cfg.max_categories)
-        jsonl = _JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
-        drains = (
-            _DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
-            if lg.record_drains
-            else None
-        )
-        hook = T.StepHook(
-            drains or sampler,
-            sinks=[*sinks, *([jsonl] if jsonl else [])],
-            buffered=tc.buffered_telemetry,
-        )
-
-        if lead:
-            print(
-                f"headwater train: {db.name} · {world} process(es) · B={sampler_kw.get('default_batch_size')} "
-                f"S={sampler_kw.get('default_sequence_length')} per rank · model d={model_cfg.d_model} "
-                f"layers={model_cfg.num_layers} heads={model_cfg.num_heads} · {tc.steps} steps",
-                flush=True,
+            mesh = _Mesh()
+            col, cat = mesh.replicate(M.tables_to_device(col_np, cat_np))
+            # Every rank initialises the same parameters from the same seed.
+            local_params = M.init_params(tc.seed, model_cfg, embed_dim)
+            params = mesh.replicate(local_params)
+            opt_state = mesh.replicate(M.init_opt_state(local_params, cfg.optim))
+            del local_params
+            train_fn = mesh.step_fn(
+                M.make_train_step(model_cfg, cfg.optim, axis_name="data"),
+                in_specs=(P(), P(), P("data"), P(), P()),
+                out_specs=(P(), P(), P()),
             )
-            if endpoints:
-                print(f"metrics: {', '.join(endpoints)}", flush=True)
-            if run is not None:
-                print(f"W&B run ({lg.wandb_mode}): {Path(run.dir).parent}", flush=True)
+            eval_fn = mesh.step_fn(
+                M.make_eval_step(model_cfg, axis_name="data"),
+                in_specs=(P(), P("data"), P(), P()),
+                out_specs=P(),
+            )
+            lr = make_schedule(cfg.optim)
+            pad = _Padder(mesh, model_cfg.max_categories)
+            jsonl = _JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
+            drains = (
+                _DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
+                if lg.record_drains
+                else None
+            )
+            hook = T.StepHook(
+                drains or sampler,
+                sinks=[*sinks, *([jsonl] if jsonl else [])],
+                buffered=tc.buffered_telemetry,
+            )
 
-        times = {p: [] for p in PHASES}  # type: dict[str, list[float]]
-        losses: list[float] = []
-        val_losses: list[tuple[int, float]] = []
-        telemetry_rows = 0
-        invariants = dict.fromkeys(INVARIANTS, 0.0)
-        culprits: dict[str, set[int]] = {k: set() for k in INVARIANTS}
+            if lead:
+                print(
+                    f"headwater train: {db.name} · {world} process(es) · B={sampler_kw.get('default_batch_size')} "
+                    f"S={sampler_kw.get('default_sequence_length')} per rank · model d={model_cfg.d_model} "
+                    f"layers={model_cfg.num_layers} heads={model_cfg.num_heads} · {tc.steps} steps",
+                    flush=True,
+                )
+                if endpoints:
+                    print(f"metrics: {', '.join(endpoints)}", flush=True)
+                if run is not None:
+                    print(f"W&B run ({lg.wandb_mode}): {Path(run.dir).parent}", flush=True)
 
-        def validate(step: int) -> float:
-            vals = []
-            for _ in range(tc.val_batches):
-                vb = pad(sampler.next_val_batch())
-                m = eval_fn(params, vb, col, cat)
-                vals.append(float(_host(m["loss"])))
-            v = float(np.mean(vals)) if vals else math.nan
-            val_losses.append((step, v))
-            if run is not None:
-                run.log({"val/loss": v, "trainer/step": step})
-            if jsonl is not None:
-                jsonl.write({"step": step, "val/loss": v})
-            progress.message(f"validation at step {step + 1}: loss {v:.4f}")
-            return v
+            times = {p: [] for p in PHASES}  # type: dict[str, list[float]]
+            losses: list[float] = []
+            val_losses: list[tuple[int, float]] = []
+            telemetry_rows = 0
+            invariants = dict.fromkeys(INVARIANTS, 0.0)
+            culprits: dict[str, set[int]] = {k: set() for k in INVARIANTS}
 
-        t_start = time.perf_counter()
-        for step in range(tc.steps):
-            t0 = time.perf_counter()
-            np_batch = sampler.next_train_batch()
-            t1 = time.perf_counter()
-            batch = pad(np_batch)
-            if tc.profile:
-                jax.block_until_ready(batch)
-            t2 = time.perf_counter()
-            params, opt_state, metrics = train_fn(params, opt_state, batch, col, cat)
-            host_metrics = {k: float(_host(v)) for k, v in metrics.items()}
-            t3 = time.perf_counter()
-            reduced = hook.step(step)
-            t4 = time.perf_counter()
-            if reduced:
-                telemetry_rows += 1 if run is not None else 0
-                for k in INVARIANTS:
-                    if reduced.get(k, 0.0) > 0:
-                        invariants[k] += reduced[k]
-                        culprits[k].add(int(reduced.get(f"{k}_argmax_rank", 0)))
-            loss = host_metrics["loss"]
-            losses.append(loss)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss} at step {step}")
-            step_s = t4 - t0
-            wait_share = (t1 - t0) / step_s if step_s > 0 else 0.0
-            row = {
-                **{f"trainer/{k}": v for k, v in host_metrics.items()},
-                "trainer/lr": float(lr(step)),
-                "trainer/step_seconds": step_s,
-                "trainer/batches_per_second": world / step_s if step_s > 0 else 0.0,
-                "trainer/data_wait_share": wait_share,
-                "trainer/step": step,
-            }
-            if run is not None:
-                run.log(row)
-            if jsonl is not None:
-                jsonl.write({"step": step, **row})
-            progress.update(step, loss, world / step_s if step_s > 0 else 0.0, wait_share)
-            if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
-                validate(step)
-            t5 = time.perf_counter()
-            for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-                times[name].append(dt)
-        final_val = validate(tc.steps - 1) if tc.val_batches else math.nan
-        hook.close()
-        if drains is not None:
-            drains.close()
-        wall = time.perf_counter() - t_start
-        digest = _digest(params)
-        if lg.prometheus_port and lg.prometheus_linger_s > 0:
-            time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
+            def validate(step: int) -> float:
+                vals = []
+                for _ in range(tc.val_batches):
+                    vb = pad(sampler.next_val_batch())
+                    m = eval_fn(params, vb, col, cat)
+                    vals.append(float(_host(m["loss"])))
+                v = float(np.mean(vals)) if vals else math.nan
+                val_losses.append((step, v))
+                if run is not None:
+                    run.log({"val/loss": v, "trainer/step": step})
+                if jsonl is not None:
+                    jsonl.write({"step": step, "val/loss": v})
+                progress.message(f"validation at step {step + 1}: loss {v:.4f}")
+                return v
+
+            t_start = time.perf_counter()
+            for step in range(tc.steps):
+                t0 = time.perf_counter()
+                np_batch = sampler.next_train_batch()
+                t1 = time.perf_counter()
+                batch = pad(np_batch)
+                if tc.profile:
+                    jax.block_until_ready(batch)
+                t2 = time.perf_counter()
+                params, opt_state, metrics = train_fn(params, opt_state, batch, col, cat)
+                host_metrics = {k: float(_host(v)) for k, v in metrics.items()}
+                t3 = time.perf_counter()
+                reduced = hook.step(step)
+                t4 = time.perf_counter()
+                if reduced:
+                    telemetry_rows += 1 if run is not None else 0
+                    for k in INVARIANTS:
+                        if reduced.get(k, 0.0) > 0:
+                            invariants[k] += reduced[k]
+                            culprits[k].add(int(reduced.get(f"{k}_argmax_rank", 0)))
+                loss = host_metrics["loss"]
+                losses.append(loss)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss} at step {step}")
+                step_s = t4 - t0
+                wait_share = (t1 - t0) / step_s if step_s > 0 else 0.0
+                row = {
+                    **{f"trainer/{k}": v for k, v in host_metrics.items()},
+                    "trainer/lr": float(lr(step)),
+                    "trainer/step_seconds": step_s,
+                    "trainer/batches_per_second": world / step_s if step_s > 0 else 0.0,
+                    "trainer/data_wait_share": wait_share,
+                    "trainer/step": step,
+                }
+                if run is not None:
+                    run.log(row)
+                if jsonl is not None:
+                    jsonl.write({"step": step, **row})
+                progress.update(step, loss, world / step_s if step_s > 0 else 0.0, wait_share)
+                if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
+                    validate(step)
+                t5 = time.perf_counter()
+                for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                    times[name].append(dt)
+            final_val = validate(tc.steps - 1) if tc.val_batches else math.nan
+            hook.close()
+            if drains is not None:
+                drains.close()
+            wall = time.perf_counter() - t_start
+            digest = _digest(params)
+            if lg.prometheus_port and lg.prometheus_linger_s > 0:
+                time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
+    except BaseException:
+        # Keep what was logged: close the W&B run as failed (the files are
+        # flushed when their objects go), then let the error through.
+        if run is not None:
+            run.finish(exit_code=1)
+        raise
 
     summary = _summary(
         cfg,

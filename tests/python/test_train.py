@@ -102,13 +102,22 @@ def summaries(tmp_path: Path, name: str, world: int) -> list[dict[str, Any]]:
 
 def test_two_processes_train_identically_and_log_once(tmp_path: Path, tpch: Tpch) -> None:
     r = run_train(
-        tmp_path, tiny_config(tpch.built.path), "--num-processes", "2", "--run-name", "two"
+        tmp_path,
+        tiny_config(tpch.built.path),
+        "--num-processes",
+        "2",
+        "--run-name",
+        "two",
+        "--set",
+        "train.log_every=2",
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     s0, s1 = summaries(tmp_path, "two", 2)
     assert (s0["world"], s1["world"], s0["steps"], s1["steps"]) == (2, 2, STEPS, STEPS)
     # Same averaged gradients on both ranks: the same parameters, bit for bit,
     # and the same (pmean-ed) losses.
+    assert s0["config"]["train"]["log_every"] == 2  # --set reached both ranks
+    assert s1["config"]["train"]["log_every"] == 2
     assert s0["param_digest"] == s1["param_digest"]
     assert s0["losses"] == s1["losses"]
     assert s0["telemetry_rows_logged"] == STEPS and s1["telemetry_rows_logged"] == 0
