@@ -69,18 +69,12 @@ def _series(rows: Rows, key: str) -> np.ndarray:
     return np.array([r[key] for r in rows if key in r and r[key] is not None], dtype=float)
 
 
-def _share_nonzero(key: str) -> Callable[[Rows, Mapping[str, Any]], float]:
+def _share(key: str, positive: bool) -> Callable[[Rows, Mapping[str, Any]], float]:
+    """The share of steps where ``key`` is > 0 (``positive``) or <= 0."""
+
     def f(rows: Rows, ctx: Mapping[str, Any]) -> float:
         x = _series(rows, key)
-        return float(np.mean(x > 0)) if x.size else math.nan
-
-    return f
-
-
-def _share_zero(key: str) -> Callable[[Rows, Mapping[str, Any]], float]:
-    def f(rows: Rows, ctx: Mapping[str, Any]) -> float:
-        x = _series(rows, key)
-        return float(np.mean(x <= 0)) if x.size else math.nan
+        return float(np.mean((x > 0) == positive)) if x.size else math.nan
 
     return f
 
@@ -148,7 +142,7 @@ SIGNALS: dict[str, Signal] = {
         Signal(
             "pool/exhaust_events",
             f"{P}pool/exhaust_events",
-            _share_nonzero(f"{P}pool/exhaust_events"),
+            _share(f"{P}pool/exhaust_events", positive=True),
             (0.0, 0.2),
             "share of steps with a pool exhausted",
             f"{P}pool/exhaust_events_argmax_rank",
@@ -209,7 +203,7 @@ SIGNALS: dict[str, Signal] = {
         Signal(
             "queue/depth_min",
             f"{P}queue/depth_min",
-            _share_zero(f"{P}queue/depth_min"),
+            _share(f"{P}queue/depth_min", positive=False),
             (0.0, 0.2),
             "share of steps that found the queue empty",
             f"{P}queue/depth_min_argmin_rank",
@@ -286,11 +280,12 @@ def _band(where: str, value: Any) -> tuple[float, float]:
     return float(value[0]), float(value[1])
 
 
-def load_spec(path: str | Path) -> tuple[DiagSpec, Any]:
-    """The ``[diag]`` section of ``path`` and its :class:`TrainConfig`."""
+def load_spec(path: str | Path, **overrides: Any) -> tuple[DiagSpec, Any]:
+    """The ``[diag]`` section of ``path`` and its :class:`TrainConfig`
+    (with ``overrides``, dotted keys as in ``load_config``)."""
     from headwater.train_config import load_config
 
-    cfg = load_config(path)
+    cfg = load_config(path, **overrides)
     where = str(path)
     raw = dict(cfg.diag)
     known = {"description", "processes", "skip", "expect"}
@@ -528,18 +523,15 @@ def run_diag(
 ) -> DiagResult:
     """Run the config (``headwater train`` with its ``[diag]`` processes),
     then evaluate every signal."""
-    from headwater.train import launch, resolve_database
+    from headwater.train import launch, resolve_database, run_directory
 
-    spec, cfg = load_spec(path)
     ov = {"logging.dir": str(out_dir), "logging.jsonl": True, **(overrides or {})}
     if db:
         ov["database.path"] = db
+    spec, cfg = load_spec(path, **ov)
     name = Path(path).stem
     summaries = launch(path, num_processes=spec.processes, run_name=name, timeout_s=timeout_s, **ov)
-    from headwater.train_config import load_config
-
-    cfg = load_config(path, **ov)
-    run_dir = Path(ov["logging.dir"]).expanduser().resolve() / name
+    run_dir = run_directory(cfg, name)
     rows, trainer = read_rows(run_dir)
     verdicts = evaluate(spec, rows, context(cfg, spec, resolve_database(cfg)))
     if plot_to:

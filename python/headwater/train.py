@@ -75,6 +75,11 @@ def resolve_database(cfg: TrainConfig) -> Path:
     return Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder))
 
 
+def run_directory(cfg: TrainConfig, name: str) -> Path:
+    """Where the run ``name`` of ``cfg`` writes: ``<logging.dir>/<name>``."""
+    return Path(cfg.logging.dir).expanduser().resolve() / name
+
+
 def default_run_name() -> str:
     return time.strftime("train-%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
@@ -622,7 +627,7 @@ def launch(
         )
     db = resolve_database(cfg)
     name = run_name or cfg.logging.run_name or default_run_name()
-    run_dir = Path(cfg.logging.dir).expanduser().resolve() / name
+    run_dir = run_directory(cfg, name)
     run_dir.mkdir(parents=True, exist_ok=True)
     if num_processes == 1:
         return [train_rank(cfg, db, run_dir)]
