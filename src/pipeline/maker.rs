@@ -20,8 +20,8 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{shard, SeedPool, Split, TaskPicker};
-use crate::telemetry::{BatchTelemetry, MixWindow, TelemetrySchema};
+use crate::seeds::{shard, DrawStats, MixWindow, SeedPool, Split, TaskPicker};
+use crate::telemetry::TelemetrySchema;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
@@ -451,8 +451,9 @@ impl SamplerCore {
             (t_end - t0).as_nanos() as u64,
         ];
         if self.cfg.telemetry {
-            batch.telemetry = self.batch_telemetry(state, k, rng_state, &batch.seeds);
+            batch.draw = self.draw_stats(state, k);
         }
+        batch.fingerprint = fingerprint(rng_state, k, &batch.seeds);
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
@@ -463,18 +464,13 @@ impl SamplerCore {
 }
 
 impl SamplerCore {
-    /// Pool, mix and fingerprint measurements after drawing task `k`'s seeds.
-    fn batch_telemetry(
-        &self,
-        state: &mut SplitState,
-        k: usize,
-        rng_state: [u64; 4],
-        seeds: &[u32],
-    ) -> BatchTelemetry {
+    /// Pool and mix measurements after drawing task `k`'s seeds.
+    #[allow(clippy::cast_precision_loss)]
+    fn draw_stats(&self, state: &mut SplitState, k: usize) -> DrawStats {
         state.last_picked[k] = Some(state.step);
         state.mix.push(k as u32);
         let b = self.cfg.default_batch_size as f64;
-        let mut t = BatchTelemetry {
+        let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
             remaining_fraction_min: f64::INFINITY,
@@ -482,7 +478,6 @@ impl SamplerCore {
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
             tv_distance: state.mix.tv_distance(&self.weights),
-            fingerprint: 0,
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
@@ -504,15 +499,20 @@ impl SamplerCore {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
             }
         }
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for w in rng_state {
-            h.update(&w.to_le_bytes());
-        }
-        h.update(&(k as u32).to_le_bytes());
-        h.update(bytemuck::cast_slice(seeds));
-        t.fingerprint = h.digest();
         t
     }
+}
+
+/// Hash of the RNG state before the draw, the task and the drawn seeds.
+#[allow(clippy::cast_possible_truncation)]
+fn fingerprint(rng_state: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for w in rng_state {
+        h.update(&w.to_le_bytes());
+    }
+    h.update(&(task as u32).to_le_bytes());
+    h.update(bytemuck::cast_slice(seeds));
+    h.digest()
 }
 
 /// An evenly spaced `fraction` of `seeds` (at least one when any), in order.

@@ -70,11 +70,11 @@ fn describe(b: &Batch) -> Value {
 }
 
 fn golden_fingerprint(b: &Batch) -> u64 {
-    b.telemetry.fingerprint
+    b.fingerprint
 }
 
 fn golden_pool(b: &Batch) -> Value {
-    let t = &b.telemetry;
+    let t = &b.draw;
     json!([
         t.remaining_min,
         t.remaining_max,
