@@ -98,7 +98,8 @@ impl SamplerCore {
 
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
         let m = db.metadata();
-        cfg.validate(m.tasks.len())?;
+        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
+        cfg.validate(Some(&names))?;
         let row_cells: Vec<u16> = m
             .tables
             .iter()
@@ -126,10 +127,7 @@ impl SamplerCore {
                 cat_emb_count: col.cat_emb_count,
             });
         }
-        let weights = cfg
-            .task_weights
-            .clone()
-            .unwrap_or_else(|| vec![1.0; m.tasks.len()]);
+        let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -140,7 +138,6 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
         let schema = TelemetrySchema::new(&names, cfg.max_hops, cfg.default_sequence_length);
         Ok(SamplerCore {
             db,
@@ -191,7 +188,9 @@ impl SamplerCore {
                 eligible.push(false);
             } else {
                 let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
-                pools.push(Some(SeedPool::new(seeds, s)));
+                pools.push(Some(
+                    SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
+                ));
                 eligible.push(true);
             }
         }

@@ -220,6 +220,7 @@ pub struct MetricDef {
     pub measure: Measure,
 }
 
+#[allow(clippy::too_many_arguments)]
 const fn row(
     key: &'static str,
     reduction: Reduction,

@@ -7,8 +7,8 @@
 //! units, counters end in `_total`, histograms are bucketed (so PromQL can
 //! sum them across ranks); labels are only `rank`, `split` and `task`.
 //!
-//! Series per process: 2 splits × (G gauges + C counters + T task counters
-//! + Σ over the H histograms of (buckets + 2)), where buckets counts the
+//! Series per process: 2 splits × (G gauges + C counters + T task counters +
+//! Σ over the H histograms of (buckets + 2)), where buckets counts the
 //! `+Inf` bucket and the 2 are `_sum` and `_count`. Today G = 8, C = 7,
 //! H = 8: `bfs/depth` (max_hops + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
 //! `padding/fraction` (14) and five latency histograms (194 each: 8
