@@ -45,7 +45,7 @@ from conftest import build_db_from_sql, child_env
 
 from headwater import _native
 from headwater import telemetry as T
-from headwater.wandb import WandbSink, summary_for
+from headwater.telemetry import WandbSink, summary_for
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # if this process imports JAX, CPU only
 
