@@ -157,6 +157,7 @@ impl Sampler {
         })
     }
 
+    /// The shared sampling core (database, config, schema).
     pub fn core(&self) -> &Arc<SamplerCore> {
         &self.core
     }
@@ -204,16 +205,17 @@ impl Sampler {
             });
         }
         let p = self.producer(split)?;
-        let got = match timeout {
-            Some(t) => select! {
+        let got = if let Some(t) = timeout {
+            select! {
                 recv(p.rx) -> m => Some(m),
                 recv(self.stop_rx) -> _ => None,
                 default(t) => return Ok(None),
-            },
-            None => select! {
+            }
+        } else {
+            select! {
                 recv(p.rx) -> m => Some(m),
                 recv(self.stop_rx) -> _ => None,
-            },
+            }
         };
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
@@ -299,6 +301,7 @@ impl Sampler {
             .collect())
     }
 
+    /// Whether `shutdown()` was called.
     pub fn is_shut_down(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }

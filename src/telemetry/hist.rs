@@ -157,7 +157,10 @@ pub fn quantile_from_buckets(
                 QuantileRule::UpperEdge => hi,
                 QuantileRule::Midpoint => {
                     let lo = if i == 0 { 0.0 } else { edges[i - 1] };
-                    (lo + hi) / 2.0
+                    // The Python reducer computes exactly this expression.
+                    #[allow(clippy::manual_midpoint)]
+                    let mid = (lo + hi) / 2.0;
+                    mid
                 }
             };
             return v.min(max);
