@@ -29,6 +29,7 @@ use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
+use crate::telemetry::export::otel;
 use crate::telemetry::export::prometheus::{self, PromSplit};
 use crate::telemetry::Recorder;
 
@@ -105,6 +106,10 @@ impl Sampler {
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
         }
+        let otlp = otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref());
+        if let Some(ep) = &otlp {
+            otel::install(ep, core.cfg.rank)?;
+        }
         let telemetry = PRODUCED
             .iter()
             .map(|s| {
@@ -116,14 +121,14 @@ impl Sampler {
                         s.name(),
                     )));
                 }
+                if let (true, Some(_)) = (core.cfg.telemetry, &otlp) {
+                    exporters.extend(
+                        otel::OtlpSplit::new(s.name()).map(|o| Box::new(o) as Box<dyn Recorder>),
+                    );
+                }
                 Mutex::new(SplitTelemetry::new(&core.schema, exporters))
             })
             .collect();
-        if let Some(ep) =
-            crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
-        {
-            crate::telemetry::export::otel::install(&ep, core.cfg.rank)?;
-        }
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut producers = Vec::new();
         for split in PRODUCED {
@@ -323,7 +328,7 @@ impl Sampler {
             }
             while p.rx.try_recv().is_ok() {}
         }
-        crate::telemetry::export::otel::flush();
+        otel::flush();
     }
 }
 
