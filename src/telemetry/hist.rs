@@ -241,7 +241,9 @@ mod tests {
                 .iter()
                 .map(|xs| {
                     let mut h = FixedHistogram::new(latency_edges(), QuantileRule::Midpoint);
-                    xs.iter().for_each(|&x| h.record(x));
+                    for &x in xs {
+                        h.record(x);
+                    }
                     h
                 })
                 .collect();
