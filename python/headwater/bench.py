@@ -74,7 +74,7 @@ def run_bench(
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
     if db is None:
-        from headwater.default_db import default_database
+        from headwater.data.default_db import default_database
 
         db = default_database()
     path = Path(db)

@@ -28,7 +28,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_default_db(a: argparse.Namespace) -> int:
-    from headwater.default_db import default_database
+    from headwater.data.default_db import default_database
 
     print(default_database(scale_factor=a.scale_factor, embedder=a.embedder))
     return 0
@@ -44,8 +44,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from headwater.train import launch
-    from headwater.train_config import parse_overrides
+    from headwater.train import launch, parse_overrides
 
     overrides = parse_overrides(a.set)
     if a.steps is not None:

@@ -8,7 +8,7 @@
   that database as each kind of source under a given directory.
 * ``build``: preprocess a source into a fresh directory (``embedder="hash"``)
   and open the result.
-* ``tpch``: TPC-H SF0.01 generated with ``headwater.tpch.generate_tpch`` and
+* ``tpch``: TPC-H SF0.01 generated with ``headwater.data.tpch.generate_tpch`` and
   preprocessed with ``headwater/data/tpch_schema.toml`` (session-scoped).
 
 None of these fixtures is autouse, so they do not affect other test modules.
@@ -509,7 +509,7 @@ class Tpch:
 @pytest.fixture(scope="session")
 def tpch(tmp_path_factory: pytest.TempPathFactory) -> Tpch:
     import headwater
-    from headwater.tpch import generate_tpch
+    from headwater.data.tpch import generate_tpch
 
     root = tmp_path_factory.mktemp("tpch")
     mp = pytest.MonkeyPatch()

@@ -1,4 +1,4 @@
-"""The JAX relational transformer (``headwater.model``, ``headwater.optim``).
+"""The JAX relational transformer (``headwater.train.model``, ``headwater.train.optim``).
 
 Overfitting a fixed set of real sampler batches, the §4g loss dispatch
 against a NumPy reference, NaN-free gradients on padding-heavy batches with
@@ -32,8 +32,9 @@ pytest.importorskip("optax")
 import jax.numpy as jnp
 
 from headwater import _native
-from headwater import model as M
-from headwater.optim import MUON_WEIGHTS, OptConfig, param_labels
+from headwater.train import device as DV
+from headwater.train import model as M
+from headwater.train.optim import MUON_WEIGHTS, OptConfig, param_labels
 
 B, S = 8, 32
 OVERFIT_STEPS = 200
@@ -63,16 +64,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> It
     )
     try:
         np_batches = [sampler.next_train_batch() for _ in range(6)]
-        col, cat = M.tables_to_device(sampler.column_embeddings(), sampler.categorical_embeddings())
+        col, cat = DV.tables_to_device(sampler.column_embeddings(), sampler.categorical_embeddings())
         meta = sampler.database_metadata()
     finally:
         sampler.shutdown()
     assert sorted(int(b["target_stype"][0]) for b in np_batches) == [0, 0, 1, 2, 3, 3]
     cfg = M.ModelConfig(max_categories=M.max_categories(meta))
     # One static shape for the whole set: one compilation.
-    text_rows = max(M.bucket_size(b["text_batch_embeddings"].shape[0]) for b in np_batches)
-    fk_rows = max(M.bucket_size(b["fk_adj"].shape[1]) for b in np_batches)
-    batches = [M.batch_to_device(b, text_rows=text_rows, fk_rows=fk_rows) for b in np_batches]
+    text_rows = max(DV.bucket_size(b["text_batch_embeddings"].shape[0]) for b in np_batches)
+    fk_rows = max(DV.bucket_size(b["fk_adj"].shape[1]) for b in np_batches)
+    batches = [DV.batch_to_device(b, text_rows=text_rows, fk_rows=fk_rows) for b in np_batches]
     params = M.init_params(jax.random.key(0), cfg, int(col.shape[1]))
     fwd = jax.jit(lambda p, b: M.forward(p, b, col, cat, cfg))
     yield Setup(small.path, cfg, col, cat, np_batches, batches, params, fwd)
@@ -271,7 +272,7 @@ def test_gradients_are_finite_on_padding_heavy_batches(setup: Setup) -> None:
         jax.value_and_grad(lambda p, b: M.loss_fn(p, b, setup.col, setup.cat, setup.cfg)[0])
     )
     for np_batch in (raw[0], raw[1], all_null):
-        batch = M.batch_to_device(np_batch, text_rows=64, fk_rows=64)
+        batch = DV.batch_to_device(np_batch, text_rows=64, fk_rows=64)
         loss, grads = grad(setup.params, batch)
         assert np.isfinite(float(loss))
         for path, g in jax.tree_util.tree_leaves_with_path(grads):
@@ -406,14 +407,14 @@ def test_padding_is_invisible_to_real_cells(setup: Setup) -> None:
 def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     raw = setup.np_batches[0]
     assert "fingerprint" in raw
-    dev = M.batch_to_device(raw)
+    dev = DV.batch_to_device(raw)
     assert list(dev) == list(M.BATCH_KEYS) == list(_native.BATCH_KEYS)
     u, r = raw["text_batch_embeddings"].shape[0], raw["fk_adj"].shape[1]
     assert dev["text_batch_embeddings"].shape == (
-        M.bucket_size(u),
+        DV.bucket_size(u),
         raw["text_batch_embeddings"].shape[1],
     )
-    assert dev["fk_adj"].shape == (B, M.bucket_size(r), M.bucket_size(r))
+    assert dev["fk_adj"].shape == (B, DV.bucket_size(r), DV.bucket_size(r))
     for k in M.BATCH_KEYS:
         assert dev[k].dtype == raw[k].dtype, k
     np.testing.assert_array_equal(
@@ -422,7 +423,7 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     assert not np.asarray(dev["text_batch_embeddings"])[u:].any()
     np.testing.assert_array_equal(np.asarray(dev["fk_adj"])[:, :r, :r], raw["fk_adj"])
     assert not np.asarray(dev["fk_adj"]).sum() - raw["fk_adj"].sum()
-    assert [M.bucket_size(n) for n in (0, 1, 64, 65, 1024, 1025, 1500, 5000)] == [
+    assert [DV.bucket_size(n) for n in (0, 1, 64, 65, 1024, 1025, 1500, 5000)] == [
         64,
         64,
         64,
@@ -433,12 +434,12 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
         5120,
     ]
     assert all(
-        M.bucket_size(n) >= n and M.bucket_size(n) <= 1.125 * n + 64 for n in range(1, 20000, 37)
+        DV.bucket_size(n) >= n and DV.bucket_size(n) <= 1.125 * n + 64 for n in range(1, 20000, 37)
     )
     with pytest.raises(ValueError, match="max_categories"):
-        M.batch_to_device(setup.np_batches[2], max_categories=1)
+        DV.batch_to_device(setup.np_batches[2], max_categories=1)
     with pytest.raises(ValueError, match="fk_rows"):
-        M.batch_to_device(raw, fk_rows=r - 1)
+        DV.batch_to_device(raw, fk_rows=r - 1)
 
 
 def test_config_is_checked() -> None:

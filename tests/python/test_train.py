@@ -29,7 +29,7 @@ pytest.importorskip("optax")
 pytest.importorskip("wandb")
 
 from headwater.errors import ConfigError
-from headwater.train_config import load_config
+from headwater.train.config import load_config
 
 STEPS = 6
 
