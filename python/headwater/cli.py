@@ -1,4 +1,6 @@
-"""The ``headwater`` command line."""
+"""The ``headwater`` command line: one subcommand per job (preprocess,
+inspect, default-db, bench, train, diag); ``diag`` has its own parser
+(:func:`headwater.diag.main`)."""
 
 from __future__ import annotations
 
@@ -70,8 +72,15 @@ def _cmd_diag(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="headwater", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    from headwater import __version__
+
+    p = argparse.ArgumentParser(
+        prog="headwater",
+        description="An observability-first sampler for relational transformers: build a "
+        "database, sample and benchmark it, train on it, and prove its health signals.",
+    )
+    p.add_argument("--version", action="version", version=f"headwater {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pp = sub.add_parser("preprocess", help="build a database from a relational source")
     pp.add_argument(
@@ -88,26 +97,44 @@ def build_parser() -> argparse.ArgumentParser:
     pp.set_defaults(func=_cmd_preprocess)
 
     pi = sub.add_parser("inspect", help="validate a database and summarise it")
-    pi.add_argument("db_dir")
+    pi.add_argument("db_dir", help="a preprocessed database directory")
     pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pi.set_defaults(func=_cmd_inspect)
 
     pd = sub.add_parser(
         "default-db", help="build (once) and print the path of the default TPC-H database"
     )
-    pd.add_argument("--scale-factor", type=float, default=0.01)
-    pd.add_argument("--embedder", default="auto")
+    pd.add_argument(
+        "--scale-factor",
+        type=float,
+        default=0.01,
+        help="TPC-H scale factor (default: %(default)s, about 87 K rows; 1 is about 8.6 M)",
+    )
+    pd.add_argument(
+        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
+    )
     pd.set_defaults(func=_cmd_default_db)
 
     pb = sub.add_parser(
         "bench", help="measure sampler throughput, stages, scaling, handoff, memory"
     )
     pb.add_argument("db", nargs="?", help="database directory (default: the default database)")
-    pb.add_argument("--batch-size", type=int, default=32)
-    pb.add_argument("--seq-len", type=int, default=1024)
+    pb.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)"
+    )
+    pb.add_argument(
+        "--seq-len", type=int, default=1024, help="cells per sequence (default: %(default)s)"
+    )
     pb.add_argument("--threads", help="comma-separated thread counts (default: 1 and all CPUs)")
-    pb.add_argument("--steps", type=int, default=200)
-    pb.add_argument("--warmup", type=int, default=20)
+    pb.add_argument(
+        "--steps", type=int, default=200, help="measured batches per run (default: %(default)s)"
+    )
+    pb.add_argument(
+        "--warmup",
+        type=int,
+        default=20,
+        help="batches drawn before measuring (default: %(default)s)",
+    )
     pb.add_argument(
         "--telemetry",
         choices=["on", "off", "both"],
@@ -133,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--db", help="override database.path")
     pt.add_argument("--run-name", help="override logging.run_name")
     pt.add_argument("--dir", help="override logging.dir (where runs are written)")
-    pt.add_argument("--wandb-mode", choices=["offline", "online", "disabled"])
+    pt.add_argument(
+        "--wandb-mode",
+        choices=["offline", "online", "disabled"],
+        help="override logging.wandb_mode (default: offline)",
+    )
     pt.add_argument(
         "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
     )
@@ -150,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run diagnostic configs and check which sampler-health signals light up",
         add_help=False,
     )
-    pg.add_argument("args", nargs=argparse.REMAINDER)
+    pg.add_argument("args", nargs=argparse.REMAINDER, help="see: headwater diag --help")
     pg.set_defaults(func=_cmd_diag)
     return p
 
