@@ -27,8 +27,11 @@ from headwater.diag.verdict import Verdict, _fmt
 
 
 def _band(ax: Any, lo: float, hi: float) -> None:
-    """Shade the healthy band inside the current y range (bands may be infinite)."""
+    """Shade the healthy band, widening the y range to show its finite edges."""
     y0, y1 = ax.get_ylim()
+    y0, y1 = min(y0, lo), max(y1, hi if math.isfinite(hi) else y1)
+    pad = 0.03 * (y1 - y0 or 1.0)
+    y0, y1 = y0 - pad, y1 + pad
     if lo == hi:
         ax.axhline(lo, color="tab:green", lw=2, alpha=0.4, label="healthy")
     else:
@@ -53,10 +56,11 @@ def _panel(ax: Any, spec: DiagSpec, rows: Rows, v: Verdict, ctx: Mapping[str, An
     for label, y in traces.items():
         ax.plot(x, y, lw=0.9, label=label)
     if not math.isnan(v.value) and not math.isinf(v.value):
+        start = skip + (len(rows) - skip) // 2 if sig.late else skip
         ax.hlines(
             v.value,
-            skip,
-            max(len(rows) - 1, skip),
+            start,
+            max(len(rows) - 1, start),
             colors="black",
             linestyles="dashed",
             lw=0.8,

@@ -49,6 +49,8 @@ class Signal:
     #: The trace is per-step values (the statistic is their median / max),
     #: not a running statistic that ends at the value.
     per_step: bool = False
+    #: Only the second half of the judged steps counts (a windowed metric).
+    late: bool = False
 
     def stat(self, rows: Rows, ctx: Ctx) -> float:
         return self.measure(rows, ctx)[0]
@@ -223,6 +225,7 @@ def _signals() -> list[Signal]:
             "(second half of the run)",
             "TV distance",
             per_step=True,
+            late=True,
         ),
         Signal(
             "truncation/cells_dropped",
