@@ -104,6 +104,7 @@ class DatabaseWriter:
     ) -> str: ...
 
 def hash_embed(texts: list[str], dim: int) -> npt.NDArray[np.float16]: ...
+
 def bench_sampler(
     db_path: str | os.PathLike[str],
     threads: int,

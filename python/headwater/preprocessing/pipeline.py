@@ -86,9 +86,7 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
                 source=st,
                 primary_key=ts.primary_key if "primary_key" in ts.given else st.primary_key,
                 time_column=ts.time_column if "time_column" in ts.given else st.time_column,
-                foreign_keys=dict(
-                    ts.foreign_keys if ts.foreign_keys is not None else st.foreign_keys
-                ),
+                foreign_keys=dict(ts.foreign_keys if ts.foreign_keys is not None else st.foreign_keys),
                 declared={**{c: "ignored" for c in st.hidden}, **ts.columns},
             )
         )
@@ -97,9 +95,7 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
         cols = {c for c, _ in p.source.columns}
         for cname in [p.primary_key, p.time_column, *p.foreign_keys]:
             if cname and cname not in cols:
-                raise SchemaError(
-                    f"table `{p.name}`: declared key/time column `{cname}` does not exist"
-                )
+                raise SchemaError(f"table `{p.name}`: declared key/time column `{cname}` does not exist")
         for fk, target in p.foreign_keys.items():
             if target not in by_name:
                 raise SchemaError(
@@ -171,9 +167,7 @@ def _to_micros(col: pa.Array, where: str) -> pa.Array:
 
 
 def _fill(col: pa.Array, value: Any, dtype: Any) -> np.ndarray:
-    return np.ascontiguousarray(
-        pc.fill_null(col, value).to_numpy(zero_copy_only=False), dtype=dtype
-    )
+    return np.ascontiguousarray(pc.fill_null(col, value).to_numpy(zero_copy_only=False), dtype=dtype)
 
 
 def _dictionary(col: pa.Array, sort: bool) -> tuple[np.ndarray, pa.Array]:
@@ -211,18 +205,16 @@ def encode_column(stype: str, col: pa.Array, where: str) -> tuple[Any, Any, Any]
             d = dictionary.cast(pa.large_string())
             _, offs_buf, data_buf = d.buffers()
             offs = np.frombuffer(offs_buf, dtype=np.int64)[d.offset : d.offset + len(d) + 1]
-            data = (
-                np.frombuffer(data_buf, dtype=np.uint8)
-                if data_buf is not None
-                else np.zeros(0, np.uint8)
-            )
+            data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
             return codes, valid, (np.ascontiguousarray(offs), np.ascontiguousarray(data))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise SchemaError(f"{where}: cannot encode {col.type} as {stype}: {e}") from e
     raise SchemaError(f"{where}: semantic type {stype} cannot be encoded")
 
 
-def _fingerprint(plan: TablePlan, index: int, by_name: dict[str, TablePlan] | None = None) -> str:
+def _fingerprint(
+    plan: TablePlan, index: int, by_name: dict[str, TablePlan] | None = None
+) -> str:
     # Foreign keys are stored as row indices into the referenced tables, so a
     # staged table is only reusable while those tables (and their keys) are too.
     by_name = by_name or {}
@@ -295,35 +287,25 @@ def _add_table(
             try:
                 col = col.cast(pk.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaError(
-                    f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}"
-                ) from e
+                raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}") from e
         idx = pc.index_in(col, value_set=pk)
         num_null = col.null_count
         num_dangling = idx.null_count - num_null
         if num_dangling:
-            log(
-                f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped"
-            )
+            log(f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped")
         fks.append((fk, target, _fill(idx.cast(pa.int64()), -1, np.int64), num_null, num_dangling))
-    writer.add_table(
-        plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint
-    )
+    writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
 
 
 def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> pa.Array:
     if table not in keys:
-        raise SchemaError(
-            f"task `{task}`: anchor table `{table}` has no primary key to match anchors against"
-        )
+        raise SchemaError(f"task `{task}`: anchor table `{table}` has no primary key to match anchors against")
     pk = keys[table]
     if anchors.type != pk.type:
         try:
             anchors = anchors.cast(pk.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise SchemaError(
-                f"task `{task}`: anchor values of type {anchors.type} cannot match primary key type {pk.type}: {e}"
-            ) from e
+            raise SchemaError(f"task `{task}`: anchor values of type {anchors.type} cannot match primary key type {pk.type}: {e}") from e
     return pc.index_in(anchors, value_set=pk)
 
 
@@ -352,13 +334,9 @@ def _add_value_task(
     keep = pc.is_valid(idx)
     dropped = len(idx) - pc.sum(keep.cast(pa.int64())).as_py()
     if dropped:
-        log(
-            f"  warning: task `{name}`: {dropped} row(s) whose anchor matches no row of `{anchor_table}` dropped"
-        )
+        log(f"  warning: task `{name}`: {dropped} row(s) whose anchor matches no row of `{anchor_table}` dropped")
     if dropped == len(idx):
-        raise SchemaError(
-            f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)"
-        )
+        raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
     rows = np.ascontiguousarray(idx.filter(keep).to_numpy(zero_copy_only=False), dtype=np.uint32)
     obs_col = result.column(1).combine_chunks().filter(keep)
     # A bare `NULL` comes back typed (DuckDB: INTEGER): all-null = non-temporal.
@@ -368,9 +346,7 @@ def _add_value_task(
         obs = _fill(_to_micros(obs_col, f"task `{name}` observation time"), I64_MAX, np.int64)
     target = result.column(2).combine_chunks().filter(keep)
     values, valid, extra = encode_column(target_stype, target, f"task `{name}` target")
-    writer.add_task(
-        name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description
-    )
+    writer.add_task(name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description)
 
 
 def _add_tasks(
@@ -390,9 +366,7 @@ def _add_tasks(
                 plan = by_name[t.anchor_table]
                 st = plan.stypes.get(t.column)
                 if st is None:
-                    raise SchemaError(
-                        f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`"
-                    )
+                    raise SchemaError(f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`")
                 if st != t.target_stype:
                     raise SchemaError(
                         f"task `{t.name}`: column `{t.anchor_table}.{t.column}` is {st}, "
@@ -406,16 +380,8 @@ def _add_tasks(
             except duckdb.Error as e:
                 raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
             _add_value_task(
-                writer,
-                keys,
-                name=t.name,
-                kind="sql",
-                anchor_table=t.anchor_table,
-                result=result,
-                target_stype=t.target_stype,
-                query=t.query,
-                description=t.description,
-                log=log,
+                writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, result=result,
+                target_stype=t.target_stype, query=t.query, description=t.description, log=log,
             )
         return
     if src.tasks:
@@ -433,16 +399,8 @@ def _add_tasks(
             except duckdb.Error as e:
                 raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
             _add_value_task(
-                writer,
-                keys,
-                name=k.name,
-                kind="relbench",
-                anchor_table=k.anchor_table,
-                result=result,
-                target_stype=k.target_stype,
-                query=None,
-                description=k.description,
-                log=log,
+                writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, result=result,
+                target_stype=k.target_stype, query=None, description=k.description, log=log,
             )
         return
     created = 0
@@ -476,12 +434,7 @@ def _embed(embedder: Any, texts: list[str], what: str, enabled: bool) -> np.ndar
     if enabled:
         from tqdm.auto import tqdm
 
-        bar = tqdm(
-            total=len(texts),
-            desc=f"embedding {what} ({embedder.name})",
-            unit="str",
-            file=sys.stderr,
-        )
+        bar = tqdm(total=len(texts), desc=f"embedding {what} ({embedder.name})", unit="str", file=sys.stderr)
     for a in starts:
         part = np.asarray(embedder.embed(texts[a : a + chunk]), dtype=np.float16)
         if part.shape != (min(chunk, len(texts) - a), embedder.dim):
@@ -517,9 +470,7 @@ def preprocess(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
-    log: Callable[[str], None] = (
-        (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
-    )
+    log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     if isinstance(schema, Schema):
         sch = schema
     else:
@@ -533,9 +484,7 @@ def preprocess(
         raise SchemaError(f"source {source}: no tables to import")
     keys = _primary_keys(src, plans)
     out.parent.mkdir(parents=True, exist_ok=True)
-    writer = _native.DatabaseWriter(
-        out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim
-    )
+    writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
     resuming = True
     by_name = {p.name: p for p in plans}
     for i, plan in enumerate(_progress(plans, "tables", len(plans), progress)):

@@ -98,7 +98,9 @@ def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
         where = f"{src}: tables.{tname}"
         if not isinstance(t, dict):
             raise SchemaError(f"{where}: expected a table")
-        _check_keys(where, t, {"primary_key", "time_column", "foreign_keys", "ignore", "columns"})
+        _check_keys(
+            where, t, {"primary_key", "time_column", "foreign_keys", "ignore", "columns"}
+        )
         ts = TableSchema(given=set(t))
         if "primary_key" in t:
             ts.primary_key = _str(f"{where}.primary_key", t["primary_key"])
@@ -107,7 +109,7 @@ def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
         if "foreign_keys" in t:
             fks = t["foreign_keys"]
             if not isinstance(fks, dict):
-                raise SchemaError(f'{where}.foreign_keys: expected {{ column = "table" }}')
+                raise SchemaError(f"{where}.foreign_keys: expected {{ column = \"table\" }}")
             ts.foreign_keys = {
                 _str(f"{where}.foreign_keys", k): _str(f"{where}.foreign_keys.{k}", v)
                 for k, v in fks.items()
@@ -118,7 +120,7 @@ def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
             ts.ignore = t["ignore"]
         cols = t.get("columns", {})
         if not isinstance(cols, dict):
-            raise SchemaError(f'{where}.columns: expected {{ column = "semantic type" }}')
+            raise SchemaError(f"{where}.columns: expected {{ column = \"semantic type\" }}")
         for c, st in cols.items():
             if st not in SEMANTIC_TYPES:
                 raise SchemaError(

@@ -173,9 +173,7 @@ def _relbench_task(src: Source, tdir: Path) -> None:
             "can predict (regression, binary or multiclass classification); skipped"
         )
         return
-    files = [
-        tdir / f"{s}.parquet" for s in ("train", "val", "test") if (tdir / f"{s}.parquet").is_file()
-    ]
+    files = [tdir / f"{s}.parquet" for s in ("train", "val", "test") if (tdir / f"{s}.parquet").is_file()]
     if not files:
         src.warnings.append(f"task `{name}`: no label files in {tdir}; skipped")
         return
@@ -236,9 +234,7 @@ def _open_duckdb(p: Path) -> Source:
             "AND schema_name = 'main' ORDER BY table_name"
         ).fetchall()
     ]
-    tables = {
-        n: SourceTable(name=n, columns=_columns(con, quote(n)), identity=identity) for n in names
-    }
+    tables = {n: SourceTable(name=n, columns=_columns(con, quote(n)), identity=identity) for n in names}
     for table, ctype, cols, ref_table, _ref_cols in con.execute(
         "SELECT table_name, constraint_type, constraint_column_names, referenced_table, "
         "referenced_column_names FROM duckdb_constraints() WHERE database_name = current_database() "
@@ -273,9 +269,7 @@ def _open_sqlite(p: Path) -> Source:
     tables: dict[str, SourceTable] = {}
     for name in names:
         q = quote(name)
-        info = sq.execute(
-            f"PRAGMA table_info({q})"
-        ).fetchall()  # cid, name, type, notnull, dflt, pk
+        info = sq.execute(f"PRAGMA table_info({q})").fetchall()  # cid, name, type, notnull, dflt, pk
         pks = [r[1] for r in info if r[5]]
         cur = sq.execute(f"SELECT * FROM {q}")
         rows = cur.fetchall()
@@ -310,9 +304,7 @@ def _sqlite_column(p: Path, table: str, col: str, decl: str, values: list[Any]) 
             import datetime as dt
 
             parsed = [
-                None
-                if v is None
-                else (
+                None if v is None else (
                     dt.datetime.fromtimestamp(v, dt.UTC).replace(tzinfo=None)
                     if isinstance(v, (int, float))
                     else dt.datetime.fromisoformat(str(v))
@@ -328,9 +320,7 @@ def _sqlite_column(p: Path, table: str, col: str, decl: str, values: list[Any]) 
             return pa.array([None if v is None else bool(v) for v in values], type=pa.bool_())
         return pa.array([None if v is None else str(v) for v in values], type=pa.string())
     except (ValueError, TypeError, pa.ArrowInvalid) as e:
-        raise SchemaError(
-            f"{p}: table `{table}` column `{col}` (declared {decl or 'untyped'}): {e}"
-        ) from e
+        raise SchemaError(f"{p}: table `{table}` column `{col}` (declared {decl or 'untyped'}): {e}") from e
 
 
 def describe(src: Source) -> str:
