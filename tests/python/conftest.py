@@ -298,7 +298,7 @@ def _write_duckdb(path: Path, data: SmallData) -> Path:
         "ts TIMESTAMP, amount DOUBLE, kind VARCHAR, note VARCHAR)"
     )
     for name in ("users", "items", "events"):
-        arrow = data.tables[name]  # noqa: F841  (used by the replacement scan)
+        arrow = data.tables[name]  # noqa: F841  (read by DuckDB's replacement scan)
         con.execute(f"INSERT INTO {name} SELECT * FROM arrow")
     con.close()
     return path
@@ -454,7 +454,7 @@ def scale_of(stats: dict[str, Any]) -> float:
 def decode(db: Any, cm: dict[str, Any], values: np.ndarray, valid: np.ndarray) -> list[Any]:
     st = cm["stype"]
     out: list[Any] = []
-    for v, ok in zip(values.tolist(), valid.tolist()):
+    for v, ok in zip(values.tolist(), valid.tolist(), strict=False):
         if not ok:
             out.append(None)
         elif st == "numerical":

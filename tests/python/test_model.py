@@ -26,9 +26,10 @@ import numpy as np
 import pytest
 from conftest import SmallData, build_small_db
 
-jax = pytest.importorskip("jax")
+pytest.importorskip("jax")
 pytest.importorskip("optax")
 
+import jax
 import jax.numpy as jnp
 
 from headwater import _native
@@ -111,9 +112,9 @@ def test_overfits_a_fixed_batch_set(setup: Setup) -> None:
 
 def test_training_is_deterministic(setup: Setup) -> None:
     again = M.init_params(jax.random.key(0), setup.cfg, int(setup.col.shape[1]))
-    assert all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(again)))
+    assert all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(again), strict=False))
     other = M.init_params(jax.random.key(1), setup.cfg, int(setup.col.shape[1]))
-    assert not all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(other)))
+    assert not all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(other), strict=False))
 
     step = M.make_train_step(setup.cfg, OPT)
 
@@ -124,7 +125,7 @@ def test_training_is_deterministic(setup: Setup) -> None:
             p, st, _ = step(p, st, setup.batches[i], setup.col, setup.cat)
         return _np_tree(p)
 
-    assert all(np.array_equal(a, b) for a, b in zip(run(), run()))
+    assert all(np.array_equal(a, b) for a, b in zip(run(), run(), strict=False))
 
 
 def test_pmean_over_an_axis(setup: Setup) -> None:
@@ -150,7 +151,7 @@ def test_pmean_over_an_axis(setup: Setup) -> None:
 
     p1, _, m1 = single(params, st, a, setup.col, setup.cat)
     p_aa, loss_aa = run(a, a)
-    for x, y in zip(_np_tree(p1), p_aa):
+    for x, y in zip(_np_tree(p1), p_aa, strict=False):
         np.testing.assert_allclose(y[0], x, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss_aa, float(m1["loss"]), rtol=1e-6)
     _, loss_bb = run(b, b)
@@ -286,7 +287,7 @@ def test_gradients_are_finite_on_padding_heavy_batches(setup: Setup) -> None:
 def test_target_value_does_not_reach_the_output(setup: Setup) -> None:
     fwd = setup.forward
     rng = np.random.default_rng(0)
-    for np_batch, batch in zip(setup.np_batches, setup.batches):
+    for np_batch, batch in zip(setup.np_batches, setup.batches, strict=False):
         out = fwd(setup.params, batch)
         tampered = {k: np.array(v) for k, v in batch.items()}
         tampered["numeric_values"][:, 0] = rng.normal(size=B) * 100
@@ -376,7 +377,7 @@ def test_padding_is_invisible_to_real_cells(setup: Setup) -> None:
     hid = jax.jit(lambda p, b: M.hidden_states(p, b, setup.col, setup.cat, setup.cfg))
     fwd = setup.forward
     rng = np.random.default_rng(1)
-    for np_batch, batch in zip(setup.np_batches, setup.batches):
+    for np_batch, batch in zip(setup.np_batches, setup.batches, strict=False):
         pad = np_batch["is_padding"].astype(bool)
         if not pad.any():
             continue
