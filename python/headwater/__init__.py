@@ -17,9 +17,15 @@ _LAZY = {
     "inspect": ("headwater.inspection", "inspect"),
     "default_database": ("headwater.data.default_db", "default_database"),
     "Database": ("headwater._native", "Database"),
+    "Sampler": ("headwater._native", "Sampler"),
+    "BATCH_KEYS": ("headwater._native", "BATCH_KEYS"),
     "HeadwaterError": ("headwater.errors", "HeadwaterError"),
+    "ConfigError": ("headwater.errors", "ConfigError"),
     "FormatError": ("headwater.errors", "FormatError"),
     "SchemaError": ("headwater.errors", "SchemaError"),
+    "WorkerError": ("headwater.errors", "WorkerError"),
+    "ResourceError": ("headwater.errors", "ResourceError"),
+    "SamplerShutdown": ("headwater.errors", "SamplerShutdown"),
 }
 
 
@@ -35,10 +41,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BATCH_KEYS",
+    "ConfigError",
     "Database",
     "FormatError",
     "HeadwaterError",
+    "ResourceError",
+    "Sampler",
+    "SamplerShutdown",
     "SchemaError",
+    "WorkerError",
     "default_database",
     "inspect",
     "preprocess",

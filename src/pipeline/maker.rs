@@ -20,8 +20,8 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{shard, SeedPool, Split, TaskPicker};
-use crate::telemetry::{BatchTelemetry, MixWindow, TelemetrySchema};
+use crate::seeds::{shard, DrawStats, MixWindow, SeedPool, Split, TaskPicker};
+use crate::telemetry::TelemetrySchema;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
@@ -98,7 +98,8 @@ impl SamplerCore {
 
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
         let m = db.metadata();
-        cfg.validate(m.tasks.len())?;
+        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
+        cfg.validate(Some(&names))?;
         let row_cells: Vec<u16> = m
             .tables
             .iter()
@@ -126,10 +127,7 @@ impl SamplerCore {
                 cat_emb_count: col.cat_emb_count,
             });
         }
-        let weights = cfg
-            .task_weights
-            .clone()
-            .unwrap_or_else(|| vec![1.0; m.tasks.len()]);
+        let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -140,7 +138,6 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
         let schema = TelemetrySchema::new(&names, cfg.max_hops, cfg.default_sequence_length);
         Ok(SamplerCore {
             db,
@@ -191,7 +188,9 @@ impl SamplerCore {
                 eligible.push(false);
             } else {
                 let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
-                pools.push(Some(SeedPool::new(seeds, s)));
+                pools.push(Some(
+                    SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
+                ));
                 eligible.push(true);
             }
         }
@@ -451,8 +450,9 @@ impl SamplerCore {
             (t_end - t0).as_nanos() as u64,
         ];
         if self.cfg.telemetry {
-            batch.telemetry = self.batch_telemetry(state, k, rng_state, &batch.seeds);
+            batch.draw = self.draw_stats(state, k);
         }
+        batch.fingerprint = fingerprint(rng_state, k, &batch.seeds);
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
@@ -463,18 +463,13 @@ impl SamplerCore {
 }
 
 impl SamplerCore {
-    /// Pool, mix and fingerprint measurements after drawing task `k`'s seeds.
-    fn batch_telemetry(
-        &self,
-        state: &mut SplitState,
-        k: usize,
-        rng_state: [u64; 4],
-        seeds: &[u32],
-    ) -> BatchTelemetry {
+    /// Pool and mix measurements after drawing task `k`'s seeds.
+    #[allow(clippy::cast_precision_loss)]
+    fn draw_stats(&self, state: &mut SplitState, k: usize) -> DrawStats {
         state.last_picked[k] = Some(state.step);
         state.mix.push(k as u32);
         let b = self.cfg.default_batch_size as f64;
-        let mut t = BatchTelemetry {
+        let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
             remaining_fraction_min: f64::INFINITY,
@@ -482,7 +477,6 @@ impl SamplerCore {
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
             tv_distance: state.mix.tv_distance(&self.weights),
-            fingerprint: 0,
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
@@ -504,15 +498,20 @@ impl SamplerCore {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
             }
         }
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for w in rng_state {
-            h.update(&w.to_le_bytes());
-        }
-        h.update(&(k as u32).to_le_bytes());
-        h.update(bytemuck::cast_slice(seeds));
-        t.fingerprint = h.digest();
         t
     }
+}
+
+/// Hash of the RNG state before the draw, the task and the drawn seeds.
+#[allow(clippy::cast_possible_truncation)]
+fn fingerprint(rng_state: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for w in rng_state {
+        h.update(&w.to_le_bytes());
+    }
+    h.update(&(task as u32).to_le_bytes());
+    h.update(bytemuck::cast_slice(seeds));
+    h.digest()
 }
 
 /// An evenly spaced `fraction` of `seeds` (at least one when any), in order.

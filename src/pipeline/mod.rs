@@ -9,9 +9,11 @@
 //! error before the process grows past the cap.
 
 mod maker;
+mod report;
 mod rss;
 
 pub use maker::{BatchMaker, SamplerCore, SplitState};
+pub use report::{fill_report, SplitTelemetry};
 pub use rss::current_rss_bytes;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,7 +30,7 @@ use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
 use crate::telemetry::export::prometheus::{self, PromSplit};
-use crate::telemetry::StepRecorder;
+use crate::telemetry::Recorder;
 
 /// The splits that have a producer.
 pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
@@ -49,8 +51,8 @@ pub struct Sampler {
     /// The first producer failure: (was it a resource limit?, message).
     failure: Mutex<Option<(bool, String)>>,
     pid: u32,
-    recorders: Vec<Mutex<StepRecorder>>,
-    prom: Vec<PromSplit>,
+    /// Per produced split: the drain recorder and the exporters.
+    telemetry: Vec<Mutex<SplitTelemetry>>,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -99,14 +101,24 @@ impl Sampler {
 
     /// Start producers for an already built core.
     pub fn start(core: Arc<SamplerCore>) -> Result<Sampler> {
-        let mut prom = Vec::new();
-        if let (true, Some(addr)) = (core.cfg.telemetry, core.cfg.prometheus_addr()) {
+        let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
+        if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
-            prom = PRODUCED
-                .iter()
-                .map(|s| PromSplit::register(&core.schema, core.cfg.rank, s.name()))
-                .collect();
         }
+        let telemetry = PRODUCED
+            .iter()
+            .map(|s| {
+                let mut exporters: Vec<Box<dyn Recorder>> = Vec::new();
+                if prom_addr.is_some() {
+                    exporters.push(Box::new(PromSplit::register(
+                        &core.schema,
+                        core.cfg.rank,
+                        s.name(),
+                    )));
+                }
+                Mutex::new(SplitTelemetry::new(&core.schema, exporters))
+            })
+            .collect();
         if let Some(ep) =
             crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
         {
@@ -133,13 +145,8 @@ impl Sampler {
                 handle: Mutex::new(Some(handle)),
             });
         }
-        let recorders = PRODUCED
-            .iter()
-            .map(|_| Mutex::new(StepRecorder::new(&core.schema)))
-            .collect();
         Ok(Sampler {
-            prom,
-            recorders,
+            telemetry,
             core,
             producers,
             stop: Mutex::new(Some(stop_tx)),
@@ -253,13 +260,10 @@ impl Sampler {
             return;
         }
         if let Some(i) = PRODUCED.iter().position(|&s| s == split) {
-            self.recorders[i]
+            self.telemetry[i]
                 .lock()
-                .unwrap()
-                .record(b, depth, wait_seconds);
-            if let Some(p) = self.prom.get(i) {
-                p.record(b, depth, wait_seconds);
-            }
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .deliver(b, depth, wait_seconds);
         }
     }
 
@@ -274,9 +278,10 @@ impl Sampler {
             )
         })?;
         let mut out = Vec::new();
-        self.recorders[i]
+        self.telemetry[i]
             .lock()
-            .unwrap()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain
             .drain_values(&self.core.schema, &mut out);
         Ok(out)
     }

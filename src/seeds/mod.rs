@@ -11,10 +11,12 @@
 //! split are disjoint and cover it; within one epoch a pool yields each of its
 //! seeds exactly once (the pool checks this itself and counts violations).
 
+mod mix;
 mod picker;
 mod pool;
 pub mod split;
 
+pub use mix::{DrawStats, MixWindow};
 pub use picker::TaskPicker;
 pub use pool::{Draw, SeedPool};
 pub use split::{shard, split_of, Split};

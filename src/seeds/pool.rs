@@ -25,6 +25,10 @@ pub struct SeedPool {
     drawn: Vec<u64>,
     /// Map from seed value to a dense bit index.
     base: Vec<u32>,
+    /// Fault injection (`debug_repeat_seed_every`): every N-th draw repeats
+    /// the previous seed of the epoch; 0 = off.
+    repeat_every: u64,
+    draws: u64,
 }
 
 impl SeedPool {
@@ -38,9 +42,20 @@ impl SeedPool {
             epoch: 0,
             rng: Xoshiro256pp::seed_from_u64(rng_seed),
             base,
+            repeat_every: 0,
+            draws: 0,
         };
         p.shuffle();
         p
+    }
+
+    /// Fault injection: every `n`-th draw (0 = never) returns the seed drawn
+    /// just before it in the same epoch instead of advancing, so the
+    /// independent once-per-epoch check must count a duplicate.
+    #[must_use]
+    pub fn with_repeat_fault(mut self, n: u64) -> Self {
+        self.repeat_every = n;
+        self
     }
 
     fn shuffle(&mut self) {
@@ -76,8 +91,14 @@ impl SeedPool {
             self.shuffle();
             exhausted = true;
         }
-        let seed = self.order[self.cursor];
-        self.cursor += 1;
+        self.draws += 1;
+        let repeat = self.repeat_every > 0 && self.draws % self.repeat_every == 0;
+        let seed = if repeat && self.cursor > 0 {
+            self.order[self.cursor - 1]
+        } else {
+            self.cursor += 1;
+            self.order[self.cursor - 1]
+        };
         let bit = self.base.binary_search(&seed).unwrap_or(0);
         let (w, b) = (bit / 64, 1u64 << (bit % 64));
         let duplicate = self.drawn[w] & b != 0;
@@ -111,5 +132,16 @@ mod tests {
             assert_eq!(got, (100..137).collect::<Vec<_>>());
         }
         assert_eq!(p.epoch(), 3);
+    }
+
+    #[test]
+    fn the_repeat_fault_is_caught_as_a_duplicate() {
+        let mut p = SeedPool::new((0..50).collect(), 1).with_repeat_fault(5);
+        let draws: Vec<Draw> = (0..20).map(|_| p.draw()).collect();
+        let dups: Vec<usize> = (0..20).filter(|&i| draws[i].duplicate).collect();
+        assert_eq!(dups, vec![4, 9, 14, 19]);
+        for &i in &dups {
+            assert_eq!(draws[i].seed, draws[i - 1].seed);
+        }
     }
 }

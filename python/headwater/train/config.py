@@ -154,35 +154,22 @@ class TrainConfig:
             layers.append((f"ranks.{rank}", self.ranks[rank]))
         return layers
 
-    def sampler_kwargs(self, rank: int, db: Path | None = None) -> dict[str, Any]:
-        """The ``Sampler`` keywords of ``rank``; ``task_weights`` stays a
-        ``{task: weight}`` mapping (a list in database order, from ``db``,
-        where the native module predates mappings)."""
+    def sampler_kwargs(self, rank: int) -> dict[str, Any]:
+        """The ``Sampler`` config of ``rank`` (``task_weights`` a ``{task:
+        weight}`` mapping, as the sampler takes it)."""
         kw: dict[str, Any] = {}
         for _, table in self.sampler_layers(rank):
             kw.update(table)
         if "split_ratios" in kw:
             kw["split_ratios"] = tuple(kw["split_ratios"])
-        weights = kw.get("task_weights")
-        if db is not None and isinstance(weights, Mapping) and SC._native_validate() is None:
-            names = task_names(db)
-            kw["task_weights"] = [float(weights.get(n, 1.0)) for n in names]
         return kw
 
     def check_tasks(self, db: Path) -> None:
-        """Check every rank's sampler table against the database's task names."""
+        """Check every rank's sampler table against the database's task names
+        (the sampler's own validation, with the names)."""
         names = task_names(db)
         for rank in sorted({0, *self.ranks}):
-            layers = self.sampler_layers(rank)
-            SC.check_table(layers, self.origins, names)
-            for section, table in layers:
-                unknown = sorted(set(table.get("task_weights") or {}) - set(names))
-                if unknown:
-                    raise ConfigError(
-                        f"{self.origins.of(f'{section}.task_weights.{unknown[0]}')}: "
-                        f"`{section}.task_weights`: unknown task(s) {unknown} "
-                        f"(the database has {names})"
-                    )
+            SC.check_table(self.sampler_layers(rank), self.origins, names)
 
     def explain_sampler_error(self, e: Exception, rank: int) -> str:
         """A sampler's rejection of this config, under the key that caused it."""

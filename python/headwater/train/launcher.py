@@ -154,7 +154,7 @@ def _launch_many(
     world: int,
     timeout_s: float | None,
 ) -> list[dict[str, Any]]:
-    from headwater.telemetry import _free_port
+    from headwater.telemetry import free_port
 
     spec = {
         "config": config if isinstance(config, Mapping) or config is None else str(config),
@@ -162,7 +162,7 @@ def _launch_many(
         "db": str(db),
         "run_dir": str(run_dir),
         "world": world,
-        "port": _free_port(),
+        "port": free_port(),
     }
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []

@@ -76,7 +76,7 @@ def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int) -> Any:
     keys; a rejected value is a :class:`ConfigError` naming where it was set."""
     from headwater import _native
 
-    kw = cfg.sampler_kwargs(rank, db)
+    kw = cfg.sampler_kwargs(rank)
     lg = cfg.logging
     if lg.prometheus_port:
         kw.update(
@@ -202,7 +202,7 @@ class Trainer:
         )
         sinks: list[Any] = []
         if run is not None:
-            from headwater.wandb import WandbSink
+            from headwater.telemetry import WandbSink
 
             sinks.append(WandbSink(run))
         if self.jsonl is not None:

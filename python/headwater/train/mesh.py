@@ -68,18 +68,18 @@ class Mesh:
         """The element-wise maximum of ``sizes`` over ranks (one host collective)."""
         if self.world == 1:
             return list(sizes)
-        from headwater.telemetry import _Gather
+        from headwater.telemetry import Gather
 
-        g = _Gather.get()
+        g = Gather.get()
         got = g.finish(g.start(np.asarray(sizes, dtype=np.float64)))
         return [int(x) for x in got.reshape(self.world, -1).max(axis=0)]
 
     def step_fn(self, fn: Any, in_specs: Any, out_specs: Any) -> Any:
         import jax
 
-        from headwater.telemetry import _shard_map
+        from headwater.telemetry import shard_map
 
-        return jax.jit(_shard_map(fn, self.mesh, in_specs=in_specs, out_specs=out_specs))
+        return jax.jit(shard_map(fn, self.mesh, in_specs=in_specs, out_specs=out_specs))
 
 
 class Padder:

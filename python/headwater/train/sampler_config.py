@@ -47,12 +47,6 @@ LAUNCHER_KEYS: dict[str, str] = {
 LOGGING_KEYS = ("prometheus_port", "prometheus_host", "otlp_endpoint")
 
 
-def _native_validate() -> Any:
-    from headwater import _native
-
-    return getattr(_native, "validate_sampler_config", None)
-
-
 def named_key(message: str, candidates: Iterable[str]) -> str | None:
     """The candidate key ``message`` names first (whole words only)."""
     best: tuple[int, int, str] | None = None
@@ -82,15 +76,13 @@ def check_table(
     for section, table in layers:
         if section != "default":
             _reject_launcher_keys(table, section, origins)
-    validate = _native_validate()
+    from headwater import _native
+
     merged: dict[str, Any] = {}
     for _, table in layers:
         merged.update(table)
     try:
-        if validate is not None:
-            validate(merged, task_names)
-        else:
-            _fallback_check(merged)
+        _native.validate_sampler_config(merged, task_names)
     except ValueError as e:
         raise ConfigError(explain(str(e), layers, origins)) from None
 
@@ -121,40 +113,3 @@ def explain_logging(message: str, origins: Origins, rank: int, port: int | None)
     if key == "prometheus_port" and port:
         extra += f"; rank {rank} serves port {port} + {rank} = {port + rank}"
     return f"{origins.of(dotted)}: `{dotted}`{extra}: {message}"
-
-
-# Until headwater._native.validate_sampler_config exists: the types the
-# binding accepts (the ranges are checked by the Sampler itself).
-_FALLBACK_TYPES: dict[str, Any] = {
-    "split_ratios": list,
-    "split_seed": int,
-    "seed": int,
-    "num_prefetch": int,
-    "default_batch_size": int,
-    "default_sequence_length": int,
-    "bfs_child_width": int,
-    "max_hops": int,
-    "task_weights": dict,
-    "task_pick": str,
-    "num_threads": int,
-    "max_rss_bytes": int,
-    "temporal_filter": bool,
-    "telemetry": bool,
-    "pool_fraction": float,
-    "debug_batch_delay_ms": float,
-}
-
-
-def _fallback_check(table: Mapping[str, Any]) -> None:
-    for key, value in table.items():
-        t = _FALLBACK_TYPES.get(key)
-        if t is None:
-            raise ValueError(f"unknown key {key} (known: {', '.join(sorted(_FALLBACK_TYPES))})")
-        ok = isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
-        if t is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok:
-            raise ValueError(f"{key} must be of type {t.__name__}, got {value!r}")
-    for name, w in (table.get("task_weights") or {}).items():
-        if isinstance(w, bool) or not isinstance(w, int | float):
-            raise ValueError(f"task_weights.{name} must be a number, got {w!r}")
