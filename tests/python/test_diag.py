@@ -328,6 +328,12 @@ def test_every_pathology_in_the_matrix_is_covered() -> None:
     assert set(D.SIGNALS) - declared == set()
 
 
+def test_the_readme_table_lists_every_config() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(\w+)`", readme, flags=re.MULTILINE))
+    assert set(ALL) <= listed, sorted(set(ALL) - listed)
+
+
 def test_mismatch_exits_non_zero(tmp_path: Path, tpch: Tpch) -> None:
     """A config declaring a signal its run cannot light fails the verdict."""
     text = (CONFIGS / "tiny_pools.toml").read_text()
