@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 
 def _cmd_preprocess(a: argparse.Namespace) -> int:
@@ -81,7 +82,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"headwater {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_data_commands(sub)
+    _add_bench(sub)
+    _add_train(sub)
+    _add_diag(sub)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["diag"]:  # its own parser (headwater.diag.main)
+        argv = ["diag", "--", *argv[1:]]
+    args = build_parser().parse_args(argv)
+    from headwater.errors import HeadwaterError
+
+    try:
+        return int(args.func(args))
+    except (HeadwaterError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
+        print(f"headwater {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"headwater {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+Sub = Any  # argparse's private _SubParsersAction
+
+
+def _add_data_commands(sub: Sub) -> None:
+    """preprocess, inspect, default-db."""
     pp = sub.add_parser("preprocess", help="build a database from a relational source")
     pp.add_argument(
         "source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files"
@@ -115,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pd.set_defaults(func=_cmd_default_db)
 
+
+def _add_bench(sub: Sub) -> None:
     pb = sub.add_parser(
         "bench", help="measure sampler throughput, stages, scaling, handoff, memory"
     )
@@ -144,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
 
+
+def _add_train(sub: Sub) -> None:
     pt = sub.add_parser(
         "train",
         help="train the relational transformer on a database (default: the embedded TPC-H one)",
@@ -176,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pt.set_defaults(func=_cmd_train)
 
+
+def _add_diag(sub: Sub) -> None:
     pg = sub.add_parser(
         "diag",
         help="run diagnostic configs and check which sampler-health signals light up",
@@ -183,24 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pg.add_argument("args", nargs=argparse.REMAINDER, help="see: headwater diag --help")
     pg.set_defaults(func=_cmd_diag)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["diag"]:  # its own parser (headwater.diag.main)
-        argv = ["diag", "--", *argv[1:]]
-    args = build_parser().parse_args(argv)
-    from headwater.errors import HeadwaterError
-
-    try:
-        return int(args.func(args))
-    except (HeadwaterError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
-        print(f"headwater {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"headwater {args.command}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":
