@@ -323,3 +323,18 @@ def test_one_range_per_key_wherever_the_value_came_from(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{path}:2: ") and ranges[0][0] in str(e.value)
+
+
+def test_readme_states_the_trainers_sampler_defaults() -> None:
+    from headwater.train.sampler_config import TRAINER_DEFAULTS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    d = TRAINER_DEFAULTS
+    stated = (
+        f"(`B = {d['default_batch_size']}`, `S = {d['default_sequence_length']}`, "
+        f"one thread, four prefetch slots)"
+    )
+    assert " ".join(stated.split()) in " ".join(readme.split())
+    assert (d["num_threads"], d["num_prefetch"]) == (1, 4)
+    cfg = load_config(None)
+    assert {k: cfg.sampler_kwargs(0)[k] for k in d} == d
