@@ -83,10 +83,12 @@ def test_each_trace_shows_the_statistic_it_judges(name: str) -> None:
 
 
 def test_every_task_is_traced_whatever_its_name() -> None:
-    traces = SIGNALS["tasks/min_share"].traces(rows(), CTX)
+    data = rows()
+    traces = SIGNALS["tasks/min_share"].traces(data, CTX)
     assert set(traces) == set(TASKS)
-    final = sum(y[-1] for y in traces.values())
-    assert final == pytest.approx(1.0)  # the shares of all drawn seeds
+    drawn = {t: sum(r[f"{P}tasks/{t}"] for r in data) for t in TASKS}
+    for t in TASKS:  # each final share from the raw counts
+        assert traces[t][-1] == pytest.approx(drawn[t] / sum(drawn.values())), t
     assert traces["zero"][-1] == 0.0
 
 
