@@ -90,8 +90,8 @@ pub use database::{
 };
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 pub use metadata::{
-    metadata_unstored, ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata,
-    SemanticType, TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
+    ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
+    TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
 pub use writer::{align_up, FileWriter, Section};
 
@@ -107,7 +107,7 @@ pub fn pack_bits(valid: impl ExactSizeIterator<Item = bool>) -> Vec<u8> {
 }
 
 /// Is bit `i` of a validity bitmap set?
-#[inline(always)]
+#[inline]
 pub fn bit(bitmap: &[u8], i: usize) -> bool {
     bitmap[i >> 3] & (1 << (i & 7)) != 0
 }

@@ -44,18 +44,22 @@ struct TaskPlan {
 
 /// Everything immutable a sampler needs, shared by its producers.
 pub struct SamplerCore {
+    /// The open, validated database.
     pub db: Arc<Database>,
+    /// The validated configuration.
     pub cfg: SamplerConfig,
     row_cells: Vec<u16>,
     tasks: Vec<TaskPlan>,
     weights: Vec<f64>,
     pool: rayon::ThreadPool,
+    /// The telemetry schema of this database and config.
     pub schema: TelemetrySchema,
 }
 
 /// One split's sampling state (pools, task picker, generator). Owned by the
 /// split's producer.
 pub struct SplitState {
+    /// The split this state samples.
     pub split: Split,
     pools: Vec<Option<SeedPool>>,
     picker: TaskPicker,
@@ -65,6 +69,7 @@ pub struct SplitState {
     text_map: FxMap<u32, u32>,
     last_picked: Vec<Option<u64>>,
     mix: MixWindow,
+    /// Batches made so far (the next batch's index in the split's stream).
     pub step: u64,
 }
 
@@ -91,11 +96,13 @@ fn derive(seed: u64, parts: &[u64]) -> u64 {
 }
 
 impl SamplerCore {
+    /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
         let db = Database::open(db_path)?;
         Self::with_database(Arc::new(db), cfg)
     }
 
+    /// Prepare sampling an already open database with `cfg` (validated here).
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
         let m = db.metadata();
         let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
@@ -129,9 +136,7 @@ impl SamplerCore {
         }
         let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -150,6 +155,7 @@ impl SamplerCore {
         })
     }
 
+    /// Threads of the sampler's pool.
     pub fn num_threads(&self) -> usize {
         self.pool.current_num_threads()
     }
@@ -286,13 +292,12 @@ impl SamplerCore {
     /// Make the next batch of `state`'s split.
     pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
         self.check_can_draw(state)?;
-        if self.cfg.debug_panic_at_step == Some(state.step) {
-            panic!(
-                "debug_panic_at_step: deliberate panic at {} step {}",
-                state.split.name(),
-                state.step
-            );
-        }
+        assert!(
+            self.cfg.debug_panic_at_step != Some(state.step),
+            "debug_panic_at_step: deliberate panic at {} step {}",
+            state.split.name(),
+            state.step
+        );
         let t0 = Instant::now();
         if self.cfg.debug_batch_delay_ms > 0.0 {
             std::thread::sleep(std::time::Duration::from_secs_f64(
@@ -348,7 +353,7 @@ impl SamplerCore {
                             sub,
                         );
                     });
-                })
+                });
         });
         drop(bfs_span);
         let t_bfs = Instant::now();
@@ -535,11 +540,14 @@ struct Draws {
 /// A synchronous batch source (no threads besides the pool): for benchmarks
 /// and Rust trainers that want to drive sampling themselves.
 pub struct BatchMaker {
+    /// The shared sampling core.
     pub core: Arc<SamplerCore>,
+    /// This maker's split state.
     pub state: SplitState,
 }
 
 impl BatchMaker {
+    /// A maker of `split` batches from a fresh state.
     pub fn new(core: Arc<SamplerCore>, split: Split) -> Self {
         let state = core.split_state(split);
         BatchMaker { core, state }

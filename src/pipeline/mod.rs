@@ -29,6 +29,7 @@ use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
+use crate::telemetry::export::otel;
 use crate::telemetry::export::prometheus::{self, PromSplit};
 use crate::telemetry::Recorder;
 
@@ -105,6 +106,10 @@ impl Sampler {
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
         }
+        let otlp = otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref());
+        if let Some(ep) = &otlp {
+            otel::install(ep, core.cfg.rank)?;
+        }
         let telemetry = PRODUCED
             .iter()
             .map(|s| {
@@ -116,14 +121,14 @@ impl Sampler {
                         s.name(),
                     )));
                 }
+                if let (true, Some(_)) = (core.cfg.telemetry, &otlp) {
+                    exporters.extend(
+                        otel::OtlpSplit::new(s.name()).map(|o| Box::new(o) as Box<dyn Recorder>),
+                    );
+                }
                 Mutex::new(SplitTelemetry::new(&core.schema, exporters))
             })
             .collect();
-        if let Some(ep) =
-            crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
-        {
-            crate::telemetry::export::otel::install(&ep, core.cfg.rank)?;
-        }
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut producers = Vec::new();
         for split in PRODUCED {
@@ -157,6 +162,7 @@ impl Sampler {
         })
     }
 
+    /// The shared sampling core (database, config, schema).
     pub fn core(&self) -> &Arc<SamplerCore> {
         &self.core
     }
@@ -204,16 +210,17 @@ impl Sampler {
             });
         }
         let p = self.producer(split)?;
-        let got = match timeout {
-            Some(t) => select! {
+        let got = if let Some(t) = timeout {
+            select! {
                 recv(p.rx) -> m => Some(m),
                 recv(self.stop_rx) -> _ => None,
                 default(t) => return Ok(None),
-            },
-            None => select! {
+            }
+        } else {
+            select! {
                 recv(p.rx) -> m => Some(m),
                 recv(self.stop_rx) -> _ => None,
-            },
+            }
         };
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
@@ -299,6 +306,7 @@ impl Sampler {
             .collect())
     }
 
+    /// Whether `shutdown()` was called.
     pub fn is_shut_down(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -320,7 +328,7 @@ impl Sampler {
             }
             while p.rx.try_recv().is_ok() {}
         }
-        crate::telemetry::export::otel::flush();
+        otel::flush();
     }
 }
 

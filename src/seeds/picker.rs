@@ -35,10 +35,12 @@ impl TaskPicker {
         self.cumulative.iter().map(|&(k, _)| k)
     }
 
+    /// No task can be picked (no weighted task has seeds here).
     pub fn is_empty(&self) -> bool {
         self.cumulative.is_empty()
     }
 
+    /// The task of the next batch.
     pub fn pick(&mut self, rng: &mut Xoshiro256pp) -> u32 {
         match self.mode {
             TaskPick::RoundRobin => {
@@ -47,7 +49,7 @@ impl TaskPicker {
                 k
             }
             TaskPick::Weighted => {
-                let total = self.cumulative.last().map(|c| c.1).unwrap_or(0.0);
+                let total = self.cumulative.last().map_or(0.0, |c| c.1);
                 let x = rng.next_f64() * total;
                 let i = self.cumulative.partition_point(|&(_, c)| c <= x);
                 self.cumulative[i.min(self.cumulative.len() - 1)].0

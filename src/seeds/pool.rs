@@ -32,6 +32,7 @@ pub struct SeedPool {
 }
 
 impl SeedPool {
+    /// A pool over `seeds`, shuffled with a generator seeded by `rng_seed`.
     pub fn new(seeds: Vec<u32>, rng_seed: u64) -> Self {
         let mut base = seeds.clone();
         base.sort_unstable();
@@ -68,9 +69,11 @@ impl SeedPool {
         self.drawn.iter_mut().for_each(|w| *w = 0);
     }
 
+    /// Seeds in the pool.
     pub fn len(&self) -> usize {
         self.order.len()
     }
+    /// The pool has no seeds.
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
@@ -78,6 +81,7 @@ impl SeedPool {
     pub fn remaining(&self) -> usize {
         self.order.len() - self.cursor
     }
+    /// Reshuffles so far.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -128,7 +132,7 @@ mod tests {
                 })
                 .collect();
             assert_eq!(p.remaining(), 0);
-            got.sort();
+            got.sort_unstable();
             assert_eq!(got, (100..137).collect::<Vec<_>>());
         }
         assert_eq!(p.epoch(), 3);

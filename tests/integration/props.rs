@@ -204,7 +204,7 @@ proptest! {
                 let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
                 prop_assert!(hi - lo <= 1, "unbalanced shards {:?}", sizes);
             }
-            prop_assert!(owner.iter().all(|o| o.is_some()), "a seed in no split/shard");
+            prop_assert!(owner.iter().all(std::option::Option::is_some), "a seed in no split/shard");
         }
     }
 }
@@ -361,6 +361,7 @@ fn categorical_db(dir: &std::path::Path) -> Database {
         inferred: false,
         data: ColumnData::Unstored,
     };
+    #[allow(clippy::items_after_statements)] // the helper sits by its only use
     fn cat<'a>(name: &str, codes: &'a [u32], valid: &'a [u8], k: usize) -> ColumnInput<'a> {
         ColumnInput {
             name: name.into(),

@@ -444,7 +444,7 @@ fn producer_panic_becomes_a_worker_error_and_stays() {
             .map(|_| s3.next_batch(Split::Val).map(|b| b.step))
             .collect::<Vec<_>>()
     });
-    assert!(val.iter().any(|r| r.is_err()));
+    assert!(val.iter().any(std::result::Result::is_err));
     let s4 = s.clone();
     within(30, "shutdown after a panic", move || s4.shutdown());
 }
