@@ -35,6 +35,10 @@ pub enum Error {
     /// A configuration key has a bad value or is unknown.
     #[error("config `{key}`: {what}")]
     Config { key: String, what: String },
+    /// A saved sampler state cannot be restored here: another format or
+    /// version, another snapshot, or a config that changes the stream.
+    #[error("sampler state `{field}`: {what}")]
+    State { field: String, what: String },
     /// A function argument is outside its allowed range.
     #[error("invalid argument `{name}`: {what}")]
     InvalidArgument { name: String, what: String },

@@ -1,9 +1,13 @@
 //! Making one batch: pick a task, draw seeds, BFS in parallel, assemble in
 //! parallel, collate text serially.
 //!
-//! Determinism: all randomness comes from the split's generator, seeded by
-//! (`seed`, `rank`, split); each sequence gets its own generator drawn from it
-//! before the parallel phase, so the thread count never changes a batch.
+//! Determinism: the stream follows `crate::seeds` — the task of a step is a
+//! function of (`seed`, split, step), the seeds are the rank's slice of the
+//! task's global pool at its counter, and each sequence's BFS generator is
+//! derived from (`seed`, split, step, global slot) before the parallel
+//! phase — so the thread count never changes a batch, and a batch is a
+//! function of the split's [`StreamState`] at its step, the rank and the
+//! world size (which is what makes resume, skip and replay exact).
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -20,8 +24,10 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{shard, SeedPool, Split, TaskPicker};
-use crate::telemetry::{BatchTelemetry, MixWindow, TelemetrySchema};
+use crate::seeds::{epoch_cursor, rank_slice, split_seeds, SeedPool, Split, TaskPicker};
+use crate::telemetry::{BatchTelemetry, TelemetrySchema};
+
+use super::state::StreamState;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
@@ -53,28 +59,49 @@ pub struct SamplerCore {
     pub schema: TelemetrySchema,
 }
 
-/// One split's sampling state (pools, task picker, generator). Owned by the
-/// split's producer.
+/// One split's sampling state on one rank: the stream position
+/// ([`StreamState`], the only part that matters for the stream), the global
+/// pools, the task picker and scratch buffers. Owned by the split's producer.
 pub struct SplitState {
     pub split: Split,
+    pub stream: StreamState,
+    /// The rank whose slice this state draws.
+    pub rank: u32,
     pools: Vec<Option<SeedPool>>,
     picker: TaskPicker,
-    rng: Xoshiro256pp,
     subgraphs: Vec<Subgraph>,
     jobs: Vec<(u32, u32, i64, u64)>,
     text_map: FxMap<u32, u32>,
-    last_picked: Vec<Option<u64>>,
-    mix: MixWindow,
-    pub step: u64,
 }
 
 impl SplitState {
-    /// Seeds left and pool size per task (`None` = no seeds on this rank).
+    /// Seeds left before the next reshuffle and pool size per task (`None`
+    /// = the task has no seeds in the split). Global: the same on every rank.
     pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
         self.pools
             .iter()
-            .map(|p| p.as_ref().map(|p| (p.remaining(), p.len())))
+            .zip(&self.stream.drawn)
+            .map(|(p, &d)| {
+                p.as_ref().map(|p| {
+                    let n = p.len() as u64;
+                    let (_, cursor) = epoch_cursor(d, n);
+                    ((n - cursor) as usize, n as usize)
+                })
+            })
             .collect()
+    }
+
+    /// Global pool size per task (0 = no seeds in the split).
+    pub fn pool_lens(&self) -> Vec<u64> {
+        self.pools
+            .iter()
+            .map(|p| p.as_ref().map_or(0, |p| p.len() as u64))
+            .collect()
+    }
+
+    /// The task step `step` picks (`None`: no task can be picked).
+    pub fn pick(&self, step: u64) -> Option<usize> {
+        (!self.picker.is_empty()).then(|| self.picker.pick(step) as usize)
     }
 }
 
@@ -157,8 +184,15 @@ impl SamplerCore {
         self.pool.current_num_threads()
     }
 
-    /// Fresh sampling state for `split` on this rank.
+    /// Fresh sampling state for `split` on this rank (step 0).
     pub fn split_state(&self, split: Split) -> SplitState {
+        let n = self.db.metadata().tasks.len();
+        let stream = StreamState::new(n, self.cfg.world_size, MIX_WINDOW);
+        self.split_state_at(split, stream, self.cfg.rank)
+    }
+
+    /// Sampling state for `split` on `rank`, continuing `stream`.
+    pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
         let c = &self.cfg;
         let m = self.db.metadata();
         let mut pools = Vec::with_capacity(m.tasks.len());
@@ -166,73 +200,88 @@ impl SamplerCore {
         for k in 0..m.tasks.len() {
             let view = self.db.task(k).expect("validated at open");
             let seeds = keep_fraction(
-                shard(
+                split_seeds(
                     k as u32,
                     view.anchor_rows,
                     split,
                     c.split_seed,
                     c.split_ratios,
-                    c.rank,
-                    c.world_size,
                 ),
                 c.pool_fraction,
             );
             if seeds.is_empty() {
-                if self.weights[k] > 0.0 {
+                if self.weights[k] > 0.0 && rank == c.rank {
                     tracing_warn(&format!(
-                        "task `{}` has no {} seeds on rank {} of {}; it is skipped",
+                        "task `{}` has no {} seeds; it is skipped",
                         m.tasks[k].name,
                         split.name(),
-                        c.rank,
-                        c.world_size
                     ));
                 }
                 pools.push(None);
                 eligible.push(false);
             } else {
-                let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
+                let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
                 pools.push(Some(SeedPool::new(seeds, s)));
                 eligible.push(true);
             }
         }
-        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible);
+        let key = derive(c.seed, &[split.index() as u64, 3]);
+        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible, key);
         SplitState {
             split,
+            stream,
+            rank,
             pools,
             picker,
-            rng: Xoshiro256pp::seed_from_u64(derive(
-                c.seed,
-                &[c.rank as u64, split.index() as u64, 2],
-            )),
             subgraphs: Vec::new(),
             jobs: Vec::new(),
             text_map: FxMap::default(),
-            last_picked: vec![None; m.tasks.len()],
-            mix: MixWindow::new(m.tasks.len(), MIX_WINDOW),
-            step: 0,
         }
     }
 
-    /// Pick the batch's task and draw its seeds into `state.jobs` (seed,
-    /// anchor row, observation time, per-sequence RNG seed). Everything
-    /// random about a batch happens here, serially, which is what makes
-    /// batches independent of the thread count and replayable.
+    /// The key every random choice of step `step` of `split` derives from.
+    fn step_key(&self, split: Split, step: u64) -> u64 {
+        derive(self.cfg.seed, &[split.index() as u64, step, 2])
+    }
+
+    /// Pick the batch's task, draw this rank's slice of its global pool into
+    /// `state.jobs` (seed, anchor row, observation time, per-sequence RNG
+    /// seed) and advance the stream. Everything random about a batch
+    /// happens here, serially, which is what makes batches independent of
+    /// the thread count and replayable.
     fn draw(&self, state: &mut SplitState) -> Result<Draws> {
-        let rng_state = state.rng.state();
-        let k = state.picker.pick(&mut state.rng) as usize;
+        self.check_can_draw(state)?;
+        let step = state.stream.step;
+        let world_size = state.stream.world_size_at(step);
+        if state.rank >= world_size {
+            return Err(Error::invalid(
+                "rank",
+                format!(
+                    "{} is not a rank of the world size {world_size} of step {step}",
+                    state.rank
+                ),
+            ));
+        }
+        let k = state.picker.pick(step) as usize;
+        let key = self.step_key(state.split, step);
         let task = self.db.task(k)?;
         let pool = state.pools[k]
             .as_mut()
             .expect("picker only picks tasks with seeds");
         let mut d = Draws {
             task: k,
-            rng_state,
+            step,
+            key,
+            world_size,
             exhaust_events: 0,
             duplicates: 0,
         };
+        let b = self.cfg.default_batch_size;
         state.jobs.clear();
-        for _ in 0..self.cfg.default_batch_size {
-            let x = pool.draw();
+        let slice = rank_slice(state.stream.drawn[k], state.rank, b);
+        let first_slot = state.rank as u64 * b as u64;
+        for (j, p) in slice.enumerate() {
+            let x = pool.at(p);
             d.exhaust_events += x.exhausted as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
@@ -240,31 +289,45 @@ impl SamplerCore {
                 x.seed,
                 task.anchor_rows[i],
                 task.obs_times[i],
-                state.rng.next_u64(),
+                derive(key, &[first_slot + j as u64]),
             ));
         }
+        state.stream.advance(k, b);
         Ok(d)
     }
 
-    /// Advance `state` past `n` batches without building them: the same
-    /// draws as [`make_batch`](Self::make_batch), no BFS or assembly.
+    /// Advance `state` past `n` batches without building them or drawing
+    /// their seeds: the same stream positions as
+    /// [`make_batch`](Self::make_batch), O(1) per batch.
     pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
         for _ in 0..n {
             self.check_can_draw(state)?;
-            let d = self.draw(state)?;
-            if self.cfg.telemetry {
-                state.last_picked[d.task] = Some(state.step);
-                state.mix.push(d.task as u32);
-            }
-            state.step += 1;
+            let k = state.picker.pick(state.stream.step) as usize;
+            state.stream.advance(k, self.cfg.default_batch_size);
         }
         Ok(())
     }
 
     /// Rebuild batch `step` of `split` exactly as the producer made it (same
-    /// tensors, same fingerprint), from a fresh state of the same config.
+    /// tensors, same fingerprint), from a fresh state of the same config
+    /// with this sampler's rank and world size.
     pub fn replay_batch(&self, split: Split, step: u64) -> Result<Batch> {
-        let mut state = self.split_state(split);
+        self.replay_batch_on(split, step, self.cfg.rank, &[(0, self.cfg.world_size)])
+    }
+
+    /// Rebuild batch `step` of `split` as rank `rank` made it in a run whose
+    /// world sizes were `world_sizes` (`(first step, world size)` spans, as
+    /// a [`StreamState`] records them; they may span resumes and reshards).
+    pub fn replay_batch_on(
+        &self,
+        split: Split,
+        step: u64,
+        rank: u32,
+        world_sizes: &[(u64, u32)],
+    ) -> Result<Batch> {
+        let mut stream = StreamState::new(self.db.metadata().tasks.len(), 1, MIX_WINDOW);
+        stream.world_sizes = world_sizes.to_vec();
+        let mut state = self.split_state_at(split, stream, rank);
         self.skip_batches(&mut state, step)?;
         self.make_batch(&mut state)
     }
@@ -273,12 +336,7 @@ impl SamplerCore {
         if state.picker.is_empty() {
             return Err(Error::invalid(
                 "task_weights",
-                format!(
-                    "no task with weight > 0 has {} seeds on rank {} of {}",
-                    state.split.name(),
-                    self.cfg.rank,
-                    self.cfg.world_size
-                ),
+                format!("no task with weight > 0 has {} seeds", state.split.name()),
             ));
         }
         Ok(())
@@ -287,11 +345,11 @@ impl SamplerCore {
     /// Make the next batch of `state`'s split.
     pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
         self.check_can_draw(state)?;
-        if self.cfg.debug_panic_at_step == Some(state.step) {
+        if self.cfg.debug_panic_at_step == Some(state.stream.step) {
             panic!(
                 "debug_panic_at_step: deliberate panic at {} step {}",
                 state.split.name(),
-                state.step
+                state.stream.step
             );
         }
         let t0 = Instant::now();
@@ -303,7 +361,7 @@ impl SamplerCore {
         let batch_span = tracing::info_span!(
             "batch",
             split = state.split.name(),
-            step = state.step as i64,
+            step = state.stream.step as i64,
             rank = self.cfg.rank as i64,
             task = tracing::field::Empty,
             rows = tracing::field::Empty,
@@ -314,7 +372,9 @@ impl SamplerCore {
         let s = self.cfg.default_sequence_length;
         let Draws {
             task: k,
-            rng_state,
+            step,
+            key,
+            world_size,
             exhaust_events,
             duplicates,
         } = self.draw(state)?;
@@ -451,29 +511,31 @@ impl SamplerCore {
             (t_end - t0).as_nanos() as u64,
         ];
         if self.cfg.telemetry {
-            batch.telemetry = self.batch_telemetry(state, k, rng_state, &batch.seeds);
+            batch.telemetry = self.batch_telemetry(state, k, step, key, world_size, &batch.seeds);
         }
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
-        batch.step = state.step;
-        state.step += 1;
+        batch.step = step;
         Ok(batch)
     }
 }
 
 impl SamplerCore {
-    /// Pool, mix and fingerprint measurements after drawing task `k`'s seeds.
+    /// Pool, mix and fingerprint measurements after step `step` drew task
+    /// `k`'s seeds (the stream has advanced past it). Pool figures are
+    /// global (the same on every rank).
     fn batch_telemetry(
         &self,
-        state: &mut SplitState,
+        state: &SplitState,
         k: usize,
-        rng_state: [u64; 4],
+        step: u64,
+        key: u64,
+        world_size: u32,
         seeds: &[u32],
     ) -> BatchTelemetry {
-        state.last_picked[k] = Some(state.step);
-        state.mix.push(k as u32);
-        let b = self.cfg.default_batch_size as f64;
+        let st = &state.stream;
+        let b = (world_size as usize * self.cfg.default_batch_size) as f64;
         let mut t = BatchTelemetry {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
@@ -481,31 +543,33 @@ impl SamplerCore {
             remaining_fraction_max: f64::NEG_INFINITY,
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
-            tv_distance: state.mix.tv_distance(&self.weights),
+            tv_distance: st.mix.tv_distance(&self.weights),
             fingerprint: 0,
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
                 continue;
             }
-            let since = match state.last_picked[j] {
-                Some(s) => state.step - s,
-                None => state.step + 1,
+            let since = match st.last_picked[j] {
+                Some(s) => step - s,
+                None => step + 1,
             };
             t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
             let Some(pool) = pool else { continue };
-            let (rem, len) = (pool.remaining() as f64, pool.len() as f64);
+            let n = pool.len() as u64;
+            let (_, cursor) = epoch_cursor(st.drawn[j], n);
+            let (rem, len) = ((n - cursor) as f64, n as f64);
             t.remaining_min = t.remaining_min.min(rem);
             t.remaining_max = t.remaining_max.max(rem);
             t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
             t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
-            let rate = state.mix.count(j) as f64 / state.mix.len().max(1) as f64 * b;
+            let rate = st.mix.count(j) as f64 / st.mix.len().max(1) as f64 * b;
             if rate > 0.0 {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
             }
         }
         let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for w in rng_state {
+        for w in [key, step, state.rank as u64, world_size as u64] {
             h.update(&w.to_le_bytes());
         }
         h.update(&(k as u32).to_le_bytes());
@@ -528,7 +592,9 @@ fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
 /// The random choices of one batch.
 struct Draws {
     task: usize,
-    rng_state: [u64; 4],
+    step: u64,
+    key: u64,
+    world_size: u32,
     exhaust_events: u32,
     duplicates: u32,
 }

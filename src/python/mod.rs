@@ -42,6 +42,12 @@ create_exception!(
 
 create_exception!(
     _native,
+    StateError,
+    HeadwaterError,
+    "A saved sampler state cannot be restored (other snapshot, config or version)."
+);
+create_exception!(
+    _native,
     SamplerShutdown,
     HeadwaterError,
     "The sampler was shut down; no more batches."
@@ -69,6 +75,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         Error::Io { .. } => PyOSError::new_err(msg),
         Error::Format { .. } | Error::Version { .. } => FormatError::new_err(msg),
         Error::Config { .. } => ConfigError::new_err(msg),
+        Error::State { .. } => StateError::new_err(msg),
         Error::InvalidArgument { .. } => PyValueError::new_err(msg),
         Error::Preprocess(_) => SchemaError::new_err(msg),
         Error::Shutdown => SamplerShutdown::new_err(msg),
@@ -84,6 +91,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("SchemaError", py.get_type::<SchemaError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("StateError", py.get_type::<StateError>())?;
     m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
     m.add("WorkerError", py.get_type::<WorkerError>())?;
     m.add("ResourceError", py.get_type::<ResourceError>())?;

@@ -234,6 +234,12 @@ impl TelemetrySchema {
             "rows with time after the seed's observation time (must stay 0)",
         );
         add("batches", Sum, None, "batches delivered");
+        add(
+            "resumes",
+            Sum,
+            None,
+            "restores of the sampler from a saved state (resume or reshard)",
+        );
         let mut drained_keys = Vec::new();
         for e in &entries {
             match &e.edges {

@@ -54,6 +54,10 @@ impl MixWindow {
     pub fn is_empty(&self) -> bool {
         self.picks.is_empty()
     }
+    /// The picks in the window, oldest first (for the sampler state).
+    pub fn picks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.picks.iter().copied()
+    }
     /// Picks of `task` in the window.
     pub fn count(&self, task: usize) -> u64 {
         self.counts[task]
@@ -87,6 +91,7 @@ pub struct StepRecorder {
     temporal_filtered: u64,
     duplicate_seeds: u64,
     temporal_leaks: u64,
+    resumes: u64,
     queue_depth_min: f64,
     wait_seconds: f64,
     depth: FixedHistogram,
@@ -113,6 +118,7 @@ impl StepRecorder {
             temporal_filtered: 0,
             duplicate_seeds: 0,
             temporal_leaks: 0,
+            resumes: 0,
             queue_depth_min: f64::INFINITY,
             wait_seconds: 0.0,
             depth: h("bfs/depth"),
@@ -154,6 +160,12 @@ impl StepRecorder {
         self.wait_seconds += wait_seconds;
     }
 
+    /// The sampler was restored from a saved state (counted in the next
+    /// drain that has a batch).
+    pub fn note_resume(&mut self) {
+        self.resumes += 1;
+    }
+
     /// Batches recorded since the last drain.
     pub fn pending(&self) -> u64 {
         self.delivered
@@ -187,6 +199,7 @@ impl StepRecorder {
                 "invariants/duplicate_seeds" => self.duplicate_seeds as f64,
                 "invariants/temporal_leaks" => self.temporal_leaks as f64,
                 "batches" => self.delivered as f64,
+                "resumes" => self.resumes as f64,
                 _ if name.starts_with("tasks/") => {
                     task_i += 1;
                     self.tasks_drawn[task_i - 1] as f64
@@ -231,6 +244,7 @@ impl StepRecorder {
         self.temporal_filtered = 0;
         self.duplicate_seeds = 0;
         self.temporal_leaks = 0;
+        self.resumes = 0;
         self.queue_depth_min = f64::INFINITY;
         self.wait_seconds = 0.0;
         self.depth.clear();
