@@ -5,6 +5,7 @@
 mod format;
 mod oracle;
 mod props;
+mod resume;
 mod sampler;
 mod support;
 mod writer;
