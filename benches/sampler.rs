@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use headwater::pipeline::SplitTelemetry;
 use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use headwater::telemetry::StepRecorder;
 use headwater::{Database, SamplerConfig, Split};
 
 fn database() -> (Option<tempfile::TempDir>, PathBuf) {
@@ -71,15 +71,15 @@ fn benches(c: &mut Criterion) {
     // The telemetry cost per batch: record a delivered batch, and drain.
     let batch = maker.core.make_batch(&mut maker.state).unwrap();
     let schema = &maker.core.schema;
-    let mut rec = StepRecorder::new(schema);
+    let mut rec = SplitTelemetry::new(schema, Vec::new());
     c.bench_function("telemetry_record_per_batch_b32", |b| {
-        b.iter(|| rec.record(black_box(&batch), 2, 0.001))
+        b.iter(|| rec.deliver(black_box(&batch), 2, 0.001))
     });
     let mut out = Vec::new();
     c.bench_function("telemetry_record_and_drain_per_batch_b32", |b| {
         b.iter(|| {
-            rec.record(black_box(&batch), 2, 0.001);
-            rec.drain(schema, &mut out);
+            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.drain.drain(schema, &mut out);
             black_box(out.len())
         })
     });

@@ -11,9 +11,8 @@ use std::time::Instant;
 
 use crate::config::SamplerConfig;
 use crate::error::Result;
-use crate::pipeline::{current_rss_bytes, BatchMaker, SamplerCore};
+use crate::pipeline::{current_rss_bytes, BatchMaker, SamplerCore, SplitTelemetry};
 use crate::seeds::Split;
-use crate::telemetry::StepRecorder;
 
 /// One benchmark run's figures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -48,7 +47,7 @@ pub fn bench_run(
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
     let core = Arc::new(SamplerCore::new(db_path, cfg)?);
-    let mut recorder = StepRecorder::new(&core.schema);
+    let mut recorder = SplitTelemetry::new(&core.schema, Vec::new());
     let mut drained = Vec::new();
     let mut maker = BatchMaker::new(core, Split::Train);
     for _ in 0..warmup {
@@ -61,8 +60,10 @@ pub fn bench_run(
     for _ in 0..steps {
         let b = maker.core.make_batch(&mut maker.state)?;
         if telemetry {
-            recorder.record(&b, 0, 0.0);
-            recorder.drain_values(&maker.core.schema, &mut drained);
+            recorder.deliver(&b, 0, 0.0);
+            recorder
+                .drain
+                .drain_values(&maker.core.schema, &mut drained);
         }
         for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
             *acc += x;

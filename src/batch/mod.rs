@@ -107,8 +107,12 @@ pub struct Batch {
     pub split: crate::seeds::Split,
     /// Index of this batch in its split's stream.
     pub step: u64,
-    /// Pool and mix state when the batch was made (telemetry).
-    pub telemetry: crate::telemetry::BatchTelemetry,
+    /// Pool and mix state when the batch was made (default when the
+    /// sampler's telemetry is off).
+    pub draw: crate::seeds::DrawStats,
+    /// Hash of the producer's RNG state before the draw, the task and the
+    /// drawn seeds: identifies the batch for replay.
+    pub fingerprint: u64,
 }
 
 impl Batch {
@@ -148,7 +152,8 @@ impl Batch {
             duplicate_seeds: 0,
             split: crate::seeds::Split::Train,
             step: 0,
-            telemetry: Default::default(),
+            draw: crate::seeds::DrawStats::default(),
+            fingerprint: 0,
         }
     }
 

@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{epoch_cursor, rank_slice, split_seeds, SeedPool, Split, TaskPicker};
-use crate::telemetry::{BatchTelemetry, TelemetrySchema};
+use crate::seeds::{epoch_cursor, rank_slice, split_seeds, DrawStats, SeedPool, Split, TaskPicker};
+use crate::telemetry::TelemetrySchema;
 
 use super::state::StreamState;
 
@@ -511,8 +511,13 @@ impl SamplerCore {
             (t_end - t0).as_nanos() as u64,
         ];
         if self.cfg.telemetry {
-            batch.telemetry = self.batch_telemetry(state, k, step, key, world_size, &batch.seeds);
+            batch.draw = self.draw_stats(state, step, world_size);
         }
+        batch.fingerprint = fingerprint(
+            [key, step, state.rank as u64, world_size as u64],
+            k,
+            &batch.seeds,
+        );
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
@@ -522,21 +527,14 @@ impl SamplerCore {
 }
 
 impl SamplerCore {
-    /// Pool, mix and fingerprint measurements after step `step` drew task
-    /// `k`'s seeds (the stream has advanced past it). Pool figures are
-    /// global (the same on every rank).
-    fn batch_telemetry(
-        &self,
-        state: &SplitState,
-        k: usize,
-        step: u64,
-        key: u64,
-        world_size: u32,
-        seeds: &[u32],
-    ) -> BatchTelemetry {
+    /// Pool and mix measurements after step `step` drew task `k`'s seeds
+    /// (the stream has advanced past it). Pool figures are global (the same
+    /// on every rank).
+    #[allow(clippy::cast_precision_loss)]
+    fn draw_stats(&self, state: &SplitState, step: u64, world_size: u32) -> DrawStats {
         let st = &state.stream;
         let b = (world_size as usize * self.cfg.default_batch_size) as f64;
-        let mut t = BatchTelemetry {
+        let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
             remaining_fraction_min: f64::INFINITY,
@@ -544,7 +542,6 @@ impl SamplerCore {
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
             tv_distance: st.mix.tv_distance(&self.weights),
-            fingerprint: 0,
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
@@ -568,15 +565,21 @@ impl SamplerCore {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
             }
         }
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for w in [key, step, state.rank as u64, world_size as u64] {
-            h.update(&w.to_le_bytes());
-        }
-        h.update(&(k as u32).to_le_bytes());
-        h.update(bytemuck::cast_slice(seeds));
-        t.fingerprint = h.digest();
         t
     }
+}
+
+/// Hash of the step's identity (its key, step, rank and world size), the
+/// task and the drawn seeds.
+#[allow(clippy::cast_possible_truncation)]
+fn fingerprint(identity: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for w in identity {
+        h.update(&w.to_le_bytes());
+    }
+    h.update(&(task as u32).to_le_bytes());
+    h.update(bytemuck::cast_slice(seeds));
+    h.digest()
 }
 
 /// An evenly spaced `fraction` of `seeds` (at least one when any), in order.

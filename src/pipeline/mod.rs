@@ -18,10 +18,12 @@
 //! the new producer).
 
 mod maker;
+mod report;
 mod rss;
 pub mod state;
 
 pub use maker::{BatchMaker, SamplerCore, SplitState, MIX_WINDOW};
+pub use report::{fill_report, SplitTelemetry};
 pub use rss::current_rss_bytes;
 pub use state::{SamplerState, StreamState};
 
@@ -39,7 +41,7 @@ use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
 use crate::telemetry::export::prometheus::{self, PromSplit};
-use crate::telemetry::StepRecorder;
+use crate::telemetry::Recorder;
 
 /// The splits that have a producer.
 pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
@@ -70,8 +72,8 @@ pub struct Sampler {
     /// The first producer failure: (was it a resource limit?, message).
     failure: Mutex<Option<(bool, String)>>,
     pid: u32,
-    recorders: Vec<Mutex<StepRecorder>>,
-    prom: Vec<PromSplit>,
+    /// Per produced split: the drain recorder and the exporters.
+    telemetry: Vec<Mutex<SplitTelemetry>>,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -152,14 +154,24 @@ impl Sampler {
     /// Start producers for `core`, at `saved` when given.
     pub fn start_at(core: Arc<SamplerCore>, saved: Option<&SamplerState>) -> Result<Sampler> {
         let states = Sampler::initial_states(&core, saved)?;
-        let mut prom = Vec::new();
-        if let (true, Some(addr)) = (core.cfg.telemetry, core.cfg.prometheus_addr()) {
+        let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
+        if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
-            prom = PRODUCED
-                .iter()
-                .map(|s| PromSplit::register(&core.schema, core.cfg.rank, s.name()))
-                .collect();
         }
+        let telemetry = PRODUCED
+            .iter()
+            .map(|s| {
+                let mut exporters: Vec<Box<dyn Recorder>> = Vec::new();
+                if prom_addr.is_some() {
+                    exporters.push(Box::new(PromSplit::register(
+                        &core.schema,
+                        core.cfg.rank,
+                        s.name(),
+                    )));
+                }
+                Mutex::new(SplitTelemetry::new(&core.schema, exporters))
+            })
+            .collect();
         if let Some(ep) =
             crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
         {
@@ -176,19 +188,14 @@ impl Sampler {
                 pool_lens,
             });
         }
-        let recorders = PRODUCED
-            .iter()
-            .map(|_| Mutex::new(StepRecorder::new(&core.schema)))
-            .collect();
         if saved.is_some() {
-            for r in &recorders {
-                let r: &Mutex<StepRecorder> = r;
-                r.lock().unwrap().note_resume();
+            for t in &telemetry {
+                let t: &Mutex<SplitTelemetry> = t;
+                t.lock().unwrap().note_resume();
             }
         }
         Ok(Sampler {
-            prom,
-            recorders,
+            telemetry,
             core,
             lanes,
             stop: Mutex::new(Some(stop_tx)),
@@ -245,8 +252,8 @@ impl Sampler {
         for (lane, state) in self.lanes.iter().zip(states) {
             self.restart(lane, state)?;
         }
-        for r in &self.recorders {
-            r.lock().unwrap().note_resume();
+        for t in &self.telemetry {
+            t.lock().unwrap().note_resume();
         }
         Ok(())
     }
@@ -406,13 +413,10 @@ impl Sampler {
             return;
         }
         if let Some(i) = PRODUCED.iter().position(|&s| s == split) {
-            self.recorders[i]
+            self.telemetry[i]
                 .lock()
-                .unwrap()
-                .record(b, depth, wait_seconds);
-            if let Some(p) = self.prom.get(i) {
-                p.record(b, depth, wait_seconds);
-            }
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .deliver(b, depth, wait_seconds);
         }
     }
 
@@ -427,9 +431,10 @@ impl Sampler {
             )
         })?;
         let mut out = Vec::new();
-        self.recorders[i]
+        self.telemetry[i]
             .lock()
-            .unwrap()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain
             .drain_values(&self.core.schema, &mut out);
         Ok(out)
     }

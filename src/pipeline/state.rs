@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{SamplerConfig, TaskPick};
 use crate::error::{Error, Result};
+use crate::seeds::MixWindow;
 use crate::seeds::{epoch_cursor, Split};
-use crate::telemetry::MixWindow;
 
 /// The `format` tag of a saved state.
 pub const STATE_FORMAT: &str = "headwater-sampler-state";

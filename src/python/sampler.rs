@@ -153,10 +153,7 @@ fn batch_dict<'py>(
         "cat_emb_count",
         PyArray1::from_vec(py, vec![b.cat_emb_count]),
     )?;
-    d.set_item(
-        "fingerprint",
-        PyArray1::from_vec(py, vec![b.telemetry.fingerprint]),
-    )?;
+    d.set_item("fingerprint", PyArray1::from_vec(py, vec![b.fingerprint]))?;
     Ok(d)
 }
 

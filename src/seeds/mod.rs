@@ -45,10 +45,12 @@
 //! of a pool is a permutation of it (each [`SeedPool`] instance re-checks
 //! this on the positions it draws and flags a repeat as a duplicate).
 
+mod mix;
 mod picker;
 mod pool;
 pub mod split;
 
+pub use mix::{DrawStats, MixWindow};
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};
 pub use split::{rank_slice, split_of, split_seeds, Split};

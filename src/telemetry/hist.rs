@@ -1,7 +1,68 @@
-//! Fixed-edge histograms: bucket counts merge exactly by summation, so a
-//! cluster percentile computed from summed buckets is exact to the bucket.
+//! Fixed-edge histograms and the one quantile rule.
+//!
+//! Bucket counts of a fixed layout merge exactly by summation, so a cluster
+//! percentile computed from summed buckets is as exact as one rank's. The
+//! layouts themselves are rules of the metric table ([`BucketRule`]); this
+//! module only counts and reads quantiles.
+//!
+//! Quantile rule (the Python reducer implements the same, see
+//! `python/headwater/telemetry/schema.py`): the target rank is
+//! `max(ceil(q * total), 1)`; the quantile lies in the first bucket whose
+//! cumulative count reaches it. [`QuantileRule::UpperEdge`] reads that
+//! bucket's upper edge, [`QuantileRule::Midpoint`] the midpoint of its lower
+//! and upper edges (lower edge 0 for the first bucket); either is capped by
+//! the observed max, and the `+inf` bucket reads the max. Latency histograms
+//! use the log-linear layout of [`latency_edges`] with the midpoint rule:
+//! every bucket spans at most 1/8 of its lower edge, so a quantile inside the
+//! layout's range is within 1/16 (6.25 %) of the exact order statistic.
+//!
+//! [`BucketRule`]: super::BucketRule
 
 use std::sync::Arc;
+
+use serde::Serialize;
+
+/// Sub-buckets per octave of the latency layout.
+pub const LATENCY_SUB_BUCKETS: u32 = 8;
+/// The latency layout starts at `2^LATENCY_MIN_EXP` seconds (~0.95 µs).
+pub const LATENCY_MIN_EXP: i32 = -20;
+/// ... and covers this many octaves (up to 2^4 = 16 s; slower goes to `+inf`).
+pub const LATENCY_OCTAVES: i32 = 24;
+
+/// Log-linear latency edges in seconds: `2^-20`, then each octave
+/// `[2^k, 2^(k+1)]` for `k` in `-20..4` cut into 8 equal buckets, then
+/// `+inf` — 194 buckets.
+pub fn latency_edges() -> Arc<[f64]> {
+    let mut e = vec![f64::powi(2.0, LATENCY_MIN_EXP)];
+    for k in LATENCY_MIN_EXP..LATENCY_MIN_EXP + LATENCY_OCTAVES {
+        let base = f64::powi(2.0, k);
+        for j in 1..=LATENCY_SUB_BUCKETS {
+            e.push(base * (1.0 + f64::from(j) / f64::from(LATENCY_SUB_BUCKETS)));
+        }
+    }
+    e.push(f64::INFINITY);
+    e.into()
+}
+
+/// How a quantile is read from the bucket that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantileRule {
+    /// The bucket's upper edge (counts, ratios: exact on integer layouts).
+    UpperEdge,
+    /// The midpoint of the bucket's lower and upper edges (latencies).
+    Midpoint,
+}
+
+impl QuantileRule {
+    /// The name Python reads from `telemetry_schema()` (`"quantile"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantileRule::UpperEdge => "upper_edge",
+            QuantileRule::Midpoint => "midpoint",
+        }
+    }
+}
 
 /// Counts of values per bucket; bucket `i` holds `edges[i-1] < v <= edges[i]`
 /// (Prometheus `le` semantics); the last edge is `+inf`.
@@ -11,10 +72,12 @@ pub struct FixedHistogram {
     counts: Vec<u64>,
     max: f64,
     total: u64,
+    rule: QuantileRule,
 }
 
 impl FixedHistogram {
-    pub fn new(edges: Arc<[f64]>) -> Self {
+    /// An empty histogram over `edges` (ending with `+inf`), read with `rule`.
+    pub fn new(edges: Arc<[f64]>, rule: QuantileRule) -> Self {
         debug_assert!(edges.last() == Some(&f64::INFINITY));
         let n = edges.len();
         FixedHistogram {
@@ -22,9 +85,11 @@ impl FixedHistogram {
             counts: vec![0; n],
             max: f64::NEG_INFINITY,
             total: 0,
+            rule,
         }
     }
 
+    /// Count one value.
     #[inline]
     pub fn record(&mut self, v: f64) {
         let i = self.edges.partition_point(|&e| e < v);
@@ -36,45 +101,66 @@ impl FixedHistogram {
         }
     }
 
+    /// Bucket upper bounds, the last `+inf`.
     pub fn edges(&self) -> &[f64] {
         &self.edges
     }
+    /// Values per bucket.
     pub fn counts(&self) -> &[u64] {
         &self.counts
     }
+    /// Values recorded.
     pub fn total(&self) -> u64 {
         self.total
     }
+    /// The largest value recorded (`-inf` when empty).
     pub fn max(&self) -> f64 {
         self.max
     }
 
+    /// Forget every value.
     pub fn clear(&mut self) {
         self.counts.iter_mut().for_each(|c| *c = 0);
         self.max = f64::NEG_INFINITY;
         self.total = 0;
     }
 
-    /// The `q`-quantile from the buckets: the upper edge of the bucket that
-    /// holds it (the observed max for the `+inf` bucket).
+    /// The `q`-quantile by this histogram's rule (NaN when empty).
     pub fn quantile(&self, q: f64) -> f64 {
-        quantile_from_buckets(&self.edges, &self.counts, q, self.max)
+        quantile_from_buckets(&self.edges, &self.counts, q, self.max, self.rule)
     }
 }
 
-/// The same rule on raw counts (used for merged cluster buckets too).
-pub fn quantile_from_buckets(edges: &[f64], counts: &[u64], q: f64, max: f64) -> f64 {
+/// The quantile rule on raw counts (merged cluster buckets too).
+pub fn quantile_from_buckets(
+    edges: &[f64],
+    counts: &[u64],
+    q: f64,
+    max: f64,
+    rule: QuantileRule,
+) -> f64 {
     let total: u64 = counts.iter().sum();
     if total == 0 {
         return f64::NAN;
     }
+    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
     let rank = (q * total as f64).ceil().max(1.0) as u64;
     let mut acc = 0;
     for (i, &c) in counts.iter().enumerate() {
         acc += c;
         if acc >= rank {
-            let e = edges[i];
-            return if e.is_finite() { e.min(max) } else { max };
+            let hi = edges[i];
+            if !hi.is_finite() {
+                return max;
+            }
+            let v = match rule {
+                QuantileRule::UpperEdge => hi,
+                QuantileRule::Midpoint => {
+                    let lo = if i == 0 { 0.0 } else { edges[i - 1] };
+                    (lo + hi) / 2.0
+                }
+            };
+            return v.min(max);
         }
     }
     max
@@ -86,7 +172,10 @@ mod tests {
 
     #[test]
     fn buckets_use_le_semantics_and_quantiles_are_bucket_edges() {
-        let mut h = FixedHistogram::new(vec![1.0, 2.0, 4.0, f64::INFINITY].into());
+        let mut h = FixedHistogram::new(
+            vec![1.0, 2.0, 4.0, f64::INFINITY].into(),
+            QuantileRule::UpperEdge,
+        );
         for v in [0.5, 1.0, 1.5, 2.0, 3.0, 9.0] {
             h.record(v);
         }
@@ -94,5 +183,35 @@ mod tests {
         assert_eq!(h.quantile(0.5), 2.0);
         assert_eq!(h.quantile(1.0), 9.0);
         assert_eq!(h.quantile(0.1), 1.0);
+    }
+
+    #[test]
+    fn midpoint_rule_reads_the_middle_of_the_bucket_capped_by_max() {
+        let mut h = FixedHistogram::new(
+            vec![1.0, 2.0, 4.0, f64::INFINITY].into(),
+            QuantileRule::Midpoint,
+        );
+        for v in [0.5, 1.5, 3.9, 3.9] {
+            h.record(v);
+        }
+        assert_eq!(h.quantile(0.25), 0.5); // [0, 1] -> 0.5
+        assert_eq!(h.quantile(0.5), 1.5); // [1, 2] -> 1.5
+        assert_eq!(h.quantile(1.0), 3.0); // [2, 4] -> 3, max 3.9
+        let mut one = FixedHistogram::new(latency_edges(), QuantileRule::Midpoint);
+        one.record(1e-3);
+        assert_eq!(one.quantile(0.5), 1e-3_f64.min(one.quantile(0.5)));
+        assert!((one.quantile(0.5) / 1e-3 - 1.0).abs() <= 1.0 / 16.0);
+    }
+
+    #[test]
+    fn latency_layout_is_log_linear_with_eight_sub_buckets() {
+        let e = latency_edges();
+        assert_eq!(e.len(), 1 + 24 * 8 + 1);
+        for w in e[..e.len() - 1].windows(2) {
+            assert!(w[1] > w[0]);
+            assert!(w[1] / w[0] <= 1.0 + 1.0 / 8.0 + 1e-12, "{w:?}");
+        }
+        assert_eq!(e[0], 2f64.powi(-20));
+        assert_eq!(e[e.len() - 2], 16.0);
     }
 }

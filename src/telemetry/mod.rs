@@ -1,24 +1,40 @@
 //! Step telemetry: what the sampler did, per delivered batch, per split.
 //!
-//! Every metric key is defined here, once ([`TelemetrySchema`]); the schema
-//! depends only on the snapshot metadata and the config, so every rank packs
-//! identical shapes. Recording happens when a batch is delivered to the
-//! consumer (queued batches do not count): snapshot scalars (last batch),
-//! counters and fixed-edge histograms accumulated since the last drain.
-//! [`StepRecorder::drain`] returns them as a flat `key → f64` map and clears
-//! the accumulators. Recording must stay far below a step (< 5 µs per batch):
-//! no allocation, no locks other than the split's own uncontended mutex.
+//! Every metric is one row of the metric table ([`METRICS`], `table.rs`):
+//! key, reduction, bucket rule, Prometheus name/type/unit/help and how its
+//! value is taken from a [`BatchReport`]. The pipeline fills one report per
+//! delivered batch (queued batches do not count) and hands it to the split's
+//! recorders: the drain recorder ([`StepRecorder`]) and the exporters
+//! (`export/`), all implementations of [`Recorder`] held in one list. None
+//! of them re-derives a value: they read the table's measures.
+//! [`StepRecorder::drain`] returns a flat `key → f64` map in
+//! [`TelemetrySchema`] order and clears the accumulators. Recording must stay
+//! far below a step (< 5 µs per batch): no allocation, no locks other than
+//! the split's own uncontended mutex.
 //!
 //! Never: names built from row/seed/step values (series count grows with
-//! tasks only), or blocking the producer.
+//! tasks only), blocking the producer, or importing `batch` (the report is
+//! the only input).
 
 pub mod export;
 mod hist;
+mod report;
 mod schema;
 mod step;
+mod table;
 
-pub use hist::{quantile_from_buckets, FixedHistogram};
-pub use schema::{
-    seconds_edges as schema_seconds_edges, Reduction, SchemaEntry, TelemetrySchema, PREFIX,
+pub use hist::{
+    latency_edges, quantile_from_buckets, FixedHistogram, QuantileRule, LATENCY_MIN_EXP,
+    LATENCY_OCTAVES, LATENCY_SUB_BUCKETS,
 };
-pub use step::{BatchTelemetry, MixWindow, StepRecorder};
+pub use report::{BatchReport, SeqReport};
+pub use schema::{SchemaEntry, TelemetrySchema, PREFIX};
+pub use step::StepRecorder;
+pub use table::{BucketRule, Measure, MetricDef, PromType, Reduction, METRICS};
+
+/// Something that consumes every delivered batch's report: the drain
+/// recorder and each exporter (the metrics-rs recorder/exporter split).
+pub trait Recorder: Send {
+    /// Take one delivered batch into account.
+    fn record(&mut self, report: &BatchReport);
+}

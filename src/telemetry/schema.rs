@@ -1,264 +1,116 @@
-//! The ordered list of telemetry keys with their cross-rank reduction.
+//! The telemetry schema of one sampler: the metric table expanded for a
+//! database's tasks, `max_hops` and `S`, with the drained key order.
+//!
+//! Depends only on the snapshot metadata and the config, so every rank packs
+//! identical shapes.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::hist::QuantileRule;
+use super::table::{MetricDef, Reduction, METRICS};
+
 /// Every key starts with this.
 pub const PREFIX: &str = "sampler/";
 
-/// How a key is reduced across ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Reduction {
-    Min,
-    Max,
-    /// Summed; the reduced dict also carries `<key>_max` (worst rank).
-    Sum,
-    /// Fixed-edge bucket counts, summed; percentiles from the merged buckets.
-    Histogram,
-}
-
+/// One drained metric (a per-task row gives one entry per task).
 #[derive(Debug, Clone, Serialize)]
 pub struct SchemaEntry {
+    /// Full key, with [`PREFIX`].
     pub key: String,
+    /// Cross-rank reduction.
     pub reduction: Reduction,
-    /// Bucket upper bounds (last `+inf`) for histograms.
+    /// Bucket upper bounds (last `+inf`) for histogram reductions.
     pub edges: Option<Arc<[f64]>>,
+    /// How p50/p95 are read from the buckets (histograms only).
+    pub quantile: Option<QuantileRule>,
     /// Unit / meaning, for dashboards and HELP text.
     pub help: &'static str,
+    /// The table row it comes from.
+    #[serde(skip)]
+    pub def: &'static MetricDef,
+    /// Index of the task for per-task rows.
+    #[serde(skip)]
+    pub task: Option<usize>,
 }
 
 /// The keys a sampler reports, in a fixed order.
 #[derive(Debug, Clone, Serialize)]
 pub struct TelemetrySchema {
+    /// One entry per drained metric, in table order.
     pub entries: Vec<SchemaEntry>,
+    /// The database's tasks (metadata order).
     pub task_names: Vec<String>,
     /// The keys a drain produces, in order: scalar keys as they are,
     /// histograms expanded into `<key>/bucket_NN`, `<key>_p50`, `_p95`, `_max`.
     pub drained_keys: Vec<String>,
-}
-
-fn pow2_edges(upto: usize) -> Arc<[f64]> {
-    let mut e = vec![];
-    let mut x = 1usize;
-    while x < upto {
-        e.push(x as f64);
-        x *= 2;
-    }
-    e.push(upto as f64);
-    e.push(f64::INFINITY);
-    e.into()
-}
-
-/// Stage latency bucket edges: 1 µs · 2^k up to ~16 s.
-pub fn seconds_edges() -> Arc<[f64]> {
-    let mut e: Vec<f64> = (0..25).map(|k| 1e-6 * (1u64 << k) as f64).collect();
-    e.push(f64::INFINITY);
-    e.into()
-}
-
-pub fn padding_edges() -> Arc<[f64]> {
-    vec![
-        0.0,
-        0.05,
-        0.1,
-        0.2,
-        0.3,
-        0.4,
-        0.5,
-        0.6,
-        0.7,
-        0.8,
-        0.9,
-        0.95,
-        1.0,
-        f64::INFINITY,
-    ]
-    .into()
+    /// `max_hops` the bucket rules were expanded with.
+    pub max_hops: usize,
+    /// `S` the bucket rules were expanded with.
+    pub seq_len: usize,
 }
 
 impl TelemetrySchema {
     /// The schema for a database with `task_names` sampled with `max_hops`
     /// hops and sequences of `seq_len` cells.
     pub fn new(task_names: &[String], max_hops: usize, seq_len: usize) -> Self {
-        use Reduction::*;
         let mut entries = Vec::new();
-        let mut add =
-            |key: &str, reduction: Reduction, edges: Option<Arc<[f64]>>, help: &'static str| {
+        for def in &METRICS {
+            let (edges, quantile) = match (def.reduction, def.buckets) {
+                (Reduction::Histogram, Some(rule)) => (
+                    Some(rule.edges(max_hops, seq_len)),
+                    Some(rule.quantile_rule()),
+                ),
+                _ => (None, None),
+            };
+            let mut push = |key: String, task: Option<usize>| {
                 entries.push(SchemaEntry {
                     key: format!("{PREFIX}{key}"),
-                    reduction,
-                    edges,
-                    help,
-                })
+                    reduction: def.reduction,
+                    edges: edges.clone(),
+                    quantile,
+                    help: def.help,
+                    def,
+                    task,
+                });
             };
-        add(
-            "pool/remaining_min",
-            Min,
-            None,
-            "seeds left before reshuffle, least full active pool",
-        );
-        add(
-            "pool/remaining_max",
-            Max,
-            None,
-            "seeds left before reshuffle, fullest active pool",
-        );
-        add(
-            "pool/remaining_fraction_min",
-            Min,
-            None,
-            "remaining / pool size, least full active pool (ratio)",
-        );
-        add(
-            "pool/remaining_fraction_max",
-            Max,
-            None,
-            "remaining / pool size, fullest active pool (ratio)",
-        );
-        add(
-            "pool/steps_since_pick_max",
-            Max,
-            None,
-            "batches since the least recently picked weighted task was picked",
-        );
-        add(
-            "pool/steps_to_exhaust_min",
-            Min,
-            None,
-            "forecast batches until the first active pool runs out",
-        );
-        add(
-            "pool/exhaust_events",
-            Sum,
-            None,
-            "pools that ran out and reshuffled",
-        );
-        add(
-            "mix/tv_distance",
-            Max,
-            None,
-            "total-variation distance of the recent task mix from the configured weights (ratio)",
-        );
-        for t in task_names {
-            add(&format!("tasks/{t}"), Sum, None, "seeds drawn for the task");
+            if def.per_task {
+                for (i, t) in task_names.iter().enumerate() {
+                    push(def.key.replace("{task}", t), Some(i));
+                }
+            } else {
+                push(def.key.to_string(), None);
+            }
         }
-        let depth: Arc<[f64]> = (0..=max_hops)
-            .map(|h| h as f64)
-            .chain([f64::INFINITY])
-            .collect::<Vec<_>>()
-            .into();
-        add(
-            "bfs/depth",
-            Histogram,
-            Some(depth),
-            "BFS hops reached per sequence",
-        );
-        add(
-            "bfs/rows",
-            Histogram,
-            Some(pow2_edges(seq_len)),
-            "rows per sequence",
-        );
-        add(
-            "padding/fraction",
-            Histogram,
-            Some(padding_edges()),
-            "padded share of each sequence (ratio)",
-        );
-        add(
-            "truncation/cells_dropped",
-            Sum,
-            None,
-            "cells of reached rows cut by the sequence budget",
-        );
-        add(
-            "bfs/children_capped",
-            Sum,
-            None,
-            "visible children not sampled because of bfs_child_width",
-        );
-        add(
-            "bfs/temporal_filtered",
-            Sum,
-            None,
-            "children hidden by the observation-time filter",
-        );
-        add(
-            "queue/depth_min",
-            Min,
-            None,
-            "fewest batches waiting in the prefetch channel at a consumer call",
-        );
-        add(
-            "queue/wait_seconds",
-            Sum,
-            None,
-            "time the consumer blocked waiting for a batch (seconds)",
-        );
-        add(
-            "stage/bfs_seconds",
-            Histogram,
-            Some(seconds_edges()),
-            "BFS stage latency per batch (seconds)",
-        );
-        add(
-            "stage/assemble_seconds",
-            Histogram,
-            Some(seconds_edges()),
-            "assembly + permutations latency per batch (seconds)",
-        );
-        add(
-            "stage/collate_seconds",
-            Histogram,
-            Some(seconds_edges()),
-            "text dedup + gather latency per batch (seconds)",
-        );
-        add(
-            "stage/total_seconds",
-            Histogram,
-            Some(seconds_edges()),
-            "whole-batch production latency (seconds)",
-        );
-        add(
-            "invariants/duplicate_seeds",
-            Sum,
-            None,
-            "seeds drawn twice in one epoch on one rank (must stay 0)",
-        );
-        add(
-            "invariants/temporal_leaks",
-            Sum,
-            None,
-            "rows with time after the seed's observation time (must stay 0)",
-        );
-        add("batches", Sum, None, "batches delivered");
-        add(
-            "resumes",
-            Sum,
-            None,
-            "restores of the sampler from a saved state (resume or reshard)",
-        );
         let mut drained_keys = Vec::new();
         for e in &entries {
             match &e.edges {
-                Some(edges) if e.reduction == Histogram => {
+                Some(edges) => {
                     drained_keys
                         .extend((0..edges.len()).map(|i| format!("{}/bucket_{i:02}", e.key)));
                     drained_keys.extend(["p50", "p95", "max"].map(|q| format!("{}_{q}", e.key)));
                 }
-                _ => drained_keys.push(e.key.clone()),
+                None => drained_keys.push(e.key.clone()),
             }
         }
         TelemetrySchema {
             entries,
             task_names: task_names.to_vec(),
             drained_keys,
+            max_hops,
+            seq_len,
         }
     }
 
+    /// The entry of a full key.
     pub fn entry(&self, key: &str) -> Option<&SchemaEntry> {
         self.entries.iter().find(|e| e.key == key)
+    }
+
+    /// Bucket edges of a table row for this schema's config (`None` if the
+    /// row is not bucketed).
+    pub fn edges_of(&self, def: &MetricDef) -> Option<Arc<[f64]>> {
+        def.buckets.map(|b| b.edges(self.max_hops, self.seq_len))
     }
 }

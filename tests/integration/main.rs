@@ -3,6 +3,7 @@
 //! sampler on random synthetic databases.
 
 mod format;
+mod golden_batches;
 mod oracle;
 mod props;
 mod resume;

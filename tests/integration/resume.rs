@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use crate::oracle::{arb_spec, build, config, same_batch, SynthDb};
 
 fn fp(b: &Batch) -> u64 {
-    b.telemetry.fingerprint
+    b.fingerprint
 }
 
 /// `n` batches of `split` from a running sampler.

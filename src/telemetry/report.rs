@@ -1,0 +1,62 @@
+//! The per-batch report: everything telemetry knows about one delivered
+//! batch, filled once by the pipeline (which sees both the batch and the
+//! consumer) and read by every recorder through the metric table.
+//!
+//! Telemetry never sees a `Batch`: this report is the only input, so the
+//! arrow points one way (`pipeline` → `telemetry`, `pipeline` → `batch`).
+
+/// One sequence of a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SeqReport {
+    /// BFS hops reached.
+    pub depth: f64,
+    /// Rows included.
+    pub rows: f64,
+    /// Padded share of the sequence (`1 - cells / S`).
+    pub padding: f64,
+    /// Cells of reached rows cut by the sequence budget.
+    pub cells_dropped: f64,
+    /// Visible children not sampled because of the width cap.
+    pub children_capped: f64,
+    /// Children hidden by the observation-time filter.
+    pub temporal_filtered: f64,
+    /// Included rows with a time after the seed's observation time.
+    pub temporal_leaks: f64,
+}
+
+/// One delivered batch, as telemetry sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchReport {
+    /// Task of the batch (metadata order).
+    pub task: usize,
+    /// Seeds drawn (the batch size).
+    pub seeds: f64,
+    /// Pool state after the draw: seeds left, least full active pool.
+    pub remaining_min: f64,
+    /// Seeds left, fullest active pool.
+    pub remaining_max: f64,
+    /// Remaining / pool size, least full active pool.
+    pub remaining_fraction_min: f64,
+    /// Remaining / pool size, fullest active pool.
+    pub remaining_fraction_max: f64,
+    /// Batches since the least recently picked weighted task was picked.
+    pub steps_since_pick_max: f64,
+    /// Forecast batches until the first active pool runs out.
+    pub steps_to_exhaust_min: f64,
+    /// Total-variation distance of the recent mix from the weights.
+    pub tv_distance: f64,
+    /// Pools that ran out while drawing the batch.
+    pub exhaust_events: f64,
+    /// Seeds drawn twice within one epoch.
+    pub duplicate_seeds: f64,
+    /// Wall time of BFS, assembly, text collation and the whole batch (s).
+    pub stage_seconds: [f64; 4],
+    /// Batches waiting in the channel when the consumer asked.
+    pub queue_depth: f64,
+    /// Time the consumer blocked for this batch (s).
+    pub wait_seconds: f64,
+    /// Restores from a saved state since the previous delivered batch.
+    pub resumes: f64,
+    /// One entry per sequence.
+    pub seqs: Vec<SeqReport>,
+}
