@@ -56,11 +56,13 @@ def test_state_dict_is_small_json_as_of_delivery(small: SmallDb) -> None:
     text = json.dumps(st)
     assert len(text) < 4096, "O(tasks), not O(seeds)"
     # The same on every rank: nothing rank-specific is in it.
-    with N.Sampler(small.path, rank=1, world_size=2, **CFG) as a:
-        with N.Sampler(small.path, rank=0, world_size=2, **CFG) as b:
-            fps(a, 3)
-            fps(b, 3)
-            assert a.state_dict() == b.state_dict()
+    with (
+        N.Sampler(small.path, rank=1, world_size=2, **CFG) as a,
+        N.Sampler(small.path, rank=0, world_size=2, **CFG) as b,
+    ):
+        fps(a, 3)
+        fps(b, 3)
+        assert a.state_dict() == b.state_dict()
 
 
 @pytest.mark.parametrize("as_json", [False, True])
@@ -154,7 +156,9 @@ def test_refusals_name_the_field(small: SmallDb) -> None:
     with pytest.raises(StateError, match="JSON"):
         N.Sampler(small.path, **CFG, state="{not json")
     # Harmless differences are accepted.
-    with N.Sampler(small.path, **{**CFG, "num_prefetch": 1, "num_threads": 2, "telemetry": False}, state=st) as r:
+    with N.Sampler(
+        small.path, **{**CFG, "num_prefetch": 1, "num_threads": 2, "telemetry": False}, state=st
+    ) as r:
         assert r.state_dict()["splits"]["train"]["step"] == 1
     with N.Sampler(small.path, **CFG) as r, pytest.raises(StateError, match="`seed`"):
         r.load_state_dict({**st, "config": {**st["config"], "seed": 99}})
