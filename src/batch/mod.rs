@@ -28,7 +28,7 @@ use half::f16;
 
 /// Names of the batch tensors of seed 000 §3b, in the order they are
 /// exported. The Python batch dict carries one more key after them,
-/// `fingerprint` (`uint64 [1]`): a hash of the producer's RNG state and the
+/// `fingerprint` (`uint64 [1]`): a hash of the step's identity and the
 /// drawn seeds, so an anomalous step can be identified and replayed.
 pub const BATCH_KEYS: [&str; 20] = [
     "semantic_types",
@@ -110,8 +110,8 @@ pub struct Batch {
     /// Pool and mix state when the batch was made (default when the
     /// sampler's telemetry is off).
     pub draw: crate::seeds::DrawStats,
-    /// Hash of the producer's RNG state before the draw, the task and the
-    /// drawn seeds: identifies the batch for replay.
+    /// Hash of the step's identity (its derived key, step, rank, world
+    /// size), the task and the drawn seeds: identifies the batch for replay.
     pub fingerprint: u64,
 }
 
