@@ -353,8 +353,16 @@ impl Sampler {
             match got {
                 Some(Ok(Ok(b))) => {
                     let mut d = lane.delivered.lock().unwrap();
-                    if b.step != d.step {
+                    if b.step < d.step {
                         continue; // made before a restart: not part of the stream now
+                    }
+                    if b.step > d.step {
+                        return Err(Error::Worker(format!(
+                            "the {} producer made step {} while step {} was due",
+                            split.name(),
+                            b.step,
+                            d.step
+                        )));
                     }
                     d.advance(b.task_idx as usize, self.core.cfg.default_batch_size);
                     return Ok(Some(b));
