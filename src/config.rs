@@ -1,8 +1,21 @@
-//! Sampler configuration: the schema of the `[sampler]` table of training
-//! configs and of the Python `Sampler(...)` keywords (same snake_case names).
+//! Sampler configuration: the one definition of every sampler key — the
+//! `[sampler]` table of training configs, the Python `Sampler(...)` keywords
+//! and `config=` mapping (same snake_case names), the `.pyi` and the README
+//! defaults are all checked against it.
+//!
+//! A key is one field of [`SamplerConfig`] (its default in `Default`), one
+//! row of [`FIELDS`] (type, allowed range, doc) and, if its range is not
+//! just its type, one check in [`SamplerConfig::validate`], which is the only
+//! check. Input is a JSON-like mapping deserialised once
+//! ([`SamplerConfig::from_json`]): unknown keys are rejected naming the key,
+//! and a value of the wrong type is reported with the same range text as an
+//! out-of-range value of the right type.
 //!
 //! Invariant: a `SamplerConfig` that passed [`SamplerConfig::validate`] is
-//! safe to sample with; every rejection names the key and the allowed range.
+//! safe to sample with; every rejection is an [`Error::Config`] naming the
+//! key, the value and the allowed range.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,10 +31,30 @@ pub enum TaskPick {
     RoundRobin,
 }
 
+/// Task weights: a list in metadata order, or a `{task name: weight}`
+/// mapping (unlisted tasks keep weight 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskWeights {
+    /// One weight per task, metadata order.
+    List(Vec<f64>),
+    /// Weights by task name.
+    ByName(BTreeMap<String, f64>),
+}
+
+impl From<Vec<f64>> for TaskWeights {
+    fn from(v: Vec<f64>) -> Self {
+        TaskWeights::List(v)
+    }
+}
+
+/// Every sampler key (see the module doc): field order is [`FIELDS`] order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplerConfig {
+    /// This process's rank.
     pub rank: u32,
+    /// Number of ranks.
     pub world_size: u32,
     /// Train / val / test shares of each task's seeds (sum to 1).
     pub split_ratios: [f64; 3],
@@ -31,13 +64,17 @@ pub struct SamplerConfig {
     pub seed: u64,
     /// Capacity of each prefetch channel (batches).
     pub num_prefetch: usize,
+    /// Sequences per batch (B).
     pub default_batch_size: usize,
+    /// Cells per sequence (S).
     pub default_sequence_length: usize,
     /// At most this many children sampled per row per hop.
     pub bfs_child_width: usize,
+    /// BFS hops from the seed row.
     pub max_hops: usize,
-    /// One weight per task (metadata order); `None` = uniform.
-    pub task_weights: Option<Vec<f64>>,
+    /// Task weights; `None` = uniform.
+    pub task_weights: Option<TaskWeights>,
+    /// How the task of each batch is chosen.
     pub task_pick: TaskPick,
     /// Threads in the sampler's pool; `None` = available parallelism.
     pub num_threads: Option<usize>,
@@ -63,12 +100,13 @@ pub struct SamplerConfig {
     /// different values would read different pools and repeat or skip
     /// seeds; compare `state_dict()["config_hash"]` across ranks).
     pub pool_fraction: f64,
-    /// Diagnostic: the producer sleeps this long per batch (inside the timed
-    /// stage), to simulate a slow sampler and starve the prefetch queue.
+    /// Fault injection: the producer sleeps this long per batch (inside the
+    /// timed stage), to simulate a slow sampler and starve the prefetch queue.
     pub debug_batch_delay_ms: f64,
-    /// Test hook: the producer panics when making this step (fault tests).
-    #[serde(skip)]
-    #[doc(hidden)]
+    /// Fault injection: every N-th draw of a pool repeats the seed drawn
+    /// before it (0 = off), so `invariants/duplicate_seeds` must fire.
+    pub debug_repeat_seed_every: u64,
+    /// Fault injection: the producer panics when making this step.
     pub debug_panic_at_step: Option<u64>,
 }
 
@@ -97,148 +135,347 @@ impl Default for SamplerConfig {
             otlp_endpoint: None,
             pool_fraction: 1.0,
             debug_batch_delay_ms: 0.0,
+            debug_repeat_seed_every: 0,
             debug_panic_at_step: None,
         }
     }
 }
 
-fn bad(key: &str, what: String) -> Error {
-    Error::InvalidArgument {
-        name: key.to_string(),
-        what,
+/// One key's type, allowed values and meaning.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct FieldDoc {
+    /// Key (TOML key, Rust field, Python keyword).
+    pub name: &'static str,
+    /// Python-style type.
+    #[serde(rename = "type")]
+    pub ty: &'static str,
+    /// Allowed values, as every error for this key states them.
+    pub range: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+const fn f(
+    name: &'static str,
+    ty: &'static str,
+    range: &'static str,
+    doc: &'static str,
+) -> FieldDoc {
+    FieldDoc {
+        name,
+        ty,
+        range,
+        doc,
     }
 }
 
+/// Every key of [`SamplerConfig`], in field order (a test keeps them equal).
+pub static FIELDS: [FieldDoc; 24] = [
+    f("rank", "int", "an integer in 0..world_size", "this process's rank"),
+    f("world_size", "int", "an integer in 1..=4294967295", "number of ranks"),
+    f(
+        "split_ratios",
+        "tuple[float, float, float]",
+        "three finite numbers >= 0 that sum to 1",
+        "train / val / test shares of each task's seeds",
+    ),
+    f(
+        "split_seed",
+        "int",
+        "an integer in 0..=2^64-1",
+        "seed of the split hash (independent of seed, rank, world_size)",
+    ),
+    f(
+        "seed",
+        "int",
+        "an integer in 0..=2^64-1",
+        "seed of all sampling randomness (combined with rank and split)",
+    ),
+    f(
+        "num_prefetch",
+        "int",
+        "an integer in 1..=1024",
+        "capacity of each prefetch channel (batches)",
+    ),
+    f(
+        "default_batch_size",
+        "int",
+        "an integer in 1..=65536",
+        "sequences per batch (B)",
+    ),
+    f(
+        "default_sequence_length",
+        "int",
+        "an integer in 1..=65535 (cell positions are u16)",
+        "cells per sequence (S)",
+    ),
+    f(
+        "bfs_child_width",
+        "int",
+        "an integer in 1..=2^64-1",
+        "at most this many children sampled per row per hop",
+    ),
+    f("max_hops", "int", "an integer in 0..=64", "BFS hops from the seed row"),
+    f(
+        "task_weights",
+        "list[float] | dict[str, float] | None",
+        "None, one finite weight >= 0 per task (metadata order), or {task name: weight} (unlisted tasks keep 1); at least one > 0",
+        "task weights for weighted picking (None = uniform)",
+    ),
+    f(
+        "task_pick",
+        "str",
+        "\"weighted\" or \"round_robin\"",
+        "how the task of each batch is chosen",
+    ),
+    f(
+        "num_threads",
+        "int | None",
+        "None or an integer in 1..=1024",
+        "threads in the sampler's pool (None = available parallelism)",
+    ),
+    f(
+        "max_rss_bytes",
+        "int | None",
+        "None or an integer in 1..=2^64-1",
+        "fail fast when the process RSS exceeds this many bytes",
+    ),
+    f(
+        "temporal_filter",
+        "bool",
+        "true or false",
+        "filter children by the seed's observation time (off: the temporal-leak invariant lights up)",
+    ),
+    f(
+        "telemetry",
+        "bool",
+        "true or false",
+        "record step telemetry (drain API, Prometheus); off only to measure its cost",
+    ),
+    f(
+        "prometheus_port",
+        "int | None",
+        "None or a port in 1..=65535 (plus local_rank still a port)",
+        "serve Prometheus /metrics on prometheus_port + local_rank",
+    ),
+    f(
+        "prometheus_host",
+        "str",
+        "an IP address",
+        "address the Prometheus exporter binds",
+    ),
+    f(
+        "local_rank",
+        "int | None",
+        "None or an integer in 0..=4294967295",
+        "rank within this machine (default: rank); offsets the Prometheus port",
+    ),
+    f(
+        "otlp_endpoint",
+        "str | None",
+        "None or an OTLP/HTTP base URL",
+        "export stage spans there (else OTEL_EXPORTER_OTLP_ENDPOINT)",
+    ),
+    f(
+        "pool_fraction",
+        "float",
+        "a number in (0, 1]",
+        "keep this share of each seed pool (diagnostic: tiny pools, shard skew)",
+    ),
+    f(
+        "debug_batch_delay_ms",
+        "float",
+        "a number in 0..=60000",
+        "fault injection: sleep this long per batch (starves the prefetch queue)",
+    ),
+    f(
+        "debug_repeat_seed_every",
+        "int",
+        "an integer in 0..=2^64-1 (0 = off)",
+        "fault injection: every N-th draw of a pool repeats the previous seed (lights invariants/duplicate_seeds)",
+    ),
+    f(
+        "debug_panic_at_step",
+        "int | None",
+        "None or an integer in 0..=2^64-1",
+        "fault injection: the producer panics when making this step",
+    ),
+];
+
+/// The [`FIELDS`] row of `key`.
+pub fn field(key: &str) -> Option<&'static FieldDoc> {
+    FIELDS.iter().find(|f| f.name == key)
+}
+
+/// The config error for `key` holding `value` (shown as given).
+pub fn bad(key: &str, value: impl std::fmt::Display) -> Error {
+    let range = field(key).map_or("see the docs", |f| f.range);
+    Error::Config {
+        key: key.to_string(),
+        what: format!("got {value}, allowed: {range}"),
+    }
+}
+
+fn names() -> String {
+    FIELDS.iter().map(|f| f.name).collect::<Vec<_>>().join(", ")
+}
+
 impl SamplerConfig {
-    /// Check every value; `num_tasks` is the database's task count.
-    pub fn validate(&self, num_tasks: usize) -> Result<()> {
+    /// Deserialise a JSON object of keys (missing keys keep their defaults).
+    /// Unknown keys and values of the wrong type are [`Error::Config`]
+    /// naming the key, the value and the allowed range. Does not validate.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self> {
+        let obj = v.as_object().ok_or_else(|| Error::Config {
+            key: "config".into(),
+            what: format!("expected a mapping of sampler keys, got {v}"),
+        })?;
+        if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
+            return Err(Error::Config {
+                key: k.clone(),
+                what: format!("unknown sampler key; known keys: {}", names()),
+            });
+        }
+        serde_json::from_value(v.clone()).map_err(|_| {
+            // Find the key whose value does not deserialise, for the error.
+            for (k, val) in obj {
+                let one =
+                    serde_json::Value::Object([(k.clone(), val.clone())].into_iter().collect());
+                if serde_json::from_value::<SamplerConfig>(one).is_err() {
+                    return bad(k, val);
+                }
+            }
+            Error::Config {
+                key: "config".into(),
+                what: format!("cannot read {v}"),
+            }
+        })
+    }
+
+    /// This config as a JSON object (every key).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a config serialises")
+    }
+
+    /// The task weights in metadata order for a database with `task_names`
+    /// (uniform when unset); an unknown task name is a config error.
+    pub fn weights_for(&self, task_names: &[String]) -> Result<Vec<f64>> {
+        match &self.task_weights {
+            None => Ok(vec![1.0; task_names.len()]),
+            Some(TaskWeights::List(w)) => Ok(w.clone()),
+            Some(TaskWeights::ByName(m)) => {
+                if let Some(k) = m.keys().find(|k| !task_names.contains(k)) {
+                    return Err(Error::Config {
+                        key: "task_weights".into(),
+                        what: format!(
+                            "unknown task {k:?}; the database's tasks are {task_names:?}"
+                        ),
+                    });
+                }
+                Ok(task_names
+                    .iter()
+                    .map(|t| m.get(t).copied().unwrap_or(1.0))
+                    .collect())
+            }
+        }
+    }
+
+    /// Check every value; with `task_names` (the database's tasks), also
+    /// the task weights against them.
+    pub fn validate(&self, task_names: Option<&[String]>) -> Result<()> {
         if self.world_size == 0 {
-            return Err(bad("world_size", "must be >= 1, got 0".into()));
+            return Err(bad("world_size", 0));
         }
         if self.rank >= self.world_size {
             return Err(bad(
                 "rank",
-                format!(
-                    "must be in 0..{} (world_size), got {}",
-                    self.world_size, self.rank
-                ),
+                format!("{} with world_size {}", self.rank, self.world_size),
             ));
         }
         let r = self.split_ratios;
-        if r.iter().any(|x| !x.is_finite() || *x < 0.0) {
-            return Err(bad(
-                "split_ratios",
-                format!("must be three finite non-negative numbers, got {r:?}"),
-            ));
-        }
         let sum: f64 = r.iter().sum();
-        if (sum - 1.0).abs() > 1e-6 {
-            return Err(bad(
-                "split_ratios",
-                format!("must sum to 1, got {r:?} (sum {sum})"),
-            ));
+        if r.iter().any(|x| !x.is_finite() || *x < 0.0) || (sum - 1.0).abs() > 1e-6 {
+            return Err(bad("split_ratios", format!("{r:?} (sum {sum})")));
         }
-        if self.num_prefetch == 0 || self.num_prefetch > 1024 {
-            return Err(bad(
-                "num_prefetch",
-                format!("must be in 1..=1024, got {}", self.num_prefetch),
-            ));
-        }
-        if self.default_batch_size == 0 || self.default_batch_size > 65_536 {
-            return Err(bad(
-                "default_batch_size",
-                format!("must be in 1..=65536, got {}", self.default_batch_size),
-            ));
-        }
-        if self.default_sequence_length == 0 || self.default_sequence_length > 65_535 {
-            return Err(bad(
-                "default_sequence_length",
-                format!(
-                    "must be in 1..=65535 (cell positions are u16), got {}",
-                    self.default_sequence_length
-                ),
-            ));
-        }
-        if self.bfs_child_width == 0 {
-            return Err(bad("bfs_child_width", "must be >= 1, got 0".into()));
-        }
-        if self.max_hops > 64 {
-            return Err(bad(
-                "max_hops",
-                format!("must be in 0..=64, got {}", self.max_hops),
-            ));
-        }
+        let int_range = |key: &str, v: usize, lo: usize, hi: usize| -> Result<()> {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(bad(key, v))
+            }
+        };
+        int_range("num_prefetch", self.num_prefetch, 1, 1024)?;
+        int_range("default_batch_size", self.default_batch_size, 1, 65_536)?;
+        int_range(
+            "default_sequence_length",
+            self.default_sequence_length,
+            1,
+            65_535,
+        )?;
+        int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
+        int_range("max_hops", self.max_hops, 0, 64)?;
         if let Some(n) = self.num_threads {
-            if n == 0 || n > 1024 {
-                return Err(bad("num_threads", format!("must be in 1..=1024, got {n}")));
-            }
+            int_range("num_threads", n, 1, 1024)?;
         }
-        if let Some(w) = &self.task_weights {
-            if w.len() != num_tasks {
-                return Err(bad(
-                    "task_weights",
-                    format!("needs one weight per task ({num_tasks}), got {}", w.len()),
-                ));
-            }
-            if let Some((i, x)) = w
-                .iter()
-                .enumerate()
-                .find(|(_, x)| !x.is_finite() || **x < 0.0)
-            {
-                return Err(bad(
-                    "task_weights",
-                    format!("weight {i} is {x}; weights must be finite and >= 0"),
-                ));
-            }
-            if w.iter().all(|&x| x == 0.0) {
-                return Err(bad(
-                    "task_weights",
-                    "all weights are 0; at least one task must have weight > 0".into(),
-                ));
-            }
+        if self.max_rss_bytes == Some(0) {
+            return Err(bad("max_rss_bytes", 0));
         }
+        self.validate_weights(task_names)?;
         if let Some(p) = self.prometheus_port {
-            let port = p as u32 + self.local_rank.unwrap_or(self.rank);
-            if p == 0 || port > u16::MAX as u32 {
+            let port = u32::from(p) + self.local_rank.unwrap_or(self.rank);
+            if p == 0 || port > u32::from(u16::MAX) {
                 return Err(bad(
                     "prometheus_port",
-                    format!("{p} + local rank must be a port in 1..=65535"),
+                    format!("{p} (+ local rank = {port})"),
                 ));
             }
             if self.prometheus_host.parse::<std::net::IpAddr>().is_err() {
                 return Err(bad(
                     "prometheus_host",
-                    format!("{:?} is not an IP address", self.prometheus_host),
+                    format!("{:?}", self.prometheus_host),
                 ));
             }
         }
         if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
-            return Err(bad(
-                "pool_fraction",
-                format!("must be in (0, 1], got {}", self.pool_fraction),
-            ));
+            return Err(bad("pool_fraction", self.pool_fraction));
         }
         if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
-            return Err(bad(
-                "debug_batch_delay_ms",
-                format!("must be in 0..=60000, got {}", self.debug_batch_delay_ms),
-            ));
-        }
-        if let Some(m) = self.max_rss_bytes {
-            if m == 0 {
-                return Err(bad("max_rss_bytes", "must be > 0 when set".into()));
-            }
+            return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
         }
         Ok(())
     }
-}
 
-impl SamplerConfig {
+    fn validate_weights(&self, task_names: Option<&[String]>) -> Result<()> {
+        let Some(tw) = &self.task_weights else {
+            return Ok(());
+        };
+        let w: Vec<f64> = match (tw, task_names) {
+            (_, Some(names)) => {
+                let w = self.weights_for(names)?;
+                if w.len() != names.len() {
+                    return Err(bad(
+                        "task_weights",
+                        format!("{} weights for {} tasks {names:?}", w.len(), names.len()),
+                    ));
+                }
+                w
+            }
+            (TaskWeights::List(w), None) => w.clone(),
+            (TaskWeights::ByName(m), None) => m.values().copied().collect(),
+        };
+        if let Some(x) = w.iter().find(|x| !x.is_finite() || **x < 0.0) {
+            return Err(bad("task_weights", format!("a weight of {x}")));
+        }
+        if task_names.is_some() && w.iter().all(|&x| x == 0.0) {
+            return Err(bad("task_weights", "all weights 0"));
+        }
+        Ok(())
+    }
+
     /// The exporter address for this rank, when Prometheus is on.
     pub fn prometheus_addr(&self) -> Option<std::net::SocketAddr> {
-        let p = self.prometheus_port? as u32 + self.local_rank.unwrap_or(self.rank);
+        let p = u32::from(self.prometheus_port?) + self.local_rank.unwrap_or(self.rank);
         let ip: std::net::IpAddr = self.prometheus_host.parse().ok()?;
-        Some(std::net::SocketAddr::new(ip, p as u16))
+        Some(std::net::SocketAddr::new(ip, u16::try_from(p).ok()?))
     }
 }
 
@@ -246,10 +483,25 @@ impl SamplerConfig {
 mod tests {
     use super::*;
 
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("t{i}")).collect()
+    }
+
+    #[test]
+    fn fields_are_the_struct_in_order() {
+        let v = SamplerConfig::default().to_json();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = FIELDS.iter().map(|f| f.name).collect();
+        let mut got = keys.clone();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn rejections_name_the_key() {
         let ok = SamplerConfig::default();
-        ok.validate(2).unwrap();
+        ok.validate(Some(&names(2))).unwrap();
         let cases: Vec<(SamplerConfig, &str)> = vec![
             (
                 SamplerConfig {
@@ -282,41 +534,66 @@ mod tests {
             ),
             (
                 SamplerConfig {
-                    task_weights: Some(vec![1.0]),
+                    task_weights: Some(vec![1.0].into()),
                     ..ok.clone()
                 },
                 "task_weights",
             ),
             (
                 SamplerConfig {
-                    task_weights: Some(vec![1.0, -1.0]),
+                    task_weights: Some(vec![1.0, -1.0].into()),
                     ..ok.clone()
                 },
                 "task_weights",
             ),
             (
                 SamplerConfig {
-                    task_weights: Some(vec![0.0, 0.0]),
+                    task_weights: Some(vec![0.0, 0.0].into()),
                     ..ok.clone()
                 },
                 "task_weights",
             ),
         ];
         for (c, key) in cases {
-            match c.validate(2) {
-                Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, key),
-                other => panic!("{key}: expected InvalidArgument, got {other:?}"),
+            match c.validate(Some(&names(2))) {
+                Err(Error::Config { key: k, what }) => {
+                    assert_eq!(k, key);
+                    assert!(what.contains(field(key).unwrap().range), "{what}");
+                }
+                other => panic!("{key}: expected Config, got {other:?}"),
             }
         }
     }
 
     #[test]
-    fn unknown_toml_keys_are_rejected() {
-        let e = toml_like_json(r#"{"rank": 0, "bogus": 1}"#).unwrap_err();
+    fn wrong_type_and_out_of_range_give_the_same_range() {
+        let neg = SamplerConfig::from_json(&serde_json::json!({"default_batch_size": -1}))
+            .unwrap_err()
+            .to_string();
+        let zero = SamplerConfig::from_json(&serde_json::json!({"default_batch_size": 0}))
+            .unwrap()
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        let range = field("default_batch_size").unwrap().range;
+        assert!(neg.contains(range) && neg.contains("-1"), "{neg}");
+        assert!(zero.contains(range) && zero.contains("got 0"), "{zero}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let e = SamplerConfig::from_json(&serde_json::json!({"rank": 0, "bogus": 1})).unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
     }
 
-    fn toml_like_json(s: &str) -> std::result::Result<SamplerConfig, serde_json::Error> {
-        serde_json::from_str(s)
+    #[test]
+    fn weights_by_name_fill_unlisted_tasks_and_name_unknown_ones() {
+        let c =
+            SamplerConfig::from_json(&serde_json::json!({"task_weights": {"t1": 3.0}})).unwrap();
+        assert_eq!(c.weights_for(&names(3)).unwrap(), vec![1.0, 3.0, 1.0]);
+        let c =
+            SamplerConfig::from_json(&serde_json::json!({"task_weights": {"nope": 3.0}})).unwrap();
+        let e = c.validate(Some(&names(2))).unwrap_err().to_string();
+        assert!(e.contains("nope") && e.contains("task_weights"), "{e}");
     }
 }

@@ -17,9 +17,16 @@ _LAZY = {
     "inspect": ("headwater.inspection", "inspect"),
     "default_database": ("headwater.default_db", "default_database"),
     "Database": ("headwater._native", "Database"),
+    "Sampler": ("headwater._native", "Sampler"),
+    "BATCH_KEYS": ("headwater._native", "BATCH_KEYS"),
     "HeadwaterError": ("headwater.errors", "HeadwaterError"),
+    "ConfigError": ("headwater.errors", "ConfigError"),
     "FormatError": ("headwater.errors", "FormatError"),
     "SchemaError": ("headwater.errors", "SchemaError"),
+    "WorkerError": ("headwater.errors", "WorkerError"),
+    "ResourceError": ("headwater.errors", "ResourceError"),
+    "SamplerShutdown": ("headwater.errors", "SamplerShutdown"),
+    "StateError": ("headwater.errors", "StateError"),
 }
 
 
@@ -35,10 +42,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BATCH_KEYS",
+    "ConfigError",
     "Database",
     "FormatError",
     "HeadwaterError",
+    "ResourceError",
+    "Sampler",
+    "SamplerShutdown",
     "SchemaError",
+    "StateError",
+    "WorkerError",
     "default_database",
     "inspect",
     "preprocess",

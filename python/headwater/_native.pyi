@@ -1,6 +1,7 @@
 """Type stubs for the compiled core (kept by hand, checked by stubtest)."""
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy.typing as npt
 __all__ = [
     "BATCH_KEYS",
     "FORMAT_VERSION",
+    "TELEMETRY_PREFIX",
     "ConfigError",
     "Database",
     "DatabaseWriter",
@@ -22,17 +24,22 @@ __all__ = [
     "__version__",
     "bench_sampler",
     "hash_embed",
+    "metric_table",
     "peak_rss_bytes",
+    "sampler_config_schema",
+    "telemetry_schema_for",
+    "validate_sampler_config",
 ]
 
 FORMAT_VERSION: int
 BATCH_KEYS: list[str]
+TELEMETRY_PREFIX: str
 __version__: str
 
 class HeadwaterError(Exception): ...
 class FormatError(HeadwaterError): ...
 class SchemaError(HeadwaterError): ...
-class ConfigError(HeadwaterError): ...
+class ConfigError(HeadwaterError, ValueError): ...
 class StateError(HeadwaterError): ...
 class SamplerShutdown(HeadwaterError): ...
 class WorkerError(HeadwaterError): ...
@@ -119,6 +126,14 @@ def bench_sampler(
     telemetry: bool = True,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
+def metric_table() -> list[dict[str, Any]]: ...
+def telemetry_schema_for(
+    task_names: Sequence[str], max_hops: int, sequence_length: int
+) -> list[dict[str, Any]]: ...
+def sampler_config_schema() -> list[dict[str, Any]]: ...
+def validate_sampler_config(
+    config: Mapping[str, Any], task_names: Sequence[str] | None = None
+) -> dict[str, Any]: ...
 
 @final
 class Sampler:
@@ -127,6 +142,9 @@ class Sampler:
     def __new__(
         cls,
         db_path: str | os.PathLike[str],
+        config: Mapping[str, Any] | None = None,
+        state: dict[str, Any] | str | bytes | None = None,
+        *,
         rank: int = 0,
         world_size: int = 1,
         split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
@@ -137,7 +155,7 @@ class Sampler:
         default_sequence_length: int = 1024,
         bfs_child_width: int = 16,
         max_hops: int = 3,
-        task_weights: list[float] | None = None,
+        task_weights: list[float] | dict[str, float] | None = None,
         task_pick: str = "weighted",
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
@@ -149,8 +167,8 @@ class Sampler:
         otlp_endpoint: str | None = None,
         pool_fraction: float = 1.0,
         debug_batch_delay_ms: float = 0.0,
-        _debug_panic_at_step: int | None = None,
-        state: dict[str, Any] | str | bytes | None = None,
+        debug_repeat_seed_every: int = 0,
+        debug_panic_at_step: int | None = None,
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]: ...
     def next_val_batch(self) -> dict[str, npt.NDArray[Any]]: ...

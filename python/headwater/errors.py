@@ -1,13 +1,40 @@
 """The headwater exception hierarchy.
 
-``HeadwaterError`` is the base of every headwater failure; ``FormatError`` (a
-database file is truncated, corrupt or of an unsupported version),
-``SchemaError`` (the relational input cannot become a database),
-``ConfigError`` (unknown or invalid configuration) and ``StateError`` (a saved
-sampler state from another snapshot, config or version) derive from it. Invalid
-arguments raise ``ValueError`` and missing files ``FileNotFoundError``.
+``HeadwaterError`` is the base of every headwater failure:
+
+* ``ConfigError`` (also a ``ValueError``): an unknown sampler key, or a value
+  outside its range; the message names the key, the value and the range;
+* ``FormatError``: a database file is truncated, corrupt or of an
+  unsupported version;
+* ``SchemaError``: the relational input cannot become a database;
+* ``WorkerError``: a sampler producer thread failed or panicked;
+* ``ResourceError``: a resource limit such as ``max_rss_bytes`` was hit;
+* ``SamplerShutdown``: the sampler was shut down; no more batches;
+* ``StateError``: a saved sampler state from another snapshot, config or
+  state version; the message names the field.
+
+Other invalid arguments raise ``ValueError`` and missing files
+``FileNotFoundError``.
 """
 
-from headwater._native import ConfigError, FormatError, HeadwaterError, SchemaError, StateError
+from headwater._native import (
+    ConfigError,
+    FormatError,
+    HeadwaterError,
+    ResourceError,
+    SamplerShutdown,
+    SchemaError,
+    StateError,
+    WorkerError,
+)
 
-__all__ = ["ConfigError", "FormatError", "HeadwaterError", "SchemaError", "StateError"]
+__all__ = [
+    "ConfigError",
+    "FormatError",
+    "HeadwaterError",
+    "ResourceError",
+    "SamplerShutdown",
+    "SchemaError",
+    "StateError",
+    "WorkerError",
+]

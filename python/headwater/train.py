@@ -326,7 +326,7 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
     if lead and lg.wandb_mode != "disabled":
         import wandb
 
-        from headwater.wandb import WandbSink
+        from headwater.telemetry import WandbSink
 
         os.environ.setdefault("WANDB_SILENT", "true")
         run = wandb.init(

@@ -56,6 +56,7 @@ SAMPLER_KEYS: dict[str, Any] = {
     "telemetry": bool,
     "pool_fraction": float,
     "debug_batch_delay_ms": float,
+    "debug_repeat_seed_every": int,
 }
 
 #: The main job's sampler settings (small B and S: a CPU step stays well

@@ -125,7 +125,8 @@ impl SamplerCore {
 
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
         let m = db.metadata();
-        cfg.validate(m.tasks.len())?;
+        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
+        cfg.validate(Some(&names))?;
         let row_cells: Vec<u16> = m
             .tables
             .iter()
@@ -153,10 +154,7 @@ impl SamplerCore {
                 cat_emb_count: col.cat_emb_count,
             });
         }
-        let weights = cfg
-            .task_weights
-            .clone()
-            .unwrap_or_else(|| vec![1.0; m.tasks.len()]);
+        let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -167,7 +165,6 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
         let schema = TelemetrySchema::new(&names, cfg.max_hops, cfg.default_sequence_length);
         Ok(SamplerCore {
             db,
@@ -178,6 +175,11 @@ impl SamplerCore {
             pool,
             schema,
         })
+    }
+
+    /// The effective task weights (metadata order).
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
     }
 
     pub fn num_threads(&self) -> usize {
@@ -221,7 +223,9 @@ impl SamplerCore {
                 eligible.push(false);
             } else {
                 let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
-                pools.push(Some(SeedPool::new(seeds, s)));
+                pools.push(Some(
+                    SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
+                ));
                 eligible.push(true);
             }
         }

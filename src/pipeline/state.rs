@@ -116,15 +116,14 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
-    pub fn of(cfg: &SamplerConfig, num_tasks: usize) -> Self {
+    /// The stream keys of `cfg`, with `weights` its effective task weights
+    /// (metadata order).
+    pub fn of(cfg: &SamplerConfig, weights: &[f64]) -> Self {
         StreamConfig {
             split_ratios: cfg.split_ratios,
             split_seed: cfg.split_seed,
             seed: cfg.seed,
-            task_weights: cfg
-                .task_weights
-                .clone()
-                .unwrap_or_else(|| vec![1.0; num_tasks]),
+            task_weights: weights.to_vec(),
             task_pick: cfg.task_pick,
             default_batch_size: cfg.default_batch_size,
             default_sequence_length: cfg.default_sequence_length,
@@ -231,14 +230,13 @@ impl SamplerState {
             .map_err(|e| refuse("state", format!("malformed sampler state: {e}")))
     }
 
-    /// The state of `streams` (with each split's pool sizes) under `cfg`.
+    /// The state of `streams` (with each split's pool sizes) under `config`.
     pub fn capture(
         content_hash: &str,
-        cfg: &SamplerConfig,
+        config: StreamConfig,
         tasks: &[String],
         streams: &[(Split, &StreamState, &[u64])],
     ) -> SamplerState {
-        let config = StreamConfig::of(cfg, tasks.len());
         let splits = streams
             .iter()
             .map(|&(split, st, sizes)| {
@@ -283,7 +281,7 @@ impl SamplerState {
 
     /// Check this state against the snapshot and config it is restored
     /// under, naming the first field that differs.
-    pub fn check(&self, content_hash: &str, cfg: &SamplerConfig, tasks: &[String]) -> Result<()> {
+    pub fn check(&self, content_hash: &str, mine: &StreamConfig, tasks: &[String]) -> Result<()> {
         if self.format != STATE_FORMAT {
             return Err(refuse(
                 "format",
@@ -317,10 +315,9 @@ impl SamplerState {
                 ),
             ));
         }
-        let mine = StreamConfig::of(cfg, tasks.len());
-        if self.config != mine {
+        if &self.config != mine {
             let a = serde_json::to_value(&self.config).expect("serialisable");
-            let b = serde_json::to_value(&mine).expect("serialisable");
+            let b = serde_json::to_value(mine).expect("serialisable");
             let (a, b) = (
                 a.as_object().expect("object"),
                 b.as_object().expect("object"),
@@ -426,6 +423,11 @@ impl SamplerState {
 }
 
 impl super::SamplerCore {
+    /// The stream keys of this sampler's config (effective task weights).
+    pub fn stream_config(&self) -> StreamConfig {
+        StreamConfig::of(&self.cfg, self.weights())
+    }
+
     fn task_names(&self) -> Vec<String> {
         self.db
             .metadata()
@@ -439,7 +441,7 @@ impl super::SamplerCore {
     pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
         SamplerState::capture(
             self.db.content_hash(),
-            &self.cfg,
+            self.stream_config(),
             &self.task_names(),
             streams,
         )
@@ -453,7 +455,11 @@ impl super::SamplerCore {
         saved: &SamplerState,
         fresh: &[super::SplitState],
     ) -> Result<Vec<StreamState>> {
-        saved.check(self.db.content_hash(), &self.cfg, &self.task_names())?;
+        saved.check(
+            self.db.content_hash(),
+            &self.stream_config(),
+            &self.task_names(),
+        )?;
         let mut out = Vec::with_capacity(fresh.len());
         let mut notes = Vec::new();
         for f in fresh {

@@ -7,12 +7,16 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::Error;
 
 mod bench;
+mod config;
 mod database;
 mod sampler;
+mod telemetry;
 mod writer;
 
 create_exception!(
@@ -33,12 +37,43 @@ create_exception!(
     HeadwaterError,
     "The relational input cannot become a database (schema or data problem)."
 );
-create_exception!(
-    _native,
-    ConfigError,
-    HeadwaterError,
-    "A configuration key is unknown or has a bad value."
-);
+/// `ConfigError(HeadwaterError, ValueError)`: two bases, so it is made with
+/// Python's `type()` once, at first use.
+static CONFIG_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn config_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    CONFIG_ERROR
+        .get_or_try_init(py, || {
+            let ns = PyDict::new(py);
+            ns.set_item("__module__", "headwater._native")?;
+            ns.set_item(
+                "__doc__",
+                "A configuration key is unknown or has a bad value (names the key, \
+                 the value and the allowed range).",
+            )?;
+            let bases = PyTuple::new(
+                py,
+                [
+                    py.get_type::<HeadwaterError>().into_any(),
+                    py.get_type::<PyValueError>().into_any(),
+                ],
+            )?;
+            let t = py
+                .import("builtins")?
+                .getattr("type")?
+                .call1(("ConfigError", bases, ns))?;
+            Ok(t.cast_into::<PyType>()?.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
+/// A Python object from a JSON value (via `json.loads`, once per call).
+pub(crate) fn json_to_py<'py>(
+    py: Python<'py>,
+    v: &serde_json::Value,
+) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (v.to_string(),))
+}
 
 create_exception!(
     _native,
@@ -74,7 +109,10 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         }
         Error::Io { .. } => PyOSError::new_err(msg),
         Error::Format { .. } | Error::Version { .. } => FormatError::new_err(msg),
-        Error::Config { .. } => ConfigError::new_err(msg),
+        Error::Config { .. } => Python::attach(|py| match config_error(py) {
+            Ok(t) => PyErr::from_type(t.clone(), msg),
+            Err(e) => e,
+        }),
         Error::State { .. } => StateError::new_err(msg),
         Error::InvalidArgument { .. } => PyValueError::new_err(msg),
         Error::Preprocess(_) => SchemaError::new_err(msg),
@@ -90,7 +128,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("HeadwaterError", py.get_type::<HeadwaterError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("SchemaError", py.get_type::<SchemaError>())?;
-    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("ConfigError", config_error(py)?)?;
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
     m.add("WorkerError", py.get_type::<WorkerError>())?;
@@ -101,6 +139,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<database::Database>()?;
     m.add_class::<writer::DatabaseWriter>()?;
     m.add_class::<sampler::Sampler>()?;
+    m.add("TELEMETRY_PREFIX", crate::telemetry::PREFIX)?;
+    m.add_function(wrap_pyfunction!(telemetry::metric_table, m)?)?;
+    m.add_function(wrap_pyfunction!(config::sampler_config_schema, m)?)?;
+    m.add_function(wrap_pyfunction!(config::validate_sampler_config, m)?)?;
+    m.add_function(wrap_pyfunction!(telemetry::telemetry_schema_for, m)?)?;
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
     m.add_function(wrap_pyfunction!(bench::bench_sampler, m)?)?;
     m.add_function(wrap_pyfunction!(bench::peak_rss_bytes, m)?)?;

@@ -11,16 +11,21 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::to_py;
 use crate::batch::{Batch, TIMESTAMP_DIM};
-use crate::config::{SamplerConfig, TaskPick};
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
-use crate::telemetry::Reduction;
 
 fn parse_split(split: &str) -> PyResult<Split> {
     Split::parse(split).ok_or_else(|| {
         PyValueError::new_err(format!(
             "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
         ))
+    })
+}
+
+/// A non-negative integer argument.
+fn nonneg(name: &str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!("invalid argument `{name}`: must be >= 0, got {v}"))
     })
 }
 
@@ -45,12 +50,6 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
 
 /// How long a blocked wait sleeps between checks for Ctrl-C.
 const WAKE: Duration = Duration::from_millis(50);
-
-fn nonneg(name: &str, v: i64) -> PyResult<u64> {
-    u64::try_from(v).map_err(|_| {
-        PyValueError::new_err(format!("invalid argument `{name}`: must be >= 0, got {v}"))
-    })
-}
 
 /// The headwater sampler: prefetching producers for the train and val splits.
 #[pyclass(module = "headwater._native", frozen)]
@@ -182,100 +181,21 @@ impl Sampler {
 
 #[pymethods]
 impl Sampler {
+    /// Open `db_path` with the sampler keys of `config` and `kwargs`
+    /// (keywords win); unknown keys and bad values raise `ConfigError`.
     #[new]
-    #[pyo3(signature = (
-        db_path, rank=0, world_size=1, split_ratios=(0.8, 0.1, 0.1), split_seed=0, seed=0,
-        num_prefetch=3, default_batch_size=32, default_sequence_length=1024,
-        bfs_child_width=16, max_hops=3, task_weights=None, task_pick="weighted",
-        num_threads=None, max_rss_bytes=None, temporal_filter=true, telemetry=true,
-        prometheus_port=None, prometheus_host=String::from("127.0.0.1"), local_rank=None,
-        otlp_endpoint=None, pool_fraction=1.0, debug_batch_delay_ms=0.0,
-        _debug_panic_at_step=None, state=None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    /// `state` (a `state_dict()` value, or its JSON) continues where it
+    /// left off; `StateError` names the field when it does not fit.
+    #[pyo3(signature = (db_path, config=None, state=None, **kwargs))]
     fn new(
         py: Python<'_>,
         db_path: std::path::PathBuf,
-        rank: i64,
-        world_size: i64,
-        split_ratios: (f64, f64, f64),
-        split_seed: i64,
-        seed: i64,
-        num_prefetch: i64,
-        default_batch_size: i64,
-        default_sequence_length: i64,
-        bfs_child_width: i64,
-        max_hops: i64,
-        task_weights: Option<Vec<f64>>,
-        task_pick: &str,
-        num_threads: Option<i64>,
-        max_rss_bytes: Option<i64>,
-        temporal_filter: bool,
-        telemetry: bool,
-        prometheus_port: Option<i64>,
-        prometheus_host: String,
-        local_rank: Option<i64>,
-        otlp_endpoint: Option<String>,
-        pool_fraction: f64,
-        debug_batch_delay_ms: f64,
-        _debug_panic_at_step: Option<u64>,
+        config: Option<&Bound<'_, PyAny>>,
         state: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let cfg = super::config::from_py(config, kwargs)?;
         let state = state.map(parse_state).transpose()?;
-        let task_pick = match task_pick {
-            "weighted" => TaskPick::Weighted,
-            "round_robin" => TaskPick::RoundRobin,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                "invalid argument `task_pick`: {other:?}, expected \"weighted\" or \"round_robin\""
-            )))
-            }
-        };
-        let small = |name: &str, v: i64| -> PyResult<u32> {
-            let x = nonneg(name, v)?;
-            u32::try_from(x).map_err(|_| {
-                PyValueError::new_err(format!("invalid argument `{name}`: {v} is too large"))
-            })
-        };
-        let cfg = SamplerConfig {
-            rank: small("rank", rank)?,
-            world_size: small("world_size", world_size)?,
-            split_ratios: [split_ratios.0, split_ratios.1, split_ratios.2],
-            split_seed: split_seed as u64,
-            seed: seed as u64,
-            num_prefetch: nonneg("num_prefetch", num_prefetch)? as usize,
-            default_batch_size: nonneg("default_batch_size", default_batch_size)? as usize,
-            default_sequence_length: nonneg("default_sequence_length", default_sequence_length)?
-                as usize,
-            bfs_child_width: nonneg("bfs_child_width", bfs_child_width)? as usize,
-            max_hops: nonneg("max_hops", max_hops)? as usize,
-            task_weights,
-            task_pick,
-            num_threads: num_threads
-                .map(|n| nonneg("num_threads", n))
-                .transpose()?
-                .map(|n| n as usize),
-            max_rss_bytes: max_rss_bytes
-                .map(|n| nonneg("max_rss_bytes", n))
-                .transpose()?,
-            temporal_filter,
-            telemetry,
-            prometheus_port: prometheus_port
-                .map(|p| {
-                    u16::try_from(p).map_err(|_| {
-                        PyValueError::new_err(format!(
-                            "invalid argument `prometheus_port`: must be in 1..=65535, got {p}"
-                        ))
-                    })
-                })
-                .transpose()?,
-            prometheus_host,
-            local_rank: local_rank.map(|r| small("local_rank", r)).transpose()?,
-            otlp_endpoint,
-            pool_fraction,
-            debug_batch_delay_ms,
-            debug_panic_at_step: _debug_panic_at_step,
-        };
         let inner = py
             .detach(|| pipeline::Sampler::with_state(&db_path, cfg, state.as_ref()))
             .map_err(to_py)?;
@@ -407,26 +327,12 @@ impl Sampler {
         self.inner.core().schema.drained_keys.clone()
     }
 
-    /// The ordered telemetry schema: `[{"key", "reduction", "edges", "help"}]`
-    /// (`edges` ends with `inf`; `None` for scalars). Depends only on the
-    /// database metadata and the config.
+    /// The ordered telemetry schema: `[{"key", "reduction", "edges",
+    /// "quantile", "help", "prometheus", "unit"}]` (`edges` ends with `inf`;
+    /// `None` for scalars). Depends only on the database metadata and the
+    /// config.
     fn telemetry_schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        for e in &self.inner.core().schema.entries {
-            let d = PyDict::new(py);
-            d.set_item("key", &e.key)?;
-            let r = match e.reduction {
-                Reduction::Min => "MIN",
-                Reduction::Max => "MAX",
-                Reduction::Sum => "SUM",
-                Reduction::Histogram => "HISTOGRAM",
-            };
-            d.set_item("reduction", r)?;
-            d.set_item("edges", e.edges.as_ref().map(|x| x.to_vec()))?;
-            d.set_item("help", e.help)?;
-            out.append(d)?;
-        }
-        Ok(out)
+        super::telemetry::schema_list(py, &self.inner.core().schema)
     }
 
     /// Rebuild batch number `step` of `split` exactly as it was delivered

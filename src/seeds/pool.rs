@@ -39,6 +39,11 @@ pub struct SeedPool {
     /// index drawn through this instance in `checked_epoch`.
     checked_epoch: Option<u64>,
     drawn: Vec<u64>,
+    /// Fault injection (`debug_repeat_seed_every`): every N-th draw through
+    /// this instance returns the seed of the position before it in the same
+    /// epoch; 0 = off.
+    repeat_every: u64,
+    draws: u64,
 }
 
 impl SeedPool {
@@ -56,9 +61,20 @@ impl SeedPool {
             keyed_epoch: 0,
             round_keys: [0; ROUNDS],
             checked_epoch: None,
+            repeat_every: 0,
+            draws: 0,
         };
         p.key_epoch(0);
         p
+    }
+
+    /// Fault injection: every `n`-th draw (0 = never) returns the seed of
+    /// the previous position of the same epoch instead of its own, so the
+    /// independent once-per-epoch check must count a duplicate.
+    #[must_use]
+    pub fn with_repeat_fault(mut self, n: u64) -> Self {
+        self.repeat_every = n;
+        self
     }
 
     fn key_epoch(&mut self, epoch: u64) {
@@ -113,7 +129,9 @@ impl SeedPool {
         if epoch != self.keyed_epoch {
             self.key_epoch(epoch);
         }
-        let idx = self.permute(i) as usize;
+        self.draws += 1;
+        let repeat = self.repeat_every > 0 && self.draws % self.repeat_every == 0 && i > 0;
+        let idx = self.permute(if repeat { i - 1 } else { i }) as usize;
         if self.checked_epoch != Some(epoch) {
             self.drawn.iter_mut().for_each(|w| *w = 0);
             self.checked_epoch = Some(epoch);
@@ -183,6 +201,17 @@ mod tests {
         assert!(!p.at(3).duplicate);
         assert!(p.at(3).duplicate, "the same position twice in one epoch");
         assert!(!p.at(13).duplicate, "a new epoch clears the check");
+    }
+
+    #[test]
+    fn the_repeat_fault_is_caught_as_a_duplicate() {
+        let mut p = SeedPool::new((0..50).collect(), 1).with_repeat_fault(5);
+        let draws: Vec<Draw> = (0..20).map(|i| p.at(i)).collect();
+        let dups: Vec<usize> = (0..20).filter(|&i| draws[i].duplicate).collect();
+        assert_eq!(dups, vec![4, 9, 14, 19]);
+        for &i in &dups {
+            assert_eq!(draws[i].seed, draws[i - 1].seed);
+        }
     }
 
     #[test]

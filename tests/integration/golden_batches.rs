@@ -113,7 +113,7 @@ fn configs() -> Vec<(&'static str, SamplerConfig)> {
         (
             "weights",
             SamplerConfig {
-                task_weights: Some(vec![1.0, 3.0]),
+                task_weights: Some(vec![1.0, 3.0].into()),
                 default_batch_size: 16,
                 default_sequence_length: 128,
                 ..base

@@ -261,10 +261,8 @@ impl<'a> Reference<'a> {
     pub fn new(db: &'a Database, cfg: &SamplerConfig, split: Split) -> Self {
         let c = cfg;
         let m = db.metadata();
-        let weights = c
-            .task_weights
-            .clone()
-            .unwrap_or_else(|| vec![1.0; m.tasks.len()]);
+        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
+        let weights = c.weights_for(&names).unwrap();
         let mut pools = Vec::new();
         let mut eligible = Vec::new();
         for k in 0..m.tasks.len() {

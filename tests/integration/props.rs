@@ -482,7 +482,7 @@ fn categorical_targets_stay_in_their_block() {
             bfs_child_width: 3,
             max_hops: 2,
             num_threads: Some(1),
-            task_weights: Some(weights),
+            task_weights: Some(weights.into()),
             ..SamplerConfig::default()
         };
         let core = Arc::new(SamplerCore::with_database(db.clone(), cfg.clone()).unwrap());

@@ -264,7 +264,7 @@ fn incompatible_states_are_refused_naming_the_field() {
         (
             "task_weights",
             SamplerConfig {
-                task_weights: Some(weights),
+                task_weights: Some(weights.into()),
                 ..cfg.clone()
             },
         ),
@@ -414,7 +414,7 @@ fn telemetry_continues_across_a_resume() {
     let mut weights = vec![1.0; ntasks];
     weights[ntasks - 1] = 0.05; // rarely picked: a long steps_since_pick
     let cfg = SamplerConfig {
-        task_weights: Some(weights),
+        task_weights: Some(weights.into()),
         pool_fraction: 0.2,
         ..elastic_cfg()
     };

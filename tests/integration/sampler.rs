@@ -147,7 +147,7 @@ proptest! {
             default_batch_size: b,
             default_sequence_length: 8,
             max_hops: 1,
-            task_weights: Some(weights),
+            task_weights: Some(weights.into()),
             num_threads: Some(1),
             ..SamplerConfig::default()
         };

@@ -81,7 +81,7 @@ def main() -> None:
 
     from headwater import _native
     from headwater import telemetry as T
-    from headwater.wandb import WandbSink
+    from headwater.telemetry import WandbSink
 
     assert jax.process_count() == world and jax.process_index() == rank
 

@@ -45,7 +45,7 @@ from conftest import build_db_from_sql, child_env
 
 from headwater import _native
 from headwater import telemetry as T
-from headwater.wandb import WandbSink, summary_for
+from headwater.telemetry import WandbSink, summary_for
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # if this process imports JAX, CPU only
 
@@ -138,17 +138,28 @@ def sampler(db: Path, closing: list[Any], **kw: Any) -> Any:
 # ----------------------------------------------------------------------------
 
 
-def quantile(edges: Sequence[float], counts: Sequence[float], q: float, mx: float) -> float:
-    """src/telemetry/hist.rs::quantile_from_buckets, transcribed."""
+def quantile(
+    edges: Sequence[float],
+    counts: Sequence[float],
+    q: float,
+    mx: float,
+    rule: str | None = "upper_edge",
+) -> float:
+    """src/telemetry/hist.rs::quantile_from_buckets, transcribed (rule
+    "midpoint": the middle of the bucket's lower and upper edges)."""
     total = sum(counts)
     if total == 0:
         return math.nan
     rank = max(math.ceil(q * total), 1)
     acc = 0.0
-    for e, c in zip(edges, counts):
+    for i, (e, c) in enumerate(zip(edges, counts)):
         acc += c
         if acc >= rank:
-            return min(e, mx) if math.isfinite(e) else mx
+            if not math.isfinite(e):
+                return mx
+            if rule == "midpoint":
+                e = ((edges[i - 1] if i else 0.0) + e) / 2.0
+            return min(e, mx)
     return mx
 
 
@@ -185,8 +196,8 @@ def brute_force(
             ]
             mx = max(d.get(k + "_max", -INF) for d in drains)
             out.update({f"{k}/bucket_{i:02}": c for i, c in enumerate(counts)})
-            out[k + "_p50"] = quantile(edges, counts, 0.5, mx)
-            out[k + "_p95"] = quantile(edges, counts, 0.95, mx)
+            out[k + "_p50"] = quantile(edges, counts, 0.5, mx, e.get("quantile"))
+            out[k + "_p95"] = quantile(edges, counts, 0.95, mx, e.get("quantile"))
             out[k + "_max"] = mx
     return out, fractional
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import gc
-import inspect
 import json
 import math
 import os
@@ -37,7 +36,7 @@ import headwater
 from headwater import _native
 
 # Untyped on purpose: the tests pass bad argument types, call private hooks
-# (`_last_batch_pointers`, `_debug_panic_at_step`) and must not lag the stubs.
+# (`_last_batch_pointers`) and must not lag the stubs.
 N: Any = _native
 
 # ----------------------------------------------------------------------------
@@ -853,7 +852,7 @@ def test_shutdown_wakes_a_blocked_consumer(tpch: Tpch) -> None:
 
 
 def test_producer_panic_becomes_worker_error(small: SmallDb) -> None:
-    s = sampler(small, _debug_panic_at_step=1)
+    s = sampler(small, debug_panic_at_step=1)
     got = 0
     with pytest.raises(N.WorkerError, match="panicked") as ei:
         for _ in range(5):
@@ -1081,8 +1080,8 @@ def test_metadata_accessors(small: SmallDb, closing: list[Any]) -> None:
 
 
 def test_config_echoes_arguments(small: SmallDb, closing: list[Any]) -> None:
-    params = inspect.signature(N.Sampler).parameters
-    echoed = [p for p in params if p not in ("db_path", "_debug_panic_at_step")]
+    schema = N.sampler_config_schema()
+    echoed = [f["name"] for f in schema]
     kw: dict[str, Any] = {
         "rank": 1,
         "world_size": 3,
@@ -1111,10 +1110,7 @@ def test_config_echoes_arguments(small: SmallDb, closing: list[Any]) -> None:
     # Defaults: those of the signature (and of seed 000 §3a).
     d = N.Sampler(small.path)
     closing.append(d)
-    defaults = {p: params[p].default for p in echoed}
-    # Shown as `...` in the PyO3 signature.
-    defaults["split_ratios"] = [0.8, 0.1, 0.1]
-    defaults["prometheus_host"] = "127.0.0.1"
+    defaults = {f["name"]: f["default"] for f in schema}
     assert d.config() == defaults
     assert {k: defaults[k] for k in ("num_prefetch", "default_batch_size", "bfs_child_width")} == {
         "num_prefetch": 3,

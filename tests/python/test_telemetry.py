@@ -49,6 +49,7 @@ from conftest import (
 )
 
 from headwater import _native
+from headwater import telemetry as T
 
 N: Any = _native
 P = "sampler/"
@@ -200,17 +201,28 @@ def buckets(d: dict[str, float], key: str) -> list[float]:
     return out
 
 
-def quantile(edges: list[float], counts: list[float], q: float, mx: float) -> float:
-    """The documented rule (src/telemetry/hist.rs): upper edge of the bucket
-    holding rank ceil(q * n), capped by the observed max."""
+def quantile(
+    edges: list[float], counts: list[float], q: float, mx: float, rule: str = "upper_edge"
+) -> float:
+    """The documented rule (src/telemetry/hist.rs): the bucket holding rank
+    ceil(q * n) read at its upper edge (or, rule "midpoint", the midpoint of
+    its lower and upper edges; lower 0 for the first), capped by the max."""
     total = sum(counts)
     rank = max(math.ceil(q * total), 1)
     acc = 0.0
-    for e, c in zip(edges, counts):
+    for i, (e, c) in enumerate(zip(edges, counts)):
         acc += c
         if acc >= rank:
-            return min(e, mx) if math.isfinite(e) else mx
+            if not math.isfinite(e):
+                return mx
+            if rule == "midpoint":
+                e = ((edges[i - 1] if i else 0.0) + e) / 2.0
+            return min(e, mx)
     return mx
+
+
+def schema_rule(schema: list[dict[str, Any]], key: str) -> str:
+    return next(e["quantile"] for e in schema if e["key"] == P + key)
 
 
 def expected_keys(schema: list[dict[str, Any]]) -> list[str]:
@@ -577,8 +589,12 @@ def _check_hist(d: dict[str, float], schema: list[dict[str, Any]], key: str, tot
     assert len(counts) == len(edges) and sum(counts) == total, (key, counts)
     p50, p95, mx = v(d, f"{key}_p50"), v(d, f"{key}_p95"), v(d, f"{key}_max")
     assert p50 <= p95 <= mx, key
-    assert p50 in edges or p50 == mx, (key, p50)
-    assert p50 == quantile(edges, counts, 0.5, mx) and p95 == quantile(edges, counts, 0.95, mx)
+    rule = schema_rule(schema, key)
+    assert rule == ("midpoint" if key.startswith("stage/") else "upper_edge"), (key, rule)
+    if rule == "upper_edge":
+        assert p50 in edges or p50 == mx, (key, p50)
+    assert p50 == quantile(edges, counts, 0.5, mx, rule), key
+    assert p95 == quantile(edges, counts, 0.95, mx, rule), key
     # The max lies in the last non-empty bucket.
     last = max(i for i, c in enumerate(counts) if c)
     assert mx <= edges[last] and (last == 0 or mx > edges[last - 1]), (key, mx, counts)
@@ -859,6 +875,7 @@ class Exported:
     before: str = ""  # /metrics before the first batch
     text: str = ""  # /metrics after the last batch
     queried: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    fault: bool = False  # debug_repeat_seed_every: duplicate_seeds must fire
 
 
 def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[bytes]:
@@ -868,6 +885,7 @@ def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[byt
         "world_size": 2,
         "local_rank": 0,  # the exporter listens on prometheus_port + local_rank
         "prometheus_port": e.port,
+        **({"debug_repeat_seed_every": FAULT_EVERY} if e.fault else {}),
     }
     out = tmp_path / f"exporter{i}.json"
     cfg = {"db": e.db, "kw": kw, "n_train": e.n_train, "n_val": e.n_val, "out": str(out)}
@@ -881,6 +899,7 @@ def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[byt
 
 
 PROM_COMMON = {"default_batch_size": 8, "default_sequence_length": 48, "max_hops": 3}
+FAULT_EVERY = 5  # every 5th draw of a pool repeats a seed
 
 
 @pytest.fixture(scope="module")
@@ -893,7 +912,7 @@ def exported(
     tmp_path = tmp_path_factory.mktemp("prometheus")
     runs = [
         Exported(str(small.path), TASK_NAMES, rank=0, n_train=9, n_val=4),
-        Exported(str(shapes), SHAPES_TASKS, rank=1, n_train=3, n_val=0),
+        Exported(str(shapes), SHAPES_TASKS, rank=1, n_train=3, n_val=0, fault=True),
     ]
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -901,7 +920,8 @@ def exported(
             e.port = free_port()
             procs.append(_start_exporter(tmp_path, i, e))
             # The schema of the same configuration, for the bucket edges.
-            plain = N.Sampler(e.db, rank=e.rank, world_size=2, **PROM_COMMON)
+            fault = {"debug_repeat_seed_every": FAULT_EVERY} if e.fault else {}
+            plain = N.Sampler(e.db, rank=e.rank, world_size=2, **PROM_COMMON, **fault)
             e.schema = plain.telemetry_schema()
             plain.shutdown()
         with running_prometheus(tmp_path, [f"127.0.0.1:{e.port}" for e in runs]) as base:
@@ -955,6 +975,67 @@ def test_prometheus_query_matches_drains(exported: list[Exported]) -> None:
     for e in exported:
         bad = compare_with_prometheus(e.queried, e.drains, e.tasks, e.schema)
         assert not bad, "\n".join(bad[:20])
+
+
+def test_duplicate_seeds_fault_fires_in_drain_and_prometheus(exported: list[Exported]) -> None:
+    """The once-per-epoch invariant is proven to fire: with
+    debug_repeat_seed_every, the drain counts duplicates every step, and the
+    real Prometheus scraped the same total; without it, both stay 0."""
+    name = "headwater_invariant_duplicate_seeds_total"
+    for e in exported:
+        drained = [v(d, "invariants/duplicate_seeds") for d in e.drains["train"]]
+        scraped = e.queried[(name, "train", "", "")]
+        if e.fault:
+            # Every 5th draw of a pool repeats (except right after a reshuffle).
+            assert sum(drained) >= 1, drained
+            assert scraped == sum(drained) > 0
+        else:
+            assert sum(drained) == 0 and scraped == 0
+
+
+def test_metric_table_agrees_with_every_surface(exported: list[Exported]) -> None:
+    """Reads the one metric table (`metric_table()`) and checks it against the
+    drained keys, `telemetry_schema()`, the families a real exporter serves
+    (names, TYPE, HELP) and the Python reducer's kinds. Adds nothing: every
+    expectation comes from the table. `table_prometheus_names()` is the hook
+    for the dashboard-query half of this check."""
+    table = N.metric_table()
+    for e in exported:
+        sampler_schema = e.schema
+        keys = [x["key"] for x in sampler_schema]
+        want_keys = [
+            P + (row["key"].replace("{task}", t) if row["per_task"] else row["key"])
+            for row in table
+            for t in (e.tasks if row["per_task"] else [""])
+        ]
+        assert keys == want_keys
+        by_key = {x["key"]: x for x in sampler_schema}
+        for row in table:
+            for t in e.tasks if row["per_task"] else [""]:
+                ent = by_key[P + row["key"].replace("{task}", t)]
+                assert ent["reduction"] == row["reduction"], row
+                assert ent["prometheus"] == row["prometheus"] and ent["help"] == row["help"]
+                assert ent["quantile"] == (row["quantile"] if row["reduction"] == "HISTOGRAM" else None)
+        assert N.telemetry_schema_for(e.tasks, PROM_COMMON["max_hops"], 48) == sampler_schema
+        _, helps, types = parse_exposition(e.text)
+        assert set(types) == table_prometheus_names()
+        for row in table:
+            assert types[row["prometheus"]] == row["prometheus_type"], row
+            assert helps[row["prometheus"]] == row["help"], row
+        reducer = T.Schema(sampler_schema)
+        drained = set(e.drains["train"][0])
+        assert set(reducer.keys) == drained
+        kind = {"MIN": "MIN", "MAX": "MAX", "SUM": "SUM"}
+        for ent in sampler_schema:
+            if ent["reduction"] in kind:
+                assert reducer.reduced_kinds[ent["key"]] == kind[ent["reduction"]]
+            else:
+                assert reducer.reduced_kinds[ent["key"] + "_p50"] == "QUANTILE"
+
+
+def table_prometheus_names() -> set[str]:
+    """Every Prometheus family the metric table defines (for dashboard checks)."""
+    return {row["prometheus"] for row in N.metric_table()}
 
 
 def test_exposition_passes_promtool_and_naming_rules(exported: list[Exported]) -> None:

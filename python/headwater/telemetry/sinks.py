@@ -1,5 +1,4 @@
-"""Weights & Biases sink for the reduced step telemetry (also importable as
-``headwater.wandb``).
+"""Sinks for the reduced step telemetry: the Weights & Biases sink.
 
 ``WandbSink(run)`` logs every reduced dict (:mod:`headwater.telemetry`) on
 rank 0 only, under ``sampler/...`` against the step metric ``trainer/step``,
@@ -43,7 +42,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from headwater.telemetry import PREFIX, Schema, process_index
+from headwater.telemetry.collective import process_index
+from headwater.telemetry.schema import PREFIX, Schema
 
 __all__ = ["STEP_METRIC", "WandbSink", "summary_for"]
 

@@ -1,0 +1,241 @@
+"""One definition per concept, checked against every surface: the sampler
+config (``sampler_config_schema()``: stubs, README, defaults, ranges,
+unknown keys), the batch keys, and the latency quantile rule (accuracy of
+single-rank and 4-rank merged quantiles against exact order statistics).
+
+The metric-table check against the drain, ``telemetry_schema()``, a real
+Prometheus and the Python reducer is in ``test_telemetry.py``
+(``test_metric_table_agrees_with_every_surface``)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import headwater
+from headwater import _native
+from headwater import telemetry as T
+
+N: Any = _native
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v1"
+GOLDEN_TASKS = ["user_tier", "event_amount_next"]
+
+# One out-of-range (or wrong-type) value per key; a new key must add a row.
+BAD: dict[str, dict[str, Any]] = {
+    "rank": {"rank": 5},
+    "world_size": {"world_size": 0},
+    "split_ratios": {"split_ratios": [0.5, 0.1, 0.1]},
+    "split_seed": {"split_seed": -1},
+    "seed": {"seed": -1},
+    "num_prefetch": {"num_prefetch": 0},
+    "default_batch_size": {"default_batch_size": 0},
+    "default_sequence_length": {"default_sequence_length": 65536},
+    "bfs_child_width": {"bfs_child_width": 0},
+    "max_hops": {"max_hops": 65},
+    "task_weights": {"task_weights": [1.0]},
+    "task_pick": {"task_pick": "bogus"},
+    "num_threads": {"num_threads": 0},
+    "max_rss_bytes": {"max_rss_bytes": 0},
+    "temporal_filter": {"temporal_filter": "yes"},
+    "telemetry": {"telemetry": 3},
+    "prometheus_port": {"prometheus_port": 0},
+    "prometheus_host": {"prometheus_port": 9000, "prometheus_host": "not-an-ip"},
+    "local_rank": {"local_rank": -1},
+    "otlp_endpoint": {"otlp_endpoint": 5},
+    "pool_fraction": {"pool_fraction": 0.0},
+    "debug_batch_delay_ms": {"debug_batch_delay_ms": -1.0},
+    "debug_repeat_seed_every": {"debug_repeat_seed_every": -1},
+    "debug_panic_at_step": {"debug_panic_at_step": -1},
+}
+
+
+def schema() -> list[dict[str, Any]]:
+    return N.sampler_config_schema()
+
+
+def test_every_key_has_a_bad_value_row() -> None:
+    assert [f["name"] for f in schema()] == list(BAD)
+
+
+@pytest.mark.parametrize("key", list(BAD))
+def test_out_of_range_value_is_a_config_error_naming_key_value_and_range(key: str) -> None:
+    field = next(f for f in schema() if f["name"] == key)
+    with pytest.raises(headwater.ConfigError) as ei:
+        N.validate_sampler_config(BAD[key], GOLDEN_TASKS)
+    msg = str(ei.value)
+    assert f"`{key}`" in msg and field["range"] in msg, msg
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, headwater.HeadwaterError)
+
+
+def test_one_range_message_per_key_whatever_the_bad_value() -> None:
+    msgs = []
+    for v in (-1, 0, 70000, "x", 1.5):
+        with pytest.raises(headwater.ConfigError) as ei:
+            N.validate_sampler_config({"default_batch_size": v})
+        msgs.append(str(ei.value))
+    ranges = {m.split("allowed: ", 1)[1] for m in msgs}
+    assert ranges == {"an integer in 1..=65536"}, msgs
+    assert "got -1" in msgs[0] and "got 0" in msgs[1]
+
+
+def test_defaults_validate_and_round_trip() -> None:
+    defaults = {f["name"]: f["default"] for f in schema()}
+    assert N.validate_sampler_config({}) == defaults
+    assert N.validate_sampler_config(defaults, GOLDEN_TASKS) == defaults
+    s = N.Sampler(GOLDEN, config={"max_hops": 2}, default_batch_size=4)
+    try:
+        assert s.config() == {**defaults, "max_hops": 2, "default_batch_size": 4}
+    finally:
+        s.shutdown()
+
+
+def test_unknown_key_is_rejected_naming_it() -> None:
+    with pytest.raises(headwater.ConfigError, match="`bogus_key`"):
+        N.validate_sampler_config({"bogus_key": 1})
+    with pytest.raises(headwater.ConfigError, match="`bogus_key`"):
+        N.Sampler(GOLDEN, bogus_key=1)
+    with pytest.raises(headwater.ConfigError, match="`bogus_key`"):
+        N.Sampler(GOLDEN, config={"bogus_key": 1})
+
+
+def test_task_weights_by_name_and_unknown_task() -> None:
+    got = N.validate_sampler_config({"task_weights": {"event_amount_next": 3}}, GOLDEN_TASKS)
+    assert got["task_weights"] == [1.0, 3.0]
+    with pytest.raises(headwater.ConfigError, match="no_such_task"):
+        N.validate_sampler_config({"task_weights": {"no_such_task": 1.0}}, GOLDEN_TASKS)
+    with pytest.raises(headwater.ConfigError, match="no_such_task"):
+        N.Sampler(GOLDEN, task_weights={"no_such_task": 1.0})
+
+
+def _stub_defaults() -> dict[str, Any]:
+    tree = ast.parse((ROOT / "python/headwater/_native.pyi").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sampler")
+    new = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__")
+    a = new.args
+    out = {x.arg: ast.literal_eval(d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d}
+    out.update({x.arg: None for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None})
+    return out
+
+
+def _json(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def test_stub_signature_is_the_one_definition() -> None:
+    stub = _stub_defaults()
+    assert list(stub) == [f["name"] for f in schema()]
+    assert {k: _json(v) for k, v in stub.items()} == {f["name"]: f["default"] for f in schema()}
+
+
+def test_readme_sampler_defaults_are_the_one_definition() -> None:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("headwater.Sampler(")
+    call = ast.parse(text[start : text.index(") as sampler:", start) + 1]).body[0]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)
+    shown = {kw.arg: ast.literal_eval(kw.value) for kw in call.value.keywords}
+    defaults = {f["name"]: f["default"] for f in schema()}
+    assert len(shown) >= 10, shown
+    for k, v in shown.items():
+        assert k in defaults, f"README shows unknown key {k}"
+        assert _json(v) == defaults[k], (k, v, defaults[k])
+
+
+def test_exceptions_importable_from_headwater_and_errors() -> None:
+    from headwater import errors
+
+    for name in (
+        "HeadwaterError",
+        "ConfigError",
+        "FormatError",
+        "SchemaError",
+        "WorkerError",
+        "ResourceError",
+        "SamplerShutdown",
+    ):
+        assert getattr(headwater, name) is getattr(errors, name) is getattr(N, name)
+        assert issubclass(getattr(errors, name), errors.HeadwaterError)
+    assert headwater.Sampler is N.Sampler and headwater.Database is N.Database
+
+
+# ----------------------------------------------------------------------------
+# Latency quantiles
+# ----------------------------------------------------------------------------
+
+
+def _latency_schema() -> T.Schema:
+    return T.Schema(N.telemetry_schema_for(["a"], 3, 64))
+
+
+def _buckets(edges: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    # le semantics: bucket i holds edges[i-1] < v <= edges[i].
+    return np.bincount(np.searchsorted(edges, samples, side="left"), minlength=len(edges))
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_latency_quantiles_within_ten_percent_of_exact(ranks: int) -> None:
+    """Lognormal latencies (median 1.2 ms, and per-rank shifts when merged):
+    p50/p95 read from the (summed) buckets by the reducer's rule are within
+    10 % of the exact quantiles of the pooled samples."""
+    sch = _latency_schema()
+    key = "sampler/stage/total_seconds"
+    ent = next(e for e in sch.entries if e["key"] == key)
+    assert ent["quantile"] == "midpoint"
+    edges = np.array(ent["edges"])
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for trial in range(20):
+        per_rank = [
+            rng.lognormal(math.log(1.2e-3) + 0.3 * r + 0.05 * trial, 0.6, 2000) for r in range(ranks)
+        ]
+        merged = sum(_buckets(edges, x) for x in per_rank)
+        pooled = np.concatenate(per_rank)
+        mx = pooled.max()
+        i = sch.entries.index(ent)
+        hist_index = [e for e in sch.entries if e["reduction"] == "HISTOGRAM"].index(ent)
+        buckets = np.zeros(sch.n_buckets)
+        start = sum(
+            len(e["edges"]) for e in [e for e in sch.entries if e["reduction"] == "HISTOGRAM"][:hist_index]
+        )
+        buckets[start : start + len(edges)] = merged
+        maxes = np.full(sch.n_hist, -np.inf)
+        maxes[hist_index] = mx
+        q = sch.quantiles(buckets, maxes)[hist_index]
+        exact = np.quantile(pooled, [0.5, 0.95], method="inverted_cdf")
+        err = np.abs(q / exact - 1.0)
+        worst = max(worst, float(err.max()))
+        assert (err <= 0.10).all(), (trial, q, exact, i)
+    # The old power-of-two upper-edge rule is far off on the same data.
+    assert worst <= 0.0625 + 0.01, worst
+
+
+def test_python_reducer_quantiles_equal_the_native_drain() -> None:
+    s = N.Sampler(GOLDEN, default_batch_size=4, default_sequence_length=32, num_threads=1)
+    try:
+        for _ in range(25):
+            s.next_train_batch()
+        d = s.drain_step_metrics()
+        sch = T.Schema.of(s)
+    finally:
+        s.shutdown()
+    vec, _ = sch.values(d)
+    p = sch.pack(vec)
+    q = sch.quantiles(p.buckets, p.maxs[sch.n_max_keys :])
+    hists = [e["key"] for e in sch.entries if e["reduction"] == "HISTOGRAM"]
+    for j, k in enumerate(hists):
+        assert (q[j, 0], q[j, 1]) == (d[k + "_p50"], d[k + "_p95"]), k
+
+
+def test_batch_keys_are_the_native_list() -> None:
+    s = N.Sampler(GOLDEN, default_batch_size=2, default_sequence_length=16)
+    try:
+        b = s.next_train_batch()
+    finally:
+        s.shutdown()
+    assert list(b) == [*N.BATCH_KEYS, "fingerprint"]
+    assert headwater.BATCH_KEYS == N.BATCH_KEYS and len(N.BATCH_KEYS) == 20
