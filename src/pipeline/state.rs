@@ -20,9 +20,20 @@
 //! last pick) and the mix window. Restoring refuses, naming the field, a
 //! state of another format or version, another snapshot, other tasks, a
 //! different stream config value, or pool sizes that do not match; harmless
-//! settings (rank, world size, threads, prefetch, telemetry, ports) may
-//! differ. A different world size is a reshard: the history gains a span and
-//! the cursors continue.
+//! settings (rank, world size, threads, prefetch, telemetry, ports, RSS cap)
+//! may differ. The `debug_*` fault knobs are not part of the state (a run
+//! with an injected fault is not one to resume). A different world size is
+//! a reshard: the history gains a span and the cursors continue.
+//!
+//! Stream keys ([`StreamConfig`]): `split_ratios`, `split_seed` (which seeds
+//! are in a pool), `seed` (orders, picks, BFS generators), `task_weights`
+//! (effective, per task) and `task_pick` (the pick of every step),
+//! `default_batch_size` (positions per rank per step), `pool_fraction` (the
+//! pool itself), and `default_sequence_length`, `bfs_child_width`,
+//! `max_hops`, `temporal_filter`: these four change no seed, only each
+//! batch's contents, and are refused because the promise is bit-identical
+//! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
+//! ranks of a consistent run.
 
 use std::collections::BTreeMap;
 
