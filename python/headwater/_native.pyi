@@ -22,6 +22,7 @@ __all__ = [
     "SchemaError",
     "WorkerError",
     "__version__",
+    "batch_tensors",
     "bench_sampler",
     "hash_embed",
     "metric_table",
@@ -126,6 +127,7 @@ def bench_sampler(
     telemetry: bool = True,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
+def batch_tensors() -> list[dict[str, Any]]: ...
 def metric_table() -> list[dict[str, Any]]: ...
 def telemetry_schema_for(
     task_names: Sequence[str], max_hops: int, sequence_length: int

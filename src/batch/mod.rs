@@ -15,6 +15,7 @@
 
 mod assemble;
 mod perm;
+mod tensors;
 mod timestamp;
 
 pub use assemble::{
@@ -22,36 +23,10 @@ pub use assemble::{
     TableCells, Target,
 };
 pub use perm::rcm_order;
+pub use tensors::{batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
 pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
 
 use half::f16;
-
-/// Names of the batch tensors of seed 000 §3b, in the order they are
-/// exported. The Python batch dict carries one more key after them,
-/// `fingerprint` (`uint64 [1]`): a hash of the step's identity and the
-/// drawn seeds, so an anomalous step can be identified and replayed.
-pub const BATCH_KEYS: [&str; 20] = [
-    "semantic_types",
-    "column_ids",
-    "seq_row_ids",
-    "numeric_values",
-    "timestamp_values",
-    "bool_values",
-    "categorical_embed_ids",
-    "text_embed_ids",
-    "is_null",
-    "is_target",
-    "is_padding",
-    "fk_adj",
-    "col_perm",
-    "out_perm",
-    "in_perm",
-    "text_batch_embeddings",
-    "target_stype",
-    "task_idx",
-    "cat_emb_start",
-    "cat_emb_count",
-];
 
 /// Per-sequence measurements, recorded for telemetry.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -236,13 +236,3 @@ impl Metadata {
         self.tasks.iter().find(|t| t.name == name)
     }
 }
-
-/// Metadata record of a column that is not stored.
-pub fn metadata_unstored(c: &crate::preprocess::ColumnInput<'_>) -> UnstoredColumn {
-    UnstoredColumn {
-        name: c.name.clone(),
-        stype: c.stype,
-        source_type: c.source_type.clone(),
-        inferred: c.inferred,
-    }
-}

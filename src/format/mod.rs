@@ -90,8 +90,8 @@ pub use database::{
 };
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 pub use metadata::{
-    metadata_unstored, ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata,
-    SemanticType, TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
+    ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
+    TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
 pub use writer::{align_up, FileWriter, Section};
 

@@ -16,12 +16,14 @@
 mod graph;
 mod hash_embed;
 mod stats;
+#[cfg(any(test, feature = "testing"))]
 mod synth;
 mod writer;
 
 pub use graph::{build_csr, Csr};
 pub use hash_embed::hash_embed;
 pub use stats::{column_stats, RunningStats};
+#[cfg(any(test, feature = "testing"))]
 pub use synth::{synth_database, SynthSpec};
 pub use writer::{
     ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TaskInput, TaskTarget,

@@ -628,7 +628,7 @@ impl DatabaseWriter {
                 )));
             }
             if !c.stype.is_stored() {
-                unstored.push(crate::format::metadata_unstored(c));
+                unstored.push(metadata_unstored(c));
                 continue;
             }
             let enc = self.encode(&what, n, &c.data)?;
@@ -1110,5 +1110,15 @@ impl DatabaseWriter {
         // Make sure a published database opens.
         crate::format::Database::open(&self.out)?;
         Ok(meta)
+    }
+}
+
+/// Metadata record of a column that is not stored.
+fn metadata_unstored(c: &ColumnInput<'_>) -> crate::format::UnstoredColumn {
+    crate::format::UnstoredColumn {
+        name: c.name.clone(),
+        stype: c.stype,
+        source_type: c.source_type.clone(),
+        inferred: c.inferred,
     }
 }

@@ -133,13 +133,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
     m.add("WorkerError", py.get_type::<WorkerError>())?;
     m.add("ResourceError", py.get_type::<ResourceError>())?;
-    m.add("BATCH_KEYS", crate::batch::BATCH_KEYS.to_vec())?;
+    m.add("BATCH_KEYS", crate::batch::batch_keys())?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<database::Database>()?;
     m.add_class::<writer::DatabaseWriter>()?;
     m.add_class::<sampler::Sampler>()?;
     m.add("TELEMETRY_PREFIX", crate::telemetry::PREFIX)?;
+    m.add_function(wrap_pyfunction!(sampler::batch_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::metric_table, m)?)?;
     m.add_function(wrap_pyfunction!(config::sampler_config_schema, m)?)?;
     m.add_function(wrap_pyfunction!(config::validate_sampler_config, m)?)?;

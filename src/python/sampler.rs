@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::to_py;
-use crate::batch::{Batch, TIMESTAMP_DIM};
+use crate::batch::{Batch, TensorData};
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
@@ -70,89 +70,42 @@ fn arr<'py, T: numpy::Element>(
     Ok(a.reshape(shape)?.into_any())
 }
 
+/// Every tensor of a batch dict, in order: `[{"name", "dtype", "shape"}]`
+/// (`shape` as symbols: `B`, `S`, `R`, `U`, `D` or a number).
+#[pyfunction]
+pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for t in &crate::batch::TENSORS {
+        let d = PyDict::new(py);
+        d.set_item("name", t.name)?;
+        d.set_item("dtype", t.dtype.name())?;
+        d.set_item("shape", t.shape.symbols())?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
+/// The batch dict: one NumPy array per `TENSORS` row, owning the Rust buffer.
 fn batch_dict<'py>(
     py: Python<'py>,
     b: Batch,
     ptrs: &mut Vec<(&'static str, usize)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    let (bs, s, r) = (b.batch_size, b.seq_len, b.max_rows);
-    let bs2 = [bs, s];
-    d.set_item(
-        "semantic_types",
-        arr(py, b.semantic_types, &bs2, ptrs, "semantic_types")?,
-    )?;
-    d.set_item(
-        "column_ids",
-        arr(py, b.column_ids, &bs2, ptrs, "column_ids")?,
-    )?;
-    d.set_item(
-        "seq_row_ids",
-        arr(py, b.seq_row_ids, &bs2, ptrs, "seq_row_ids")?,
-    )?;
-    d.set_item(
-        "numeric_values",
-        arr(py, b.numeric_values, &bs2, ptrs, "numeric_values")?,
-    )?;
-    d.set_item(
-        "timestamp_values",
-        arr(
-            py,
-            b.timestamp_values,
-            &[bs, s, TIMESTAMP_DIM],
-            ptrs,
-            "timestamp_values",
-        )?,
-    )?;
-    d.set_item(
-        "bool_values",
-        arr(py, b.bool_values, &bs2, ptrs, "bool_values")?,
-    )?;
-    d.set_item(
-        "categorical_embed_ids",
-        arr(
-            py,
-            b.categorical_embed_ids,
-            &bs2,
-            ptrs,
-            "categorical_embed_ids",
-        )?,
-    )?;
-    d.set_item(
-        "text_embed_ids",
-        arr(py, b.text_embed_ids, &bs2, ptrs, "text_embed_ids")?,
-    )?;
-    d.set_item("is_null", arr(py, b.is_null, &bs2, ptrs, "is_null")?)?;
-    d.set_item("is_target", arr(py, b.is_target, &bs2, ptrs, "is_target")?)?;
-    d.set_item(
-        "is_padding",
-        arr(py, b.is_padding, &bs2, ptrs, "is_padding")?,
-    )?;
-    d.set_item("fk_adj", arr(py, b.fk_adj, &[bs, r, r], ptrs, "fk_adj")?)?;
-    d.set_item("col_perm", arr(py, b.col_perm, &bs2, ptrs, "col_perm")?)?;
-    d.set_item("out_perm", arr(py, b.out_perm, &bs2, ptrs, "out_perm")?)?;
-    d.set_item("in_perm", arr(py, b.in_perm, &bs2, ptrs, "in_perm")?)?;
-    d.set_item(
-        "text_batch_embeddings",
-        arr::<f16>(
-            py,
-            b.text_batch_embeddings,
-            &[b.num_text, b.text_dim],
-            ptrs,
-            "text_batch_embeddings",
-        )?,
-    )?;
-    d.set_item("target_stype", PyArray1::from_vec(py, vec![b.target_stype]))?;
-    d.set_item("task_idx", PyArray1::from_vec(py, vec![b.task_idx]))?;
-    d.set_item(
-        "cat_emb_start",
-        PyArray1::from_vec(py, vec![b.cat_emb_start]),
-    )?;
-    d.set_item(
-        "cat_emb_count",
-        PyArray1::from_vec(py, vec![b.cat_emb_count]),
-    )?;
-    d.set_item("fingerprint", PyArray1::from_vec(py, vec![b.fingerprint]))?;
+    for (spec, shape, data) in b.into_tensors() {
+        let (k, s) = (spec.name, &shape[..]);
+        let a = match data {
+            TensorData::I8(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::U8(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::U16(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::I32(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::U32(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::U64(v) => arr(py, v, s, ptrs, k)?,
+            TensorData::F16(v) => arr::<f16>(py, v, s, ptrs, k)?,
+            TensorData::F32(v) => arr(py, v, s, ptrs, k)?,
+        };
+        d.set_item(k, a)?;
+    }
     Ok(d)
 }
 

@@ -66,6 +66,15 @@ LAYOUT: dict[str, tuple[tuple[str, ...], type[np.generic]]] = {
     "cat_emb_count": (("1",), np.uint32),
 }
 BS_KEYS = [k for k, (shape, _) in LAYOUT.items() if shape == ("B", "S")]
+
+
+def test_native_tensor_list_is_the_contract() -> None:
+    """The one Rust list (`batch_tensors()`, behind `BATCH_KEYS` and the
+    binding's dict) against the hand transcription of seed 000 §3b."""
+    got = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in N.batch_tensors()}
+    want = {k: (shape, np.dtype(dt).name) for k, (shape, dt) in LAYOUT.items()}
+    assert got == {**want, "fingerprint": (("1",), "uint64")}
+    assert list(got) == [*N.BATCH_KEYS, "fingerprint"] == [*LAYOUT, "fingerprint"]
 CODES = {"numerical": 0, "boolean": 1, "timestamp": 2, "categorical": 3, "text": 4}
 DAY_US = 86_400_000_000
 
@@ -438,13 +447,8 @@ def test_zero_copy(small: SmallDb, closing: list[Any]) -> None:
     for _ in range(3):
         batch = s.next_train_batch()
         ptrs = dict(s._last_batch_pointers())
-        # Every tensor with a Rust buffer of its own is reported.
-        assert set(ptrs) == set(LAYOUT) - {
-            "target_stype",
-            "task_idx",
-            "cat_emb_start",
-            "cat_emb_count",
-        }
+        # Every tensor (one-element ones too) is a Rust buffer handed over.
+        assert set(ptrs) == set(batch) == {*N.BATCH_KEYS, "fingerprint"}
         for key, a in batch.items():
             _check_no_copy(key, a, ptrs.get(key))
         # Distinct tensors, distinct buffers.

@@ -1,0 +1,252 @@
+//! The batch tensors, defined once: name, dtype and shape rule of each of
+//! the 20 tensors of seed 000 §3b plus `fingerprint`, in export order.
+//!
+//! The Python binding builds the batch dict by walking [`TENSORS`] over
+//! [`Batch::into_tensors`]; `BATCH_KEYS`, the stubs and the model read the
+//! same list. Adding a tensor = one [`TENSORS`] row + its buffer in `Batch`
+//! and one line in `into_tensors` (a test checks dtype and length agree).
+
+use half::f16;
+
+use super::{Batch, TIMESTAMP_DIM};
+
+/// Element type of a tensor (NumPy names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    /// `int8`
+    I8,
+    /// `uint8`
+    U8,
+    /// `uint16`
+    U16,
+    /// `int32`
+    I32,
+    /// `uint32`
+    U32,
+    /// `uint64`
+    U64,
+    /// `float16`
+    F16,
+    /// `float32`
+    F32,
+}
+
+impl Dtype {
+    /// The NumPy dtype name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::I8 => "int8",
+            Dtype::U8 => "uint8",
+            Dtype::U16 => "uint16",
+            Dtype::I32 => "int32",
+            Dtype::U32 => "uint32",
+            Dtype::U64 => "uint64",
+            Dtype::F16 => "float16",
+            Dtype::F32 => "float32",
+        }
+    }
+}
+
+/// Shape of a tensor in terms of the batch's dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `[B, S]`: one value per cell.
+    BS,
+    /// `[B, S, TIMESTAMP_DIM]`.
+    BST,
+    /// `[B, R, R]`: row adjacency per sequence.
+    BRR,
+    /// `[U, D]`: one embedding per distinct text of the batch.
+    UD,
+    /// `[1]`: one value per batch.
+    One,
+}
+
+impl Shape {
+    /// The rule as symbols (`["B", "S"]`, `["B", "S", "15"]`, …).
+    pub fn symbols(self) -> Vec<String> {
+        let s = |x: &[&str]| x.iter().map(ToString::to_string).collect();
+        match self {
+            Shape::BS => s(&["B", "S"]),
+            Shape::BST => s(&["B", "S", &TIMESTAMP_DIM.to_string()]),
+            Shape::BRR => s(&["B", "R", "R"]),
+            Shape::UD => s(&["U", "D"]),
+            Shape::One => s(&["1"]),
+        }
+    }
+
+    /// The concrete shape for batch `b`'s dimensions.
+    pub fn of(self, b: &Batch) -> Vec<usize> {
+        match self {
+            Shape::BS => vec![b.batch_size, b.seq_len],
+            Shape::BST => vec![b.batch_size, b.seq_len, TIMESTAMP_DIM],
+            Shape::BRR => vec![b.batch_size, b.max_rows, b.max_rows],
+            Shape::UD => vec![b.num_text, b.text_dim],
+            Shape::One => vec![1],
+        }
+    }
+}
+
+/// One tensor of the batch dict.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorSpec {
+    /// Key in the batch dict.
+    pub name: &'static str,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape rule.
+    pub shape: Shape,
+}
+
+const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
+    TensorSpec { name, dtype, shape }
+}
+
+/// Every tensor of a batch dict, in export order: the 20 tensors of seed
+/// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
+/// the drawn seeds, so an anomalous step can be identified and replayed).
+pub static TENSORS: [TensorSpec; 21] = [
+    t("semantic_types", Dtype::I8, Shape::BS),
+    t("column_ids", Dtype::I32, Shape::BS),
+    t("seq_row_ids", Dtype::U16, Shape::BS),
+    t("numeric_values", Dtype::F32, Shape::BS),
+    t("timestamp_values", Dtype::F32, Shape::BST),
+    t("bool_values", Dtype::U8, Shape::BS),
+    t("categorical_embed_ids", Dtype::U32, Shape::BS),
+    t("text_embed_ids", Dtype::U32, Shape::BS),
+    t("is_null", Dtype::U8, Shape::BS),
+    t("is_target", Dtype::U8, Shape::BS),
+    t("is_padding", Dtype::U8, Shape::BS),
+    t("fk_adj", Dtype::U8, Shape::BRR),
+    t("col_perm", Dtype::U16, Shape::BS),
+    t("out_perm", Dtype::U16, Shape::BS),
+    t("in_perm", Dtype::U16, Shape::BS),
+    t("text_batch_embeddings", Dtype::F16, Shape::UD),
+    t("target_stype", Dtype::U8, Shape::One),
+    t("task_idx", Dtype::U32, Shape::One),
+    t("cat_emb_start", Dtype::U32, Shape::One),
+    t("cat_emb_count", Dtype::U32, Shape::One),
+    t("fingerprint", Dtype::U64, Shape::One),
+];
+
+/// The 20 tensor names of seed 000 §3b (every [`TENSORS`] row but the
+/// fingerprint).
+pub fn batch_keys() -> Vec<&'static str> {
+    TENSORS[..TENSORS.len() - 1]
+        .iter()
+        .map(|t| t.name)
+        .collect()
+}
+
+/// One tensor's buffer, handed over without a copy.
+#[derive(Debug)]
+pub enum TensorData {
+    /// `int8`
+    I8(Vec<i8>),
+    /// `uint8`
+    U8(Vec<u8>),
+    /// `uint16`
+    U16(Vec<u16>),
+    /// `int32`
+    I32(Vec<i32>),
+    /// `uint32`
+    U32(Vec<u32>),
+    /// `uint64`
+    U64(Vec<u64>),
+    /// `float16`
+    F16(Vec<f16>),
+    /// `float32`
+    F32(Vec<f32>),
+}
+
+impl TensorData {
+    /// Its element type.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            TensorData::I8(_) => Dtype::I8,
+            TensorData::U8(_) => Dtype::U8,
+            TensorData::U16(_) => Dtype::U16,
+            TensorData::I32(_) => Dtype::I32,
+            TensorData::U32(_) => Dtype::U32,
+            TensorData::U64(_) => Dtype::U64,
+            TensorData::F16(_) => Dtype::F16,
+            TensorData::F32(_) => Dtype::F32,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::I8(v) => v.len(),
+            TensorData::U8(v) => v.len(),
+            TensorData::U16(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+            TensorData::U32(v) => v.len(),
+            TensorData::U64(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+            TensorData::F32(v) => v.len(),
+        }
+    }
+
+    /// No elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Batch {
+    /// The batch's tensors in [`TENSORS`] order, each with its shape,
+    /// consuming the batch (buffers move, nothing is copied).
+    pub fn into_tensors(self) -> Vec<(&'static TensorSpec, Vec<usize>, TensorData)> {
+        let shapes: Vec<Vec<usize>> = TENSORS.iter().map(|t| t.shape.of(&self)).collect();
+        let data = [
+            TensorData::I8(self.semantic_types),
+            TensorData::I32(self.column_ids),
+            TensorData::U16(self.seq_row_ids),
+            TensorData::F32(self.numeric_values),
+            TensorData::F32(self.timestamp_values),
+            TensorData::U8(self.bool_values),
+            TensorData::U32(self.categorical_embed_ids),
+            TensorData::U32(self.text_embed_ids),
+            TensorData::U8(self.is_null),
+            TensorData::U8(self.is_target),
+            TensorData::U8(self.is_padding),
+            TensorData::U8(self.fk_adj),
+            TensorData::U16(self.col_perm),
+            TensorData::U16(self.out_perm),
+            TensorData::U16(self.in_perm),
+            TensorData::F16(self.text_batch_embeddings),
+            TensorData::U8(vec![self.target_stype]),
+            TensorData::U32(vec![self.task_idx]),
+            TensorData::U32(vec![self.cat_emb_start]),
+            TensorData::U32(vec![self.cat_emb_count]),
+            TensorData::U64(vec![self.fingerprint]),
+        ];
+        TENSORS
+            .iter()
+            .zip(shapes)
+            .zip(data)
+            .map(|((spec, shape), d)| (spec, shape, d))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn into_tensors_matches_the_list_in_dtype_and_length() {
+        let mut b = Batch::zeroed(3, 7, 4, 8);
+        b.num_text = 2;
+        b.text_batch_embeddings = vec![f16::ZERO; 16];
+        let got = b.into_tensors();
+        assert_eq!(got.len(), TENSORS.len());
+        for (spec, shape, data) in got {
+            assert_eq!(data.dtype(), spec.dtype, "{}", spec.name);
+            assert_eq!(data.len(), shape.iter().product::<usize>(), "{}", spec.name);
+        }
+        assert_eq!(batch_keys().len(), 20);
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("fingerprint"));
+    }
+}
