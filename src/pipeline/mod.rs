@@ -142,11 +142,9 @@ impl Sampler {
         let mut states: Vec<SplitState> = PRODUCED.iter().map(|&s| core.split_state(s)).collect();
         if let Some(saved) = saved {
             let restored = core.restore(saved, &states)?;
-            states = PRODUCED
-                .iter()
-                .zip(restored)
-                .map(|(&s, stream)| core.split_state_at(s, stream, core.cfg.rank))
-                .collect();
+            for (state, stream) in states.iter_mut().zip(restored) {
+                state.stream = stream;
+            }
         }
         Ok(states)
     }

@@ -502,3 +502,28 @@ impl super::SamplerCore {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn world_size_history_and_advance() {
+        let mut s = StreamState::new(2, 4, 8);
+        s.advance(0, 3); // step 0 at world size 4
+        s.advance(1, 3);
+        s.reshard(4); // same size: no new span
+        assert_eq!(s.world_sizes, vec![(0, 4)]);
+        s.reshard(2);
+        s.reshard(3); // resharded twice before any step: one span
+        assert_eq!(s.world_sizes, vec![(0, 4), (2, 3)]);
+        s.advance(0, 3);
+        assert_eq!(s.drawn, vec![12 + 9, 12]);
+        assert_eq!(
+            (s.world_size_at(1), s.world_size_at(2), s.world_size_at(99)),
+            (4, 3, 3)
+        );
+        assert_eq!(s.last_picked, vec![Some(2), Some(1)]);
+        assert_eq!(s.mix.picks().collect::<Vec<_>>(), vec![0, 1, 0]);
+    }
+}
