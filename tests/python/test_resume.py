@@ -48,6 +48,7 @@ def test_state_dict_is_small_json_as_of_delivery(small: SmallDb) -> None:
             time.sleep(0.01)
         assert s.queue_depth() == CFG["num_prefetch"], "the producer should run ahead"
         st = s.state_dict()
+    assert s.state_dict() == st, "still available after shutdown (e.g. in a SIGTERM handler)"
     assert st["format"] == "headwater-sampler-state" and st["version"] == 1
     assert st["splits"]["train"]["step"] == 2, "prefetched batches are not consumed"
     assert st["splits"]["val"]["step"] == 0
