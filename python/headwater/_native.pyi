@@ -20,6 +20,7 @@ __all__ = [
     "Sampler",
     "SamplerShutdown",
     "SchemaError",
+    "StateError",
     "WorkerError",
     "__version__",
     "batch_tensors",
