@@ -329,6 +329,15 @@ impl SamplerCore {
         rank: u32,
         world_sizes: &[(u64, u32)],
     ) -> Result<Batch> {
+        let spans_ok = world_sizes.first().is_some_and(|s| s.0 == 0)
+            && world_sizes.windows(2).all(|w| w[0].0 < w[1].0)
+            && world_sizes.iter().all(|s| s.1 > 0);
+        if !spans_ok {
+            return Err(Error::invalid(
+                "world_sizes",
+                format!("{world_sizes:?} is not a history of (first step, world size > 0) spans from step 0"),
+            ));
+        }
         let mut stream = StreamState::new(self.db.metadata().tasks.len(), 1, MIX_WINDOW);
         stream.world_sizes = world_sizes.to_vec();
         let mut state = self.split_state_at(split, stream, rank);
