@@ -57,7 +57,7 @@ fn benches(c: &mut Criterion) {
                 &mut out,
             );
             black_box(out.rows.len())
-        })
+        });
     });
     let cfg = SamplerConfig {
         num_threads: Some(1),
@@ -66,14 +66,14 @@ fn benches(c: &mut Criterion) {
     let core = Arc::new(SamplerCore::new(&path, cfg).unwrap());
     let mut maker = BatchMaker::new(core, Split::Train);
     c.bench_function("make_batch_b32_s1024_1thread", |b| {
-        b.iter(|| black_box(maker.core.make_batch(&mut maker.state).unwrap().batch_size))
+        b.iter(|| black_box(maker.core.make_batch(&mut maker.state).unwrap().batch_size));
     });
     // The telemetry cost per batch: record a delivered batch, and drain.
     let batch = maker.core.make_batch(&mut maker.state).unwrap();
     let schema = &maker.core.schema;
     let mut rec = SplitTelemetry::new(schema, Vec::new());
     c.bench_function("telemetry_record_per_batch_b32", |b| {
-        b.iter(|| rec.deliver(black_box(&batch), 2, 0.001))
+        b.iter(|| rec.deliver(black_box(&batch), 2, 0.001));
     });
     let mut out = Vec::new();
     c.bench_function("telemetry_record_and_drain_per_batch_b32", |b| {
@@ -81,7 +81,7 @@ fn benches(c: &mut Criterion) {
             rec.deliver(black_box(&batch), 2, 0.001);
             rec.drain.drain(schema, &mut out);
             black_box(out.len())
-        })
+        });
     });
     // The sampler state: O(tasks), taken from the delivered copies while the
     // producers run (budget: < 1 ms).
@@ -97,7 +97,7 @@ fn benches(c: &mut Criterion) {
         running.next_batch(Split::Train).unwrap();
     }
     c.bench_function("state_dict_json", |b| {
-        b.iter(|| black_box(running.state().to_json().len()))
+        b.iter(|| black_box(running.state().to_json().len()));
     });
     let json = running.state().to_json();
     println!(
@@ -111,7 +111,7 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             let st = SamplerState::from_json(black_box(&json)).unwrap();
             st.check(db.content_hash(), &mine, names).unwrap();
-        })
+        });
     });
 }
 

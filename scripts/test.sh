@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything and run the whole default test suite (Rust + Python).
-# Long runs (scale, soak, benchmarks) are behind `pytest -m slow` and `headwater bench`.
+# Benchmarks are `headwater bench` and `cargo bench`, not part of the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test

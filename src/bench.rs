@@ -17,20 +17,30 @@ use crate::seeds::Split;
 /// One benchmark run's figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BenchRun {
+    /// Worker threads.
     pub threads: usize,
+    /// Whether telemetry was recorded and drained per batch.
     pub telemetry: bool,
+    /// Batches timed (after the warm-up).
     pub batches: u64,
+    /// Wall time of the timed batches.
     pub seconds: f64,
+    /// Throughput in batches per second.
     pub batches_per_s: f64,
+    /// Throughput in non-padding cells per second.
     pub cells_per_s: f64,
     /// Mean share of non-padding cells.
     pub fill: f64,
     /// Mean milliseconds per batch: BFS, assembly + permutations, text
     /// dedup + gather, total.
     pub bfs_ms: f64,
+    /// Mean assembly + permutations time per batch (ms).
     pub assemble_ms: f64,
+    /// Mean text dedup + gather time per batch (ms).
     pub collate_ms: f64,
+    /// Mean whole-batch time (ms).
     pub total_ms: f64,
+    /// Process RSS after the run (bytes).
     pub rss_bytes: u64,
 }
 

@@ -1,6 +1,6 @@
 //! Sampler configuration: the one definition of every sampler key — the
 //! `[sampler]` table of training configs, the Python `Sampler(...)` keywords
-//! and `config=` mapping (same snake_case names), the `.pyi` and the README
+//! and `config=` mapping (same `snake_case` names), the `.pyi` and the README
 //! defaults are all checked against it.
 //!
 //! A key is one field of [`SamplerConfig`] (its default in `Default`), one

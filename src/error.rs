@@ -15,33 +15,60 @@ pub enum Error {
     /// A file or directory could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file or directory.
         path: PathBuf,
         #[source]
+        /// The OS error.
         source: std::io::Error,
     },
     /// A file exists but is not a valid headwater file (truncated, corrupt,
     /// wrong magic, unsupported version, inconsistent with metadata).
     #[error("{}: {what}", file.display())]
-    Format { file: PathBuf, what: String },
+    Format {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it (with the offset when known).
+        what: String,
+    },
     /// The preprocessed database was written by a format version this build
     /// cannot read.
     #[error("{}: format version {found} is not supported (this build reads versions {min}..={max})", file.display())]
     Version {
+        /// The file.
         file: PathBuf,
+        /// The version it declares.
         found: u32,
+        /// Oldest version this build reads.
         min: u32,
+        /// Newest version this build reads.
         max: u32,
     },
     /// A configuration key has a bad value or is unknown.
     #[error("config `{key}`: {what}")]
-    Config { key: String, what: String },
+    Config {
+        /// The key.
+        key: String,
+        /// What is wrong: the value and the allowed range.
+        what: String,
+    },
     /// A saved sampler state cannot be restored here: another format or
     /// version, another snapshot, or a config that changes the stream.
     #[error("sampler state `{field}`: {what}")]
-    State { field: String, what: String },
+    State {
+        /// The state field that does not fit (`version`, `content_hash`,
+        /// a stream config key, `splits.<split>.<field>`).
+        field: String,
+        /// What differs: the saved and the current value.
+        what: String,
+    },
     /// A function argument is outside its allowed range.
     #[error("invalid argument `{name}`: {what}")]
-    InvalidArgument { name: String, what: String },
+    InvalidArgument {
+        /// The argument.
+        name: String,
+        /// What is wrong with it.
+        what: String,
+    },
     /// The relational input cannot be turned into a database (schema or data
     /// problem), naming table/column.
     #[error("{0}")]

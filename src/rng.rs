@@ -10,6 +10,7 @@ pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
     #[inline]
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         mix64(self.0)
@@ -31,6 +32,7 @@ pub struct Xoshiro256pp {
 }
 
 impl Xoshiro256pp {
+    /// A generator whose state is expanded from `seed` with SplitMix64.
     pub fn seed_from_u64(seed: u64) -> Self {
         let mut sm = SplitMix64(seed);
         Xoshiro256pp {
@@ -44,6 +46,7 @@ impl Xoshiro256pp {
     }
 
     #[inline]
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;
         let result = (s[0].wrapping_add(s[3])).rotate_left(23).wrapping_add(s[0]);

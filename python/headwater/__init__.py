@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "preprocess": ("headwater.preprocessing", "preprocess"),
     "inspect": ("headwater.inspection", "inspect"),
-    "default_database": ("headwater.default_db", "default_database"),
+    "default_database": ("headwater.data.default_db", "default_database"),
     "Database": ("headwater._native", "Database"),
     "Sampler": ("headwater._native", "Sampler"),
     "BATCH_KEYS": ("headwater._native", "BATCH_KEYS"),

@@ -74,7 +74,7 @@ def run_bench(
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
     if db is None:
-        from headwater.default_db import default_database
+        from headwater.data.default_db import default_database
 
         db = default_database()
     path = Path(db)
@@ -101,7 +101,10 @@ def run_bench(
         "runs": runs,
         "batches_per_s": best["batches_per_s"],
         "batches_per_s_per_core": base["batches_per_s"] / base["threads"],
-        "scaling": {f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"] for r in runs},
+        "scaling": {
+            f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"]
+            for r in runs
+        },
         "handoff_us_median": handoff,
         "handoff_us_min": handoff_min,
         "peak_rss_bytes": _native.peak_rss_bytes(),

@@ -1,4 +1,6 @@
-"""The ``headwater`` command line."""
+"""The ``headwater`` command line: one subcommand per job (preprocess,
+inspect, default-db, bench, train, diag); ``diag`` has its own parser
+(:func:`headwater.diag.main`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 
 def _cmd_preprocess(a: argparse.Namespace) -> int:
@@ -28,7 +31,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_default_db(a: argparse.Namespace) -> int:
-    from headwater.default_db import default_database
+    from headwater.data.default_db import default_database
 
     print(default_database(scale_factor=a.scale_factor, embedder=a.embedder))
     return 0
@@ -44,8 +47,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from headwater.train import launch
-    from headwater.train_config import parse_overrides
+    from headwater.train import launch, parse_overrides
 
     overrides = parse_overrides(a.set)
     if a.steps is not None:
@@ -71,88 +73,19 @@ def _cmd_diag(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="headwater", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    from headwater import __version__
 
-    pp = sub.add_parser("preprocess", help="build a database from a relational source")
-    pp.add_argument(
-        "source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files"
+    p = argparse.ArgumentParser(
+        prog="headwater",
+        description="An observability-first sampler for relational transformers: build a "
+        "database, sample and benchmark it, train on it, and prove its health signals.",
     )
-    pp.add_argument("out_dir", help="output database directory (written atomically)")
-    pp.add_argument(
-        "--schema", help="schema file (TOML or JSON): keys, time columns, semantic types, tasks"
-    )
-    pp.add_argument(
-        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
-    )
-    pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
-    pp.set_defaults(func=_cmd_preprocess)
-
-    pi = sub.add_parser("inspect", help="validate a database and summarise it")
-    pi.add_argument("db_dir")
-    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pi.set_defaults(func=_cmd_inspect)
-
-    pd = sub.add_parser(
-        "default-db", help="build (once) and print the path of the default TPC-H database"
-    )
-    pd.add_argument("--scale-factor", type=float, default=0.01)
-    pd.add_argument("--embedder", default="auto")
-    pd.set_defaults(func=_cmd_default_db)
-
-    pb = sub.add_parser(
-        "bench", help="measure sampler throughput, stages, scaling, handoff, memory"
-    )
-    pb.add_argument("db", nargs="?", help="database directory (default: the default database)")
-    pb.add_argument("--batch-size", type=int, default=32)
-    pb.add_argument("--seq-len", type=int, default=1024)
-    pb.add_argument("--threads", help="comma-separated thread counts (default: 1 and all CPUs)")
-    pb.add_argument("--steps", type=int, default=200)
-    pb.add_argument("--warmup", type=int, default=20)
-    pb.add_argument(
-        "--telemetry",
-        choices=["on", "off", "both"],
-        default="on",
-        help="record step telemetry in the runs; 'both' also measures the on/off ratio",
-    )
-    pb.add_argument("--json", action="store_true", help="print one JSON object")
-    pb.set_defaults(func=_cmd_bench)
-
-    pt = sub.add_parser(
-        "train",
-        help="train the relational transformer on a database (default: the embedded TPC-H one)",
-    )
-    pt.add_argument("config", nargs="?", help="TOML config (see diag_configs/healthy.toml)")
-    pt.add_argument("--steps", type=int, help="override train.steps")
-    pt.add_argument(
-        "--num-processes",
-        type=int,
-        default=1,
-        help="local processes joining one jax.distributed job on loopback (data parallel)",
-    )
-    pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
-    pt.add_argument("--db", help="override database.path")
-    pt.add_argument("--run-name", help="override logging.run_name")
-    pt.add_argument("--dir", help="override logging.dir (where runs are written)")
-    pt.add_argument("--wandb-mode", choices=["offline", "online", "disabled"])
-    pt.add_argument(
-        "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
-    )
-    pt.add_argument(
-        "--set",
-        action="append",
-        metavar="SECTION.KEY=VALUE",
-        help="override any config key (value read as TOML), e.g. --set model.d_model=128",
-    )
-    pt.set_defaults(func=_cmd_train)
-
-    pg = sub.add_parser(
-        "diag",
-        help="run diagnostic configs and check which sampler-health signals light up",
-        add_help=False,
-    )
-    pg.add_argument("args", nargs=argparse.REMAINDER)
-    pg.set_defaults(func=_cmd_diag)
+    p.add_argument("--version", action="version", version=f"headwater {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_data_commands(sub)
+    _add_bench(sub)
+    _add_train(sub)
+    _add_diag(sub)
     return p
 
 
@@ -171,6 +104,120 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"headwater {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+Sub = Any  # argparse's private _SubParsersAction
+
+
+def _add_data_commands(sub: Sub) -> None:
+    """preprocess, inspect, default-db."""
+    pp = sub.add_parser("preprocess", help="build a database from a relational source")
+    pp.add_argument(
+        "source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files"
+    )
+    pp.add_argument("out_dir", help="output database directory (written atomically)")
+    pp.add_argument(
+        "--schema", help="schema file (TOML or JSON): keys, time columns, semantic types, tasks"
+    )
+    pp.add_argument(
+        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
+    )
+    pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    pp.set_defaults(func=_cmd_preprocess)
+
+    pi = sub.add_parser("inspect", help="validate a database and summarise it")
+    pi.add_argument("db_dir", help="a preprocessed database directory")
+    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pi.set_defaults(func=_cmd_inspect)
+
+    pd = sub.add_parser(
+        "default-db", help="build (once) and print the path of the default TPC-H database"
+    )
+    pd.add_argument(
+        "--scale-factor",
+        type=float,
+        default=0.01,
+        help="TPC-H scale factor (default: %(default)s, about 87 K rows; 1 is about 8.6 M)",
+    )
+    pd.add_argument(
+        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
+    )
+    pd.set_defaults(func=_cmd_default_db)
+
+
+def _add_bench(sub: Sub) -> None:
+    pb = sub.add_parser(
+        "bench", help="measure sampler throughput, stages, scaling, handoff, memory"
+    )
+    pb.add_argument("db", nargs="?", help="database directory (default: the default database)")
+    pb.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)"
+    )
+    pb.add_argument(
+        "--seq-len", type=int, default=1024, help="cells per sequence (default: %(default)s)"
+    )
+    pb.add_argument("--threads", help="comma-separated thread counts (default: 1 and all CPUs)")
+    pb.add_argument(
+        "--steps", type=int, default=200, help="measured batches per run (default: %(default)s)"
+    )
+    pb.add_argument(
+        "--warmup",
+        type=int,
+        default=20,
+        help="batches drawn before measuring (default: %(default)s)",
+    )
+    pb.add_argument(
+        "--telemetry",
+        choices=["on", "off", "both"],
+        default="on",
+        help="record step telemetry in the runs; 'both' also measures the on/off ratio",
+    )
+    pb.add_argument("--json", action="store_true", help="print one JSON object")
+    pb.set_defaults(func=_cmd_bench)
+
+
+def _add_train(sub: Sub) -> None:
+    pt = sub.add_parser(
+        "train",
+        help="train the relational transformer on a database (default: the embedded TPC-H one)",
+    )
+    pt.add_argument("config", nargs="?", help="TOML config (see diag_configs/healthy.toml)")
+    pt.add_argument("--steps", type=int, help="override train.steps")
+    pt.add_argument(
+        "--num-processes",
+        type=int,
+        default=1,
+        help="local processes joining one jax.distributed job on loopback (data parallel)",
+    )
+    pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
+    pt.add_argument("--db", help="override database.path")
+    pt.add_argument("--run-name", help="override logging.run_name")
+    pt.add_argument("--dir", help="override logging.dir (where runs are written)")
+    pt.add_argument(
+        "--wandb-mode",
+        choices=["offline", "online", "disabled"],
+        help="override logging.wandb_mode (default: offline)",
+    )
+    pt.add_argument(
+        "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
+    )
+    pt.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="override any config key (value read as TOML), e.g. --set model.d_model=128",
+    )
+    pt.set_defaults(func=_cmd_train)
+
+
+def _add_diag(sub: Sub) -> None:
+    pg = sub.add_parser(
+        "diag",
+        help="run diagnostic configs and check which sampler-health signals light up",
+        add_help=False,
+    )
+    pg.add_argument("args", nargs=argparse.REMAINDER, help="see: headwater diag --help")
+    pg.set_defaults(func=_cmd_diag)
 
 
 if __name__ == "__main__":

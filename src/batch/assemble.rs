@@ -13,8 +13,11 @@ use crate::sampler::Subgraph;
 
 /// The stored columns of one table with their cell type codes.
 pub struct TableCells<'a> {
+    /// Global index of the table's first row.
     pub row_offset: u32,
+    /// The table's stored columns.
     pub columns: Vec<ColumnView<'a>>,
+    /// Semantic type code of each stored column.
     pub codes: Vec<i8>,
 }
 
@@ -22,41 +25,68 @@ pub struct TableCells<'a> {
 #[derive(Clone, Copy)]
 pub enum Target<'a> {
     /// A stored column of the anchor table (cell task): `slot` in the table.
-    Cell { slot: usize },
+    Cell {
+        /// Slot of the target column among the table's stored columns.
+        slot: usize,
+    },
     /// A virtual column: values from the task file.
     Virtual {
+        /// Global column index of the target.
         column_idx: u32,
+        /// Semantic type code of the target.
         code: i8,
+        /// Target value per seed.
         values: ColumnValues<'a>,
+        /// Validity bitmap of the targets.
         validity: &'a [u8],
     },
 }
 
 /// Everything a worker needs to write sequences of one batch.
 pub struct SeqContext<'a> {
+    /// The database graph.
     pub graph: GraphView<'a>,
+    /// Every table's cells.
     pub tables: &'a [TableCells<'a>],
+    /// Mean of all timestamps (µs), for the encoding.
     pub ts_mean: f64,
+    /// Standard deviation of all timestamps (µs).
     pub ts_std: f64,
+    /// Where the task's target comes from.
     pub target: Target<'a>,
 }
 
 /// One sequence's slices of the batch tensors.
 pub struct SeqOut<'b> {
+    /// `[S]` slice of the batch tensor of the same name.
     pub semantic_types: &'b mut [i8],
+    /// `[S]` slice of the batch tensor of the same name.
     pub column_ids: &'b mut [i32],
+    /// `[S]` slice of the batch tensor of the same name.
     pub seq_row_ids: &'b mut [u16],
+    /// `[S]` slice of the batch tensor of the same name.
     pub numeric_values: &'b mut [f32],
+    /// `[S, TIMESTAMP_DIM]` slice of the batch tensor of the same name.
     pub timestamp_values: &'b mut [f32],
+    /// `[S]` slice of the batch tensor of the same name.
     pub bool_values: &'b mut [u8],
+    /// `[S]` slice of the batch tensor of the same name.
     pub categorical_embed_ids: &'b mut [u32],
+    /// `[S]` slice of the batch tensor of the same name.
     pub text_embed_ids: &'b mut [u32],
+    /// `[S]` slice of the batch tensor of the same name.
     pub is_null: &'b mut [u8],
+    /// `[S]` slice of the batch tensor of the same name.
     pub is_target: &'b mut [u8],
+    /// `[S]` slice of the batch tensor of the same name.
     pub is_padding: &'b mut [u8],
+    /// `[R, R]` slice of the batch tensor of the same name.
     pub fk_adj: &'b mut [u8],
+    /// `[S]` slice of the batch tensor of the same name.
     pub col_perm: &'b mut [u16],
+    /// `[S]` slice of the batch tensor of the same name.
     pub out_perm: &'b mut [u16],
+    /// `[S]` slice of the batch tensor of the same name.
     pub in_perm: &'b mut [u16],
 }
 
@@ -184,11 +214,11 @@ pub fn assemble_sequence(
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
 ) -> SeqStats {
+    const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
     let g = &ctx.graph;
     let mut pos = 0usize;
     s.row_start.clear();
-    const AHEAD: usize = 2;
     for &row in sub.rows.iter().take(AHEAD) {
         prefetch_row(ctx, row);
     }
@@ -333,10 +363,12 @@ impl std::hash::Hasher for FxHasher {
     }
 }
 
+/// A hash map with [`FxHasher`].
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// Replace global text ids by batch-local ones (first-seen order) and gather
 /// each distinct text embedding once. The batch's only serial phase.
+#[allow(clippy::implicit_hasher)] // FxMap is the one hasher used here
 pub fn collate_text(batch: &mut Batch, text_emb: &[f16], dim: usize, map: &mut FxMap<u32, u32>) {
     map.clear();
     let mut order: Vec<u32> = Vec::new();

@@ -31,47 +31,78 @@ use half::f16;
 /// Per-sequence measurements, recorded for telemetry.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SeqStats {
+    /// BFS hops reached.
     pub depth: u8,
+    /// Rows included.
     pub rows: u32,
+    /// Cells filled (the rest of S is padding).
     pub cells: u32,
+    /// Cells of reached rows cut by the sequence budget.
     pub cells_dropped: u64,
+    /// Visible children not sampled because of the width cap.
     pub children_capped: u64,
+    /// Children hidden by the observation-time filter.
     pub temporal_filtered: u64,
+    /// Included rows dated after the seed's observation time (must be 0).
     pub temporal_leaks: u64,
 }
 
 /// One batch: every tensor as a flat row-major buffer plus its shape.
 #[derive(Debug, Clone)]
 pub struct Batch {
+    /// B: sequences.
     pub batch_size: usize,
+    /// S: cells per sequence.
     pub seq_len: usize,
     /// R: the most rows of any sequence in the batch.
     pub max_rows: usize,
     /// U: distinct text values in the batch.
     pub num_text: usize,
+    /// D: text embedding width.
     pub text_dim: usize,
+    /// `[B, S]` semantic type code per cell (-1 padding).
     pub semantic_types: Vec<i8>,
+    /// `[B, S]` global column index per cell.
     pub column_ids: Vec<i32>,
+    /// `[B, S]` row of the cell within its sequence (BFS order).
     pub seq_row_ids: Vec<u16>,
+    /// `[B, S]` z-scored number of numerical cells.
     pub numeric_values: Vec<f32>,
+    /// `[B, S, TIMESTAMP_DIM]` encoded time of timestamp cells.
     pub timestamp_values: Vec<f32>,
+    /// `[B, S]` 0/1 of boolean cells.
     pub bool_values: Vec<u8>,
+    /// `[B, S]` global category embedding id of categorical cells.
     pub categorical_embed_ids: Vec<u32>,
+    /// `[B, S]` batch-local text index of text cells (after collation).
     pub text_embed_ids: Vec<u32>,
+    /// `[B, S]` 1 where the cell's value is null.
     pub is_null: Vec<u8>,
+    /// `[B, S]` 1 at the seed's target cell.
     pub is_target: Vec<u8>,
+    /// `[B, S]` 1 past the sequence's last cell.
     pub is_padding: Vec<u8>,
+    /// `[B, R, R]` 1 where included row `i` references included row `j`.
     pub fk_adj: Vec<u8>,
+    /// `[B, S]` positions ordered by column, padding last.
     pub col_perm: Vec<u16>,
+    /// `[B, S]` positions in reverse Cuthill–McKee order of the outbound row graph.
     pub out_perm: Vec<u16>,
+    /// `[B, S]` positions in reverse Cuthill–McKee order of the inbound row graph.
     pub in_perm: Vec<u16>,
+    /// `[U, D]` each distinct text value of the batch, once.
     pub text_batch_embeddings: Vec<f16>,
+    /// Semantic type code of the task's target.
     pub target_stype: u8,
+    /// The task of the batch (metadata order).
     pub task_idx: u32,
+    /// First category embedding id of the target column.
     pub cat_emb_start: u32,
+    /// Categories of the target column.
     pub cat_emb_count: u32,
     /// Positions (in the task's seed list) of the batch's seeds.
     pub seeds: Vec<u32>,
+    /// Per-sequence measurements.
     pub seq_stats: Vec<SeqStats>,
     /// Wall time of BFS, assembly, text collation, and the whole batch (ns).
     pub stage_ns: [u64; 4],
@@ -79,6 +110,7 @@ pub struct Batch {
     pub exhaust_events: u32,
     /// Seeds drawn twice within one epoch (must stay 0).
     pub duplicate_seeds: u32,
+    /// The split the batch belongs to.
     pub split: crate::seeds::Split,
     /// Index of this batch in its split's stream.
     pub step: u64,

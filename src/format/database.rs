@@ -17,12 +17,19 @@ use crate::error::{Error, Result};
 /// Zero-copy view of `graph.bin`.
 #[derive(Clone, Copy)]
 pub struct GraphView<'a> {
+    /// Table index of every global row.
     pub row_table: &'a [u16],
+    /// Time of every row (`i64::MIN` for rows without time).
     pub row_time: &'a [i64],
+    /// CSR offsets of each row's parents.
     pub fwd_offsets: &'a [u64],
+    /// Parent rows (child → parent edges).
     pub fwd_targets: &'a [u32],
+    /// CSR offsets of each row's children.
     pub rev_offsets: &'a [u64],
+    /// Child rows, time-sorted per parent.
     pub rev_targets: &'a [u32],
+    /// Time of each child in `rev_targets`.
     pub rev_times: &'a [i64],
 }
 
@@ -53,6 +60,7 @@ impl<'a> GraphView<'a> {
         &ids[..n]
     }
 
+    /// Rows in the database.
     pub fn num_rows(&self) -> usize {
         self.row_table.len()
     }
@@ -61,22 +69,32 @@ impl<'a> GraphView<'a> {
 /// One stored column: values (typed by semantic type) and validity bitmap.
 #[derive(Clone, Copy)]
 pub enum ColumnValues<'a> {
+    /// z-scored f32 values.
     Numerical(&'a [f32]),
+    /// 0/1 values.
     Boolean(&'a [u8]),
+    /// Microseconds since the epoch.
     Timestamp(&'a [i64]),
+    /// Global category embedding ids.
     Categorical(&'a [u32]),
+    /// Global text embedding ids.
     Text(&'a [u32]),
 }
 
 #[derive(Clone, Copy)]
+/// One stored column of a table.
 pub struct ColumnView<'a> {
+    /// Global column index (metadata order).
     pub column_idx: u32,
+    /// The values, one per row of the table.
     pub values: ColumnValues<'a>,
+    /// Validity bitmap (bit set = not null).
     pub validity: &'a [u8],
 }
 
 impl ColumnView<'_> {
     #[inline]
+    /// Is the value of table-local `row` present?
     pub fn is_valid(&self, row: usize) -> bool {
         super::bit(self.validity, row)
     }
@@ -84,17 +102,24 @@ impl ColumnView<'_> {
 
 /// Zero-copy view of one table file.
 pub struct TableView<'a> {
+    /// Global index of the table's first row.
     pub row_offset: u32,
+    /// Rows of the table.
     pub num_rows: u32,
+    /// The stored columns, in slot order.
     pub columns: Vec<ColumnView<'a>>,
 }
 
 /// Zero-copy view of one task file.
 #[derive(Clone, Copy)]
 pub struct TaskView<'a> {
+    /// Global anchor row of each seed.
     pub anchor_rows: &'a [u32],
+    /// Observation time of each seed (µs).
     pub obs_times: &'a [i64],
+    /// Target value of each seed.
     pub targets: ColumnValues<'a>,
+    /// Validity bitmap of the targets.
     pub target_validity: &'a [u8],
 }
 
@@ -110,12 +135,12 @@ pub struct Database {
     text_emb: MappedFile,
 }
 
-fn values<'a>(
-    f: &'a MappedFile,
+fn values(
+    f: &MappedFile,
     section: usize,
     stype: SemanticType,
     n: usize,
-) -> Result<ColumnValues<'a>> {
+) -> Result<ColumnValues<'_>> {
     Ok(match stype {
         SemanticType::Numerical => ColumnValues::Numerical(f.section(section, Some(n))?),
         SemanticType::Boolean => ColumnValues::Boolean(f.section(section, Some(n))?),
@@ -155,7 +180,7 @@ impl Database {
             .map_err(|e| Error::format(&meta_path, format!("not valid JSON: {e}")))?;
         let version = probe
             .get("format_version")
-            .and_then(|v| v.as_u64())
+            .and_then(serde_json::Value::as_u64)
             .ok_or_else(|| Error::format(&meta_path, "missing `format_version`"))?;
         if !(MIN_READ_VERSION as u64..=FORMAT_VERSION as u64).contains(&version) {
             return Err(Error::Version {
@@ -323,16 +348,20 @@ impl Database {
         Ok(())
     }
 
+    /// The database directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// The parsed `metadata.json`.
     pub fn metadata(&self) -> &Metadata {
         &self.meta
     }
+    /// Hash of the metadata (identifies the snapshot).
     pub fn content_hash(&self) -> &str {
         &self.meta.content_hash
     }
 
+    /// Zero-copy views of the graph sections.
     pub fn graph(&self) -> GraphView<'_> {
         let g = &self.graph;
         // Shapes were validated at open.
@@ -458,7 +487,10 @@ impl Database {
 /// Which embedding file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmbeddingKind {
+    /// Column-name embeddings.
     Column,
+    /// Category embeddings.
     Categorical,
+    /// Text-value embeddings.
     Text,
 }

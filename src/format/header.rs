@@ -26,13 +26,18 @@ pub const ALIGN: usize = 64;
 /// What a binary file holds; decides its magic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
+    /// `graph.bin`: row tables, times and the CSR in both directions.
     Graph,
+    /// `tables/<t>.bin`: the stored columns of one table.
     Table,
+    /// `tasks/<k>.bin`: one task's anchors, observation times and targets.
     Task,
+    /// `*_embeddings.bin`: f16 embedding matrices.
     Embeddings,
 }
 
 impl FileKind {
+    /// The 8 magic bytes that open a file of this kind.
     pub fn magic(self) -> &'static [u8; 8] {
         match self {
             FileKind::Graph => b"HWGRAPH\0",
@@ -175,18 +180,23 @@ impl MappedFile {
         })
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// The format version in the header.
     pub fn version(&self) -> u32 {
         self.version
     }
+    /// The xxh3 checksum of the payload, as stored.
     pub fn payload_checksum(&self) -> u64 {
         self.payload_checksum
     }
+    /// File length in bytes.
     pub fn len_bytes(&self) -> u64 {
         self.mmap.len() as u64
     }
+    /// Sections in the section table.
     pub fn num_sections(&self) -> usize {
         self.sections.len()
     }

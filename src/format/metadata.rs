@@ -12,12 +12,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum SemanticType {
+    /// A number (z-scored, f32).
     Numerical,
+    /// True/false.
     Boolean,
+    /// A point in time (µs).
     Timestamp,
+    /// One of a few categories (embedded by name).
     Categorical,
+    /// Free text (embedded by value).
     Text,
+    /// A key; not stored as a cell.
     Identifier,
+    /// Declared to be left out.
     Ignored,
 }
 
@@ -49,14 +56,15 @@ impl SemanticType {
     /// Size in bytes of one stored value.
     pub fn value_size(self) -> usize {
         match self {
-            SemanticType::Numerical => 4,
+            // f32 values, u32 category and text ids.
+            SemanticType::Numerical | SemanticType::Categorical | SemanticType::Text => 4,
             SemanticType::Boolean => 1,
             SemanticType::Timestamp => 8,
-            SemanticType::Categorical | SemanticType::Text => 4,
             SemanticType::Identifier | SemanticType::Ignored => 0,
         }
     }
 
+    /// The name used in schema files and `metadata.json`.
     pub fn name(self) -> &'static str {
         match self {
             SemanticType::Numerical => "numerical",
@@ -69,6 +77,7 @@ impl SemanticType {
         }
     }
 
+    /// The type named `s`, if any.
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "numerical" => SemanticType::Numerical,
@@ -86,13 +95,18 @@ impl SemanticType {
 /// Summary statistics of a column (of its non-null source values).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ColumnStats {
+    /// Values (null included).
     pub count: u64,
+    /// Null values.
     pub null_count: u64,
     /// Mean and standard deviation used for z-scoring (numerical), in source
     /// units; for timestamps in µs since the epoch.
     pub mean: f64,
+    /// Standard deviation of the non-null values (before z-scoring).
     pub std: f64,
+    /// Smallest non-null value.
     pub min: f64,
+    /// Largest non-null value.
     pub max: f64,
 }
 
@@ -102,8 +116,11 @@ pub struct ColumnStats {
 pub struct ColumnMeta {
     /// Global column index (position in `Metadata::columns`).
     pub idx: u32,
+    /// Index of the column's table.
     pub table: u32,
+    /// Column name.
     pub name: String,
+    /// Semantic type.
     pub stype: SemanticType,
     /// The source's type name (e.g. `DECIMAL(15,2)`), for inspection.
     pub source_type: String,
@@ -111,21 +128,26 @@ pub struct ColumnMeta {
     pub inferred: bool,
     /// Index of the column's section pair in `tables/<table>.bin`.
     pub slot: Option<u32>,
+    /// Statistics of the source values.
     pub stats: ColumnStats,
     /// Categorical: the column's contiguous block in the categorical table.
     pub cat_emb_start: u32,
+    /// Categories of the column (its block of category embeddings).
     pub cat_emb_count: u32,
     /// Categorical: the category values, `cat_emb_start + i` ↔ `categories[i]`.
     pub categories: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A foreign key of a table.
 pub struct ForeignKeyMeta {
+    /// The referencing column.
     pub column: String,
     /// Referenced table index.
     pub references: u32,
     /// Edges created (non-null, resolved values).
     pub num_edges: u64,
+    /// Rows whose key is null.
     pub num_null: u64,
     /// Non-null values that match no primary key (edge dropped).
     pub num_dangling: u64,
@@ -134,65 +156,96 @@ pub struct ForeignKeyMeta {
 /// A column that does not become cells, kept for inspection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UnstoredColumn {
+    /// Column name.
     pub name: String,
+    /// Semantic type (identifier or ignored).
     pub stype: SemanticType,
+    /// Type in the source database.
     pub source_type: String,
+    /// Whether the type was inferred rather than declared.
     pub inferred: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One table of the database.
 pub struct TableMeta {
+    /// Table index.
     pub idx: u32,
+    /// Table name.
     pub name: String,
     /// Relative path of the table file (derived from `idx`).
     pub file: String,
+    /// Global index of the first row.
     pub row_offset: u64,
+    /// Rows.
     pub num_rows: u64,
+    /// Primary key column, if any.
     pub primary_key: Option<String>,
+    /// Time column, if any.
     pub time_column: Option<String>,
+    /// Foreign keys.
     pub foreign_keys: Vec<ForeignKeyMeta>,
     /// Global indices of the stored columns, in table order.
     pub columns: Vec<u32>,
+    /// Columns that are not stored as cells.
     pub unstored_columns: Vec<UnstoredColumn>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One prediction task.
 pub struct TaskMeta {
+    /// Task index.
     pub idx: u32,
+    /// Task name.
     pub name: String,
     /// `cell` (mask a column of the anchor table), `sql` (schema-declared
     /// query) or `relbench` (imported label table).
     pub kind: String,
+    /// The task file, relative to the database directory.
     pub file: String,
+    /// Index of the table whose rows are the seeds.
     pub anchor_table: u32,
     /// Global column index of the target (a table column for `cell` tasks, a
     /// virtual column otherwise).
     pub target_column: u32,
+    /// Semantic type of the target.
     pub target_stype: SemanticType,
+    /// Seeds (anchor rows with an observation time).
     pub num_seeds: u64,
+    /// Seeds whose target is null.
     pub num_null_targets: u64,
     /// Does any seed carry an observation time (vs. all `i64::MAX`)?
     pub temporal: bool,
+    /// The query that defined the task, if any.
     pub query: Option<String>,
+    /// What the task predicts.
     pub description: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Statistics of every timestamp value, for the time encoding.
 pub struct TimestampStats {
     /// Mean and std of all non-null timestamp cells in the database (µs).
     pub mean_us: f64,
+    /// Standard deviation (µs).
     pub std_us: f64,
+    /// Timestamps counted.
     pub count: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The embedder that made the embeddings.
 pub struct EmbedderMeta {
+    /// Embedder name.
     pub name: String,
+    /// Embedding width.
     pub dim: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Size and checksum of one file of the database.
 pub struct FileDigest {
+    /// File length.
     pub bytes: u64,
     /// xxh3-64 payload checksum, hex.
     pub checksum: String,
@@ -201,21 +254,34 @@ pub struct FileDigest {
 /// The whole `metadata.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metadata {
+    /// Format version of the directory.
     pub format_version: u32,
     /// xxh3-128 (hex) of this document with `content_hash` empty; see
     /// [`crate::format`].
     pub content_hash: String,
+    /// What wrote it (crate and version).
     pub producer: String,
+    /// Where the data came from.
     pub source: String,
+    /// The embedder.
     pub embedder: EmbedderMeta,
+    /// Rows over all tables.
     pub num_rows: u64,
+    /// Foreign-key edges.
     pub num_edges: u64,
+    /// Rows of the text embedding matrix.
     pub num_text_embeddings: u64,
+    /// Rows of the category embedding matrix.
     pub num_categorical_embeddings: u64,
+    /// Timestamp statistics.
     pub timestamp_stats: TimestampStats,
+    /// Tables, in index order.
     pub tables: Vec<TableMeta>,
+    /// Columns, in global index order.
     pub columns: Vec<ColumnMeta>,
+    /// Tasks, in index order.
     pub tasks: Vec<TaskMeta>,
+    /// Every data file with its size and checksum.
     pub files: BTreeMap<String, FileDigest>,
 }
 
@@ -228,10 +294,12 @@ impl Metadata {
         format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
     }
 
+    /// The table named `name`.
     pub fn table_by_name(&self, name: &str) -> Option<&TableMeta> {
         self.tables.iter().find(|t| t.name == name)
     }
 
+    /// The task named `name`.
     pub fn task_by_name(&self, name: &str) -> Option<&TaskMeta> {
         self.tasks.iter().find(|t| t.name == name)
     }

@@ -107,7 +107,7 @@ pub fn pack_bits(valid: impl ExactSizeIterator<Item = bool>) -> Vec<u8> {
 }
 
 /// Is bit `i` of a validity bitmap set?
-#[inline(always)]
+#[inline]
 pub fn bit(bitmap: &[u8], i: usize) -> bool {
     bitmap[i >> 3] & (1 << (i & 7)) != 0
 }

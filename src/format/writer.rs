@@ -19,6 +19,7 @@ pub use super::header::align_up;
 pub struct Section<'a>(pub &'a [u8]);
 
 impl<'a> Section<'a> {
+    /// The bytes of a slice of plain values.
     pub fn of<T: bytemuck::Pod>(data: &'a [T]) -> Self {
         Section(bytemuck::cast_slice(data))
     }

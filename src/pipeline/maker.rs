@@ -50,12 +50,15 @@ struct TaskPlan {
 
 /// Everything immutable a sampler needs, shared by its producers.
 pub struct SamplerCore {
+    /// The open, validated database.
     pub db: Arc<Database>,
+    /// The validated configuration.
     pub cfg: SamplerConfig,
     row_cells: Vec<u16>,
     tasks: Vec<TaskPlan>,
     weights: Vec<f64>,
     pool: rayon::ThreadPool,
+    /// The telemetry schema of this database and config.
     pub schema: TelemetrySchema,
 }
 
@@ -63,7 +66,10 @@ pub struct SamplerCore {
 /// ([`StreamState`], the only part that matters for the stream), the global
 /// pools, the task picker and scratch buffers. Owned by the split's producer.
 pub struct SplitState {
+    /// The split this state samples.
+    /// The split this state samples.
     pub split: Split,
+    /// Where the split's stream stands (the only part that matters for it).
     pub stream: StreamState,
     /// The rank whose slice this state draws.
     pub rank: u32,
@@ -118,11 +124,13 @@ fn derive(seed: u64, parts: &[u64]) -> u64 {
 }
 
 impl SamplerCore {
+    /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
         let db = Database::open(db_path)?;
         Self::with_database(Arc::new(db), cfg)
     }
 
+    /// Prepare sampling an already open database with `cfg` (validated here).
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
         let m = db.metadata();
         let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
@@ -156,9 +164,7 @@ impl SamplerCore {
         }
         let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -182,6 +188,7 @@ impl SamplerCore {
         &self.weights
     }
 
+    /// Threads in the sampler's pool.
     pub fn num_threads(&self) -> usize {
         self.pool.current_num_threads()
     }
@@ -254,7 +261,7 @@ impl SamplerCore {
     /// happens here, serially, which is what makes batches independent of
     /// the thread count and replayable.
     fn draw(&self, state: &mut SplitState) -> Result<Draws> {
-        self.check_can_draw(state)?;
+        Self::check_can_draw(state)?;
         let step = state.stream.step;
         let world_size = state.stream.world_size_at(step);
         if state.rank >= world_size {
@@ -305,7 +312,7 @@ impl SamplerCore {
     /// [`make_batch`](Self::make_batch), O(1) per batch.
     pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
         for _ in 0..n {
-            self.check_can_draw(state)?;
+            Self::check_can_draw(state)?;
             let k = state.picker.pick(state.stream.step) as usize;
             state.stream.advance(k, self.cfg.default_batch_size);
         }
@@ -345,7 +352,7 @@ impl SamplerCore {
         self.make_batch(&mut state)
     }
 
-    fn check_can_draw(&self, state: &SplitState) -> Result<()> {
+    fn check_can_draw(state: &SplitState) -> Result<()> {
         if state.picker.is_empty() {
             return Err(Error::invalid(
                 "task_weights",
@@ -357,14 +364,13 @@ impl SamplerCore {
 
     /// Make the next batch of `state`'s split.
     pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
-        self.check_can_draw(state)?;
-        if self.cfg.debug_panic_at_step == Some(state.stream.step) {
-            panic!(
-                "debug_panic_at_step: deliberate panic at {} step {}",
-                state.split.name(),
-                state.stream.step
-            );
-        }
+        Self::check_can_draw(state)?;
+        assert!(
+            self.cfg.debug_panic_at_step != Some(state.stream.step),
+            "debug_panic_at_step: deliberate panic at {} step {}",
+            state.split.name(),
+            state.stream.step
+        );
         let t0 = Instant::now();
         if self.cfg.debug_batch_delay_ms > 0.0 {
             std::thread::sleep(std::time::Duration::from_secs_f64(
@@ -422,7 +428,7 @@ impl SamplerCore {
                             sub,
                         );
                     });
-                })
+                });
         });
         drop(bfs_span);
         let t_bfs = Instant::now();
@@ -618,11 +624,14 @@ struct Draws {
 /// A synchronous batch source (no threads besides the pool): for benchmarks
 /// and Rust trainers that want to drive sampling themselves.
 pub struct BatchMaker {
+    /// The shared sampling core.
     pub core: Arc<SamplerCore>,
+    /// This maker's split state.
     pub state: SplitState,
 }
 
 impl BatchMaker {
+    /// A maker of `split` batches from a fresh state.
     pub fn new(core: Arc<SamplerCore>, split: Split) -> Self {
         let state = core.split_state(split);
         BatchMaker { core, state }

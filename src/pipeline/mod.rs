@@ -40,6 +40,7 @@ use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
+use crate::telemetry::export::otel;
 use crate::telemetry::export::prometheus::{self, PromSplit};
 use crate::telemetry::Recorder;
 
@@ -156,6 +157,10 @@ impl Sampler {
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
         }
+        let otlp = otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref());
+        if let Some(ep) = &otlp {
+            otel::install(ep, core.cfg.rank)?;
+        }
         let telemetry = PRODUCED
             .iter()
             .map(|s| {
@@ -167,14 +172,14 @@ impl Sampler {
                         s.name(),
                     )));
                 }
+                if let (true, Some(_)) = (core.cfg.telemetry, &otlp) {
+                    exporters.extend(
+                        otel::OtlpSplit::new(s.name()).map(|o| Box::new(o) as Box<dyn Recorder>),
+                    );
+                }
                 Mutex::new(SplitTelemetry::new(&core.schema, exporters))
             })
             .collect();
-        if let Some(ep) =
-            crate::telemetry::export::otel::resolve_endpoint(core.cfg.otlp_endpoint.as_deref())
-        {
-            crate::telemetry::export::otel::install(&ep, core.cfg.rank)?;
-        }
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let mut lanes = Vec::new();
         for state in states {
@@ -204,6 +209,7 @@ impl Sampler {
         })
     }
 
+    /// The shared sampling core (database, config, schema).
     pub fn core(&self) -> &Arc<SamplerCore> {
         &self.core
     }
@@ -333,16 +339,17 @@ impl Sampler {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let rx = lane.producer.lock().unwrap().rx.clone();
-            let got = match deadline {
-                Some(d) => select! {
+            let got = if let Some(d) = deadline {
+                select! {
                     recv(rx) -> m => Some(m),
                     recv(self.stop_rx) -> _ => None,
                     default(d.saturating_duration_since(Instant::now())) => return Ok(None),
-                },
-                None => select! {
+                }
+            } else {
+                select! {
                     recv(rx) -> m => Some(m),
                     recv(self.stop_rx) -> _ => None,
-                },
+                }
             };
             if self.closed.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
@@ -365,7 +372,7 @@ impl Sampler {
                     d.advance(b.task_idx as usize, self.core.cfg.default_batch_size);
                     return Ok(Some(b));
                 }
-                Some(Err(_)) if restarted() => continue,
+                Some(Err(_)) if restarted() => {} // the split was restarted: wait on the new producer
                 other => return self.failed(split, other),
             }
         }
@@ -458,6 +465,7 @@ impl Sampler {
             .collect())
     }
 
+    /// Whether `shutdown()` was called.
     pub fn is_shut_down(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -480,7 +488,7 @@ impl Sampler {
             }
             while p.rx.try_recv().is_ok() {}
         }
-        crate::telemetry::export::otel::flush();
+        otel::flush();
     }
 }
 

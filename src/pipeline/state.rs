@@ -68,6 +68,8 @@ pub struct StreamState {
 }
 
 impl StreamState {
+    /// Step 0 of a stream over `num_tasks` tasks at `world_size` ranks, with
+    /// a mix window of `window` picks.
     pub fn new(num_tasks: usize, world_size: u32, window: usize) -> Self {
         StreamState {
             step: 0,
@@ -113,16 +115,27 @@ impl StreamState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamConfig {
+    /// Which seeds are in each split.
     pub split_ratios: [f64; 3],
+    /// Seed of the split hash.
     pub split_seed: u64,
+    /// Seed of the orders, picks and BFS generators.
     pub seed: u64,
+    /// Effective weight per task (metadata order).
     pub task_weights: Vec<f64>,
+    /// How each step's task is chosen.
     pub task_pick: TaskPick,
+    /// Positions per rank per step (B).
     pub default_batch_size: usize,
+    /// Cells per sequence (S).
     pub default_sequence_length: usize,
+    /// BFS children per row per hop.
     pub bfs_child_width: usize,
+    /// BFS depth.
     pub max_hops: usize,
+    /// Children filtered by observation time.
     pub temporal_filter: bool,
+    /// Share of each global pool kept.
     pub pool_fraction: f64,
 }
 
@@ -157,6 +170,7 @@ impl StreamConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolRecord {
+    /// The task's name.
     pub task: String,
     /// Seeds in the global pool (0: the task has none in this split).
     pub size: u64,
@@ -165,6 +179,7 @@ pub struct PoolRecord {
     /// Position in the epoch's order, `0..=size` (`size`: exhausted, the
     /// next draw opens epoch `epoch + 1`).
     pub cursor: u64,
+    /// The last step that picked the task.
     pub last_picked: Option<u64>,
 }
 
@@ -174,8 +189,11 @@ pub struct PoolRecord {
 pub struct SplitRecord {
     /// Batches delivered (the next step).
     pub step: u64,
+    /// `(first step, world size)` spans from step 0.
     pub world_sizes: Vec<(u64, u32)>,
+    /// Restores so far.
     pub resumes: u64,
+    /// One per task, metadata order.
     pub pools: Vec<PoolRecord>,
     /// Task indices of the recent picks, oldest first.
     pub mix_window: Vec<u32>,
@@ -185,13 +203,17 @@ pub struct SplitRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplerState {
+    /// [`STATE_FORMAT`].
     pub format: String,
+    /// [`STATE_VERSION`] when written by this build.
     pub version: u32,
     /// The snapshot's content hash (`metadata.json`).
     pub content_hash: String,
     /// [`StreamConfig::hash`] of `config`.
     pub config_hash: String,
+    /// The stream keys the state was taken under.
     pub config: StreamConfig,
+    /// Task names, metadata order.
     pub tasks: Vec<String>,
     /// By split name (`train`, `val`).
     pub splits: BTreeMap<String, SplitRecord>,
@@ -205,6 +227,7 @@ fn refuse(field: &str, what: String) -> Error {
 }
 
 impl SamplerState {
+    /// The state as compact JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("serialisable")
     }
@@ -221,7 +244,7 @@ impl SamplerState {
                 format!("expected {STATE_FORMAT:?}, got {:?}", v.get("format")),
             ));
         }
-        let version = v.get("version").and_then(|x| x.as_u64());
+        let version = v.get("version").and_then(serde_json::Value::as_u64);
         match version {
             Some(x) if x == STATE_VERSION as u64 => {}
             Some(x) if x > STATE_VERSION as u64 => {
@@ -339,7 +362,7 @@ impl SamplerState {
                         key,
                         format!(
                             "the state was taken with {key} = {saved}, this sampler has {}; it changes the batch stream",
-                            b.get(key).map(|v| v.to_string()).unwrap_or_default()
+                            b.get(key).map(ToString::to_string).unwrap_or_default()
                         ),
                     ));
                 }
@@ -415,7 +438,7 @@ impl SamplerState {
                 ),
             ));
         }
-        st.world_sizes = rec.world_sizes.clone();
+        st.world_sizes.clone_from(&rec.world_sizes);
         if rec.mix_window.len() > window || rec.mix_window.iter().any(|&k| k as usize >= n) {
             return Err(refuse(
                 &field("mix_window"),

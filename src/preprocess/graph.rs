@@ -8,10 +8,15 @@ use rayon::prelude::*;
 
 /// A built graph, ready to write.
 pub struct Csr {
+    /// Row `r`'s parents are `fwd_targets[fwd_offsets[r]..fwd_offsets[r + 1]]`.
     pub fwd_offsets: Vec<u64>,
+    /// Parent rows (child → parent edges), grouped by child.
     pub fwd_targets: Vec<u32>,
+    /// Row `r`'s children are `rev_targets[rev_offsets[r]..rev_offsets[r + 1]]`.
     pub rev_offsets: Vec<u64>,
+    /// Child rows, grouped by parent, sorted by time.
     pub rev_targets: Vec<u32>,
+    /// Time of each child in `rev_targets` (for the time filter).
     pub rev_times: Vec<i64>,
 }
 

@@ -5,14 +5,20 @@ use crate::format::ColumnStats;
 /// Count / mean / M2 accumulator that merges without loss of precision.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunningStats {
+    /// Values seen.
     pub count: u64,
+    /// Running mean.
     pub mean: f64,
+    /// Sum of squared deviations from the mean (Welford).
     pub m2: f64,
+    /// Smallest value seen.
     pub min: f64,
+    /// Largest value seen.
     pub max: f64,
 }
 
 impl RunningStats {
+    /// Add one value.
     pub fn push(&mut self, x: f64) {
         if self.count == 0 {
             self.min = x;
@@ -27,6 +33,7 @@ impl RunningStats {
         self.m2 += d * (x - self.mean);
     }
 
+    /// Combine with the statistics of another, disjoint stream.
     pub fn merge(&mut self, o: &RunningStats) {
         if o.count == 0 {
             return;
@@ -97,7 +104,9 @@ mod tests {
             .map(|i| ((i * 7919) % 1013) as f64 * 1.5e12 + 1.0e15)
             .collect();
         let mut all = RunningStats::default();
-        xs.iter().for_each(|&x| all.push(x));
+        for &x in &xs {
+            all.push(x);
+        }
         let mut a = RunningStats::default();
         let mut b = RunningStats::default();
         xs[..333].iter().for_each(|&x| a.push(x));

@@ -21,7 +21,9 @@ use crate::rng::Xoshiro256pp;
 /// Shape of a synthetic database.
 #[derive(Debug, Clone)]
 pub struct SynthSpec {
+    /// Number of tables.
     pub tables: usize,
+    /// Rows per table.
     pub rows: Vec<usize>,
     /// Foreign keys per table (to random earlier tables), capped by its index.
     pub fks_per_table: usize,
@@ -31,6 +33,7 @@ pub struct SynthSpec {
     pub temporal: Vec<bool>,
     /// Share of table 1's first foreign key that points at row 0 of its parent.
     pub hub_share: f64,
+    /// Seed of everything random in the database.
     pub seed: u64,
 }
 
@@ -60,7 +63,7 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
     let names: Vec<String> = (0..spec.tables).map(|i| format!("t{i:02}")).collect();
     let cats: Vec<String> = ["a", "b", "c", "d", "e"]
         .iter()
-        .map(|s| s.to_string())
+        .map(ToString::to_string)
         .collect();
     let texts = ["red bolt", "green cup", "blue pipe", "grey nut"];
     let mut offsets = vec![0i64];

@@ -22,60 +22,92 @@ use crate::format::{
 pub enum ColumnData<'a> {
     /// Identifier / ignored columns: not stored.
     Unstored,
+    /// f64 values (z-scored on write).
     Numerical {
+        /// One value per row.
         values: &'a [f64],
+        /// Validity per row (1 = present).
         valid: &'a [u8],
     },
+    /// 0/1 values.
     Boolean {
+        /// One value per row.
         values: &'a [u8],
+        /// Validity per row (1 = present).
         valid: &'a [u8],
     },
     /// µs since the Unix epoch.
     Timestamp {
+        /// Microseconds since the epoch.
         values: &'a [i64],
+        /// Validity per row (1 = present).
         valid: &'a [u8],
     },
     /// `codes[i]` indexes `categories`.
     Categorical {
+        /// Index into `categories` per row.
         codes: &'a [u32],
+        /// Validity per row (1 = present).
         valid: &'a [u8],
+        /// The category names.
         categories: Vec<String>,
     },
     /// `codes[i]` indexes a dictionary given as Arrow `large_string` buffers.
     Text {
+        /// Index of each row's string in `offsets`.
         codes: &'a [u32],
+        /// Validity per row (1 = present).
         valid: &'a [u8],
+        /// Arrow-style offsets into `bytes`.
         offsets: &'a [i64],
+        /// UTF-8 bytes of the distinct strings.
         bytes: &'a [u8],
     },
 }
 
+/// One column of a table to write.
 pub struct ColumnInput<'a> {
+    /// Column name.
     pub name: String,
+    /// Semantic type.
     pub stype: SemanticType,
+    /// Type in the source database.
     pub source_type: String,
+    /// Whether the type was inferred rather than declared.
     pub inferred: bool,
+    /// The values.
     pub data: ColumnData<'a>,
 }
 
+/// A foreign key of a table to write.
 pub struct ForeignKeyInput<'a> {
+    /// The referencing column.
     pub column: String,
     /// Name of the referenced table.
     pub references: String,
     /// Row index in the referenced table, `-1` where null or dangling.
     pub parents: &'a [i64],
+    /// Rows whose key is null.
     pub num_null: u64,
+    /// Rows whose key matches no parent row.
     pub num_dangling: u64,
 }
 
+/// One table to write.
 pub struct TableInput<'a> {
+    /// Table name.
     pub name: String,
+    /// Rows.
     pub num_rows: usize,
+    /// Primary key column, if any.
     pub primary_key: Option<String>,
+    /// Time column, if any.
     pub time_column: Option<String>,
     /// Row times in µs, `i64::MIN` where the row has none.
     pub row_time: &'a [i64],
+    /// Columns, in source order.
     pub columns: Vec<ColumnInput<'a>>,
+    /// Foreign keys.
     pub foreign_keys: Vec<ForeignKeyInput<'a>>,
     /// Identifies the source and settings this table was built from; a
     /// restarted run reuses the staged table only when it matches.
@@ -87,21 +119,30 @@ pub enum TaskTarget<'a> {
     /// Values supplied by the front end (SQL or imported labels); they become
     /// a virtual column of the anchor table.
     Values {
+        /// Semantic type of the target.
         stype: SemanticType,
+        /// Target value per seed.
         data: ColumnData<'a>,
     },
 }
 
+/// One task to write.
 pub struct TaskInput<'a> {
+    /// Task name.
     pub name: String,
+    /// Task kind (e.g. `cell`, `query`).
     pub kind: String,
+    /// Table whose rows are the seeds.
     pub anchor_table: String,
     /// Row index within the anchor table.
     pub anchor_rows: &'a [u32],
     /// Observation time in µs; `i64::MAX` = non-temporal seed.
     pub obs_time: &'a [i64],
+    /// Where the target comes from.
     pub target: TaskTarget<'a>,
+    /// The query that defined the task, if any.
     pub query: Option<String>,
+    /// What the task predicts.
     pub description: Option<String>,
 }
 
@@ -233,9 +274,11 @@ impl DatabaseWriter {
         })
     }
 
+    /// The staging directory (`<out>.partial`).
     pub fn staging_dir(&self) -> &Path {
         &self.staging
     }
+    /// Tables added so far.
     pub fn num_tables(&self) -> usize {
         self.tables.len()
     }
@@ -243,12 +286,15 @@ impl DatabaseWriter {
     pub fn num_resumed(&self) -> usize {
         self.resumed
     }
+    /// Index of the table named `name`.
     pub fn table_index(&self, name: &str) -> Option<usize> {
         self.tables.iter().position(|t| t.name == name)
     }
+    /// Column metadata so far.
     pub fn columns(&self) -> &[ColumnMeta] {
         &self.columns
     }
+    /// Table metadata so far.
     pub fn tables(&self) -> &[TableMeta] {
         &self.tables
     }
@@ -463,15 +509,13 @@ impl DatabaseWriter {
     /// not, every staged table from that index on is discarded.
     pub fn resume_table(&mut self, fingerprint: &str) -> Result<bool> {
         let t = self.tables.len();
-        match self.try_resume(t, fingerprint) {
-            Ok(true) => {
-                self.resumed += 1;
-                Ok(true)
-            }
-            _ => {
-                self.discard_parts_from(t)?;
-                Ok(false)
-            }
+        // A table that cannot be resumed (or fails to read back) is rebuilt.
+        if let Ok(true) = self.try_resume(t, fingerprint) {
+            self.resumed += 1;
+            Ok(true)
+        } else {
+            self.discard_parts_from(t)?;
+            Ok(false)
         }
     }
 
@@ -941,9 +985,11 @@ impl DatabaseWriter {
             .map(|c| format!("{} of {}", c.name, self.tables[c.table as usize].name))
             .collect()
     }
+    /// Category names in embedding order.
     pub fn category_texts(&self) -> &[String] {
         &self.cat_strings
     }
+    /// Distinct text values in embedding order.
     pub fn text_values(&self) -> &[String] {
         &self.text_strings
     }

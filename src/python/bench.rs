@@ -10,8 +10,8 @@ use crate::config::SamplerConfig;
 #[pyfunction]
 #[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true))]
 #[allow(clippy::too_many_arguments)]
-pub fn bench_sampler<'py>(
-    py: Python<'py>,
+pub fn bench_sampler(
+    py: Python<'_>,
     db_path: std::path::PathBuf,
     threads: usize,
     steps: u64,
@@ -22,7 +22,7 @@ pub fn bench_sampler<'py>(
     bfs_child_width: usize,
     max_hops: usize,
     telemetry: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Bound<'_, PyAny>> {
     let cfg = SamplerConfig {
         seed,
         default_batch_size: batch_size,

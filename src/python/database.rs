@@ -92,7 +92,7 @@ impl Database {
         ))
     }
 
-    /// Graph sections as arrays: row_table, row_time, fwd/rev offsets and targets, rev_times.
+    /// Graph sections as arrays: `row_table`, `row_time`, fwd/rev offsets and targets, `rev_times`.
     fn graph_arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let g = self.inner.graph();
         let d = PyDict::new(py);
@@ -106,7 +106,7 @@ impl Database {
         Ok(d)
     }
 
-    /// Task `k` as arrays: anchor_row, obs_time, target, target_valid.
+    /// Task `k` as arrays: `anchor_row`, `obs_time`, `target`, `target_valid`.
     fn task_arrays<'py>(&self, py: Python<'py>, k: i64) -> PyResult<Bound<'py, PyDict>> {
         let t = self.inner.task(index("k", k)?).map_err(to_py)?;
         let d = PyDict::new(py);

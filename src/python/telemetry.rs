@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::telemetry::{TelemetrySchema, METRICS};
+use crate::telemetry::{BucketRule, QuantileRule, TelemetrySchema, METRICS};
 
 /// `telemetry_schema()`'s list: `[{"key", "reduction", "edges", "quantile",
 /// "help", "prometheus", "unit"}]` (`edges`/`quantile` `None` for scalars).
@@ -16,8 +16,8 @@ pub(crate) fn schema_list<'py>(
         let d = PyDict::new(py);
         d.set_item("key", &e.key)?;
         d.set_item("reduction", e.reduction.name())?;
-        d.set_item("edges", e.edges.as_ref().map(|x| x.to_vec()))?;
-        d.set_item("quantile", e.quantile.map(|q| q.name()))?;
+        d.set_item("edges", e.edges.as_deref().map(<[f64]>::to_vec))?;
+        d.set_item("quantile", e.quantile.map(QuantileRule::name))?;
         d.set_item("help", e.help)?;
         d.set_item("prometheus", e.def.prometheus)?;
         d.set_item("unit", e.def.unit)?;
@@ -41,7 +41,7 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("prometheus_type", m.prometheus_type.name())?;
         d.set_item("unit", m.unit)?;
         d.set_item("help", m.help)?;
-        d.set_item("buckets", m.buckets.map(|b| b.name()))?;
+        d.set_item("buckets", m.buckets.map(BucketRule::name))?;
         d.set_item("quantile", m.buckets.map(|b| b.quantile_rule().name()))?;
         out.append(d)?;
     }

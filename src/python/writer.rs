@@ -312,11 +312,11 @@ impl DatabaseWriter {
 
 /// Deterministic offline embeddings: `f16 [len(texts), dim]`.
 #[pyfunction]
-pub fn hash_embed<'py>(
-    py: Python<'py>,
+pub fn hash_embed(
+    py: Python<'_>,
     texts: Vec<String>,
     dim: usize,
-) -> PyResult<Bound<'py, PyArray2<f16>>> {
+) -> PyResult<Bound<'_, PyArray2<f16>>> {
     if dim == 0 || dim > 65_536 {
         return Err(PyValueError::new_err(format!(
             "dim must be in 1..=65536, got {dim}"

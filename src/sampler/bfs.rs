@@ -8,8 +8,11 @@ use crate::rng::Xoshiro256pp;
 pub struct BfsParams {
     /// Cell budget (the sequence length).
     pub max_cells: usize,
+    /// Hops from the seed row at most.
     pub max_hops: usize,
+    /// Children sampled per row per hop at most.
     pub child_width: usize,
+    /// Drop children dated after the seed's observation time.
     pub temporal_filter: bool,
 }
 
@@ -22,7 +25,9 @@ pub struct Subgraph {
     pub depth: Vec<u8>,
     /// `(child, parent)` local indices of every FK edge between included rows.
     pub edges: Vec<(u16, u16)>,
+    /// Cells of the included rows (at most the budget).
     pub cells: usize,
+    /// Deepest hop reached.
     pub max_depth: u8,
     /// Cells of rows that were reached but did not fit the budget.
     pub cells_dropped: u64,
@@ -271,7 +276,7 @@ mod tests {
             out.clear();
             sample_k(&ids, 10, &mut rng, &mut copy, &mut picked, &mut out);
             let mut o = out.clone();
-            o.sort();
+            o.sort_unstable();
             o.dedup();
             assert_eq!(o.len(), 10);
             for &x in &out {

@@ -40,6 +40,7 @@ impl TaskPicker {
         self.cumulative.iter().map(|&(k, _)| k)
     }
 
+    /// No task can be picked (no weighted task has seeds here).
     pub fn is_empty(&self) -> bool {
         self.cumulative.is_empty()
     }
@@ -54,7 +55,7 @@ impl TaskPicker {
                 self.cumulative[(step % self.cumulative.len() as u64) as usize].0
             }
             TaskPick::Weighted => {
-                let total = self.cumulative.last().map(|c| c.1).unwrap_or(0.0);
+                let total = self.cumulative.last().map_or(0.0, |c| c.1);
                 let bits = mix64(self.key ^ mix64(step.wrapping_add(0xD1B5_4A32_D192_ED03)));
                 let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
                 let i = self.cumulative.partition_point(|&(_, c)| c <= x);

@@ -85,9 +85,11 @@ impl SeedPool {
         self.keyed_epoch = epoch;
     }
 
+    /// Seeds in the pool.
     pub fn len(&self) -> usize {
         self.seeds.len()
     }
+    /// The pool has no seeds.
     pub fn is_empty(&self) -> bool {
         self.seeds.is_empty()
     }
@@ -179,7 +181,7 @@ mod tests {
                     })
                     .collect();
                 let mut sorted = order.clone();
-                sorted.sort();
+                sorted.sort_unstable();
                 assert_eq!(sorted, (100..100 + n as u32).collect::<Vec<_>>(), "n={n}");
                 orders.push(order);
             }

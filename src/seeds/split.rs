@@ -5,12 +5,16 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// A data split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Split {
+    /// Training seeds.
     Train,
+    /// Validation seeds.
     Val,
+    /// Test seeds (never produced by the sampler).
     Test,
 }
 
 impl Split {
+    /// `train`, `val` or `test`.
     pub fn name(self) -> &'static str {
         match self {
             Split::Train => "train",
@@ -19,10 +23,12 @@ impl Split {
         }
     }
 
+    /// 0, 1 or 2.
     pub fn index(self) -> usize {
         self as usize
     }
 
+    /// The split named `s`, if any.
     pub fn parse(s: &str) -> Option<Split> {
         match s {
             "train" => Some(Split::Train),

@@ -157,7 +157,10 @@ pub fn quantile_from_buckets(
                 QuantileRule::UpperEdge => hi,
                 QuantileRule::Midpoint => {
                     let lo = if i == 0 { 0.0 } else { edges[i - 1] };
-                    (lo + hi) / 2.0
+                    // The Python reducer computes exactly this expression.
+                    #[allow(clippy::manual_midpoint)]
+                    let mid = (lo + hi) / 2.0;
+                    mid
                 }
             };
             return v.min(max);
@@ -201,6 +204,77 @@ mod tests {
         one.record(1e-3);
         assert_eq!(one.quantile(0.5), 1e-3_f64.min(one.quantile(0.5)));
         assert!((one.quantile(0.5) / 1e-3 - 1.0).abs() <= 1.0 / 16.0);
+    }
+
+    /// Lognormal latencies around `median` seconds.
+    fn lognormal(
+        rng: &mut crate::rng::Xoshiro256pp,
+        median: f64,
+        sigma: f64,
+        n: usize,
+    ) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                median * (sigma * z).exp()
+            })
+            .collect()
+    }
+
+    /// The exact `q`-quantile by the same rank rule (inverted CDF).
+    fn exact(xs: &mut [f64], q: f64) -> f64 {
+        xs.sort_by(f64::total_cmp);
+        let rank = (q * xs.len() as f64).ceil().max(1.0) as usize;
+        xs[rank - 1]
+    }
+
+    #[test]
+    fn latency_quantiles_are_within_ten_percent_single_and_merged_over_four_ranks() {
+        let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(3);
+        for trial in 0..20 {
+            let median = 1.2e-3 * 1.37f64.powi(trial);
+            let ranks: Vec<Vec<f64>> = (0..4)
+                .map(|r| lognormal(&mut rng, median * (1.0 + 0.4 * f64::from(r)), 0.7, 3000))
+                .collect();
+            let hists: Vec<FixedHistogram> = ranks
+                .iter()
+                .map(|xs| {
+                    let mut h = FixedHistogram::new(latency_edges(), QuantileRule::Midpoint);
+                    for &x in xs {
+                        h.record(x);
+                    }
+                    h
+                })
+                .collect();
+            // Single rank.
+            let mut one = ranks[0].clone();
+            for q in [0.5, 0.95] {
+                let err = hists[0].quantile(q) / exact(&mut one, q) - 1.0;
+                assert!(
+                    err.abs() <= 0.10,
+                    "trial {trial} q {q}: single rank off by {err}"
+                );
+            }
+            // Four ranks merged by summing bucket counts.
+            let edges = latency_edges();
+            let merged: Vec<u64> = (0..edges.len())
+                .map(|i| hists.iter().map(|h| h.counts()[i]).sum())
+                .collect();
+            let mx = hists
+                .iter()
+                .map(FixedHistogram::max)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let mut all: Vec<f64> = ranks.concat();
+            for q in [0.5, 0.95] {
+                let got = quantile_from_buckets(&edges, &merged, q, mx, QuantileRule::Midpoint);
+                let err = got / exact(&mut all, q) - 1.0;
+                assert!(
+                    err.abs() <= 0.10,
+                    "trial {trial} q {q}: merged off by {err}"
+                );
+            }
+        }
     }
 
     #[test]

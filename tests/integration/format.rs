@@ -272,12 +272,12 @@ fn every_single_byte_flip_is_caught_without_panic() {
             let r = std::panic::catch_unwind(|| Database::open(&dir));
             match r {
                 Ok(Err(Error::Format { file, .. })) => {
-                    assert!(file.ends_with(rel), "{rel}@{i}: blamed {file:?}")
+                    assert!(file.ends_with(rel), "{rel}@{i}: blamed {file:?}");
                 }
                 Ok(Err(Error::Version { .. })) => assert!((8..12).contains(&i), "{rel}@{i}"),
                 Ok(Err(other)) => panic!("{rel}@{i}: unexpected error {other}"),
                 Ok(Ok(_)) => panic!("{rel}@{i}: flipped byte went unnoticed"),
-                Err(_) => panic!("{rel}@{i}: panicked"),
+                Err(p) => panic!("{rel}@{i}: panicked: {:?}", p.downcast_ref::<String>()),
             }
         }
         fs::write(&p, &orig).unwrap();

@@ -855,22 +855,19 @@ pub fn check_against_reference(
             let mut skip = usize::MAX;
             if i == 0 {
                 prop_assert_eq!(t, plan.anchor_table);
-                match plan.cell_slot {
-                    Some(slot) => {
-                        let c = &tv.columns[slot];
-                        cells.push((c.column_idx, 0, c.values, c.is_valid(lr), lr));
-                        skip = slot;
-                    }
-                    None => {
-                        let sp = x.seed_pos as usize;
-                        cells.push((
-                            plan.target_column,
-                            0,
-                            task.targets,
-                            bit(task.target_validity, sp),
-                            sp,
-                        ));
-                    }
+                if let Some(slot) = plan.cell_slot {
+                    let c = &tv.columns[slot];
+                    cells.push((c.column_idx, 0, c.values, c.is_valid(lr), lr));
+                    skip = slot;
+                } else {
+                    let sp = x.seed_pos as usize;
+                    cells.push((
+                        plan.target_column,
+                        0,
+                        task.targets,
+                        bit(task.target_validity, sp),
+                        sp,
+                    ));
                 }
             }
             for (j, c) in tv.columns.iter().enumerate() {
@@ -909,7 +906,7 @@ pub fn check_against_reference(
                 ),
                 ColumnValues::Boolean(v) => prop_assert_eq!(batch.bool_values[f], v[idx]),
                 ColumnValues::Categorical(v) => {
-                    prop_assert_eq!(batch.categorical_embed_ids[f], v[idx])
+                    prop_assert_eq!(batch.categorical_embed_ids[f], v[idx]);
                 }
                 ColumnValues::Timestamp(v) => {
                     let mut want = [0f32; TIMESTAMP_DIM];

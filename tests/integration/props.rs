@@ -196,7 +196,7 @@ proptest! {
                 prop_assert_eq!(split_of(task, rows[p as usize], split_seed, ratios), split);
             }
         }
-        prop_assert!(owner.iter().all(|o| o.is_some()), "a seed in no split");
+        prop_assert!(owner.iter().all(Option::is_some), "a seed in no split");
         for world in 1u32..=5 {
             let mut union: Vec<u64> = Vec::new();
             for rank in 0..world {
@@ -363,6 +363,7 @@ fn categorical_db(dir: &std::path::Path) -> Database {
         inferred: false,
         data: ColumnData::Unstored,
     };
+    #[allow(clippy::items_after_statements)] // the helper sits by its only use
     fn cat<'a>(name: &str, codes: &'a [u32], valid: &'a [u8], k: usize) -> ColumnInput<'a> {
         ColumnInput {
             name: name.into(),

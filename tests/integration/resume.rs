@@ -105,7 +105,7 @@ proptest! {
                 prop_assert!(same_batch(a, b), "val step {} differs after resume", a.step);
             }
             let (mut s1, mut s2) = (whole.state(), resumed.state());
-            for (_, r) in s2.splits.iter_mut() {
+            for r in s2.splits.values_mut() {
                 prop_assert_eq!(r.resumes, 1);
                 r.resumes = 0;
             }
@@ -449,7 +449,7 @@ fn drains(s: &Sampler, n: u64) -> Vec<HashMap<String, f64>> {
 }
 
 /// After a resume the pool, pick and mix telemetry continue from the saved
-/// values (no spurious exhaust event, no reset of steps_since_pick), and
+/// values (no spurious exhaust event, no reset of `steps_since_pick`), and
 /// `sampler/resumes` counts the resume once.
 #[test]
 fn telemetry_continues_across_a_resume() {

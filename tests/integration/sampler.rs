@@ -173,7 +173,7 @@ proptest! {
         while draws.len() < want_draws {
             let start = draws.len();
             let mut events = 0;
-            for mk in makers.iter_mut() {
+            for mk in &mut makers {
                 let batch = mk.next().unwrap().unwrap();
                 prop_assert_eq!(batch.task_idx as usize, k);
                 prop_assert_eq!(batch.duplicate_seeds, 0);
@@ -451,7 +451,7 @@ fn producer_panic_becomes_a_worker_error_and_stays() {
             .map(|_| s3.next_batch(Split::Val).map(|b| b.step))
             .collect::<Vec<_>>()
     });
-    assert!(val.iter().any(|r| r.is_err()));
+    assert!(val.iter().any(std::result::Result::is_err));
     let s4 = s.clone();
     within(30, "shutdown after a panic", move || s4.shutdown());
 }

@@ -8,7 +8,7 @@
   that database as each kind of source under a given directory.
 * ``build``: preprocess a source into a fresh directory (``embedder="hash"``)
   and open the result.
-* ``tpch``: TPC-H SF0.01 generated with ``headwater.tpch.generate_tpch`` and
+* ``tpch``: TPC-H SF0.01 generated with ``headwater.data.tpch.generate_tpch`` and
   preprocessed with ``headwater/data/tpch_schema.toml`` (session-scoped).
 
 None of these fixtures is autouse, so they do not affect other test modules.
@@ -298,7 +298,7 @@ def _write_duckdb(path: Path, data: SmallData) -> Path:
         "ts TIMESTAMP, amount DOUBLE, kind VARCHAR, note VARCHAR)"
     )
     for name in ("users", "items", "events"):
-        arrow = data.tables[name]  # noqa: F841  (used by the replacement scan)
+        arrow = data.tables[name]  # noqa: F841  (read by DuckDB's replacement scan)
         con.execute(f"INSERT INTO {name} SELECT * FROM arrow")
     con.close()
     return path
@@ -454,7 +454,7 @@ def scale_of(stats: dict[str, Any]) -> float:
 def decode(db: Any, cm: dict[str, Any], values: np.ndarray, valid: np.ndarray) -> list[Any]:
     st = cm["stype"]
     out: list[Any] = []
-    for v, ok in zip(values.tolist(), valid.tolist()):
+    for v, ok in zip(values.tolist(), valid.tolist(), strict=False):
         if not ok:
             out.append(None)
         elif st == "numerical":
@@ -509,7 +509,7 @@ class Tpch:
 @pytest.fixture(scope="session")
 def tpch(tmp_path_factory: pytest.TempPathFactory) -> Tpch:
     import headwater
-    from headwater.tpch import generate_tpch
+    from headwater.data.tpch import generate_tpch
 
     root = tmp_path_factory.mktemp("tpch")
     mp = pytest.MonkeyPatch()

@@ -26,13 +26,9 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def records(path: Path) -> list[Any]:
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    ident, magic, _version = struct.unpack("<4sHB", data[:7])
-    if (ident, magic) != (b":W&B", 0xBEE1):
-        raise ValueError(f"not a .wandb file: {ident!r} {magic:#x}")
+def _chunks(data: bytes) -> list[bytes]:
+    """The records of a LevelDB-style log: 32 KiB blocks of CRC-checked
+    chunks (FULL, or FIRST + MIDDLE* + LAST)."""
     pos, raw, parts = 7, [], b""
     while pos + 7 <= len(data):
         left = BLOCK - pos % BLOCK
@@ -47,18 +43,23 @@ def records(path: Path) -> list[Any]:
         if zlib.crc32(bytes([kind]) + payload) & 0xFFFFFFFF != crc:
             raise ValueError(f"bad CRC at byte {pos}")
         pos += 7 + length
-        if kind == FULL:
-            raw.append(payload)
-        elif kind == FIRST:
-            parts = payload
-        elif kind == MIDDLE:
-            parts += payload
-        elif kind == LAST:
-            raw.append(parts + payload)
-        else:
+        if kind not in (FULL, FIRST, MIDDLE, LAST):
             raise ValueError(f"unknown record type {kind} at byte {pos}")
+        parts = payload if kind in (FULL, FIRST) else parts + payload
+        if kind in (FULL, LAST):
+            raw.append(parts)
+    return raw
+
+
+def records(path: Path) -> list[Any]:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    ident, magic, _version = struct.unpack("<4sHB", data[:7])
+    if (ident, magic) != (b":W&B", 0xBEE1):
+        raise ValueError(f"not a .wandb file: {ident!r} {magic:#x}")
     out = []
-    for r in raw:
+    for r in _chunks(data):
         rec = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module
         rec.ParseFromString(r)
         out.append(rec)

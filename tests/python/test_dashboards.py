@@ -2,7 +2,8 @@
 
 Fast and offline: no Grafana, no Prometheus. The committed JSON must equal a
 fresh build, every query must render to plain PromQL, use only metrics the
-exporter serves and reduce them across ranks the right way.
+metric table (``headwater._native.metric_table()``) lists and reduce them
+across ranks the right way.
 """
 
 from __future__ import annotations
@@ -22,38 +23,24 @@ from headwater import dashboards
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards" / "headwater.json"
 
-# The exporter's names (src/telemetry/export/prometheus.rs), written out here
-# rather than imported so the test pins them independently of the module.
-COUNTERS = {
-    "headwater_batches_delivered_total",
-    "headwater_task_seeds_drawn_total",
-    "headwater_pool_exhaust_events_total",
-    "headwater_truncation_cells_dropped_total",
-    "headwater_bfs_children_capped_total",
-    "headwater_bfs_temporal_filtered_total",
-    "headwater_invariant_duplicate_seeds_total",
-    "headwater_invariant_temporal_leaks_total",
-}
-GAUGES = {
-    "headwater_pool_remaining_min_seeds",
-    "headwater_pool_remaining_max_seeds",
-    "headwater_pool_remaining_fraction_min_ratio",
-    "headwater_pool_remaining_fraction_max_ratio",
-    "headwater_pool_steps_since_pick_max_batches",
-    "headwater_pool_steps_to_exhaust_min_batches",
-    "headwater_mix_tv_distance_ratio",
-    "headwater_queue_depth_batches",
-}
-HISTOGRAMS = {
-    "headwater_bfs_depth_hops",
-    "headwater_bfs_sequence_rows",
-    "headwater_padding_fraction_ratio",
-    "headwater_queue_wait_seconds",
-    "headwater_stage_bfs_seconds",
-    "headwater_stage_assemble_seconds",
-    "headwater_stage_collate_seconds",
-    "headwater_stage_total_seconds",
-}
+
+
+def _exported(kind: str) -> set[str]:
+    """The Prometheus names of one kind in the one metric table (Rust)."""
+    from headwater import _native
+
+    return {
+        m["prometheus"]
+        for m in _native.metric_table()
+        if m.get("prometheus") and m["prometheus_type"] == kind
+    }
+
+
+# Every name the exporter serves, read from the one metric table
+# (histograms without ``_bucket`` / ``_sum`` / ``_count``).
+COUNTERS = _exported("counter")
+GAUGES = _exported("gauge")
+HISTOGRAMS = _exported("histogram")
 KNOWN = COUNTERS | GAUGES | HISTOGRAMS
 REQUIRED_ROWS = [
     "Pool health",
@@ -66,7 +53,6 @@ REQUIRED_ROWS = [
 ]
 
 _IDENT = re.compile(r"\bheadwater_[A-Za-z0-9_]*")
-_SUFFIX = re.compile(r"_(bucket|sum|count)$")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +68,7 @@ def exprs(dash: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _metrics(expr: str) -> set[str]:
-    return {_SUFFIX.sub("", m) for m in _IDENT.findall(expr)}
+    return dashboards.metric_names(expr)
 
 
 def _rendered(exprs: list[dict[str, str]]) -> list[str]:
@@ -173,7 +159,7 @@ def test_every_metric_is_exported(dash: dict[str, Any], exprs: list[dict[str, st
     for q in exprs:
         names = _metrics(q["expr"])
         assert names, q
-        assert names <= KNOWN, f"{q['panel']}: unknown metrics {sorted(names - KNOWN)}"
+        assert names <= KNOWN, f"{q['panel']}: not in metric_table(): {sorted(names - KNOWN)}"
         used |= names
     for v in dash["templating"]["list"]:
         if isinstance(v.get("query"), str):
@@ -226,7 +212,7 @@ def test_grid_has_no_overlaps(dash: dict[str, Any]) -> None:
     cells: dict[tuple[int, int], str] = {}
     for p in dash["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"

@@ -1,4 +1,4 @@
-"""The JAX relational transformer (``headwater.model``, ``headwater.optim``).
+"""The JAX relational transformer (``headwater.train.model``, ``headwater.train.optim``).
 
 Overfitting a fixed set of real sampler batches, the §4g loss dispatch
 against a NumPy reference, NaN-free gradients on padding-heavy batches with
@@ -26,14 +26,16 @@ import numpy as np
 import pytest
 from conftest import SmallData, build_small_db
 
-jax = pytest.importorskip("jax")
+pytest.importorskip("jax")
 pytest.importorskip("optax")
 
+import jax
 import jax.numpy as jnp
 
 from headwater import _native
-from headwater import model as M
-from headwater.optim import MUON_WEIGHTS, OptConfig, param_labels
+from headwater.train import device as DV
+from headwater.train import model as M
+from headwater.train.optim import MUON_WEIGHTS, OptConfig, param_labels
 
 B, S = 8, 32
 OVERFIT_STEPS = 200
@@ -63,16 +65,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> It
     )
     try:
         np_batches = [sampler.next_train_batch() for _ in range(6)]
-        col, cat = M.tables_to_device(sampler.column_embeddings(), sampler.categorical_embeddings())
+        col, cat = DV.tables_to_device(sampler.column_embeddings(), sampler.categorical_embeddings())
         meta = sampler.database_metadata()
     finally:
         sampler.shutdown()
     assert sorted(int(b["target_stype"][0]) for b in np_batches) == [0, 0, 1, 2, 3, 3]
     cfg = M.ModelConfig(max_categories=M.max_categories(meta))
     # One static shape for the whole set: one compilation.
-    text_rows = max(M.bucket_size(b["text_batch_embeddings"].shape[0]) for b in np_batches)
-    fk_rows = max(M.bucket_size(b["fk_adj"].shape[1]) for b in np_batches)
-    batches = [M.batch_to_device(b, text_rows=text_rows, fk_rows=fk_rows) for b in np_batches]
+    text_rows = max(DV.bucket_size(b["text_batch_embeddings"].shape[0]) for b in np_batches)
+    fk_rows = max(DV.bucket_size(b["fk_adj"].shape[1]) for b in np_batches)
+    batches = [DV.batch_to_device(b, text_rows=text_rows, fk_rows=fk_rows) for b in np_batches]
     params = M.init_params(jax.random.key(0), cfg, int(col.shape[1]))
     fwd = jax.jit(lambda p, b: M.forward(p, b, col, cat, cfg))
     yield Setup(small.path, cfg, col, cat, np_batches, batches, params, fwd)
@@ -110,9 +112,9 @@ def test_overfits_a_fixed_batch_set(setup: Setup) -> None:
 
 def test_training_is_deterministic(setup: Setup) -> None:
     again = M.init_params(jax.random.key(0), setup.cfg, int(setup.col.shape[1]))
-    assert all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(again)))
+    assert all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(again), strict=False))
     other = M.init_params(jax.random.key(1), setup.cfg, int(setup.col.shape[1]))
-    assert not all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(other)))
+    assert not all(np.array_equal(a, b) for a, b in zip(_np_tree(setup.params), _np_tree(other), strict=False))
 
     step = M.make_train_step(setup.cfg, OPT)
 
@@ -123,7 +125,7 @@ def test_training_is_deterministic(setup: Setup) -> None:
             p, st, _ = step(p, st, setup.batches[i], setup.col, setup.cat)
         return _np_tree(p)
 
-    assert all(np.array_equal(a, b) for a, b in zip(run(), run()))
+    assert all(np.array_equal(a, b) for a, b in zip(run(), run(), strict=False))
 
 
 def test_pmean_over_an_axis(setup: Setup) -> None:
@@ -149,7 +151,7 @@ def test_pmean_over_an_axis(setup: Setup) -> None:
 
     p1, _, m1 = single(params, st, a, setup.col, setup.cat)
     p_aa, loss_aa = run(a, a)
-    for x, y in zip(_np_tree(p1), p_aa):
+    for x, y in zip(_np_tree(p1), p_aa, strict=False):
         np.testing.assert_allclose(y[0], x, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss_aa, float(m1["loss"]), rtol=1e-6)
     _, loss_bb = run(b, b)
@@ -271,7 +273,7 @@ def test_gradients_are_finite_on_padding_heavy_batches(setup: Setup) -> None:
         jax.value_and_grad(lambda p, b: M.loss_fn(p, b, setup.col, setup.cat, setup.cfg)[0])
     )
     for np_batch in (raw[0], raw[1], all_null):
-        batch = M.batch_to_device(np_batch, text_rows=64, fk_rows=64)
+        batch = DV.batch_to_device(np_batch, text_rows=64, fk_rows=64)
         loss, grads = grad(setup.params, batch)
         assert np.isfinite(float(loss))
         for path, g in jax.tree_util.tree_leaves_with_path(grads):
@@ -285,7 +287,7 @@ def test_gradients_are_finite_on_padding_heavy_batches(setup: Setup) -> None:
 def test_target_value_does_not_reach_the_output(setup: Setup) -> None:
     fwd = setup.forward
     rng = np.random.default_rng(0)
-    for np_batch, batch in zip(setup.np_batches, setup.batches):
+    for np_batch, batch in zip(setup.np_batches, setup.batches, strict=False):
         out = fwd(setup.params, batch)
         tampered = {k: np.array(v) for k, v in batch.items()}
         tampered["numeric_values"][:, 0] = rng.normal(size=B) * 100
@@ -375,7 +377,7 @@ def test_padding_is_invisible_to_real_cells(setup: Setup) -> None:
     hid = jax.jit(lambda p, b: M.hidden_states(p, b, setup.col, setup.cat, setup.cfg))
     fwd = setup.forward
     rng = np.random.default_rng(1)
-    for np_batch, batch in zip(setup.np_batches, setup.batches):
+    for np_batch, batch in zip(setup.np_batches, setup.batches, strict=False):
         pad = np_batch["is_padding"].astype(bool)
         if not pad.any():
             continue
@@ -406,14 +408,14 @@ def test_padding_is_invisible_to_real_cells(setup: Setup) -> None:
 def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     raw = setup.np_batches[0]
     assert "fingerprint" in raw
-    dev = M.batch_to_device(raw)
+    dev = DV.batch_to_device(raw)
     assert list(dev) == list(M.BATCH_KEYS) == list(_native.BATCH_KEYS)
     u, r = raw["text_batch_embeddings"].shape[0], raw["fk_adj"].shape[1]
     assert dev["text_batch_embeddings"].shape == (
-        M.bucket_size(u),
+        DV.bucket_size(u),
         raw["text_batch_embeddings"].shape[1],
     )
-    assert dev["fk_adj"].shape == (B, M.bucket_size(r), M.bucket_size(r))
+    assert dev["fk_adj"].shape == (B, DV.bucket_size(r), DV.bucket_size(r))
     for k in M.BATCH_KEYS:
         assert dev[k].dtype == raw[k].dtype, k
     np.testing.assert_array_equal(
@@ -422,7 +424,7 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     assert not np.asarray(dev["text_batch_embeddings"])[u:].any()
     np.testing.assert_array_equal(np.asarray(dev["fk_adj"])[:, :r, :r], raw["fk_adj"])
     assert not np.asarray(dev["fk_adj"]).sum() - raw["fk_adj"].sum()
-    assert [M.bucket_size(n) for n in (0, 1, 64, 65, 1024, 1025, 1500, 5000)] == [
+    assert [DV.bucket_size(n) for n in (0, 1, 64, 65, 1024, 1025, 1500, 5000)] == [
         64,
         64,
         64,
@@ -433,12 +435,12 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
         5120,
     ]
     assert all(
-        M.bucket_size(n) >= n and M.bucket_size(n) <= 1.125 * n + 64 for n in range(1, 20000, 37)
+        DV.bucket_size(n) >= n and DV.bucket_size(n) <= 1.125 * n + 64 for n in range(1, 20000, 37)
     )
     with pytest.raises(ValueError, match="max_categories"):
-        M.batch_to_device(setup.np_batches[2], max_categories=1)
+        DV.batch_to_device(setup.np_batches[2], max_categories=1)
     with pytest.raises(ValueError, match="fk_rows"):
-        M.batch_to_device(raw, fk_rows=r - 1)
+        DV.batch_to_device(raw, fk_rows=r - 1)
 
 
 def test_config_is_checked() -> None:

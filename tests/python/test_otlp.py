@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from headwater import _native
+
 trace_pb = pytest.importorskip(
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
     reason="opentelemetry-proto is a test dependency",
@@ -59,6 +61,8 @@ def _attr(span: Any, key: str) -> Any:
     for a in span.attributes:
         if a.key == key:
             v = a.value
+            if v.HasField("double_value"):
+                return v.double_value
             return v.int_value if v.HasField("int_value") else v.string_value
     return None
 
@@ -106,6 +110,20 @@ def test_stage_spans_reach_an_otlp_receiver(tpch: Any, via: str) -> None:
     for sp in train:
         assert _attr(sp, "task") and _attr(sp, "cells") > 0 and _attr(sp, "rank") == 0
     assert all(_attr(sp, "seeds") == 4 for sp in by_name["bfs"])
+    # One `delivered` span per consumed batch, with every metric-table row
+    # (but per-task ones) as an attribute named from the table.
+    delivered = by_name.get("delivered", [])
+    assert len(delivered) == 3, [sp.name for sp in spans]
+    table = [r for r in _native.metric_table() if not r["per_task"]]
+    for sp in delivered:
+        assert _attr(sp, "split") == "train"
+        keys = {a.key for a in sp.attributes}
+        for row in table:
+            name = "headwater." + row["key"].replace("/", ".")
+            assert name in keys, name
+        assert _attr(sp, "headwater.batches") == 1.0
+        assert 0.0 <= _attr(sp, "headwater.padding.fraction") <= 1.0
+        assert _attr(sp, "headwater.stage.total_seconds") > 0.0
     resource = {a.key for _, _, req in rx.requests for rs in req.resource_spans for a in rs.resource.attributes}
     assert {"service.name", "headwater.rank"} <= resource
 

@@ -89,7 +89,7 @@ def assert_cells_equal(
     got: list[Any], want: list[Any], stype: str, scale: float, where: str
 ) -> None:
     assert len(got) == len(want), where
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if w is None or g is None:
             assert g is None and w is None, (
                 f"{where} row {i}: got {g!r}, source {w!r} (null mismatch)"
@@ -523,12 +523,12 @@ def test_relbench_task_is_imported(four_sources: dict[str, Built], small_data: S
         for u, t, c in zip(
             labels.column("user_id").to_pylist(),
             labels.column("timestamp").to_pylist(),
-            labels.column("churn").to_pylist(),
+            labels.column("churn").to_pylist(), strict=False,
         )
         if u in uids
     )
     got = sorted(
-        zip(arr["anchor_row"].tolist(), arr["obs_time"].tolist(), [bool(x) for x in arr["target"]])
+        zip(arr["anchor_row"].tolist(), arr["obs_time"].tolist(), [bool(x) for x in arr["target"]], strict=False)
     )
     assert got == want
     assert arr["target_valid"].all()
@@ -651,7 +651,7 @@ def test_sql_and_cell_tasks(
     assert k["temporal"] is False
     assert arr["obs_time"].tolist() == [I64_MAX] * len(rows)
     assert arr["anchor_row"].tolist() == [items["row_offset"] + iids.index(r[0]) for r in rows]
-    assert [None if not ok else bool(v) for v, ok in zip(arr["target"], arr["target_valid"])] == [
+    assert [None if not ok else bool(v) for v, ok in zip(arr["target"], arr["target_valid"], strict=False)] == [
         r[1] for r in rows
     ]
     assert k["num_null_targets"] == sum(r[1] is None for r in rows) == 1

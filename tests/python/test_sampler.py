@@ -830,7 +830,7 @@ def test_shutdown_wakes_a_blocked_consumer(tpch: Tpch) -> None:
                 in_call.set()
                 s.next_train_batch()
                 got[0] += 1
-        except BaseException as e:  # noqa: BLE001 - recorded for the main thread
+        except BaseException as e:
             t_end[0] = time.monotonic()
             outcome.append(e)
 

@@ -1,4 +1,4 @@
-"""Tests for the TPC-H source database (`headwater.tpch`) and its schema file."""
+"""Tests for the TPC-H source database (`headwater.data.tpch`) and its schema file."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from headwater import tpch
+from headwater.data import tpch
 
 SCHEMA_TEXT = (importlib.resources.files("headwater") / "data" / "tpch_schema.toml").read_text(
     encoding="utf-8"

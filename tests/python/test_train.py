@@ -15,6 +15,7 @@ session's TPC-H database, with a tiny model so a step takes milliseconds:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -22,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Tpch, child_env, read_wandb_run
+from conftest import Tpch, child_env, free_port, read_wandb_run
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
 pytest.importorskip("wandb")
 
 from headwater.errors import ConfigError
-from headwater.train_config import load_config
+from headwater.train.config import load_config
 
 STEPS = 6
 
@@ -150,12 +151,13 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     (s,) = summaries(tmp_path, "one", 1)
     assert s["steps"] == 60 and s["steady_steps"] == 59
     assert s["loss_end"] < 0.7 * s["loss_start"], (s["loss_start"], s["loss_end"])
-    assert sum(s["phase_share"].values()) == pytest.approx(1.0)
     for phase in ("sample_wait", "host_to_device", "compute", "telemetry", "other"):
         assert phase in r.stdout
         assert s["phase_seconds_mean"][phase] >= 0
     assert s["phase_seconds_mean"]["compute"] > 0
-    assert s["data_wait_share"] == pytest.approx(s["phase_share"]["sample_wait"])
+    # The steady steps the profile covers fit in the run's own wall clock.
+    steady = s["steady_steps"] * sum(s["phase_seconds_mean"].values())
+    assert 0 < steady <= s["wall_seconds"]
     assert s["invariants"] == {
         "sampler/invariants/duplicate_seeds": 0.0,
         "sampler/invariants/temporal_leaks": 0.0,
@@ -176,14 +178,27 @@ def _worker_pids(marker: str) -> list[int]:
 
 
 def test_a_failing_rank_stops_the_others(tmp_path: Path, tpch: Tpch) -> None:
-    cfg = tiny_config(tpch.built.path, bad="[ranks.1]\npool_fraction = 2.0\n")
-    t0 = time.monotonic()
-    r = run_train(tmp_path, cfg, "--num-processes", "2", "--run-name", "fails", timeout=240)
-    assert r.returncode == 2
-    assert "rank 1" in r.stderr and "pool_fraction" in r.stderr, r.stderr[-3000:]
-    assert "the other ranks were stopped" in r.stderr
-    assert time.monotonic() - t0 < 200  # not the collective's own timeout
+    """Rank 1 cannot bind its Prometheus port (base + 1, held here): it fails
+    at start while rank 0 waits in the job; the launcher reports rank 1 under
+    the key that caused it and stops rank 0 within seconds."""
+    import socket
+
+    port = free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 1))
+        held.listen()
+        cfg = tiny_config(tpch.built.path).replace(
+            "prometheus_port = 0", f"prometheus_port = {port}"
+        )
+        t0 = time.monotonic()
+        r = run_train(tmp_path, cfg, "--num-processes", "2", "--run-name", "fails", timeout=120)
+        took = time.monotonic() - t0
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "rank 1" in r.stderr and "the other ranks were stopped" in r.stderr
+    assert "`logging.prometheus_port`" in r.stderr and "--prometheus-port" in r.stderr
+    assert f"{port + 1}" in r.stderr, r.stderr[-3000:]
     assert _worker_pids(str(tmp_path / "runs" / "fails")) == []
+    assert took < 60, took  # not a collective's timeout
 
 
 def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -> None:
@@ -199,13 +214,38 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
             launch(cfg, num_processes=processes)
         assert message in str(e.value)
 
-    fails("[ranks.0]\nnum_prefetch = 0\n", "num_prefetch")
+    fails("[ranks.0]\nnum_prefetch = 0\n", "`ranks.0.num_prefetch`")
     fails("[sampler.task_weights]\nno_such_task = 2.0\n", "no_such_task")
     fails("[ranks.3]\npool_fraction = 0.5\n", "ranks.3", processes=2)
-    fails("[ranks.0]\npool_fraction = 0.0\n", "pool_fraction")
+    fails("[ranks.0]\npool_fraction = 0.0\n", "`ranks.0.pool_fraction`")
     fails("", "database.path", db=tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="num-processes"):
         launch(None, num_processes=0)
+    # No failed start left a run directory behind.
+    runs = tmp_path / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    import socket
+    import tomllib
+
+    from headwater.train import launch
+
+    port = free_port()
+    cfg = tomllib.loads(tiny_config(tpch.built.path))
+    cfg["logging"].update(wandb_mode="disabled", dir=str(tmp_path / "runs"))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        with pytest.raises(ConfigError) as e:
+            launch(cfg, run_name="clash", **{"logging.prometheus_port": port})
+    msg = str(e.value)
+    assert "`logging.prometheus_port`" in msg and "--prometheus-port" in msg, msg
+    assert "[sampler]" not in msg and str(port) in msg
+    assert not (tmp_path / "runs" / "clash").exists()
 
 
 # ----------------------------------------------------------------------------
@@ -219,12 +259,14 @@ BAD_CONFIGS = [
     ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] d_model (30) must be divisible"),
     ("[optim]\nlearning_rate = -1.0\n", "[optim]"),
     ("[train]\nsteps = 0\n", "[train] steps must be > 0"),
-    ("[sampler]\nrank = 1\n", "`sampler.rank` (set by the launcher"),
+    ("[sampler]\nrank = 1\n", "`sampler.rank` cannot be set here (set by the launcher"),
     ("[sampler]\nprometheus_port = 9000\n", "set it under [logging]"),
-    ("[sampler]\ndefault_batch_size = 4.5\n", "`sampler.default_batch_size` must be an integer"),
-    ("[sampler.task_weights]\na = 'x'\n", "`sampler.task_weights.a` must be a number"),
+    ("[sampler]\ndefault_batch_size = 4.5\n", "`sampler.default_batch_size`"),
+    ("[sampler.task_weights]\na = 'x'\n", "`sampler.task_weights`"),
     ("[ranks.x]\npool_fraction = 0.5\n", "`ranks.x`"),
     ("[ranks.1]\nbfs_width = 3\n", "`ranks.1.bfs_width`"),
+    ("[sampler]\ndefault_batch_size = 0\n", "`sampler.default_batch_size`"),
+    ("[sampler]\nnum_prefetch = -1\n", "`sampler.num_prefetch`"),
     ("[logging]\nwandb_mode = 'sometimes'\n", "wandb_mode must be offline, online or disabled"),
     ("steps = 5\n", "`steps`"),
     ("[train\nsteps = 5\n", "invalid TOML"),
@@ -252,3 +294,47 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
     assert cfg.sampler_kwargs(1)["seed"] == 9 and "seed" not in cfg.sampler_kwargs(0)
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_config_errors_point_at_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("# a comment\n[train]\nval_every = 5\nsteps = 0\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"^{path}:4: "):
+        load_config(path)
+    path.write_text("[model]\nd_model = 8\n\n[sampler]\nnum_threads = 'two'\n")
+    with pytest.raises(ConfigError, match=f"^{path}:5: `sampler.num_threads`"):
+        load_config(path)
+
+
+def test_one_range_per_key_wherever_the_value_came_from(tmp_path: Path) -> None:
+    """``-1`` and ``0`` break the same rule: the same range, and the error
+    says the value came from ``--set``."""
+    errors = []
+    for bad in (-1, 0):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, **{"sampler.default_batch_size": bad})
+        errors.append(str(e.value))
+    for msg in errors:
+        assert msg.startswith("the command line (--set sampler.default_batch_size="), msg
+    ranges = [re.findall(r"\d+\s*\.\.=?\s*\d+", m) for m in errors]
+    assert ranges[0] and ranges[0] == ranges[1], errors
+    path = tmp_path / "c.toml"
+    path.write_text("[sampler]\ndefault_batch_size = -1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}:2: ") and ranges[0][0] in str(e.value)
+
+
+def test_readme_states_the_trainers_sampler_defaults() -> None:
+    from headwater.train.sampler_config import TRAINER_DEFAULTS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    d = TRAINER_DEFAULTS
+    stated = (
+        f"(`B = {d['default_batch_size']}`, `S = {d['default_sequence_length']}`, "
+        f"one thread, four prefetch slots)"
+    )
+    assert " ".join(stated.split()) in " ".join(readme.split())
+    assert (d["num_threads"], d["num_prefetch"]) == (1, 4)
+    cfg = load_config(None)
+    assert {k: cfg.sampler_kwargs(0)[k] for k in d} == d

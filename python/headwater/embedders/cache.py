@@ -159,7 +159,7 @@ class CachedEmbedder:
         found = cache.get_many(unique_keys)
 
         missing: dict[bytes, str] = {}
-        for key, text in zip(keys, texts):
+        for key, text in zip(keys, texts, strict=False):
             if key not in found and key not in missing:
                 missing[key] = text
         if missing:
@@ -171,9 +171,9 @@ class CachedEmbedder:
                     f"expected {(len(miss_texts), self.dim)}"
                 )
             cache.put_many(
-                (key, len(text), vec) for (key, text), vec in zip(missing.items(), vectors)
+                (key, len(text), vec) for (key, text), vec in zip(missing.items(), vectors, strict=False)
             )
-            found.update(zip(missing.keys(), vectors))
+            found.update(zip(missing.keys(), vectors, strict=False))
 
         for i, key in enumerate(keys):
             out[i] = found[key]

@@ -57,7 +57,8 @@ def _progress(iterable: Any, desc: str, total: int | None, enabled: bool) -> Any
     return tqdm(iterable, desc=desc, total=total, unit="table", file=sys.stderr)
 
 
-def _plan(src: Source, schema: Schema) -> list[TablePlan]:
+def _check_declared_columns(src: Source, schema: Schema) -> None:
+    """Every table and column the schema names exists in the source."""
     for tname, ts in schema.tables.items():
         if tname not in src.tables:
             raise SchemaError(
@@ -74,22 +75,10 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
                     f"{schema.path or 'schema'}: table `{tname}` has no column `{c}` "
                     f"(columns: {', '.join(sorted(cols))})"
                 )
-    plans = []
-    for name in sorted(src.tables):
-        st = src.tables[name]
-        ts = schema.tables.get(name, TableSchema())
-        if ts.ignore:
-            continue
-        plans.append(
-            TablePlan(
-                name=name,
-                source=st,
-                primary_key=ts.primary_key if "primary_key" in ts.given else st.primary_key,
-                time_column=ts.time_column if "time_column" in ts.given else st.time_column,
-                foreign_keys=dict(ts.foreign_keys if ts.foreign_keys is not None else st.foreign_keys),
-                declared={**{c: "ignored" for c in st.hidden}, **ts.columns},
-            )
-        )
+
+
+def _check_keys(plans: list[TablePlan]) -> None:
+    """Key and time columns exist; every foreign key targets a kept table with a primary key."""
     by_name = {p.name: p for p in plans}
     for p in plans:
         cols = {c for c, _ in p.source.columns}
@@ -107,6 +96,27 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
                     f"table `{p.name}` foreign key `{fk}` references table `{target}`, "
                     "which has no primary key (declare `primary_key` for it in the schema)"
                 )
+
+
+def _plan(src: Source, schema: Schema) -> list[TablePlan]:
+    _check_declared_columns(src, schema)
+    plans = []
+    for name in sorted(src.tables):
+        st = src.tables[name]
+        ts = schema.tables.get(name, TableSchema())
+        if ts.ignore:
+            continue
+        plans.append(
+            TablePlan(
+                name=name,
+                source=st,
+                primary_key=ts.primary_key if "primary_key" in ts.given else st.primary_key,
+                time_column=ts.time_column if "time_column" in ts.given else st.time_column,
+                foreign_keys=dict(ts.foreign_keys if ts.foreign_keys is not None else st.foreign_keys),
+                declared={**{c: "ignored" for c in st.hidden}, **ts.columns},
+            )
+        )
+    _check_keys(plans)
     return plans
 
 
@@ -278,6 +288,14 @@ def _add_table(
         row_time = _fill(t, I64_MIN, np.int64)
     else:
         row_time = np.full(n, I64_MIN, dtype=np.int64)
+    fks = _foreign_keys(src, plan, keys, log)
+    writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
+
+
+def _foreign_keys(
+    src: Source, plan: TablePlan, keys: dict[str, pa.Array], log: Callable[[str], None]
+) -> list[tuple[Any, ...]]:
+    """Each foreign key of ``plan`` as row indices into its target (-1: null or dangling)."""
     fks = []
     for fk, target in plan.foreign_keys.items():
         col = _read(src.con, plan.name, [fk]).column(0).combine_chunks()
@@ -294,7 +312,7 @@ def _add_table(
         if num_dangling:
             log(f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped")
         fks.append((fk, target, _fill(idx.cast(pa.int64()), -1, np.int64), num_null, num_dangling))
-    writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
+    return fks
 
 
 def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> pa.Array:
@@ -349,6 +367,91 @@ def _add_value_task(
     writer.add_task(name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description)
 
 
+def _add_declared_tasks(
+    writer: _native.DatabaseWriter,
+    src: Source,
+    schema: Schema,
+    by_name: dict[str, TablePlan],
+    keys: dict[str, pa.Array],
+    log: Callable[[str], None],
+) -> None:
+    for t in schema.tasks:
+        if t.anchor_table not in by_name:
+            raise SchemaError(f"task `{t.name}`: unknown anchor table `{t.anchor_table}`")
+        if t.column is not None:
+            plan = by_name[t.anchor_table]
+            st = plan.stypes.get(t.column)
+            if st is None:
+                raise SchemaError(f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`")
+            if st != t.target_stype:
+                raise SchemaError(
+                    f"task `{t.name}`: column `{t.anchor_table}.{t.column}` is {st}, "
+                    f"but the task declares target_stype = {t.target_stype!r}"
+                )
+            writer.add_cell_task(t.name, t.anchor_table, t.column, t.description)
+            continue
+        assert t.query is not None
+        try:
+            result = src.con.execute(t.query).to_arrow_table()
+        except duckdb.Error as e:
+            raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
+        _add_value_task(
+            writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, result=result,
+            target_stype=t.target_stype, query=t.query, description=t.description, log=log,
+        )
+
+
+def _add_relbench_tasks(
+    writer: _native.DatabaseWriter,
+    src: Source,
+    by_name: dict[str, TablePlan],
+    keys: dict[str, pa.Array],
+    log: Callable[[str], None],
+) -> None:
+    for k in src.tasks:
+        if k.anchor_table not in by_name:
+            raise SchemaError(f"task `{k.name}`: unknown entity table `{k.anchor_table}`")
+        files = ", ".join(f"'{str(f).replace(chr(39), chr(39) * 2)}'" for f in k.label_files)
+        time_expr = quote(k.time_col) if k.time_col else "NULL"
+        q = (
+            f"SELECT {quote(k.entity_col)}, {time_expr}, {quote(k.target_col)} "
+            f"FROM read_parquet([{files}])"
+        )
+        try:
+            result = src.con.execute(q).to_arrow_table()
+        except duckdb.Error as e:
+            raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
+        _add_value_task(
+            writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, result=result,
+            target_stype=k.target_stype, query=None, description=k.description, log=log,
+        )
+
+
+def _add_cell_tasks(
+    writer: _native.DatabaseWriter, plans: list[TablePlan], log: Callable[[str], None]
+) -> None:
+    """No task declared: one cell-masking task per eligible column with values."""
+    created = 0
+    # Non-null count per stored column: a column without values has no seeds.
+    counts = {
+        (c["table"], c["name"]): c["stats"]["count"]
+        for c in json.loads(writer.columns_json())
+        if c["slot"] is not None
+    }
+    eligible = ("numerical", "boolean", "timestamp", "categorical")
+    for ti, p in enumerate(plans):
+        key_cols = {c for c in [p.primary_key, p.time_column, *p.foreign_keys] if c}
+        for c, _ in p.source.columns:
+            if p.stypes.get(c) not in eligible or c in key_cols:
+                continue
+            if not counts.get((ti, c)):
+                log(f"  {p.name}.{c}: no non-null values, no cell task")
+                continue
+            writer.add_cell_task(f"{p.name}.{c}", p.name, c, f"mask {p.name}.{c}")
+            created += 1
+    log(f"no tasks declared: created {created} cell-masking task(s), one per eligible column")
+
+
 def _add_tasks(
     writer: _native.DatabaseWriter,
     src: Source,
@@ -357,70 +460,14 @@ def _add_tasks(
     keys: dict[str, pa.Array],
     log: Callable[[str], None],
 ) -> None:
+    """The schema's tasks, else the source's (RelBench), else cell-masking tasks."""
     by_name = {p.name: p for p in plans}
     if schema.tasks:
-        for t in schema.tasks:
-            if t.anchor_table not in by_name:
-                raise SchemaError(f"task `{t.name}`: unknown anchor table `{t.anchor_table}`")
-            if t.column is not None:
-                plan = by_name[t.anchor_table]
-                st = plan.stypes.get(t.column)
-                if st is None:
-                    raise SchemaError(f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`")
-                if st != t.target_stype:
-                    raise SchemaError(
-                        f"task `{t.name}`: column `{t.anchor_table}.{t.column}` is {st}, "
-                        f"but the task declares target_stype = {t.target_stype!r}"
-                    )
-                writer.add_cell_task(t.name, t.anchor_table, t.column, t.description)
-                continue
-            assert t.query is not None
-            try:
-                result = src.con.execute(t.query).to_arrow_table()
-            except duckdb.Error as e:
-                raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
-            _add_value_task(
-                writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, result=result,
-                target_stype=t.target_stype, query=t.query, description=t.description, log=log,
-            )
-        return
-    if src.tasks:
-        for k in src.tasks:
-            if k.anchor_table not in by_name:
-                raise SchemaError(f"task `{k.name}`: unknown entity table `{k.anchor_table}`")
-            files = ", ".join(f"'{str(f).replace(chr(39), chr(39) * 2)}'" for f in k.label_files)
-            time_expr = quote(k.time_col) if k.time_col else "NULL"
-            q = (
-                f"SELECT {quote(k.entity_col)}, {time_expr}, {quote(k.target_col)} "
-                f"FROM read_parquet([{files}])"
-            )
-            try:
-                result = src.con.execute(q).to_arrow_table()
-            except duckdb.Error as e:
-                raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
-            _add_value_task(
-                writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, result=result,
-                target_stype=k.target_stype, query=None, description=k.description, log=log,
-            )
-        return
-    created = 0
-    # Non-null count per stored column: a column without values has no seeds.
-    counts = {
-        (c["table"], c["name"]): c["stats"]["count"]
-        for c in json.loads(writer.columns_json())
-        if c["slot"] is not None
-    }
-    for ti, p in enumerate(plans):
-        key_cols = {c for c in [p.primary_key, p.time_column, *p.foreign_keys] if c}
-        for c, _ in p.source.columns:
-            st = p.stypes.get(c)
-            if st in ("numerical", "boolean", "timestamp", "categorical") and c not in key_cols:
-                if not counts.get((ti, c)):
-                    log(f"  {p.name}.{c}: no non-null values, no cell task")
-                    continue
-                writer.add_cell_task(f"{p.name}.{c}", p.name, c, f"mask {p.name}.{c}")
-                created += 1
-    log(f"no tasks declared: created {created} cell-masking task(s), one per eligible column")
+        _add_declared_tasks(writer, src, schema, by_name, keys, log)
+    elif src.tasks:
+        _add_relbench_tasks(writer, src, by_name, keys, log)
+    else:
+        _add_cell_tasks(writer, plans, log)
 
 
 def _embed(embedder: Any, texts: list[str], what: str, enabled: bool) -> np.ndarray:

@@ -86,6 +86,77 @@ def _str(where: str, v: Any) -> str:
     return v
 
 
+def _parse_table(where: str, t: Any) -> TableSchema:
+    """One ``[tables.<name>]`` entry."""
+    if not isinstance(t, dict):
+        raise SchemaError(f"{where}: expected a table")
+    _check_keys(where, t, {"primary_key", "time_column", "foreign_keys", "ignore", "columns"})
+    ts = TableSchema(given=set(t))
+    if "primary_key" in t:
+        ts.primary_key = _str(f"{where}.primary_key", t["primary_key"])
+    if "time_column" in t:
+        ts.time_column = _str(f"{where}.time_column", t["time_column"])
+    if "foreign_keys" in t:
+        fks = t["foreign_keys"]
+        if not isinstance(fks, dict):
+            raise SchemaError(f"{where}.foreign_keys: expected {{ column = \"table\" }}")
+        ts.foreign_keys = {
+            _str(f"{where}.foreign_keys", k): _str(f"{where}.foreign_keys.{k}", v)
+            for k, v in fks.items()
+        }
+    if "ignore" in t:
+        if not isinstance(t["ignore"], bool):
+            raise SchemaError(f"{where}.ignore: expected true or false, got {t['ignore']!r}")
+        ts.ignore = t["ignore"]
+    ts.columns = _parse_columns(where, t.get("columns", {}))
+    return ts
+
+
+def _parse_columns(where: str, cols: Any) -> dict[str, str]:
+    if not isinstance(cols, dict):
+        raise SchemaError(f"{where}.columns: expected {{ column = \"semantic type\" }}")
+    for c, st in cols.items():
+        if st not in SEMANTIC_TYPES:
+            raise SchemaError(
+                f"{where}.columns.{c}: unknown semantic type {st!r} "
+                f"(expected one of {', '.join(SEMANTIC_TYPES)})"
+            )
+    return dict(cols)
+
+
+def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
+    """One ``[[tasks]]`` entry (``names``: the names seen so far, updated)."""
+    where = f"{src}: tasks[{i}]"
+    if not isinstance(k, dict):
+        raise SchemaError(f"{where}: expected a table")
+    _check_keys(where, k, {"name", "anchor_table", "target_stype", "column", "query", "description"})
+    for req in ("name", "anchor_table", "target_stype"):
+        if req not in k:
+            raise SchemaError(f"{where}: missing required key `{req}`")
+    name = _str(f"{where}.name", k["name"])
+    where = f"{src}: task `{name}`"
+    if name in names:
+        raise SchemaError(f"{where}: declared twice")
+    names.add(name)
+    st = k["target_stype"]
+    if st not in TARGET_STYPES:
+        raise SchemaError(
+            f"{where}.target_stype: {st!r} has no decoder head "
+            f"(expected one of {', '.join(TARGET_STYPES)})"
+        )
+    has_col, has_q = "column" in k, "query" in k
+    if has_col == has_q:
+        raise SchemaError(f"{where}: give exactly one of `column` (cell task) or `query` (SQL)")
+    return TaskSchema(
+        name=name,
+        anchor_table=_str(f"{where}.anchor_table", k["anchor_table"]),
+        target_stype=st,
+        column=_str(f"{where}.column", k["column"]) if has_col else None,
+        query=_str(f"{where}.query", k["query"]) if has_q else None,
+        description=k.get("description"),
+    )
+
+
 def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
     """Validate a parsed schema document."""
     src = path or "schema"
@@ -95,78 +166,13 @@ def parse_schema(data: dict[str, Any], path: str | None = None) -> Schema:
     if not isinstance(tables, dict):
         raise SchemaError(f"{src}: `tables` must be a table of tables")
     for tname, t in tables.items():
-        where = f"{src}: tables.{tname}"
-        if not isinstance(t, dict):
-            raise SchemaError(f"{where}: expected a table")
-        _check_keys(
-            where, t, {"primary_key", "time_column", "foreign_keys", "ignore", "columns"}
-        )
-        ts = TableSchema(given=set(t))
-        if "primary_key" in t:
-            ts.primary_key = _str(f"{where}.primary_key", t["primary_key"])
-        if "time_column" in t:
-            ts.time_column = _str(f"{where}.time_column", t["time_column"])
-        if "foreign_keys" in t:
-            fks = t["foreign_keys"]
-            if not isinstance(fks, dict):
-                raise SchemaError(f"{where}.foreign_keys: expected {{ column = \"table\" }}")
-            ts.foreign_keys = {
-                _str(f"{where}.foreign_keys", k): _str(f"{where}.foreign_keys.{k}", v)
-                for k, v in fks.items()
-            }
-        if "ignore" in t:
-            if not isinstance(t["ignore"], bool):
-                raise SchemaError(f"{where}.ignore: expected true or false, got {t['ignore']!r}")
-            ts.ignore = t["ignore"]
-        cols = t.get("columns", {})
-        if not isinstance(cols, dict):
-            raise SchemaError(f"{where}.columns: expected {{ column = \"semantic type\" }}")
-        for c, st in cols.items():
-            if st not in SEMANTIC_TYPES:
-                raise SchemaError(
-                    f"{where}.columns.{c}: unknown semantic type {st!r} "
-                    f"(expected one of {', '.join(SEMANTIC_TYPES)})"
-                )
-            ts.columns[c] = st
-        schema.tables[tname] = ts
+        schema.tables[tname] = _parse_table(f"{src}: tables.{tname}", t)
     tasks = data.get("tasks", [])
     if not isinstance(tasks, list):
         raise SchemaError(f"{src}: `tasks` must be an array of tables ([[tasks]])")
     names: set[str] = set()
     for i, k in enumerate(tasks):
-        where = f"{src}: tasks[{i}]"
-        if not isinstance(k, dict):
-            raise SchemaError(f"{where}: expected a table")
-        _check_keys(
-            where, k, {"name", "anchor_table", "target_stype", "column", "query", "description"}
-        )
-        for req in ("name", "anchor_table", "target_stype"):
-            if req not in k:
-                raise SchemaError(f"{where}: missing required key `{req}`")
-        name = _str(f"{where}.name", k["name"])
-        where = f"{src}: task `{name}`"
-        if name in names:
-            raise SchemaError(f"{where}: declared twice")
-        names.add(name)
-        st = k["target_stype"]
-        if st not in TARGET_STYPES:
-            raise SchemaError(
-                f"{where}.target_stype: {st!r} has no decoder head "
-                f"(expected one of {', '.join(TARGET_STYPES)})"
-            )
-        has_col, has_q = "column" in k, "query" in k
-        if has_col == has_q:
-            raise SchemaError(f"{where}: give exactly one of `column` (cell task) or `query` (SQL)")
-        schema.tasks.append(
-            TaskSchema(
-                name=name,
-                anchor_table=_str(f"{where}.anchor_table", k["anchor_table"]),
-                target_stype=st,
-                column=_str(f"{where}.column", k["column"]) if has_col else None,
-                query=_str(f"{where}.query", k["query"]) if has_q else None,
-                description=k.get("description"),
-            )
-        )
+        schema.tasks.append(_parse_task(src, i, k, names))
     return schema
 
 

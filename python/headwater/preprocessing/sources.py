@@ -79,7 +79,7 @@ def _file_identity(*paths: Path) -> str:
 
 def _columns(con: duckdb.DuckDBPyConnection, relation: str) -> list[tuple[str, str]]:
     rel = con.sql(f"SELECT * FROM {relation} LIMIT 0")
-    return [(n, str(t)) for n, t in zip(rel.columns, rel.types)]
+    return [(n, str(t)) for n, t in zip(rel.columns, rel.types, strict=False)]
 
 
 def _new_connection() -> duckdb.DuckDBPyConnection:

@@ -6,16 +6,24 @@
 //! `tracing` span is then a single check of the global dispatcher. Export
 //! happens on the SDK's batch thread, never on the sampling path; the
 //! provider is flushed when a sampler shuts down.
+//!
+//! Besides the stage spans, [`OtlpSplit`] (a [`Recorder`]) emits one
+//! `delivered` span per delivered batch whose attributes are the metric
+//! table's rows (`headwater.<key with / as .>`): per-batch values, and the
+//! mean over sequences for per-sequence histograms. Attribute names come from
+//! the table only.
 
 use std::sync::{Mutex, OnceLock};
 
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+use opentelemetry::{Key, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::error::{Error, Result};
+use crate::telemetry::{BatchReport, Measure, MetricDef, Recorder, METRICS};
 
 static PROVIDER: OnceLock<Mutex<Option<(String, SdkTracerProvider)>>> = OnceLock::new();
 
@@ -77,5 +85,62 @@ pub fn flush() {
         if let Some((_, p)) = slot.lock().unwrap().as_ref() {
             let _ = p.force_flush();
         }
+    }
+}
+
+/// A tracer of the installed provider, if spans are exported.
+fn tracer() -> Option<opentelemetry_sdk::trace::SdkTracer> {
+    let slot = PROVIDER.get()?;
+    let g = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    g.as_ref().map(|(_, p)| p.tracer("headwater"))
+}
+
+/// The OTLP exporter of one split: a `delivered` span per batch carrying
+/// every (non-per-task) metric of the table as an attribute.
+pub struct OtlpSplit {
+    tracer: opentelemetry_sdk::trace::SdkTracer,
+    split: &'static str,
+    keys: Vec<(&'static MetricDef, Key)>,
+}
+
+impl OtlpSplit {
+    /// The exporter for `split`, when [`install`] has run (else `None`).
+    pub fn new(split: &'static str) -> Option<Self> {
+        Some(OtlpSplit {
+            tracer: tracer()?,
+            split,
+            keys: METRICS
+                .iter()
+                .filter(|d| !d.per_task)
+                .map(|d| {
+                    (
+                        d,
+                        Key::from(format!("headwater.{}", d.key.replace('/', "."))),
+                    )
+                })
+                .collect(),
+        })
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn span_value(m: Measure, r: &BatchReport) -> f64 {
+    match m {
+        Measure::SampleSeq(_) => m.per_batch(r) / r.seqs.len().max(1) as f64,
+        _ => m.per_batch(r),
+    }
+}
+
+impl Recorder for OtlpSplit {
+    fn record(&mut self, r: &BatchReport) {
+        let mut span = self.tracer.start("delivered");
+        span.set_attribute(KeyValue::new("split", self.split));
+        span.set_attribute(KeyValue::new("task", r.task as i64));
+        for (def, key) in &self.keys {
+            span.set_attribute(KeyValue::new(key.clone(), span_value(def.measure, r)));
+        }
+        span.end();
     }
 }

@@ -41,13 +41,15 @@ def default_database(
 
     SF 0.01 has about 87 K rows; SF 1 about 8.6 M (for benchmarks).
     """
-    if isinstance(scale_factor, bool) or not isinstance(scale_factor, (int, float)) or not (
-        math.isfinite(scale_factor) and scale_factor > 0
+    if (
+        isinstance(scale_factor, bool)
+        or not isinstance(scale_factor, (int, float))
+        or not (math.isfinite(scale_factor) and scale_factor > 0)
     ):
         raise ValueError(f"scale_factor must be a finite number > 0, got {scale_factor!r}")
+    from headwater.data.tpch import generate_tpch
     from headwater.embedders import get_embedder
     from headwater.preprocessing import preprocess
-    from headwater.tpch import generate_tpch
 
     name = get_embedder(embedder).name
     root = cache_dir() / "default"
@@ -63,7 +65,14 @@ def default_database(
             source = root / f"tpch_sf{_sf_label(scale_factor)}.duckdb"
             if not source.exists():
                 generate_tpch(source, scale_factor)
-            preprocess(source, out, schema=schema_path(), embedder=name, overwrite=out.exists(), progress=progress)
+            preprocess(
+                source,
+                out,
+                schema=schema_path(),
+                embedder=name,
+                overwrite=out.exists(),
+                progress=progress,
+            )
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return out

@@ -2,9 +2,10 @@
 
 Owns: :class:`TrainConfig` (one frozen dataclass per section), loading a
 TOML file or a dict with every unknown key and every ill-typed value
-reported as a :class:`~headwater.errors.ConfigError` naming the file and the
-dotted key, and the defaults of the main job (small ``B`` and ``S``, so the
-default run finishes in a few minutes on a 2-core CPU machine).
+reported as a :class:`~headwater.errors.ConfigError` naming the dotted key
+and where its value came from (``file:line``, the flag or ``--set``, or
+``default``: :mod:`.origins`). The ``[sampler]`` and ``[ranks.N]`` tables go
+to the sampler's own validation (:mod:`.sampler_config`).
 
 Sections (every key optional; see ``diag_configs/healthy.toml`` for a
 complete file)::
@@ -29,6 +30,7 @@ training loop without the key's name in the error.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -37,36 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
-
-#: ``[sampler]`` keys and their types (the ``Sampler`` keywords a config may set).
-SAMPLER_KEYS: dict[str, Any] = {
-    "split_ratios": list,
-    "split_seed": int,
-    "seed": int,
-    "num_prefetch": int,
-    "default_batch_size": int,
-    "default_sequence_length": int,
-    "bfs_child_width": int,
-    "max_hops": int,
-    "task_weights": dict,
-    "task_pick": str,
-    "num_threads": int,
-    "max_rss_bytes": int,
-    "temporal_filter": bool,
-    "telemetry": bool,
-    "pool_fraction": float,
-    "debug_batch_delay_ms": float,
-    "debug_repeat_seed_every": int,
-}
-
-#: The main job's sampler settings (small B and S: a CPU step stays well
-#: under a second with the default model).
-SAMPLER_DEFAULTS: dict[str, Any] = {
-    "default_batch_size": 8,
-    "default_sequence_length": 256,
-    "num_threads": 1,
-    "num_prefetch": 4,
-}
+from headwater.train import sampler_config as SC
+from headwater.train.origins import Origins, locate_keys, parse_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,21 +130,52 @@ class TrainConfig:
     database: DatabaseSection
     sampler: Mapping[str, Any]
     ranks: Mapping[int, Mapping[str, Any]]
-    model: Any  # headwater.model.ModelConfig (imported lazily: it pulls in JAX)
-    optim: Any  # headwater.optim.OptConfig
+    model: Any  # headwater.train.model.ModelConfig (imported lazily: it pulls in JAX)
+    optim: Any  # headwater.train.optim.OptConfig
     train: TrainSection
     logging: LoggingSection
     diag: Mapping[str, Any]
     source: str = "<defaults>"
     #: ``model.max_categories`` was 0: take it from the database.
     auto_categories: bool = True
+    origins: Origins = dataclasses.field(default_factory=lambda: Origins("<defaults>"))
+
+    def where(self, section: str, key: str) -> str:
+        """Where ``section.key`` was set (``file:line``, flag, ``default``)."""
+        return self.origins.of(f"{section}.{key}")
+
+    def sampler_layers(self, rank: int) -> list[tuple[str, Mapping[str, Any]]]:
+        """The trainer's defaults, ``[sampler]``, ``[ranks.<rank>]`` (later wins)."""
+        layers: list[tuple[str, Mapping[str, Any]]] = [
+            ("default", SC.TRAINER_DEFAULTS),
+            ("sampler", self.sampler),
+        ]
+        if rank in self.ranks:
+            layers.append((f"ranks.{rank}", self.ranks[rank]))
+        return layers
 
     def sampler_kwargs(self, rank: int) -> dict[str, Any]:
-        """``[sampler]`` with ``[ranks.<rank>]`` applied (Sampler keywords)."""
-        kw = {**SAMPLER_DEFAULTS, **self.sampler, **self.ranks.get(rank, {})}
+        """The ``Sampler`` config of ``rank`` (``task_weights`` a ``{task:
+        weight}`` mapping, as the sampler takes it)."""
+        kw: dict[str, Any] = {}
+        for _, table in self.sampler_layers(rank):
+            kw.update(table)
         if "split_ratios" in kw:
             kw["split_ratios"] = tuple(kw["split_ratios"])
         return kw
+
+    def check_tasks(self, db: Path) -> None:
+        """Check every rank's sampler table against the database's task names
+        (the sampler's own validation, with the names)."""
+        names = task_names(db)
+        for rank in sorted({0, *self.ranks}):
+            SC.check_table(self.sampler_layers(rank), self.origins, names)
+
+    def explain_sampler_error(self, e: Exception, rank: int) -> str:
+        """A sampler's rejection of this config, under the key that caused it."""
+        port = self.logging.prometheus_port
+        msg = SC.explain_logging(str(e), self.origins, rank, port)
+        return msg or SC.explain(str(e), self.sampler_layers(rank), self.origins)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the W&B run config and the run's summary)."""
@@ -184,6 +189,12 @@ class TrainConfig:
             "logging": dataclasses.asdict(self.logging),
             "source": self.source,
         }
+
+
+def task_names(db: Path) -> list[str]:
+    """The database's task names, in order."""
+    meta = json.loads((Path(db) / "metadata.json").read_text(encoding="utf-8"))
+    return [t["name"] for t in meta["tasks"]]
 
 
 _SECTIONS = ("database", "sampler", "ranks", "model", "optim", "train", "logging", "diag")
@@ -205,32 +216,23 @@ def _check_value(where: str, key: str, value: Any, t: Any) -> Any:
         if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
             raise ConfigError(f"{where}: `{key}` must be a list of strings, got {value!r}")
         return tuple(value)
-    if t is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: `{key}` must be a list, got {value!r}")
-        return value
-    if t is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: `{key}` must be a table, got {value!r}")
-        return value
     if t is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: `{key}` must be a number, got {value!r}")
         return float(value)
-    if t is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: `{key}` must be an integer, got {value!r}")
-        return value
+    if t is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where}: `{key}` must be an integer, got {value!r}")
     if t in (bool, str) and not isinstance(value, t):
         raise ConfigError(f"{where}: `{key}` must be {_type_name(t)}, got {value!r}")
     return value
 
 
-def _dataclass_section(cls: Any, table: Mapping[str, Any], where: str, section: str) -> Any:
+def _dataclass_section(cls: Any, table: Mapping[str, Any], origins: Origins, section: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kw = {}
     for key, value in table.items():
+        where = origins.of(f"{section}.{key}")
         if key not in fields:
             raise ConfigError(
                 f"{where}: unknown key `{section}.{key}` (known: {', '.join(sorted(fields))})"
@@ -239,89 +241,49 @@ def _dataclass_section(cls: Any, table: Mapping[str, Any], where: str, section: 
     try:
         return cls(**kw)
     except ValueError as e:
-        raise ConfigError(f"{where}: [{section}] {e}") from None
+        named = SC.named_key(str(e), fields)
+        at = origins.of(f"{section}.{named}") if named else origins.source
+        raise ConfigError(f"{at}: [{section}] {e}") from None
 
 
-def _sampler_section(table: Mapping[str, Any], where: str, section: str) -> dict[str, Any]:
-    out = {}
-    for key, value in table.items():
-        if key not in SAMPLER_KEYS:
-            hint = ""
-            if key in ("rank", "world_size", "local_rank"):
-                hint = " (set by the launcher: use --num-processes)"
-            elif key.startswith("prometheus") or key == "otlp_endpoint":
-                hint = " (set it under [logging])"
-            raise ConfigError(
-                f"{where}: unknown key `{section}.{key}`{hint} "
-                f"(known: {', '.join(sorted(SAMPLER_KEYS))})"
-            )
-        out[key] = _check_value(where, f"{section}.{key}", value, SAMPLER_KEYS[key])
-    if "task_weights" in out:
-        for name, w in out["task_weights"].items():
-            _check_value(where, f"{section}.task_weights.{name}", w, float)
-    return out
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["train.steps=5", "logging.wandb_mode=offline"]`` as load_config
-    overrides; values are read as TOML (``5``, ``0.5``, ``true``, ``[1, 2]``,
-    ``"x"``) and fall back to a plain string."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key:
-            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
-    return out
-
-
-def load_config(
-    source: str | Path | Mapping[str, Any] | None = None, **overrides: Any
-) -> TrainConfig:
-    """A :class:`TrainConfig` from a TOML file, a dict or nothing (defaults).
-
-    ``overrides``: dotted keys (``{"train.steps": 5}``) applied on top, as the
-    CLI flags do.
-    """
-    from headwater.model import ModelConfig
-    from headwater.optim import OptConfig
-
+def _read(source: str | Path | Mapping[str, Any] | None) -> tuple[dict[str, Any], Origins]:
     if source is None:
-        raw: dict[str, Any] = {}
-        where = "<defaults>"
-    elif isinstance(source, Mapping):
+        return {}, Origins("<defaults>")
+    if isinstance(source, Mapping):
         raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in source.items()}
-        where = "<dict>"
-    else:
-        path = Path(source)
-        where = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{where}: no such config file") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{where}: not UTF-8 text ({e})") from None
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{where}: invalid TOML: {e}") from None
-    for dotted, value in overrides.items():
-        section, _, key = dotted.partition(".")
-        raw.setdefault(section, {})[key] = value
+        return raw, Origins("<dict>")
+    path = Path(source)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text ({e})") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: invalid TOML: {e}") from None
+    return raw, Origins(where, locate_keys(text))
 
+
+def _check_sections(raw: Mapping[str, Any], origins: Origins) -> None:
     for key, value in raw.items():
         if key not in _SECTIONS:
             raise ConfigError(
-                f"{where}: unknown section or key `{key}` (known sections: {', '.join(_SECTIONS)})"
+                f"{origins.of(key)}: unknown section or key `{key}` "
+                f"(known sections: {', '.join(_SECTIONS)})"
             )
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: `{key}` must be a table ([{key}]), got {value!r}")
+            raise ConfigError(
+                f"{origins.of(key)}: `{key}` must be a table ([{key}]), got {value!r}"
+            )
 
+
+def _ranks(raw: Mapping[str, Any], origins: Origins) -> dict[int, dict[str, Any]]:
     ranks: dict[int, dict[str, Any]] = {}
     for rk, table in raw.get("ranks", {}).items():
+        where = origins.of(f"ranks.{rk}")
         try:
             r = int(rk)
             if r < 0:
@@ -330,9 +292,16 @@ def load_config(
             raise ConfigError(f"{where}: `ranks.{rk}`: a rank must be an integer >= 0") from None
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: `ranks.{rk}` must be a table")
-        ranks[r] = _sampler_section(table, where, f"ranks.{rk}")
+        ranks[r] = dict(table)
+    return ranks
 
-    train = _dataclass_section(TrainSection, raw.get("train", {}), where, "train")
+
+def _model_and_optim(
+    raw: Mapping[str, Any], train: TrainSection, origins: Origins
+) -> tuple[Any, Any, bool]:
+    from headwater.train.model import ModelConfig
+    from headwater.train.optim import OptConfig
+
     model_tbl = dict(raw.get("model", {}))
     # max_categories = 0 (the default): the trainer reads it from the database.
     auto_categories = model_tbl.get("max_categories", 0) == 0
@@ -343,16 +312,47 @@ def load_config(
     optim_tbl.setdefault("warmup_steps", min(100, max(1, train.steps // 10)))
     if optim_tbl["total_steps"] == 0:
         optim_tbl["total_steps"] = max(train.steps, optim_tbl["warmup_steps"] + 1)
-    model = _dataclass_section(ModelConfig, model_tbl, where, "model")
+    model = _dataclass_section(ModelConfig, model_tbl, origins, "model")
+    optim = _dataclass_section(OptConfig, optim_tbl, origins, "optim")
+    return model, optim, auto_categories
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] | None = None, **overrides: Any
+) -> TrainConfig:
+    """A :class:`TrainConfig` from a TOML file, a dict or nothing (defaults).
+
+    ``overrides``: dotted keys (``{"train.steps": 5}``) applied on top, as the
+    CLI flags and ``--set`` do.
+    """
+    raw, origins = _read(source)
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        raw.setdefault(section, {})[key] = value
+        origins.override(dotted, value)
+    _check_sections(raw, origins)
+    ranks = _ranks(raw, origins)
+    sampler = dict(raw.get("sampler", {}))
+    for rank in sorted({0, *ranks}):
+        layers = [("default", SC.TRAINER_DEFAULTS), ("sampler", sampler)]
+        if rank in ranks:
+            layers.append((f"ranks.{rank}", ranks[rank]))
+        SC.check_table(layers, origins)
+    train = _dataclass_section(TrainSection, raw.get("train", {}), origins, "train")
+    model, optim, auto_categories = _model_and_optim(raw, train, origins)
     return TrainConfig(
-        database=_dataclass_section(DatabaseSection, raw.get("database", {}), where, "database"),
-        sampler=_sampler_section(raw.get("sampler", {}), where, "sampler"),
+        database=_dataclass_section(DatabaseSection, raw.get("database", {}), origins, "database"),
+        sampler=sampler,
         ranks=ranks,
         model=model,
-        optim=_dataclass_section(OptConfig, optim_tbl, where, "optim"),
+        optim=optim,
         train=train,
-        logging=_dataclass_section(LoggingSection, raw.get("logging", {}), where, "logging"),
+        logging=_dataclass_section(LoggingSection, raw.get("logging", {}), origins, "logging"),
         diag=dict(raw.get("diag", {})),
-        source=where,
+        source=origins.source,
         auto_categories=auto_categories,
+        origins=origins,
     )
+
+
+__all__ = ["TrainConfig", "load_config", "parse_overrides", "task_names"]

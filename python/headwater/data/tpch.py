@@ -12,6 +12,7 @@ The schema describing the generated tables (semantic types, keys, tasks) is
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import numbers
@@ -100,10 +101,8 @@ def _populate(con: duckdb.DuckDBPyConnection, extension: pathlib.Path, scale_fac
 
 
 def _remove_quietly(path: pathlib.Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def generate_tpch(path: str | os.PathLike[str], scale_factor: float = 0.01) -> pathlib.Path:

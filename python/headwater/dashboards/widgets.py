@@ -1,0 +1,166 @@
+"""The panel and query builders every dashboard row is made of.
+
+Owns: the label matcher (:data:`SEL`) and rate range (:data:`RI`) every query
+carries, :class:`Q` (one Prometheus target), the PromQL helpers (``rate``,
+``histogram_quantile`` over buckets summed by ``le``, heatmap increases)
+and the three panel kinds (time series, heatmap, stat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash_b
+from grafana_foundation_sdk.builders import heatmap as heatmap_b
+from grafana_foundation_sdk.builders import prometheus as prom_b
+from grafana_foundation_sdk.builders import stat as stat_b
+from grafana_foundation_sdk.builders import timeseries as ts_b
+from grafana_foundation_sdk.models import common as common_m
+from grafana_foundation_sdk.models import dashboard as dash_m
+from grafana_foundation_sdk.models import heatmap as heatmap_m
+from grafana_foundation_sdk.models import prometheus as prom_m
+
+#: The label matcher every query carries (Grafana substitutes the variables).
+SEL = '{rank=~"$rank", split="$split"}'
+#: The range of every ``rate`` / ``increase`` in a time series.
+RI = "[$__rate_interval]"
+
+DATASOURCE = dash_m.DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+def _rate(metric: str) -> str:
+    return f"rate({metric}{SEL}{RI})"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) ({_rate(histogram + '_bucket')}))"
+
+
+def _heat(histogram: str) -> str:
+    return f"sum by (le) (increase({histogram}_bucket{SEL}{RI}))"
+
+
+@dataclass(frozen=True)
+class Q:
+    """One Prometheus target: expression, legend and options."""
+
+    expr: str
+    legend: str
+    heatmap: bool = False
+    instant: bool = False
+
+
+def _target(q: Q, ref_id: str) -> prom_b.Dataquery:
+    t = (
+        prom_b.Dataquery()
+        .expr(q.expr)
+        .legend_format(q.legend)
+        .ref_id(ref_id)
+        .datasource(DATASOURCE)
+        .editor_mode(prom_m.QueryEditorMode.CODE)
+    )
+    if q.heatmap:
+        t = t.format(prom_m.PromQueryFormat.HEATMAP)
+    return t.instant() if q.instant else t.range()
+
+
+def _ref_id(i: int) -> str:
+    return chr(ord("A") + i)
+
+
+# --------------------------------------------------------------------------- panels
+
+
+def _timeseries(
+    title: str,
+    description: str,
+    targets: Sequence[Q],
+    *,
+    unit: str = "short",
+    span: int = 8,
+    stacking: common_m.StackingMode | None = None,
+    min_val: float | None = 0,
+    max_val: float | None = None,
+) -> ts_b.Panel:
+    p = (
+        ts_b.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(span)
+        .height(8)
+        .fill_opacity(10)
+        .legend(
+            common_b.VizLegendOptions()
+            .display_mode(common_m.LegendDisplayMode.LIST)
+            .placement(common_m.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(
+            common_b.VizTooltipOptions()
+            .mode(common_m.TooltipDisplayMode.MULTI)
+            .sort(common_m.SortOrder.DESCENDING)
+        )
+    )
+    if min_val is not None:
+        p = p.min(min_val)
+    if max_val is not None:
+        p = p.max(max_val)
+    if stacking is not None:
+        p = p.fill_opacity(60).stacking(common_b.StackingConfig().mode(stacking).group("A"))
+    for i, q in enumerate(targets):
+        p = p.with_target(_target(q, _ref_id(i)))
+    return p
+
+
+def _heatmap(title: str, description: str, histogram: str, *, unit: str) -> heatmap_b.Panel:
+    return (
+        heatmap_b.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(8)
+        .height(8)
+        .calculate(False)
+        .color(
+            heatmap_b.HeatmapColorOptions()
+            .mode(heatmap_m.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .scale(heatmap_m.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .y_axis(heatmap_b.YAxisConfig().unit(unit))
+        .cell_values(heatmap_b.CellValues().unit("short"))
+        .show_tooltip()
+        .show_legend()
+        .with_target(_target(Q(_heat(histogram), "{{le}}", heatmap=True), "A"))
+    )
+
+
+def _stat(title: str, description: str, q: Q) -> stat_b.Panel:
+    return (
+        stat_b.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(6)
+        .height(8)
+        .unit("short")
+        .decimals(0)
+        .thresholds(
+            dash_b.ThresholdsConfig()
+            .mode(dash_m.ThresholdsMode.ABSOLUTE)
+            .steps([dash_m.Threshold(value=None, color="green"), dash_m.Threshold(1, "red")])
+        )
+        .color_mode(common_m.BigValueColorMode.BACKGROUND)
+        .graph_mode(common_m.BigValueGraphMode.NONE)
+        .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(_target(q, "A"))
+    )
+
+
+PanelBuilder = ts_b.Panel | heatmap_b.Panel | stat_b.Panel

@@ -1,0 +1,25 @@
+"""``headwater train``: the relational transformer trained on sampler batches.
+
+Rooms: :mod:`.config` (the checked TOML config), :mod:`.launcher` (one or N
+loopback processes, watched by PID), :mod:`.loop` (one rank's step loop and
+validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.records`
+(``metrics.jsonl``, drain records, the progress line), :mod:`.summary` (the
+per-rank summary and profile), :mod:`.model` / :mod:`.optim` (the JAX model
+and its optimiser), :mod:`.device` (batches → static-shape device arrays).
+
+Importing this package does not import JAX.
+"""
+
+from __future__ import annotations
+
+from headwater.train.config import TrainConfig, load_config, parse_overrides
+from headwater.train.launcher import launch, resolve_database, run_directory
+
+__all__ = [
+    "TrainConfig",
+    "launch",
+    "load_config",
+    "parse_overrides",
+    "resolve_database",
+    "run_directory",
+]

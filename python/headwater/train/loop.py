@@ -1,0 +1,304 @@
+"""One rank of ``headwater train``: the relational transformer fed by the
+sampler, with the telemetry hook every step.
+
+Owns: :func:`train_rank` (join the loopback job, open the sampler and the
+W&B run, build the model, run the steps, write ``rank-<r>.json``) and
+:class:`Trainer` (the per-step loop and validation).
+
+Data parallelism: one device per process, a 1-D mesh over processes (axis
+``data``, :mod:`headwater.train.mesh`). Each rank samples its own shard
+(``rank`` of ``world_size``) and the train step runs under ``shard_map``:
+gradients, loss and metrics are averaged with ``lax.pmean`` inside the step,
+so every rank applies the same update to the same replicated parameters.
+
+Per step, timed separately (``--profile`` prints the breakdown): sample
+wait (blocked in ``next_train_batch``), host → device (padding, the shape
+agreement, building the global arrays), compute (the jitted step, until the
+loss is on the host), telemetry (drain, cross-rank reduction, sinks) and the
+rest (progress, W&B logging of the trainer's own metrics).
+
+Outputs, under ``<logging.dir>/<run name>/``: ``wandb/`` (rank 0, offline by
+default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
+losses, timings, a digest of the final parameters), ``rank-<r>.log`` (ranks
+> 0, multi-process runs).
+
+Must never: let ranks apply different updates; log telemetry from ranks > 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headwater.errors import ConfigError
+from headwater.train.config import TrainConfig
+from headwater.train.mesh import Mesh, Padder, digest, host
+from headwater.train.records import DrainRecorder, JsonlSink, Progress
+from headwater.train.summary import RunLog, format_summary, summarise
+
+
+def train_rank(
+    cfg: TrainConfig,
+    db: Path,
+    run_dir: Path,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    port: int = 0,
+) -> dict[str, Any]:
+    """Train on this process as ``rank`` of ``world``; return its summary.
+
+    With ``world > 1`` the process joins the loopback ``jax.distributed``
+    job on ``port`` first (and leaves it only after a successful run: a
+    failed rank exits without the shutdown barrier, see the launcher).
+    """
+    import jax
+
+    from headwater.telemetry import initialize_loopback
+
+    if world > 1:
+        initialize_loopback(rank, world, port)
+    summary = _train(cfg, db, run_dir, rank, world)
+    if world > 1:
+        jax.distributed.shutdown()
+    return summary
+
+
+def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int) -> Any:
+    """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
+    keys; a rejected value is a :class:`ConfigError` naming where it was set."""
+    from headwater import _native
+
+    kw = cfg.sampler_kwargs(rank)
+    lg = cfg.logging
+    if lg.prometheus_port:
+        kw.update(
+            prometheus_port=lg.prometheus_port, prometheus_host=lg.prometheus_host, local_rank=rank
+        )
+    if lg.otlp_endpoint:
+        kw["otlp_endpoint"] = lg.otlp_endpoint
+    try:
+        return _native.Sampler(str(db), rank=rank, world_size=world, **kw)
+    except (ValueError, _native.ConfigError) as e:
+        raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
+
+
+def _open_wandb(cfg: TrainConfig, run_dir: Path) -> Any:
+    import wandb
+
+    lg = cfg.logging
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(
+        mode=lg.wandb_mode,  # type: ignore[arg-type]  # checked in LoggingSection
+        project=lg.wandb_project,
+        name=run_dir.name,
+        dir=str(run_dir),
+        config=cfg.to_dict(),
+    )
+    run.define_metric("trainer/step")
+    run.define_metric("trainer/*", step_metric="trainer/step")
+    run.define_metric("val/*", step_metric="trainer/step")
+    return run
+
+
+def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    lg = cfg.logging
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sampler = open_sampler(cfg, db, rank, world)
+    endpoints = []
+    if lg.prometheus_port:
+        endpoints = [
+            f"http://{lg.prometheus_host}:{lg.prometheus_port + r}/metrics" for r in range(world)
+        ]
+    run = _open_wandb(cfg, run_dir) if rank == 0 and lg.wandb_mode != "disabled" else None
+    try:
+        with sampler:
+            trainer = Trainer(cfg, sampler, run_dir, rank, world, run)
+            if rank == 0:
+                trainer.announce(db, endpoints)
+            wall, final_val = trainer.run_steps()
+            if lg.prometheus_port and lg.prometheus_linger_s > 0:
+                time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
+    except BaseException:
+        # Keep what was logged: close the W&B run as failed (the files are
+        # flushed when their objects go), then let the error through.
+        if run is not None:
+            run.finish(exit_code=1)
+        raise
+    param_digest = digest(trainer.params)
+    summary = summarise(
+        trainer.log,
+        warmup_steps=cfg.train.warmup_steps,
+        world=world,
+        wall=wall,
+        rank=rank,
+        final_val_loss=final_val,
+        param_digest=param_digest,
+        metrics_endpoints=endpoints,
+        wandb_dir=str(Path(run.dir).parent) if run is not None else None,
+        config=cfg.to_dict(),
+        telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
+    )
+    if run is not None:
+        run.summary.update({"trainer/param_digest": param_digest})
+        run.finish()
+    (run_dir / f"rank-{rank}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    if rank == 0:
+        print(format_summary(summary, profile=cfg.train.profile), flush=True)
+    return summary
+
+
+class Trainer:
+    """The model, the optimiser state and the step loop of one rank."""
+
+    def __init__(
+        self, cfg: TrainConfig, sampler: Any, run_dir: Path, rank: int, world: int, run: Any
+    ) -> None:
+        from jax.sharding import PartitionSpec as P
+
+        from headwater import telemetry as T
+        from headwater.train import model as M
+        from headwater.train.device import tables_to_device
+        from headwater.train.optim import make_schedule
+
+        self.cfg, self.sampler, self.rank, self.world, self.wb = cfg, sampler, rank, world, run
+        self.log = RunLog()
+        self.model_cfg = cfg.model
+        if cfg.auto_categories:
+            meta = sampler.database_metadata()
+            self.model_cfg = dataclasses.replace(cfg.model, max_categories=M.max_categories(meta))
+        col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
+        mesh = Mesh()
+        self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
+        # Every rank initialises the same parameters from the same seed.
+        local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
+        self.params = mesh.replicate(local)
+        self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.train_fn = mesh.step_fn(
+            M.make_train_step(self.model_cfg, cfg.optim, axis_name="data"),
+            in_specs=(P(), P(), P("data"), P(), P()),
+            out_specs=(P(), P(), P()),
+        )
+        self.eval_fn = mesh.step_fn(
+            M.make_eval_step(self.model_cfg, axis_name="data"),
+            in_specs=(P(), P("data"), P(), P()),
+            out_specs=P(),
+        )
+        self.lr = make_schedule(cfg.optim)
+        self.pad = Padder(mesh, self.model_cfg.max_categories)
+        lg, lead = cfg.logging, rank == 0
+        self.jsonl = JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
+        self.drains = (
+            DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
+            if lg.record_drains
+            else None
+        )
+        sinks: list[Any] = []
+        if run is not None:
+            from headwater.telemetry import WandbSink
+
+            sinks.append(WandbSink(run))
+        if self.jsonl is not None:
+            sinks.append(self.jsonl)
+        self.hook = T.StepHook(
+            self.drains or sampler, sinks=sinks, buffered=cfg.train.buffered_telemetry
+        )
+        self.progress = Progress(cfg.train.steps, cfg.train.log_every, lead)
+
+    def announce(self, db: Path, endpoints: list[str]) -> None:
+        """Rank 0's first lines: what runs where."""
+        kw, m, lg = self.cfg.sampler_kwargs(0), self.model_cfg, self.cfg.logging
+        print(
+            f"headwater train: {db.name} · {self.world} process(es) · "
+            f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')} per rank · "
+            f"model d={m.d_model} layers={m.num_layers} heads={m.num_heads} · "
+            f"{self.cfg.train.steps} steps",
+            flush=True,
+        )
+        if endpoints:
+            print(f"metrics: {', '.join(endpoints)}", flush=True)
+        if self.wb is not None:
+            print(f"W&B run ({lg.wandb_mode}): {Path(self.wb.dir).parent}", flush=True)
+
+    def validate(self, step: int) -> float:
+        vals = []
+        for _ in range(self.cfg.train.val_batches):
+            vb = self.pad(self.sampler.next_val_batch())
+            m = self.eval_fn(self.params, vb, self.col, self.cat)
+            vals.append(float(host(m["loss"])))
+        v = float(np.mean(vals)) if vals else math.nan
+        self.log.val_losses.append((step, v))
+        if self.wb is not None:
+            self.wb.log({"val/loss": v, "trainer/step": step})
+        if self.jsonl is not None:
+            self.jsonl.write({"step": step, "val/loss": v})
+        self.progress.message(f"validation at step {step + 1}: loss {v:.4f}")
+        return v
+
+    def step(self, step: int) -> None:
+        """One training step, timed phase by phase."""
+        import jax
+
+        t0 = time.perf_counter()
+        np_batch = self.sampler.next_train_batch()
+        t1 = time.perf_counter()
+        batch = self.pad(np_batch)
+        if self.cfg.train.profile:
+            jax.block_until_ready(batch)
+        t2 = time.perf_counter()
+        self.params, self.opt_state, metrics = self.train_fn(
+            self.params, self.opt_state, batch, self.col, self.cat
+        )
+        host_metrics = {k: float(host(v)) for k, v in metrics.items()}
+        t3 = time.perf_counter()
+        reduced = self.hook.step(step)
+        t4 = time.perf_counter()
+        if reduced:
+            self.log.telemetry_rows += 1 if self.wb is not None else 0
+            self.log.record_invariants(reduced)
+        loss = host_metrics["loss"]
+        self.log.losses.append(loss)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step}")
+        self._log_trainer(step, host_metrics, t4 - t0, (t1 - t0) / max(t4 - t0, 1e-12))
+        tc = self.cfg.train
+        if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
+            self.validate(step)
+        self.log.record_phases((t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t4))
+
+    def _log_trainer(
+        self, step: int, metrics: dict[str, float], step_s: float, wait_share: float
+    ) -> None:
+        bps = self.world / step_s if step_s > 0 else 0.0
+        row = {
+            **{f"trainer/{k}": v for k, v in metrics.items()},
+            "trainer/lr": float(self.lr(step)),
+            "trainer/step_seconds": step_s,
+            "trainer/batches_per_second": bps,
+            "trainer/data_wait_share": wait_share,
+            "trainer/step": step,
+        }
+        if self.wb is not None:
+            self.wb.log(row)
+        if self.jsonl is not None:
+            self.jsonl.write({"step": step, **row})
+        self.progress.update(step, metrics["loss"], bps, wait_share)
+
+    def run_steps(self) -> tuple[float, float]:
+        """Every step, then the final validation: ``(wall seconds, val loss)``."""
+        t_start = time.perf_counter()
+        tc = self.cfg.train
+        for step in range(tc.steps):
+            self.step(step)
+        final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
+        self.hook.close()
+        if self.drains is not None:
+            self.drains.close()
+        return time.perf_counter() - t_start, final_val

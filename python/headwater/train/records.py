@@ -1,0 +1,92 @@
+"""What a training run writes besides W&B: rank 0's ``metrics.jsonl`` and
+the optional per-rank ``drains-rank<r>.jsonl``, plus the progress line.
+
+Owns: :class:`JsonlSink` (a telemetry sink: one JSON row per step of the
+reduced scalars, and the trainer's own rows), :class:`DrainRecorder` (wraps a
+sampler and records every packed drain the hook takes, to check the
+reduction against) and :class:`Progress` (rank 0's progress line).
+
+Must never: write histogram bucket counts (rows stay small), or drain the
+sampler on its own (the recorder only sees the hook's drains).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def scalars(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` without histogram bucket counts (the JSONL files' rows)."""
+    return {k: v for k, v in metrics.items() if "/bucket_" not in k}
+
+
+class JsonlSink:
+    """A telemetry sink writing ``{"step": t, **reduced scalars}`` per line."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.write({"step": step, **scalars(metrics)})
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self.file.write(json.dumps(row, allow_nan=True) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class DrainRecorder:
+    """Forwards a sampler, writing every packed drain of the hook as a JSONL row."""
+
+    def __init__(self, sampler: Any, path: Path) -> None:
+        self.sampler = sampler
+        self.keys = tuple(sampler.telemetry_keys())
+        self.file = path.open("w", encoding="utf-8")
+        self.step = 0
+
+    def drain_step_metrics_packed(self, split: str = "train") -> Any:
+        v = self.sampler.drain_step_metrics_packed(split)
+        row = scalars(dict(zip(self.keys, v.tolist(), strict=True))) if len(v) else {}
+        self.file.write(json.dumps({"step": self.step, **row}) + "\n")
+        self.step += 1
+        return v
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Progress:
+    """Rank 0's progress: a self-rewriting line on a terminal, else a line
+    every ``log_every`` steps."""
+
+    def __init__(self, total: int, log_every: int, enabled: bool) -> None:
+        self.total, self.log_every, self.enabled = total, log_every, enabled
+        self.tty = enabled and sys.stdout.isatty()
+        self.ema: float | None = None
+
+    def update(self, step: int, loss: float, bps: float, wait_share: float) -> None:
+        if not self.enabled:
+            return
+        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        line = (
+            f"step {step + 1:>5}/{self.total}  loss {self.ema:8.4f}  "
+            f"{bps:7.2f} batches/s  data wait {100 * wait_share:5.2f}%"
+        )
+        if self.tty:
+            print("\r" + line, end="", flush=True)
+            if step + 1 == self.total:
+                print()
+        elif (step + 1) % self.log_every == 0 or step == 0 or step + 1 == self.total:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, flush=True)

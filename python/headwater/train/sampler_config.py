@@ -1,0 +1,115 @@
+"""The ``[sampler]`` and ``[ranks.N]`` tables of a ``headwater train`` config.
+
+The sampler's keys, defaults and ranges are defined once, by ``SamplerConfig``
+in Rust; these tables go straight to its validation
+(``headwater._native.validate_sampler_config``) and the only thing added here
+is *where* a rejected value came from (file and line, flag, ``--set`` or
+default) and hints for the keys the launcher sets.
+
+Owns: :data:`TRAINER_DEFAULTS` (the trainer's own choice of ``[sampler]``
+values for the main job: a small ``B`` and ``S`` so a CPU step stays under a
+second; validated like a user's table), :data:`LAUNCHER_KEYS`,
+:func:`check_table`, :func:`merged` (``[sampler]`` + ``[ranks.N]``) and
+:func:`explain` (a sampler error, prefixed with the value's origin).
+
+Must never: keep its own copy of a sampler key's default or range.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from headwater.errors import ConfigError
+from headwater.train.origins import FLAGS, Origins
+
+#: The trainer's ``[sampler]`` defaults (not the sampler's: the main job's
+#: small batches, so the default run finishes in minutes on 2 CPU cores).
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "default_batch_size": 8,
+    "default_sequence_length": 256,
+    "num_threads": 1,
+    "num_prefetch": 4,
+}
+
+#: Sampler keywords a config may not set in ``[sampler]``, and why.
+LAUNCHER_KEYS: dict[str, str] = {
+    "rank": "set by the launcher: use --num-processes",
+    "world_size": "set by the launcher: use --num-processes",
+    "local_rank": "set by the launcher: use --num-processes",
+    "prometheus_port": "set it under [logging]",
+    "prometheus_host": "set it under [logging]",
+    "otlp_endpoint": "set it under [logging]",
+}
+
+#: Sampler keywords the trainer fills from ``[logging]``.
+LOGGING_KEYS = ("prometheus_port", "prometheus_host", "otlp_endpoint")
+
+
+def named_key(message: str, candidates: Iterable[str]) -> str | None:
+    """The candidate key ``message`` names first (whole words only)."""
+    best: tuple[int, int, str] | None = None
+    for key in candidates:
+        m = re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)
+        if m and (best is None or (m.start(), -len(key)) < best[:2]):
+            best = (m.start(), -len(key), key)
+    return best[2] if best else None
+
+
+def _reject_launcher_keys(table: Mapping[str, Any], section: str, origins: Origins) -> None:
+    for key in table:
+        if key in LAUNCHER_KEYS:
+            raise ConfigError(
+                f"{origins.of(f'{section}.{key}')}: `{section}.{key}` cannot be set here "
+                f"({LAUNCHER_KEYS[key]})"
+            )
+
+
+def check_table(
+    layers: Sequence[tuple[str, Mapping[str, Any]]],
+    origins: Origins,
+    task_names: list[str] | None = None,
+) -> None:
+    """Validate the merge of ``layers`` (``(section, table)``, later wins) with
+    the sampler's own validation; an error names the layer that set the key."""
+    for section, table in layers:
+        if section != "default":
+            _reject_launcher_keys(table, section, origins)
+    from headwater import _native
+
+    merged: dict[str, Any] = {}
+    for _, table in layers:
+        merged.update(table)
+    try:
+        _native.validate_sampler_config(merged, task_names)
+    except ValueError as e:
+        raise ConfigError(explain(str(e), layers, origins)) from None
+
+
+def explain(message: str, layers: Sequence[tuple[str, Mapping[str, Any]]], origins: Origins) -> str:
+    """``message`` prefixed with the origin of the key it names (the last
+    layer that set it)."""
+    keys = {k for _, t in layers for k in t}
+    key = named_key(message, keys)
+    if key is None:
+        return f"{origins.source}: [sampler] {message}"
+    section = next(s for s, t in reversed(layers) if key in t)
+    dotted = f"{section}.{key}"
+    if section == "default":
+        return f"default: `sampler.{key}` (the trainer's default): {message}"
+    return f"{origins.of(dotted)}: `{dotted}`: {message}"
+
+
+def explain_logging(message: str, origins: Origins, rank: int, port: int | None) -> str | None:
+    """A sampler error about a key the trainer set from ``[logging]``, under
+    that key and its flag; None if the message names none."""
+    key = named_key(message, LOGGING_KEYS)
+    if key is None:
+        return None
+    dotted = f"logging.{key}"
+    flag = FLAGS.get(dotted)
+    extra = f" (flag {flag})" if flag else ""
+    if key == "prometheus_port" and port:
+        extra += f"; rank {rank} serves port {port} + {rank} = {port + rank}"
+    return f"{origins.of(dotted)}: `{dotted}`{extra}: {message}"

@@ -1,0 +1,141 @@
+"""The end of a training run: the per-rank summary and the lines printed.
+
+Owns: :data:`PHASES` (the timed phases of a step), :class:`RunLog` (what the
+loop records per step), :func:`summarise` (the ``rank-<r>.json`` summary:
+losses, throughput, the step-time profile after warm-up, invariant warnings)
+and :func:`format_summary`.
+
+Must never: count warm-up steps (compilation) in throughput or timings, or
+stay silent about a non-zero invariant counter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from headwater.telemetry import PREFIX
+
+#: Timed phases of a step, in order.
+PHASES = ("sample_wait", "host_to_device", "compute", "telemetry", "other")
+#: The reduced invariant counters the summary warns about.
+INVARIANTS = (f"{PREFIX}invariants/duplicate_seeds", f"{PREFIX}invariants/temporal_leaks")
+
+
+@dataclasses.dataclass
+class RunLog:
+    """What one rank records while it trains."""
+
+    losses: list[float] = dataclasses.field(default_factory=list)
+    val_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    times: dict[str, list[float]] = dataclasses.field(
+        default_factory=lambda: {p: [] for p in PHASES}
+    )
+    invariants: dict[str, float] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(INVARIANTS, 0.0)
+    )
+    culprits: dict[str, set[int]] = dataclasses.field(
+        default_factory=lambda: {k: set() for k in INVARIANTS}
+    )
+    telemetry_rows: int = 0
+
+    def record_phases(self, durations: tuple[float, ...]) -> None:
+        for name, dt in zip(PHASES, durations, strict=True):
+            self.times[name].append(dt)
+
+    def record_invariants(self, reduced: Mapping[str, float]) -> None:
+        for k in INVARIANTS:
+            if reduced.get(k, 0.0) > 0:
+                self.invariants[k] += reduced[k]
+                self.culprits[k].add(int(reduced.get(f"{k}_argmax_rank", 0)))
+
+
+def _warnings(log: RunLog, wait_share: float) -> list[str]:
+    out = [
+        f"{key.removeprefix(PREFIX)} = {int(v)} (ranks {sorted(log.culprits[key])}): "
+        + (
+            "a seed was drawn twice in one epoch"
+            if "duplicate" in key
+            else "rows dated after the observation time reached the model"
+        )
+        for key, v in log.invariants.items()
+        if v > 0
+    ]
+    if wait_share > 0.05:
+        out.append(
+            f"data wait is {100 * wait_share:.1f}% of step time (> 5%): the sampler does not keep "
+            "up; raise num_threads / num_prefetch"
+        )
+    return out
+
+
+def summarise(
+    log: RunLog, *, warmup_steps: int, world: int, wall: float, **extra: Any
+) -> dict[str, Any]:
+    """The summary of a rank's run; ``extra`` (rank, digest, config, ...) is
+    copied in as is."""
+    losses = log.losses
+    warm = min(warmup_steps, max(0, len(losses) - 1))
+    steady = {p: v[warm:] for p, v in log.times.items()}
+    step_times = [sum(x) for x in zip(*steady.values(), strict=True)]
+    total = sum(step_times)
+    k = max(1, min(10, len(losses) // 5))
+    wait_share = sum(steady["sample_wait"]) / total if total > 0 else 0.0
+    return {
+        "world": world,
+        "steps": len(losses),
+        "losses": losses,
+        "loss_start": float(np.mean(losses[:k])),
+        "loss_end": float(np.mean(losses[-k:])),
+        "val_losses": log.val_losses,
+        "wall_seconds": wall,
+        "steady_steps": len(step_times),
+        "step_seconds_median": statistics.median(step_times) if step_times else math.nan,
+        "batches_per_second": world * len(step_times) / total if total > 0 else math.nan,
+        "data_wait_share": wait_share,
+        "phase_seconds_mean": {p: float(np.mean(v)) if v else 0.0 for p, v in steady.items()},
+        "phase_share": {p: sum(v) / total if total > 0 else 0.0 for p, v in steady.items()},
+        "invariants": dict(log.invariants),
+        "telemetry_rows_logged": log.telemetry_rows,
+        "warnings": _warnings(log, wait_share),
+        **extra,
+    }
+
+
+def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
+    lines = [
+        f"done: {s['steps']} steps in {s['wall_seconds']:.1f} s on {s['world']} process(es)",
+        (
+            f"  loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} (mean of first/last steps); "
+            f"val loss {s['final_val_loss']:.4f}"
+        ),
+        (
+            f"  {s['batches_per_second']:.2f} batches/s, "
+            f"median step {1e3 * s['step_seconds_median']:.1f} ms, "
+            f"data wait {100 * s['data_wait_share']:.2f}% of step time"
+        ),
+    ]
+    if profile:
+        lines.append(
+            f"  step breakdown (rank {s['rank']}, mean over {s['steady_steps']} steps "
+            "after warm-up):"
+        )
+        for p in PHASES:
+            lines.append(
+                f"    {p:<15} {1e3 * s['phase_seconds_mean'][p]:9.3f} ms  "
+                f"{100 * s['phase_share'][p]:6.2f}%"
+            )
+    health = "sampler health: ok (invariant counters all 0)"
+    if s["warnings"]:
+        health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
+    lines.append(health)
+    if s["wandb_dir"]:
+        lines.append(f"W&B run: {s['wandb_dir']}")
+    if s["metrics_endpoints"]:
+        lines.append(f"metrics were served at: {', '.join(s['metrics_endpoints'])}")
+    return "\n".join(lines)

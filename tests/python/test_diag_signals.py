@@ -1,0 +1,131 @@
+"""The diag signals, their traces and panels, on synthetic rows (no run).
+
+Each panel must plot the quantity its title judges: a running statistic ends
+at the value, per-step values have the value as their median / maximum; the
+task-share panel traces every task of the database whatever its name; the
+panels carry axis labels and a legend for the bands; the verdict table says
+in words what each statistic is.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from headwater.diag import SIGNALS, DiagSpec, evaluate, format_table
+from headwater.diag.plot import _panel, plot
+from headwater.telemetry import PREFIX as P
+
+# Names that defeated a suffix filter before: an underscore in the last five
+# characters, or a suffix the reducer also uses.
+TASKS = {"order_priority": 2.0, "customer_repeat_order_90d": 1.0, "x_max": 1.0, "zero": 0.0}
+STEPS = 60
+
+
+def rows(seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(STEPS):
+        r: dict[str, Any] = {
+            f"{P}batches": 2.0,
+            f"{P}pool/exhaust_events": float(rng.random() < 0.3),
+            f"{P}pool/exhaust_events_argmax_rank": 1.0,
+            f"{P}pool/steps_to_exhaust_min": float(rng.integers(0, 50)),
+            f"{P}pool/remaining_min": float(rng.integers(0, 100)),
+            f"{P}pool/remaining_max": 100.0 + t,
+            f"{P}pool/steps_since_pick_max": float(rng.integers(0, 80)),
+            f"{P}mix/tv_distance": float(rng.random()),
+            f"{P}truncation/cells_dropped": float(rng.integers(0, 300)),
+            f"{P}padding/fraction_p50": float(rng.random()),
+            f"{P}queue/depth_min": float(rng.integers(0, 2)),
+            f"{P}queue/depth_min_argmin_rank": 0.0,
+            f"{P}queue/wait_seconds": float(rng.random() * 0.01),
+            f"{P}stage/total_seconds_p50": float(rng.random() * 0.1),
+            f"{P}invariants/temporal_leaks": float(rng.integers(0, 3)),
+            f"{P}invariants/duplicate_seeds": 0.0,
+            "trainer/step_seconds": 0.1,
+        }
+        for name, w in TASKS.items():
+            r[f"{P}tasks/{name}"] = float(rng.integers(0, 10)) if w > 0 else 0.0
+        out.append(r)
+    return out
+
+
+CTX = {"task_weights": TASKS, "sequence_length": 64, "processes": 2}
+SPEC = DiagSpec(Path("synthetic.toml"), "synthetic rows", 2, 10, {})
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_each_trace_shows_the_statistic_it_judges(name: str) -> None:
+    sig = SIGNALS[name]
+    steady = rows()[SPEC.skip :]
+    value = sig.stat(steady, CTX)
+    traces = sig.traces(steady, CTX)
+    assert traces and all(len(y) == len(steady) for y in traces.values())
+    if name == "tasks/min_share":
+        finals = {t: y[-1] for t, y in traces.items() if TASKS[t] > 0}
+        assert value == pytest.approx(min(finals.values()))
+    elif sig.per_step:
+        (y,) = traces.values()
+        judged = y[len(y) // 2 :] if name == "mix/tv_distance" else y
+        agg = np.nanmax if name == "pool/steps_since_pick_max" else np.nanmedian
+        assert value == pytest.approx(float(agg(judged)))
+    else:
+        (y,) = traces.values()
+        assert value == pytest.approx(float(y[-1]))
+    assert not math.isnan(value)
+
+
+def test_every_task_is_traced_whatever_its_name() -> None:
+    data = rows()
+    traces = SIGNALS["tasks/min_share"].traces(data, CTX)
+    assert set(traces) == set(TASKS)
+    drawn = {t: sum(r[f"{P}tasks/{t}"] for r in data) for t in TASKS}
+    for t in TASKS:  # each final share from the raw counts
+        assert traces[t][-1] == pytest.approx(drawn[t] / sum(drawn.values())), t
+    assert traces["zero"][-1] == 0.0
+
+
+def test_panels_label_axes_and_explain_the_bands() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = rows()
+    verdicts = {v.signal: v for v in evaluate(SPEC, data, CTX)}
+    for name, sig in SIGNALS.items():
+        fig, ax = plt.subplots()
+        _panel(ax, SPEC, data, verdicts[name], CTX)
+        labels = ax.get_legend_handles_labels()[1]
+        assert "warm-up (not judged)" in labels, (name, labels)
+        assert any(lb.startswith("healthy") for lb in labels), (name, labels)
+        assert any(lb.startswith("statistic = ") for lb in labels), (name, labels)
+        assert ax.get_xlabel() == "step" and ax.get_ylabel() == sig.unit
+        if name == "tasks/min_share":
+            assert set(TASKS) <= set(labels)
+        plt.close(fig)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    data = rows()
+    out = tmp_path / "p.png"
+    plot(out, SPEC, data, evaluate(SPEC, data, CTX), CTX)
+    img = matplotlib.image.imread(out)
+    assert img.shape[0] > 400 and img.shape[1] > 800
+
+
+def test_the_table_says_what_each_statistic_is() -> None:
+    data = rows()
+    table = format_table(SPEC, evaluate(SPEC, data, CTX))
+    assert "share of steps that found the batch queue empty" in table
+    for sig in SIGNALS.values():
+        assert sig.what in table and sig.unit in table

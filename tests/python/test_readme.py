@@ -1,0 +1,264 @@
+"""Every code block of the README (and of ``dashboards/README.md``) is run or
+checked.
+
+* Python blocks run against a tiny generated database (the preprocessing
+  example on a small DuckDB file, the sampling and telemetry examples on the
+  database it builds, with an offline W&B run).
+* ``headwater preprocess`` / ``inspect`` synopses are instantiated with those
+  files and run through the real command line.
+* The other command synopses (``train``, ``diag``, ``bench``: minutes each,
+  run for real by ``test_train`` / ``test_diag``) are checked option by
+  option against the parsers, and the files they name must exist.
+* The two set-up commands cannot run inside a test (they install packages):
+  the scripts must exist, ``.ci/run`` must call ``scripts/test.sh``, and
+  ``scripts/setup.sh`` must install the package that provides the
+  ``headwater`` command.
+* ``dashboards/README.md``'s commands run in a scratch directory.
+
+A new block in a README fails :func:`test_every_block_is_covered` until it is
+handled here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SmallData, _write_duckdb, child_env
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+_FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """``(language, text)`` of every fenced block of ``path``."""
+    return [(m.group(1), m.group(2)) for m in _FENCE.finditer(path.read_text(encoding="utf-8"))]
+
+
+def command_lines(text: str) -> list[str]:
+    """The commands of a bash block, comments dropped; an indented line
+    continues the synopsis above it."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if raw[:1].isspace() and out:
+            out[-1] += " " + line
+        else:
+            out.append(line)
+    return out
+
+
+def kind(lang: str, text: str) -> str:
+    if lang == "python":
+        if "headwater.preprocess(" in text:
+            return "python-preprocess"
+        if "headwater.Sampler(" in text:
+            return "python-sampler"
+        if "StepHook(" in text:
+            return "python-telemetry"
+    if lang == "bash":
+        lines = command_lines(text)
+        if any("scripts/setup.sh" in ln or "scripts/test.sh" in ln for ln in lines):
+            return "setup"
+        if all(ln.startswith(("headwater ", "cargo bench")) for ln in lines):
+            return "synopsis"
+    return "unknown"
+
+
+def test_every_block_is_covered() -> None:
+    kinds = [kind(lang, text) for lang, text in blocks(README)]
+    assert "unknown" not in kinds, [
+        b for b, k in zip(blocks(README), kinds, strict=True) if k == "unknown"
+    ]
+    assert {"setup", "synopsis", "python-preprocess", "python-sampler", "python-telemetry"} <= set(
+        kinds
+    )
+
+
+# ----------------------------------------------------------------------------
+# Set-up commands: checked, not run
+# ----------------------------------------------------------------------------
+
+
+def test_setup_commands_exist_and_ci_runs_the_readme_test_command() -> None:
+    (setup,) = [t for lang, t in blocks(README) if kind(lang, t) == "setup"]
+    cmds = command_lines(setup)
+    assert cmds == ["bash scripts/setup.sh && headwater train", "bash scripts/test.sh"]
+    assert (ROOT / "scripts" / "setup.sh").is_file() and (ROOT / "scripts" / "test.sh").is_file()
+    assert "bash scripts/test.sh" in command_lines((ROOT / ".ci" / "run").read_text())
+    assert re.search(
+        r'^headwater = "headwater\.cli:main"$', (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    setup_sh = (ROOT / "scripts" / "setup.sh").read_text()
+    assert '".[train]"' in setup_sh and '".[test]"' in setup_sh  # installs this package
+    # `headwater train` with no argument is a valid command line.
+    from headwater.cli import build_parser
+
+    assert build_parser().parse_args(["train"]).config is None
+
+
+# ----------------------------------------------------------------------------
+# Command synopses
+# ----------------------------------------------------------------------------
+
+
+def _parser_for(sub: str) -> argparse.ArgumentParser:
+    from headwater.cli import build_parser
+    from headwater.diag.run import _parser as diag_parser
+
+    if sub == "diag":
+        return diag_parser()
+    top = build_parser()
+    (action,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices[sub]
+
+
+def _options(p: argparse.ArgumentParser) -> set[str]:
+    return {o for a in p._actions for o in a.option_strings}
+
+
+def synopsis_lines() -> list[str]:
+    return [
+        ln for lang, t in blocks(README) if kind(lang, t) == "synopsis" for ln in command_lines(t)
+    ]
+
+
+@pytest.mark.parametrize("line", synopsis_lines())
+def test_synopsis_options_exist(line: str) -> None:
+    if line.startswith("cargo bench"):
+        name = line.split("--bench", 1)[1].split()[0]
+        cargo = (ROOT / "Cargo.toml").read_text()
+        assert re.search(rf'\[\[bench\]\]\s*\nname = "{name}"', cargo), name
+        assert (ROOT / "benches" / f"{name}.rs").is_file()
+        return
+    words = line.replace("[", " ").replace("]", " ").split()
+    sub = words[1]
+    known = _options(_parser_for(sub))
+    for w in words[2:]:
+        if w.startswith("--"):
+            assert w.split("=")[0] in known, (line, w)
+        elif "/" in w and w.endswith(".toml"):
+            assert (ROOT / w).is_file(), w
+
+
+def test_preprocess_and_inspect_synopses_run(
+    tmp_path: Path, make_duckdb: Callable[[Path], Path]
+) -> None:
+    """``headwater preprocess SOURCE OUT_DIR [--schema schema.toml] [--embedder ...]``
+    and ``headwater inspect OUT_DIR [--json]``, with real files."""
+    (block,) = [t for lang, t in blocks(README) if lang == "bash" and "headwater preprocess" in t]
+    source = make_duckdb(tmp_path / "my.duckdb")
+    schema = tmp_path / "schema.toml"
+    schema.write_text("", encoding="utf-8")
+    subst = {
+        "SOURCE": str(source),
+        "OUT_DIR": str(tmp_path / "db"),
+        "schema.toml": str(schema),
+        "minilm|hash|auto": "hash",
+    }
+    for line in command_lines(block):
+        words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]
+        r = subprocess.run(
+            [sys.executable, "-m", "headwater.cli", *words[1:]],
+            capture_output=True,
+            text=True,
+            env=child_env(tmp_path),
+            timeout=300,
+            check=False,
+        )
+        assert r.returncode == 0, (words, r.stdout[-2000:], r.stderr[-2000:])
+    assert (tmp_path / "db" / "metadata.json").is_file()
+
+
+# ----------------------------------------------------------------------------
+# Python blocks
+# ----------------------------------------------------------------------------
+
+
+def _block(name: str) -> str:
+    (text,) = [t for lang, t in blocks(README) if kind(lang, t) == name]
+    return text
+
+
+@pytest.fixture(scope="module")
+def tiny_db(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> Path:
+    """The README's preprocessing example, run in a scratch directory on a
+    small DuckDB file; the database it writes serves the other examples."""
+    work = tmp_path_factory.mktemp("readme")
+    _write_duckdb(work / "my.duckdb", small_data)
+    (work / "schema.toml").write_text("", encoding="utf-8")
+    _exec_in(work, _block("python-preprocess"), {})
+    assert (work / "db" / "metadata.json").is_file()
+    return work / "db"
+
+
+def _exec_in(cwd: Path, code: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(code, str(README), "exec"), namespace)
+    finally:
+        os.chdir(old)
+    return namespace
+
+
+def test_python_sampling_block_runs(tiny_db: Path) -> None:
+    ns = _exec_in(tiny_db.parent, _block("python-sampler"), {"db_path": str(tiny_db)})
+    assert ns["batch"]["fingerprint"].shape == (1,)
+    assert ns["col_emb"].dtype.name == "float16" and ns["meta"]["tasks"]
+
+
+def test_python_telemetry_block_runs(tiny_db: Path, tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    wandb = pytest.importorskip("wandb")
+    import headwater
+
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="readme")
+    try:
+        with headwater.Sampler(str(tiny_db), default_batch_size=4, default_sequence_length=64) as s:
+            ns = _exec_in(
+                tmp_path, _block("python-telemetry"), {"sampler": s, "run": run, "steps": 3}
+            )
+    finally:
+        run.finish()
+    assert ns["reduced"]["sampler/batches"] == 1.0
+
+
+# ----------------------------------------------------------------------------
+# dashboards/README.md
+# ----------------------------------------------------------------------------
+
+
+def test_dashboards_readme_commands_run(tmp_path: Path) -> None:
+    pytest.importorskip("grafana_foundation_sdk")
+    ((lang, text),) = blocks(ROOT / "dashboards" / "README.md")
+    assert lang == "bash"
+    for line in command_lines(text):
+        words = shlex.split(line)
+        assert words[:2] == ["python", "-m"], line
+        if words[2] == "pytest":
+            continue  # this very suite runs that file
+        r = subprocess.run(
+            [sys.executable, *words[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=child_env(tmp_path),
+            timeout=120,
+            check=False,
+        )
+        assert r.returncode == 0, (line, r.stdout, r.stderr)
+    written = tmp_path / "dashboards" / "headwater.json"
+    assert written.read_text() == (ROOT / "dashboards" / "headwater.json").read_text()
