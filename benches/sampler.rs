@@ -83,6 +83,15 @@ fn benches(c: &mut Criterion) {
             black_box(out.len())
         });
     });
+    // What the Python binding does per step: the values only, no key strings.
+    let mut values = Vec::new();
+    c.bench_function("telemetry_record_and_drain_values_per_batch_b32", |b| {
+        b.iter(|| {
+            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.drain.drain_values(schema, &mut values);
+            black_box(values.len())
+        });
+    });
     // The sampler state: O(tasks), taken from the delivered copies while the
     // producers run (budget: < 1 ms).
     let cfg = SamplerConfig {

@@ -133,7 +133,7 @@ def main() -> None:
             sampler.next_train_batch()
         out["returned"].append(hook.step(step))
         packed_drain = rec.drains[-1]
-        out["drained"].append(dict(zip(keys, packed_drain.tolist())))
+        out["drained"].append(dict(zip(keys, packed_drain.tolist(), strict=False)))  # {} when empty
         packed = schema.pack(packed_drain)
         grads = global_array(np.full(3, float(rank)))
         g, red = step_fn(grads, T.Packed(*map(global_array, packed)))

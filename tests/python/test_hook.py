@@ -152,7 +152,7 @@ def quantile(
         return math.nan
     rank = max(math.ceil(q * total), 1)
     acc = 0.0
-    for i, (e, c) in enumerate(zip(edges, counts)):
+    for i, (e, c) in enumerate(zip(edges, counts, strict=True)):
         acc += c
         if acc >= rank:
             if not math.isfinite(e):
@@ -327,24 +327,13 @@ def run_world(
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("world", "buffered"), [(2, True), (4, False)])
-def test_multiprocess_reduction_matches_brute_force(
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    hookdb: Path,
-    world: int,
-    buffered: bool,
+def _check_scenario(
+    drained: list[list[dict[str, float]]], steps: list[list[int]], world: int
 ) -> None:
-    short_tmp = tmp_path_factory.mktemp("tmp")
-    ranks, _stderr = run_world(tmp_path, short_tmp, hookdb, world, buffered)
-    schema = ranks[0]["schema"]
-    reduced_keys = ranks[0]["reduced_keys"]
-    steps = plan(world)
-
-    # The scenario is what it claims: per-rank values differ (each rank has
-    # its own sampling seed, so its own task picks and pool positions), a
-    # rank drained {} while others did not, and one step nobody reported.
-    drained = [[d if d else {} for d in r["drained"]] for r in ranks]
+    """The scenario is what it claims: per-rank values differ (each rank has
+    its own sampling seed, so its own task picks and pool positions; pools
+    are global, so no rank owns a pool alone), a rank drained {} while others
+    did not, and one step nobody reported."""
     for s, counts in enumerate(steps):
         for r in range(world):
             assert bool(drained[r][s]) == (counts[r] > 0), (s, r)
@@ -356,6 +345,17 @@ def test_multiprocess_reduction_matches_brute_force(
         for k in pool_keys
     ), "the ranks' pool and mix figures never differ"
 
+
+def _check_host_and_in_step(
+    ranks: list[dict[str, Any]],
+    drained: list[list[dict[str, float]]],
+    steps: list[list[int]],
+    schema: list[dict[str, Any]],
+    reduced_keys: list[str],
+    world: int,
+) -> None:
+    """The host path equals the brute force, the in-step path equals the
+    host path bit for bit, on every rank."""
     logged_steps = []
     for s in range(len(steps)):
         want, fractional = brute_force(schema, [drained[r][s] for r in range(world)])
@@ -380,6 +380,10 @@ def test_multiprocess_reduction_matches_brute_force(
     last = ranks[0]["logged"][-1][1]
     assert any(v > 0 for k, v in last.items() if k.endswith("_rank")), last
 
+
+def _check_returned(
+    ranks: list[dict[str, Any]], steps: list[list[int]], buffered: bool, world: int
+) -> None:
     # What hook.step returned: this step's reduction, or the previous step's
     # when buffered (and the last one at flush).
     for r in range(world):
@@ -388,7 +392,27 @@ def test_multiprocess_reduction_matches_brute_force(
         got = ranks[r]["returned"] + [ranks[r]["returned_at_close"]]
         want_returned = [{}, *expect] if buffered else [*expect, {}]
         assert len(got) == len(want_returned)
-        assert all(identical(a, b) for a, b in zip(got, want_returned)), r
+        assert all(identical(a, b) for a, b in zip(got, want_returned, strict=True)), r
+
+
+@pytest.mark.parametrize(("world", "buffered"), [(2, True), (4, False)])
+def test_multiprocess_reduction_matches_brute_force(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    hookdb: Path,
+    world: int,
+    buffered: bool,
+) -> None:
+    short_tmp = tmp_path_factory.mktemp("tmp")
+    ranks, _stderr = run_world(tmp_path, short_tmp, hookdb, world, buffered)
+    schema = ranks[0]["schema"]
+    reduced_keys = ranks[0]["reduced_keys"]
+    steps = plan(world)
+
+    drained = [[d if d else {} for d in r["drained"]] for r in ranks]
+    _check_scenario(drained, steps, world)
+    _check_host_and_in_step(ranks, drained, steps, schema, reduced_keys, world)
+    _check_returned(ranks, steps, buffered, world)
 
     # Ranks > 0 never touched their W&B run.
     for r in range(1, world):
@@ -411,7 +435,7 @@ def test_multiprocess_reduction_matches_brute_force(
     rows = [row for row in wb["history"] if "trainer/step" in row]
     logged0 = ranks[0]["logged"]
     assert [row["trainer/step"] for row in rows] == [s for s, _ in logged0]
-    for row, (s, want_row) in zip(rows, logged0):
+    for row, (s, want_row) in zip(rows, logged0, strict=True):
         got = {k: v for k, v in row.items() if k.startswith(P)}
         assert not mismatches(got, want_row), (s, mismatches(got, want_row)[:10])
     defs = wb["metrics"]
@@ -482,7 +506,7 @@ def test_one_process_is_identity_plus_siblings(hookdb: Path, closing: list[Any])
     s.next_train_batch()
     packed = s.drain_step_metrics_packed()
     via_packed = T.reduce(packed, schema)
-    via_list = T.reduce(dict(zip(s.telemetry_keys(), packed.tolist())), s.telemetry_schema())
+    via_list = T.reduce(dict(zip(s.telemetry_keys(), packed.tolist(), strict=True)), s.telemetry_schema())
     assert identical(via_packed, via_list)
     assert T.reduce({}, schema) == {} and T.reduce(s.drain_step_metrics_packed(), schema) == {}
 
@@ -564,10 +588,10 @@ def test_pack_uses_sentinels_and_schema_order(syn: list[dict[str, Any]]) -> None
     assert empty.reporting.tolist() == [0.0]
     assert np.all(empty.mins == INF) and np.all(empty.maxs == -INF)
     assert np.all(empty.counters == 0) and np.all(empty.buckets == 0)
-    assert all(np.array_equal(a, b) for a, b in zip(schema.pack(None), empty))
+    assert all(np.array_equal(a, b) for a, b in zip(schema.pack(None), empty, strict=True))
     partial = schema.pack({P + "queue/depth_min": 2.0, P + "batches": 1.0})
     assert partial.reporting.tolist() == [1.0]
-    mins = dict(zip([e["key"] for e in syn if e["reduction"] == "MIN"], partial.mins))
+    mins = dict(zip([e["key"] for e in syn if e["reduction"] == "MIN"], partial.mins, strict=True))
     assert mins[P + "queue/depth_min"] == 2.0 and mins[P + "pool/remaining_min"] == INF
     with pytest.raises(ValueError, match="packed drain has 3 values"):
         schema.pack(np.zeros(3))

@@ -118,8 +118,8 @@ def _stub_defaults() -> dict[str, Any]:
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sampler")
     new = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__")
     a = new.args
-    out = {x.arg: ast.literal_eval(d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d}
-    out.update({x.arg: None for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None})
+    out = {x.arg: ast.literal_eval(d) for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d}
+    out.update({x.arg: None for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None})
     return out
 
 

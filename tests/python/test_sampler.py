@@ -187,7 +187,7 @@ class Oracle:
 
     def encode_all(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
         out = np.zeros((len(values), 15), dtype=np.float32)
-        for i, (v, ok) in enumerate(zip(values.tolist(), valid.tolist())):
+        for i, (v, ok) in enumerate(zip(values.tolist(), valid.tolist(), strict=True)):
             if ok:
                 out[i] = encode_timestamp(int(v), self.ts_mean, self.ts_std)
         return out
@@ -227,6 +227,48 @@ class Oracle:
             raise AssertionError(stype)
         return np.asarray(valid & hit)
 
+    def target_hit(
+        self, batch: dict[str, np.ndarray], b: int, k: int, c: int, i: int, where: str
+    ) -> bool:
+        """Does the target cell of sequence `b` hold seed `i`'s target (anchor
+        row `c` of task `k`)?"""
+        task = self.meta["tasks"][k]
+        tcol = self.meta["columns"][task["target_column"]]
+        arr = self.tasks[k]
+        if tcol["slot"] is None:
+            t_values, t_valid = arr["target"][i : i + 1], arr["target_valid"][i : i + 1]
+            enc = None
+            if task["target_stype"] == "timestamp":
+                enc = self.encode_all(t_values, t_valid)
+            hit = self.cell_matches(
+                batch, b, 0, task["target_stype"], t_values, t_valid.astype(bool), enc
+            )[0]
+        else:
+            values, valid, enc = self.cols[tcol["idx"]]
+            hit = self.cell_matches(
+                batch,
+                b,
+                0,
+                task["target_stype"],
+                values[c : c + 1],
+                valid[c : c + 1],
+                None if enc is None else enc[c : c + 1],
+            )[0]
+            # The task file agrees with the stored cell.
+            assert arr["target"][i] == values[c], where
+        return bool(hit)
+
+    def check_fk_adj(
+        self, adj: np.ndarray, n_rows: int, row_tables: list[int], where: str
+    ) -> None:
+        """fk_adj: edges only among this sequence's rows, child -> parent tables,
+        and every row but the seed has one."""
+        assert not adj[n_rows:].any() and not adj[:, n_rows:].any(), where
+        for i, j in zip(*np.nonzero(adj), strict=True):
+            assert (row_tables[i], row_tables[j]) in self.fk_pairs, (where, i, j)
+        for i in range(1, n_rows):
+            assert adj[i].any() or adj[:, i].any(), f"{where}: row {i} has no FK edge"
+
     def check_sequence(self, batch: dict[str, np.ndarray], b: int) -> tuple[int, np.ndarray]:
         """Check sequence `b` cell by cell; return (anchor table, candidate anchor rows)."""
         meta = self.meta
@@ -265,7 +307,7 @@ class Oracle:
             # here is never shorter than a seed row).
             assert cols == want, f"{where}: row {r} holds columns {cols}, expected {want}"
             mask = np.ones(meta["tables"][table]["num_rows"], dtype=bool)
-            for p, c in zip(pos.tolist(), cols):
+            for p, c in zip(pos.tolist(), cols, strict=True):
                 cm = meta["columns"][c]
                 assert batch["semantic_types"][b, p] == CODES[cm["stype"]], (where, p)
                 values, valid, enc = self.cols[c]
@@ -273,13 +315,7 @@ class Oracle:
             assert mask.any(), f"{where}: row {r} matches no stored row of table {table}"
             if r == 0:
                 anchor_mask = mask
-        # fk_adj: edges only among this sequence's rows, child -> parent tables.
-        adj = batch["fk_adj"][b]
-        assert not adj[n_rows:].any() and not adj[:, n_rows:].any(), where
-        for i, j in zip(*np.nonzero(adj)):
-            assert (row_tables[i], row_tables[j]) in self.fk_pairs, (where, i, j)
-        for i in range(1, n_rows):
-            assert adj[i].any() or adj[:, i].any(), f"{where}: row {i} has no FK edge"
+        self.check_fk_adj(batch["fk_adj"][b], n_rows, row_tables, where)
         # The target value is that of the anchor row (and the row is a seed).
         offset = meta["tables"][task["anchor_table"]]["row_offset"]
         arr = self.tasks[k]
@@ -289,27 +325,7 @@ class Oracle:
             i = seeds.get(offset + c)
             if i is None:
                 continue
-            if virtual:
-                t_values, t_valid = arr["target"][i : i + 1], arr["target_valid"][i : i + 1]
-                enc = None
-                if task["target_stype"] == "timestamp":
-                    enc = self.encode_all(t_values, t_valid)
-                hit = self.cell_matches(
-                    batch, b, 0, task["target_stype"], t_values, t_valid.astype(bool), enc
-                )[0]
-            else:
-                values, valid, enc = self.cols[tcol["idx"]]
-                hit = self.cell_matches(
-                    batch,
-                    b,
-                    0,
-                    task["target_stype"],
-                    values[c : c + 1],
-                    valid[c : c + 1],
-                    None if enc is None else enc[c : c + 1],
-                )[0]
-                # The task file agrees with the stored cell.
-                assert arr["target"][i] == values[c], where
+            hit = self.target_hit(batch, b, k, c, i, where)
             cand[c] = bool(hit)
         assert cand.any(), f"{where}: the target cell is not the anchor row's target"
         return int(task["anchor_table"]), cand
@@ -326,7 +342,7 @@ class Oracle:
         assert all(self.text_globals(batch, i) for i in range(u))
         # Categorical cells sit in their column's block.
         cat = (batch["semantic_types"] == 3) & (batch["is_null"] == 0) & (batch["is_padding"] == 0)
-        for c, v in zip(batch["column_ids"][cat].tolist(), batch["categorical_embed_ids"][cat]):
+        for c, v in zip(batch["column_ids"][cat].tolist(), batch["categorical_embed_ids"][cat], strict=True):
             cm = self.meta["columns"][c]
             assert cm["cat_emb_start"] <= v < cm["cat_emb_start"] + cm["cat_emb_count"], (c, v)
         return out
@@ -642,7 +658,7 @@ def test_deterministic_across_thread_counts(small: SmallDb, closing: list[Any]) 
         assert _identical(a[i], b[i]), f"train batch {i} differs between 1 and 2 threads"
     assert not all(_identical(a[i], c[i]) for i in range(3)), "seed has no effect"
     va, vb = _first(s1, 2, "val"), _first(s2, 2, "val")
-    assert all(_identical(x, y) for x, y in zip(va, vb))
+    assert all(_identical(x, y) for x, y in zip(va, vb, strict=True))
     assert not _identical(a[0], va[0])
 
 
@@ -731,7 +747,7 @@ def test_val_stream_does_not_depend_on_train_consumption(
     closing.extend([a, b])
     _first(a, 4)
     va, vb = _first(a, 2, "val"), _first(b, 2, "val")
-    assert all(_identical(x, y) for x, y in zip(va, vb))
+    assert all(_identical(x, y) for x, y in zip(va, vb, strict=True))
 
 
 # ----------------------------------------------------------------------------
@@ -1039,7 +1055,7 @@ def test_missing_database(tmp_path: Path) -> None:
 
 def test_directory_that_is_not_a_database(tmp_path: Path) -> None:
     (tmp_path / "junk.txt").write_text("hello")
-    with pytest.raises((FileNotFoundError, N.FormatError), match="metadata.json"):
+    with pytest.raises((FileNotFoundError, N.FormatError), match=r"metadata\.json"):
         N.Sampler(tmp_path)
 
 

@@ -210,7 +210,7 @@ def quantile(
     total = sum(counts)
     rank = max(math.ceil(q * total), 1)
     acc = 0.0
-    for i, (e, c) in enumerate(zip(edges, counts)):
+    for i, (e, c) in enumerate(zip(edges, counts, strict=True)):
         acc += c
         if acc >= rank:
             if not math.isfinite(e):
@@ -535,7 +535,7 @@ def test_counters_are_deltas(small: SmallDb, closing: list[Any]) -> None:
     for key in COUNTERS + [f"tasks/{t}" for t in TASK_NAMES]:
         assert sum(v(d, key) for d in per_step) == v(once, key), key
     for h in SEQ_HISTS:
-        summed = [sum(c) for c in zip(*(buckets(d, h) for d in per_step))]
+        summed = [sum(c) for c in zip(*(buckets(d, h) for d in per_step), strict=True)]
         assert summed == buckets(once, h), h
     for h in STAGE_HISTS:
         assert sum(buckets(once, h)) == n
@@ -693,7 +693,8 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
     base = make(small, closing).telemetry_schema()
     hops = make(small, closing, max_hops=5).telemetry_schema()
     seq = make(small, closing, default_sequence_length=200).telemetry_schema()
-    diff = lambda a, b: {x["key"] for x, y in zip(a, b) if x != y}
+    def diff(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> set[str]:
+        return {x["key"] for x, y in zip(a, b, strict=True) if x != y}
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
     assert diff(base, seq) == {P + "bfs/rows"}
@@ -857,9 +858,9 @@ def compare_with_prometheus(
                 check((name, split, "", ""), v(ds[-1], key))
         for name, key in PROM_HISTS.items():
             edges = schema_edges(schema, key)
-            per = [sum(c) for c in zip(*(buckets(d, key) for d in ds))] or [0.0] * len(edges)
+            per = [sum(c) for c in zip(*(buckets(d, key) for d in ds), strict=True)] or [0.0] * len(edges)
             acc = 0.0
-            for e, c in zip(edges, per):
+            for e, c in zip(edges, per, strict=True):
                 acc += c
                 check((name + "_bucket", split, "", "+Inf" if e == INF else repr(e)), acc)
             check((name + "_count", split, "", ""), acc)
@@ -914,6 +915,46 @@ PROM_COMMON = {"default_batch_size": 8, "default_sequence_length": 48, "max_hops
 FAULT_EVERY = 5  # every 5th draw of a pool repeats a seed
 
 
+def _collect_exporter_runs(
+    tmp_path: Path, runs: list[Exported], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Wait for each exporter's drains (failing fast if one exits)."""
+    deadline = time.monotonic() + 30
+    for i, (e, proc) in enumerate(zip(runs, procs, strict=True)):
+        out = tmp_path / f"exporter{i}.json"
+        while not out.exists():
+            if proc.poll() is not None:
+                err = (tmp_path / f"exporter{i}.err").read_text()
+                pytest.fail(f"exporter {i} exited: {err}")
+            assert time.monotonic() < deadline, "an exporter never finished its batches"
+            time.sleep(0.05)
+        res = json.loads(out.read_text())
+        e.before, e.drains = res["before"], {"train": res["train"], "val": res["val"]}
+
+
+def _wait_for_a_scrape_after(base: str, t_done: float, targets: int) -> None:
+    """Wait for a scrape of every target that began after `t_done`."""
+    deadline = time.monotonic() + 20
+    while True:
+        ups = prom_query(base, 'timestamp(up{job="headwater"})')
+        if len(ups) == targets and all(float(u["value"][1]) > t_done for u in ups):
+            return
+        assert time.monotonic() < deadline, f"no scrape after the last batch: {ups}"
+        time.sleep(0.2)
+
+
+def _index_query_result(e: Exported, result: list[dict[str, Any]]) -> None:
+    """What Prometheus holds for exporter `e`, by (name, split, task, le)."""
+    for x in result:
+        m = x["metric"]
+        if m["instance"] != f"127.0.0.1:{e.port}":
+            continue
+        assert m["rank"] == str(e.rank), m
+        le = _le_key(m["le"]) if "le" in m else ""
+        e.queried[(m["__name__"], m["split"], m.get("task", ""), le)] = float(x["value"][1])
+    assert e.queried, f"Prometheus holds no series of rank {e.rank}"
+
+
 @pytest.fixture(scope="module")
 def exported(
     tmp_path_factory: pytest.TempPathFactory, small: SmallDb, shapes: Path
@@ -937,26 +978,8 @@ def exported(
             e.schema = plain.telemetry_schema()
             plain.shutdown()
         with running_prometheus(tmp_path, [f"127.0.0.1:{e.port}" for e in runs]) as base:
-            deadline = time.monotonic() + 30
-            for i, (e, proc) in enumerate(zip(runs, procs)):
-                out = tmp_path / f"exporter{i}.json"
-                while not out.exists():
-                    if proc.poll() is not None:
-                        err = (tmp_path / f"exporter{i}.err").read_text()
-                        pytest.fail(f"exporter {i} exited: {err}")
-                    assert time.monotonic() < deadline, "an exporter never finished its batches"
-                    time.sleep(0.05)
-                res = json.loads(out.read_text())
-                e.before, e.drains = res["before"], {"train": res["train"], "val": res["val"]}
-            t_done = time.time()
-            # Wait for a scrape of both targets that began after the last batch.
-            deadline = time.monotonic() + 20
-            while True:
-                ups = prom_query(base, 'timestamp(up{job="headwater"})')
-                if len(ups) == len(runs) and all(float(u["value"][1]) > t_done for u in ups):
-                    break
-                assert time.monotonic() < deadline, f"no scrape after the last batch: {ups}"
-                time.sleep(0.2)
+            _collect_exporter_runs(tmp_path, runs, procs)
+            _wait_for_a_scrape_after(base, time.time(), len(runs))
             up = prom_query(base, 'up{job="headwater"}')
             assert sorted(u["value"][1] for u in up) == ["1", "1"], up
             result = prom_query(base, '{__name__=~"headwater_.+", job="headwater"}')
@@ -970,14 +993,7 @@ def exported(
                 proc.stdin.close()
             stop(proc)
     for e in runs:
-        for x in result:
-            m = x["metric"]
-            if m["instance"] != f"127.0.0.1:{e.port}":
-                continue
-            assert m["rank"] == str(e.rank), m
-            le = _le_key(m["le"]) if "le" in m else ""
-            e.queried[(m["__name__"], m["split"], m.get("task", ""), le)] = float(x["value"][1])
-        assert e.queried, f"Prometheus holds no series of rank {e.rank}"
+        _index_query_result(e, result)
     return runs
 
 

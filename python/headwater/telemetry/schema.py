@@ -80,6 +80,28 @@ def _edge(x: Any) -> float:
     return _INF if x is None else float(x)
 
 
+def _parse_entry(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """One ``telemetry_schema()`` entry checked: (entry, its drained keys,
+    their kinds: MIN MAX SUM, or BUCKET … Q Q HMAX for a histogram)."""
+    key = str(raw["key"])
+    red = str(raw["reduction"]).upper()
+    if red not in _KINDS:
+        raise ValueError(f"telemetry key {key!r}: unknown reduction {raw['reduction']!r}")
+    edges = None if raw.get("edges") is None else [_edge(x) for x in raw["edges"]]
+    ent = {"key": key, "reduction": red, "edges": edges, "quantile": raw.get("quantile")}
+    if red != HISTOGRAM:
+        return ent, [key], [red]
+    if not edges or edges[-1] != _INF:
+        raise ValueError(f"histogram {key!r}: edges must end with +inf, got {edges}")
+    rule = raw.get("quantile") or "upper_edge"
+    if rule not in ("upper_edge", "midpoint"):
+        raise ValueError(f"histogram {key!r}: unknown quantile rule {rule!r}")
+    ent["quantile"] = rule
+    drained = [f"{key}/bucket_{i:02}" for i in range(len(edges))]
+    drained += [f"{key}_p50", f"{key}_p95", f"{key}_max"]
+    return ent, drained, ["BUCKET"] * len(edges) + ["Q", "Q", "HMAX"]
+
+
 class Schema:
     """The telemetry schema prepared for packing and reducing.
 
@@ -95,29 +117,13 @@ class Schema:
         hists: list[tuple[str, list[float], int]] = []  # (key, edges, first bucket pos)
         midpoint: list[bool] = []  # per histogram: quantile rule "midpoint"
         for raw in entries:
-            key = str(raw["key"])
-            red = str(raw["reduction"]).upper()
-            if red not in _KINDS:
-                raise ValueError(f"telemetry key {key!r}: unknown reduction {raw['reduction']!r}")
-            edges = None if raw.get("edges") is None else [_edge(x) for x in raw["edges"]]
-            if red == HISTOGRAM:
-                if not edges or edges[-1] != _INF:
-                    raise ValueError(f"histogram {key!r}: edges must end with +inf, got {edges}")
-                hists.append((key, edges, len(keys)))
-                rule = raw.get("quantile") or "upper_edge"
-                if rule not in ("upper_edge", "midpoint"):
-                    raise ValueError(f"histogram {key!r}: unknown quantile rule {rule!r}")
-                midpoint.append(rule == "midpoint")
-                keys += [f"{key}/bucket_{i:02}" for i in range(len(edges))]
-                kind_of += ["BUCKET"] * len(edges)
-                keys += [f"{key}_p50", f"{key}_p95", f"{key}_max"]
-                kind_of += ["Q", "Q", "HMAX"]
-            else:
-                keys.append(key)
-                kind_of.append(red)
-            self.entries.append(
-                {"key": key, "reduction": red, "edges": edges, "quantile": raw.get("quantile")}
-            )
+            ent, drained, kinds_of_drained = _parse_entry(raw)
+            if ent["reduction"] == HISTOGRAM:
+                hists.append((ent["key"], ent["edges"], len(keys)))
+                midpoint.append(ent["quantile"] == "midpoint")
+            keys += drained
+            kind_of += kinds_of_drained
+            self.entries.append(ent)
         self.keys: tuple[str, ...] = tuple(keys)
         if len(set(keys)) != len(keys):
             raise ValueError("telemetry schema has duplicate keys")
@@ -179,6 +185,19 @@ class Schema:
         ):
             off[name] = o
             o += n
+        out_keys, out_src, kind_out = self._reduced_layout(off)
+        if len(set(out_keys)) != len(out_keys):
+            raise ValueError("telemetry schema: a reduced key collides with another key")
+        #: Keys of a reduced dict, in order.
+        self.reduced_keys: tuple[str, ...] = tuple(out_keys)
+        #: Reduced key -> MIN, MAX, SUM, SUM_MAX, RANK, BUCKET, QUANTILE or HIST_MAX.
+        self.reduced_kinds: dict[str, str] = kind_out
+        self._out_src = np.array(out_src, dtype=np.intp)
+        self._drained_index = {k: i for i, k in enumerate(keys)}
+
+    def _reduced_layout(self, off: dict[str, int]) -> tuple[list[str], list[int], dict[str, str]]:
+        """Reduced key order, where each value sits in :meth:`unpack`'s flat
+        vector (offsets ``off``), and each reduced key's kind."""
         out_keys: list[str] = []
         out_src: list[int] = []
         kind_out: dict[str, str] = {}
@@ -220,14 +239,7 @@ class Schema:
                 kind_out.update({f"{key}_p50": "QUANTILE", f"{key}_p95": "QUANTILE"})
                 kind_out[f"{key}_max"] = "HIST_MAX"
                 i_h += 1
-        if len(set(out_keys)) != len(out_keys):
-            raise ValueError("telemetry schema: a reduced key collides with another key")
-        #: Keys of a reduced dict, in order.
-        self.reduced_keys: tuple[str, ...] = tuple(out_keys)
-        #: Reduced key -> MIN, MAX, SUM, SUM_MAX, RANK, BUCKET, QUANTILE or HIST_MAX.
-        self.reduced_kinds: dict[str, str] = kind_out
-        self._out_src = np.array(out_src, dtype=np.intp)
-        self._drained_index = {k: i for i, k in enumerate(keys)}
+        return out_keys, out_src, kind_out
 
     # ------------------------------------------------------------------ build
 
@@ -266,7 +278,7 @@ class Schema:
                 return self._sentinel.copy(), False
             get = local.get
             vec = np.fromiter(
-                (get(k, d) for k, d in zip(self.keys, self._sentinel_list)),
+                (get(k, d) for k, d in zip(self.keys, self._sentinel_list, strict=True)),
                 dtype=np.float64,
                 count=len(self.keys),
             )
@@ -380,7 +392,7 @@ class Schema:
                 q.reshape(-1),
             ]
         )
-        return dict(zip(self.reduced_keys, flat[self._out_src].tolist()))
+        return dict(zip(self.reduced_keys, flat[self._out_src].tolist(), strict=True))
 
     def identity(self, local: Mapping[str, float] | npt.ArrayLike | None) -> dict[str, float]:
         """The one-process reduction: the drained values unchanged, plus
@@ -410,7 +422,7 @@ class Schema:
         if isinstance(local, Mapping):
             out.update((k, float(local[k])) for k in self.keys if k in local)
         else:
-            out.update(zip(self.keys, vec.tolist()))
+            out.update(zip(self.keys, vec.tolist(), strict=True))
         return out
 
 
