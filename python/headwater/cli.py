@@ -62,8 +62,13 @@ def _cmd_train(a: argparse.Namespace) -> int:
         overrides["logging.prometheus_port"] = a.prometheus_port
     if a.dir:
         overrides["logging.dir"] = a.dir
-    launch(a.config, num_processes=a.num_processes, run_name=a.run_name, **overrides)
-    return 0
+    summaries = launch(
+        a.config, num_processes=a.num_processes, run_name=a.run_name, resume=a.resume, **overrides
+    )
+    signum = int(summaries[0].get("interrupted_signal") or 0)
+    # Interrupted (SIGTERM/SIGINT): checkpointed and the resume command
+    # printed; the exit status is the shell's for that signal.
+    return 128 + signum if signum else 0
 
 
 def _cmd_diag(a: argparse.Namespace) -> int:
@@ -190,6 +195,11 @@ def _add_train(sub: Sub) -> None:
         help="local processes joining one jax.distributed job on loopback (data parallel)",
     )
     pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
+    pt.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its last checkpoint (its config; flags given here on top)",
+    )
     pt.add_argument("--db", help="override database.path")
     pt.add_argument("--run-name", help="override logging.run_name")
     pt.add_argument("--dir", help="override logging.dir (where runs are written)")

@@ -7,6 +7,7 @@ The file is a 7-byte header (``:W&B``, magic 0xBEE1, version) followed by
 leveldb-log blocks of 32 KiB; each record carries a CRC-32 of its type byte
 and data, a little-endian length and a FULL / FIRST / MIDDLE / LAST type, and
 never straddles a block (fewer than 7 bytes left in a block are padding).
+A record cut short at the end of the file (a killed writer) ends the read.
 The records are ``wandb_internal_pb2.Record`` messages, decoded here with
 W&B's own protobuf types. A separate process because importing ``wandb``
 creates temporary directories (under ``TMPDIR``, which the test points into
@@ -40,6 +41,8 @@ def _chunks(data: bytes) -> list[bytes]:
             pos += left
             continue
         payload = data[pos + 7 : pos + 7 + length]
+        if len(payload) < length:  # a torn tail: the writer was killed
+            break
         if zlib.crc32(bytes([kind]) + payload) & 0xFFFFFFFF != crc:
             raise ValueError(f"bad CRC at byte {pos}")
         pos += 7 + length

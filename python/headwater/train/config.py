@@ -18,7 +18,8 @@ complete file)::
     [ranks.N]   per-rank overrides of [sampler] keys (diagnostics)
     [model]     ModelConfig fields (max_categories = 0: from the database)
     [optim]     OptConfig fields (total_steps = 0: train.steps)
-    [train]     steps, val_every, val_batches, seed, log_every, ...
+    [train]     steps, val_every, val_batches, seed, log_every,
+                checkpoint_every, keep_checkpoints, ...
     [logging]   wandb_mode, wandb_project, run_name, dir, prometheus_port,
                 otlp_endpoint
     [diag]      read by ``headwater diag`` only (expectations of the run)
@@ -74,15 +75,23 @@ class TrainSection:
     profile: bool = False
     #: Steps left out of throughput and timing figures (compilation).
     warmup_steps: int = 3
+    #: Save a checkpoint (params, optimiser state, sampler state, step, W&B
+    #: run id; :mod:`.checkpoint`) every this many steps, at the end, and on
+    #: SIGTERM/SIGINT (0 = only at the end and on a signal).
+    checkpoint_every: int = 100
+    #: Checkpoints kept under ``<run>/checkpoints/`` (the oldest go first).
+    keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
         if self.steps <= 0:
             raise ValueError(f"steps must be > 0, got {self.steps}")
-        for name in ("val_every", "val_batches", "log_every", "warmup_steps"):
+        for name in ("val_every", "val_batches", "log_every", "warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.log_every == 0:
             raise ValueError("log_every must be >= 1")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,14 @@ run directory, then run rank 0 here or start ``--num-processes`` workers and
 watch them by PID), :func:`resolve_database`, :func:`run_directory` and the
 worker entry point (``python -m headwater.train --worker RANK SPEC``).
 
+``launch(resume=RUN_DIR)`` continues a run from its last checkpoint: the
+config and overrides of the first start (``launch.json``) with the new ones
+on top, checked against the checkpoint first
+(:func:`headwater.train.checkpoint.check_resume`). SIGTERM/SIGINT: the
+launcher forwards SIGTERM to its workers, which stop after the same step,
+checkpoint and write their summaries; :func:`launch` then prints the command
+that resumes the run.
+
 A worker that fails exits at once with its traceback on stderr, without the
 ``jax.distributed`` shutdown barrier (which would wait for the ranks still
 training); the launcher sees the exit, stops the other ranks and reports the
@@ -21,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from headwater.errors import ConfigError
+from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
@@ -66,16 +76,23 @@ def launch(
     num_processes: int = 1,
     run_name: str | None = None,
     timeout_s: float | None = None,
+    resume: str | Path | None = None,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
     """Run ``headwater train``: returns every rank's summary (rank order).
 
     ``num_processes > 1`` starts that many local processes (``python -m
     headwater.train --worker``) on one loopback ``jax.distributed`` job; the
-    first failure stops the others.
+    first failure stops the others. ``resume``: a run directory to continue
+    (``config`` and ``overrides`` then default to its first start's). A run
+    stopped by SIGTERM/SIGINT returns summaries with ``interrupted`` set.
     """
     from headwater.train.loop import train_rank
 
+    if resume is not None:
+        resume = Path(resume).expanduser().resolve()
+        config, overrides = _resume_arguments(resume, config, overrides)
+        run_name = resume.name
     cfg = load_config(config, **overrides)
     if num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
@@ -89,21 +106,65 @@ def launch(
     cfg.check_tasks(db)
     name = run_name or cfg.logging.run_name or default_run_name()
     run_dir = run_directory(cfg, name)
+    _check_run_dir(cfg, db, run_dir, resume is not None, num_processes)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        C.write_launch_record(run_dir, config, overrides)
     try:
         if num_processes == 1:
-            return [train_rank(cfg, db, run_dir)]
-        return _launch_many(config, overrides, db, run_dir, num_processes, timeout_s)
+            summaries = [train_rank(cfg, db, run_dir, resume=resume is not None)]
+        else:
+            summaries = _launch_many(
+                config, overrides, db, run_dir, num_processes, timeout_s, resume is not None
+            )
     except BaseException:
         if created:
             _remove_if_empty(run_dir)
         raise
+    s = summaries[0]
+    if s.get("interrupted"):
+        print(
+            f"interrupted by {s['interrupted']} after step {s['start_step'] + s['steps']}; "
+            f"checkpoint saved. Resume with:\n  {C.resume_command(run_dir, num_processes)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return summaries
+
+
+def _check_run_dir(cfg: TrainConfig, db: Path, run_dir: Path, resume: bool, world: int) -> None:
+    """A resume must fit the checkpoint; a new run must not reuse a run
+    directory that holds checkpoints."""
+    if resume:
+        C.check_resume(cfg, db, run_dir)
+    elif C.committed_steps(run_dir):
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints: continue it with "
+            f"`{C.resume_command(run_dir, world)}` or pick another --run-name"
+        )
+
+
+def _resume_arguments(
+    run_dir: Path, config: Config, overrides: Mapping[str, Any]
+) -> tuple[Config, dict[str, Any]]:
+    """The config and overrides of ``--resume run_dir``: the first start's,
+    with the ones given now on top, writing into ``run_dir``."""
+    saved_config, saved_overrides = C.read_launch_record(run_dir)
+    merged = {
+        **saved_overrides,
+        **overrides,
+        "logging.dir": str(run_dir.parent),
+        "logging.run_name": run_dir.name,
+    }
+    return (saved_config if config is None else config), merged
 
 
 def _remove_if_empty(run_dir: Path) -> None:
-    """Remove ``run_dir`` if no file was written under it (a failed start)."""
-    if run_dir.is_dir() and not any(p.is_file() for p in run_dir.rglob("*")):
+    """Remove ``run_dir`` if nothing but the launch record was written under
+    it (a failed start)."""
+    written = [p for p in run_dir.rglob("*") if p.is_file() and p.name != C.LAUNCH_RECORD]
+    if run_dir.is_dir() and not written:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -125,6 +186,20 @@ def _start_workers(spec: Mapping[str, Any], run_dir: Path) -> tuple[list[Any], l
             )
         )
     return procs, logs
+
+
+def _forward_signals(procs: list[Any]) -> C.StopFlag:
+    """SIGTERM/SIGINT here → SIGTERM to every worker (they checkpoint and
+    stop); a second signal ends the launcher (and ``launch`` kills them)."""
+
+    class Forward(C.StopFlag):
+        def _handle(self, signum: int, frame: Any) -> None:
+            super()._handle(signum, frame)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+
+    return Forward(hard_on_second=True).install()
 
 
 def _watch(procs: list[Any], run_dir: Path, timeout_s: float | None) -> None:
@@ -153,6 +228,7 @@ def _launch_many(
     run_dir: Path,
     world: int,
     timeout_s: float | None,
+    resume: bool,
 ) -> list[dict[str, Any]]:
     from headwater.telemetry import free_port
 
@@ -163,13 +239,16 @@ def _launch_many(
         "run_dir": str(run_dir),
         "world": world,
         "port": free_port(),
+        "resume": resume,
     }
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
+    forward = _forward_signals(procs)
     try:
-        procs, logs = _start_workers(spec, run_dir)
+        procs[:], logs = _start_workers(spec, run_dir)
         _watch(procs, run_dir, timeout_s)
     finally:
+        forward.restore()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -195,6 +274,8 @@ def worker_main(rank: int, spec_json: str) -> int:
             rank=rank,
             world=spec["world"],
             port=spec["port"],
+            resume=spec["resume"],
+            stop=C.StopFlag().install(),
         )
     except BaseException:
         # Exit now: the distributed shutdown barrier would wait for the

@@ -20,7 +20,9 @@ rest (progress, W&B logging of the trainer's own metrics).
 Outputs, under ``<logging.dir>/<run name>/``: ``wandb/`` (rank 0, offline by
 default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
 losses, timings, a digest of the final parameters), ``rank-<r>.log`` (ranks
-> 0, multi-process runs).
+> 0, multi-process runs), ``checkpoints/<step>/`` (every
+``train.checkpoint_every`` steps, at the end and on SIGTERM/SIGINT; resume
+with ``--resume``: :mod:`headwater.train.checkpoint`).
 
 Must never: let ranks apply different updates; log telemetry from ranks > 0.
 """
@@ -38,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from headwater.errors import ConfigError
+from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
 from headwater.train.mesh import Mesh, Padder, digest, host
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
@@ -52,12 +55,16 @@ def train_rank(
     rank: int = 0,
     world: int = 1,
     port: int = 0,
+    resume: bool = False,
+    stop: C.StopFlag | None = None,
 ) -> dict[str, Any]:
     """Train on this process as ``rank`` of ``world``; return its summary.
 
     With ``world > 1`` the process joins the loopback ``jax.distributed``
     job on ``port`` first (and leaves it only after a successful run: a
     failed rank exits without the shutdown barrier, see the launcher).
+    ``resume``: continue from the run directory's last checkpoint. ``stop``:
+    the SIGTERM/SIGINT flag (default: one installed here, for this call).
     """
     import jax
 
@@ -65,7 +72,13 @@ def train_rank(
 
     if world > 1:
         initialize_loopback(rank, world, port)
-    summary = _train(cfg, db, run_dir, rank, world)
+    own = stop is None
+    stop = C.StopFlag(hard_on_second=True).install() if stop is None else stop
+    try:
+        summary = _train(cfg, db, run_dir, rank, world, resume, stop)
+    finally:
+        if own:
+            stop.restore()
     if world > 1:
         jax.distributed.shutdown()
     return summary
@@ -90,37 +103,48 @@ def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int) -> Any:
         raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
 
 
-def _open_wandb(cfg: TrainConfig, run_dir: Path) -> Any:
+def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
+    """The W&B run; ``run_id``: resume that run (rows earlier attempts logged
+    are not logged again, :class:`~headwater.train.checkpoint.ResumedRun`)."""
     import wandb
 
     lg = cfg.logging
     os.environ.setdefault("WANDB_SILENT", "true")
+    logged = C.logged_steps(run_dir, run_id) if run_id else {}
     run = wandb.init(
         mode=lg.wandb_mode,  # type: ignore[arg-type]  # checked in LoggingSection
         project=lg.wandb_project,
         name=run_dir.name,
         dir=str(run_dir),
         config=cfg.to_dict(),
+        id=run_id,
+        resume="allow" if run_id else None,
     )
     run.define_metric("trainer/step")
     run.define_metric("trainer/*", step_metric="trainer/step")
     run.define_metric("val/*", step_metric="trainer/step")
-    return run
+    return C.ResumedRun(run, logged) if run_id else run
 
 
-def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int, resume: bool, stop: C.StopFlag
+) -> dict[str, Any]:
     lg = cfg.logging
     run_dir.mkdir(parents=True, exist_ok=True)
+    start = C.committed_steps(run_dir)[-1] if resume else 0
+    meta = C.read_meta(run_dir, start) if resume else None
     sampler = open_sampler(cfg, db, rank, world)
     endpoints = []
     if lg.prometheus_port:
         endpoints = [
             f"http://{lg.prometheus_host}:{lg.prometheus_port + r}/metrics" for r in range(world)
         ]
-    run = _open_wandb(cfg, run_dir) if rank == 0 and lg.wandb_mode != "disabled" else None
+    run = None
+    if rank == 0 and lg.wandb_mode != "disabled":
+        run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
     try:
         with sampler:
-            trainer = Trainer(cfg, sampler, run_dir, rank, world, run)
+            trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
                 trainer.announce(db, endpoints)
             wall, final_val = trainer.run_steps()
@@ -145,6 +169,10 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         wandb_dir=str(Path(run.dir).parent) if run is not None else None,
         config=cfg.to_dict(),
         telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
+        start_step=trainer.start_step,
+        interrupted=stop.name if trainer.stopped else None,
+        interrupted_signal=stop.signum if trainer.stopped else 0,
+        checkpoint=trainer.ckpt.figures(),
     )
     if run is not None:
         run.summary.update({"trainer/param_digest": param_digest})
@@ -159,7 +187,15 @@ class Trainer:
     """The model, the optimiser state and the step loop of one rank."""
 
     def __init__(
-        self, cfg: TrainConfig, sampler: Any, run_dir: Path, rank: int, world: int, run: Any
+        self,
+        cfg: TrainConfig,
+        sampler: Any,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        run: Any,
+        checkpoint: dict[str, Any] | None = None,
+        stop: C.StopFlag | None = None,
     ) -> None:
         from jax.sharding import PartitionSpec as P
 
@@ -181,6 +217,15 @@ class Trainer:
         local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
         self.params = mesh.replicate(local)
         self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.stop, self.stopped = stop or C.StopFlag(), False
+        self.ckpt = C.Checkpointer(run_dir, cfg.train.keep_checkpoints)
+        self.start_step = 0
+        if checkpoint is not None:  # resume: the meta of the last checkpoint
+            self.start_step = int(checkpoint["step"])
+            self.params, self.opt_state, _ = self.ckpt.restore(
+                self.start_step, self.params, self.opt_state
+            )
+            sampler.load_state_dict(checkpoint["sampler"])
         self.train_fn = mesh.step_fn(
             M.make_train_step(self.model_cfg, cfg.optim, axis_name="data"),
             in_specs=(P(), P(), P("data"), P(), P()),
@@ -194,7 +239,13 @@ class Trainer:
         self.lr = make_schedule(cfg.optim)
         self.pad = Padder(mesh, self.model_cfg.max_categories)
         lg, lead = cfg.logging, rank == 0
-        self.jsonl = JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
+        if lead and lg.jsonl and checkpoint is not None:
+            C.truncate_jsonl(run_dir / "metrics.jsonl", self.start_step)
+        self.jsonl = (
+            JsonlSink(run_dir / "metrics.jsonl", append=checkpoint is not None)
+            if lead and lg.jsonl
+            else None
+        )
         self.drains = (
             DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
             if lg.record_drains
@@ -249,7 +300,7 @@ class Trainer:
         t0 = time.perf_counter()
         np_batch = self.sampler.next_train_batch()
         t1 = time.perf_counter()
-        batch = self.pad(np_batch)
+        batch = self.pad(np_batch, flag=self.stop.signum)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
         t2 = time.perf_counter()
@@ -291,14 +342,46 @@ class Trainer:
             self.jsonl.write({"step": step, **row})
         self.progress.update(step, metrics["loss"], bps, wait_share)
 
+    def save(self, done: int) -> None:
+        """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`)."""
+        meta = {
+            "format": "headwater-train-checkpoint",
+            "version": 1,
+            "step": done,
+            "sampler": self.sampler.state_dict(),
+            "wandb_run_id": self.wb.id if self.wb is not None else None,
+            "config": self.cfg.to_dict(),
+            "model_max_categories": self.model_cfg.max_categories,
+            "world": self.world,
+            # No trainer RNG besides the init seed: the stream's RNGs are in
+            # the sampler state.
+            "rng": {"param_init_seed": self.cfg.train.seed},
+        }
+        self.ckpt.save(done, self.params, self.opt_state, meta)
+
     def run_steps(self) -> tuple[float, float]:
-        """Every step, then the final validation: ``(wall seconds, val loss)``."""
+        """Every step (from the checkpoint's, on resume), checkpoints, then
+        the final validation: ``(wall seconds, val loss)``. A stop request
+        agreed by the ranks ends the loop after the current step, with a
+        checkpoint and no final validation."""
         t_start = time.perf_counter()
         tc = self.cfg.train
-        for step in range(tc.steps):
+        final_val = math.nan
+        for step in range(self.start_step, tc.steps):
             self.step(step)
-        final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
+            done = step + 1
+            if self.pad.flag:
+                self.stopped = True
+                self.progress.message(f"stopping after step {done}: {self.stop.name}")
+                self.save(done)
+                break
+            if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done < tc.steps:
+                self.save(done)
+        if not self.stopped:
+            final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
+            self.save(tc.steps)
         self.hook.close()
         if self.drains is not None:
             self.drains.close()
+        self.ckpt.close()
         return time.perf_counter() - t_start, final_val

@@ -91,14 +91,17 @@ class Padder:
     def __init__(self, mesh: Mesh, max_categories: int) -> None:
         self.mesh, self.max_categories = mesh, max_categories
         self.high = [0, 0]
+        #: The largest ``flag`` any rank passed to the last call (the stop
+        #: request of :mod:`.checkpoint` rides on this agreement).
+        self.flag = 0
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, batch: Mapping[str, np.ndarray], flag: int = 0) -> dict[str, Any]:
         from headwater.train.device import bucket_size, pad_batch
 
         u = batch["text_batch_embeddings"].shape[0]
         r = batch["fk_adj"].shape[1]
         want = [max(h, bucket_size(x)) for h, x in zip(self.high, (u, r), strict=True)]
-        self.high = self.mesh.agree(want)
+        *self.high, self.flag = self.mesh.agree([*want, flag])
         arrays = pad_batch(
             batch,
             text_rows=self.high[0],

@@ -27,14 +27,17 @@ def scalars(metrics: Mapping[str, float]) -> dict[str, float]:
 class JsonlSink:
     """A telemetry sink writing ``{"step": t, **reduced scalars}`` per line."""
 
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("w", encoding="utf-8")
+    def __init__(self, path: Path, append: bool = False) -> None:
+        self.file = path.open("a" if append else "w", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.write({"step": step, **scalars(metrics)})
 
     def write(self, row: Mapping[str, Any]) -> None:
+        # Flushed per row: a killed run keeps every row it wrote (a resume
+        # drops the ones after its checkpoint).
         self.file.write(json.dumps(row, allow_nan=True) + "\n")
+        self.file.flush()
 
     def close(self) -> None:
         self.file.close()

@@ -1,0 +1,387 @@
+"""Training checkpoints and ``headwater train --resume RUN_DIR``.
+
+Owns: :class:`Checkpointer` (orbax-checkpoint's ``CheckpointManager`` under
+``<run>/checkpoints/<step>/``: ``state`` = params + optimiser state, ``meta``
+= JSON), :class:`StopFlag` (SIGTERM/SIGINT → stop after the current step),
+the run's launch record (``launch.json``: the config source and overrides,
+so ``--resume RUN_DIR`` needs nothing else), the resume checks
+(:func:`check_resume`), ``metrics.jsonl`` truncation and the W&B resume
+filter (:class:`ResumedRun`).
+
+A checkpoint at step ``k`` means steps ``0 .. k-1`` are done: ``state`` holds
+the parameters and optimiser state after them and ``meta`` holds ``step =
+k``, the sampler state (``sampler.state_dict()``, as of delivery), the W&B
+run id, the run's config (``TrainConfig.to_dict()``), the world size and the
+RNG: the trainer has no RNG of its own besides ``train.seed`` (parameter
+init); every stream RNG is inside the sampler state.
+
+The sampler state is saved **once** (rank 0's, in ``meta``): with global
+pools it is the same on every rank (``tests/python/test_resume.py``), and on
+resume every rank loads it into its own sampler, whatever the new world
+size. A ``[ranks.N]`` table that changes a stream key gives rank N another
+state; its restore is then refused by the sampler (``StateError`` naming the
+key), which is the right answer for a diagnostic config.
+
+Atomic: orbax writes ``<step>.orbax-checkpoint-tmp-*`` and renames it when
+every item is written (its commit protocol); a run killed mid-save leaves a
+temporary directory that is ignored and removed on the next start. The save
+is asynchronous: the step loop waits only for the device → host copy, the
+files are written by orbax's background thread while training continues
+(``wait`` before the next save and at the end). The oldest checkpoints beyond
+``train.keep_checkpoints`` are deleted by orbax after a save commits.
+
+Stopping on a signal: every rank ORs its stop flag into the per-step shape
+agreement (:class:`~headwater.train.mesh.Padder`), so all ranks stop after
+the same step, save the same checkpoint and write their summaries. The
+launcher forwards SIGTERM/SIGINT to its workers.
+
+Resume: ``metrics.jsonl`` rows of steps ``>= k`` are dropped (they will be
+written again); W&B resumes the same run id (``resume="allow"``; offline: a
+new ``.wandb`` file of the same run) and rows the previous attempts already
+logged (read back from their ``.wandb`` files) are not logged again, so each
+step appears once. At the same world size the steps after ``k`` are
+bit-identical to the lost ones; at another world size the batches differ and
+W&B keeps the first-logged values of steps between ``k`` and the crash.
+
+Must never: report a checkpoint that is not committed, resume from a
+checkpoint of another database or an incompatible config without an error
+naming the difference, or let ranks stop at different steps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from headwater.errors import ConfigError
+
+CHECKPOINTS = "checkpoints"
+LAUNCH_RECORD = "launch.json"
+#: ``[train]`` keys a resume must keep (the rest of ``[train]`` may change).
+TRAIN_KEYS_KEPT = ("seed",)
+#: Config sections a resume must keep whole (the parameters' shapes and the
+#: optimiser's state and schedule depend on them).
+SECTIONS_KEPT = ("model", "optim")
+
+
+# ----------------------------------------------------------------------------
+# The launch record and the resume checks (launcher side, no JAX)
+# ----------------------------------------------------------------------------
+
+
+def write_launch_record(run_dir: Path, config: Any, overrides: Mapping[str, Any]) -> None:
+    """``launch.json``: what ``--resume`` reloads (the config file or mapping
+    and the overrides of the first start)."""
+    source = config if isinstance(config, Mapping) or config is None else str(Path(config).resolve())
+    record = {"config": source, "overrides": dict(overrides)}
+    (run_dir / LAUNCH_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+
+def read_launch_record(run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    path = run_dir / LAUNCH_RECORD
+    if not path.is_file():
+        raise ConfigError(
+            f"--resume {run_dir}: not a headwater train run directory (no {LAUNCH_RECORD})"
+        )
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    return rec["config"], dict(rec["overrides"])
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    """Steps of the committed checkpoints (orbax renames a finished one to
+    its step number; temporary directories are not steps)."""
+    d = run_dir / CHECKPOINTS
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def read_meta(run_dir: Path, step: int) -> dict[str, Any]:
+    """The ``meta`` item of checkpoint ``step`` (orbax's JSON handler file)."""
+    item = run_dir / CHECKPOINTS / str(step) / "meta"
+    files = [p for p in item.iterdir() if p.is_file()] if item.is_dir() else []
+    if not files:
+        raise ConfigError(f"checkpoint {item.parent}: no meta item (not a headwater checkpoint)")
+    meta: dict[str, Any] = json.loads(files[0].read_text(encoding="utf-8"))
+    return meta
+
+
+def _flat(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    return {f"{prefix}.{k}": v for k, v in d.items()}
+
+
+def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``section.key: saved → now`` for every key a resume must keep."""
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    for section in SECTIONS_KEPT:
+        old.update(_flat(saved[section], section))
+        new.update(_flat(now[section], section))
+    for key in TRAIN_KEYS_KEPT:
+        old[f"train.{key}"], new[f"train.{key}"] = saved["train"][key], now["train"][key]
+    return [
+        f"`{k}`: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
+        for k in sorted(old.keys() | new.keys())
+        if old.get(k) != new.get(k)
+    ]
+
+
+def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
+    """The step to resume ``run_dir`` from; a :class:`ConfigError` naming what
+    differs if the checkpoint does not fit ``cfg`` and ``db``.
+
+    The model, optimiser and ``train.seed`` are compared here; the database
+    (content hash) and the sampler's stream keys are checked by the sampler
+    itself, by opening one with the saved state.
+    """
+    from headwater import _native
+    from headwater.errors import StateError
+
+    steps = committed_steps(run_dir)
+    if not steps:
+        raise ConfigError(f"--resume {run_dir}: no committed checkpoint under {CHECKPOINTS}/")
+    step = steps[-1]
+    meta = read_meta(run_dir, step)
+    now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples are lists
+    if step >= cfg.train.steps:
+        raise ConfigError(
+            f"--resume {run_dir}: checkpoint {step} is already at train.steps = "
+            f"{cfg.train.steps}: nothing to resume"
+        )
+    diffs = config_differences(meta["config"], now)
+    if diffs:
+        raise ConfigError(
+            f"--resume {run_dir}: checkpoint {step} was written under another config: "
+            + "; ".join(diffs)
+        )
+    kw = cfg.sampler_kwargs(0)
+    kw.update(num_prefetch=1, num_threads=1)
+    try:
+        with _native.Sampler(str(db), rank=0, world_size=1, state=meta["sampler"], **kw):
+            pass
+    except StateError as e:
+        raise ConfigError(
+            f"--resume {run_dir}: checkpoint {step} does not fit this database or "
+            f"[sampler] config: {e}"
+        ) from None
+    return step
+
+
+def resume_command(run_dir: Path, world: int) -> str:
+    """The exact command that continues ``run_dir``."""
+    extra = f" --num-processes {world}" if world > 1 else ""
+    return f"headwater train --resume {run_dir}{extra}"
+
+
+# ----------------------------------------------------------------------------
+# Stopping on a signal
+# ----------------------------------------------------------------------------
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set :attr:`signum`; the loop stops after the current
+    step. ``hard_on_second``: a second signal gets the previous handler
+    (Ctrl-C twice: out now); a worker leaves that to its launcher (Ctrl-C
+    reaches it directly and forwarded)."""
+
+    def __init__(self, hard_on_second: bool = False) -> None:
+        self.signum = 0
+        self.hard_on_second = hard_on_second
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> StopFlag:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self.previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum and self.hard_on_second:
+            self.restore()
+            signal.raise_signal(signum)
+            return
+        self.signum = self.signum or signum
+
+    def restore(self) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous.clear()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+# ----------------------------------------------------------------------------
+# Orbax
+# ----------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Async, atomic checkpoints of one run (every rank holds one; orbax
+    synchronises them and writes each replicated array and the JSON once)."""
+
+    def __init__(self, run_dir: Path, keep: int) -> None:
+        import orbax.checkpoint as ocp
+
+        self.ocp = ocp
+        self.dir = run_dir / CHECKPOINTS
+        self.manager = ocp.CheckpointManager(
+            self.dir,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                enable_async_checkpointing=True,
+                cleanup_tmp_directories=True,
+            ),
+            item_names=("state", "meta"),
+        )
+        #: Per save: seconds the step loop was blocked, and the save's start.
+        self.blocked: list[float] = []
+        self.started: float | None = None
+        self.pending = 0
+        self.committed: list[tuple[int, float]] = []
+
+    def save(self, step: int, params: Any, opt_state: Any, meta: Mapping[str, Any]) -> None:
+        """Start saving checkpoint ``step`` (waits for the previous save first)."""
+        ocp = self.ocp
+        t0 = time.perf_counter()
+        self.wait()
+        self.started = time.perf_counter()
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                meta=ocp.args.JsonSave(dict(meta)),
+            ),
+            force=True,
+        )
+        self.blocked.append(time.perf_counter() - t0)
+        self.pending = step
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed."""
+        self.manager.wait_until_finished()
+        if self.started is not None:
+            self.committed.append((self.pending, time.perf_counter() - self.started))
+            self.started = None
+
+    def restore(self, step: int, params: Any, opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """Params, optimiser state (shaped and sharded like the given ones)
+        and meta of checkpoint ``step``."""
+        import jax
+
+        ocp = self.ocp
+        target = jax.tree_util.tree_map(
+            ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state}
+        )
+        got = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
+        state = got["state"]
+        return state["params"], state["opt_state"], dict(got["meta"])
+
+    def close(self) -> None:
+        self.wait()
+        self.manager.close()
+
+    def figures(self) -> dict[str, Any]:
+        """Save timings for the summary: loop blocked vs. until committed."""
+        return {
+            "saves": len(self.blocked),
+            "steps": [s for s, _ in self.committed],
+            "blocked_seconds": self.blocked,
+            "commit_seconds": [t for _, t in self.committed],
+        }
+
+
+# ----------------------------------------------------------------------------
+# metrics.jsonl and W&B on resume
+# ----------------------------------------------------------------------------
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Drop the rows of steps ``>= step`` (and a torn last line) from ``path``."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break  # the last line of a killed run
+        if row.get("step", step) < step:
+            keep.append(line + "\n")
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(keep), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _wandb_records(data: bytes) -> Iterator[bytes]:
+    """The records of a ``.wandb`` file (a LevelDB-style log of 32 KiB
+    blocks, see ``tests/python/read_wandb.py``); stops at a torn tail."""
+    block, pos, parts = 32768, 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        payload = data[pos + 7 : pos + 7 + length]
+        if len(payload) < length or zlib.crc32(bytes([kind]) + payload) & 0xFFFFFFFF != crc:
+            return
+        pos += 7 + length
+        parts = payload if kind in (1, 2) else parts + payload
+        if kind in (1, 4):
+            yield parts
+
+
+def _row_kind(keys: Any) -> str:
+    keys = set(keys)
+    return "val" if "val/loss" in keys else "trainer" if "trainer/loss" in keys else "telemetry"
+
+
+def logged_steps(run_dir: Path, run_id: str) -> dict[str, int]:
+    """Per row kind (trainer, val, telemetry), the last ``trainer/step`` the
+    earlier attempts of W&B run ``run_id`` wrote to their ``.wandb`` files."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    last: dict[str, int] = {}
+    for f in sorted((run_dir / "wandb").glob(f"*-{run_id}/run-{run_id}.wandb")):
+        for raw in _wandb_records(f.read_bytes()):
+            rec = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module
+            rec.ParseFromString(raw)
+            if rec.WhichOneof("record_type") != "history":
+                continue
+            row = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
+            if "trainer/step" in row:
+                kind, step = _row_kind(row), int(json.loads(row["trainer/step"]))
+                last[kind] = max(last.get(kind, -1), step)
+    return last
+
+
+class ResumedRun:
+    """A W&B run that drops rows an earlier attempt already logged."""
+
+    def __init__(self, run: Any, logged: Mapping[str, int]) -> None:
+        self.run, self.logged = run, dict(logged)
+
+    def log(self, row: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        step = row.get("trainer/step")
+        if step is not None and step <= self.logged.get(_row_kind(row.keys()), -1):
+            return
+        self.run.log(row, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run, name)
