@@ -210,7 +210,9 @@ class StopFlag:
 
     def restore(self) -> None:
         for s, h in self.previous.items():
-            signal.signal(s, h)
+            # None: a handler installed outside Python (jax.distributed's
+            # preemption notifier); it cannot be put back, the default can.
+            signal.signal(s, signal.SIG_DFL if h is None else h)
         self.previous.clear()
 
     @property
@@ -241,18 +243,18 @@ class Checkpointer:
             ),
             item_names=("state", "meta"),
         )
-        #: Per save: seconds the step loop was blocked, and the save's start.
+        #: Per save: its step and the seconds the step loop was blocked (in
+        #: ``save``: waiting for the previous save's commit, if still
+        #: running, then orbax's synchronous part); the wait at the end.
+        self.steps: list[int] = []
         self.blocked: list[float] = []
-        self.started: float | None = None
-        self.pending = 0
-        self.committed: list[tuple[int, float]] = []
+        self.final_wait = 0.0
 
     def save(self, step: int, params: Any, opt_state: Any, meta: Mapping[str, Any]) -> None:
         """Start saving checkpoint ``step`` (waits for the previous save first)."""
         ocp = self.ocp
         t0 = time.perf_counter()
         self.wait()
-        self.started = time.perf_counter()
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -262,14 +264,11 @@ class Checkpointer:
             force=True,
         )
         self.blocked.append(time.perf_counter() - t0)
-        self.pending = step
+        self.steps.append(step)
 
     def wait(self) -> None:
         """Block until the save in flight is committed."""
         self.manager.wait_until_finished()
-        if self.started is not None:
-            self.committed.append((self.pending, time.perf_counter() - self.started))
-            self.started = None
 
     def restore(self, step: int, params: Any, opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
         """Params, optimiser state (shaped and sharded like the given ones)
@@ -290,16 +289,17 @@ class Checkpointer:
         return state["params"], state["opt_state"], dict(got["meta"])
 
     def close(self) -> None:
+        t0 = time.perf_counter()
         self.wait()
+        self.final_wait = time.perf_counter() - t0
         self.manager.close()
 
     def figures(self) -> dict[str, Any]:
-        """Save timings for the summary: loop blocked vs. until committed."""
+        """Save timings for the summary (how long the loop was stalled)."""
         return {
-            "saves": len(self.blocked),
-            "steps": [s for s, _ in self.committed],
+            "steps": self.steps,
             "blocked_seconds": self.blocked,
-            "commit_seconds": [t for _, t in self.committed],
+            "final_wait_seconds": self.final_wait,
         }
 
 

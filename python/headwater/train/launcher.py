@@ -275,7 +275,7 @@ def worker_main(rank: int, spec_json: str) -> int:
             world=spec["world"],
             port=spec["port"],
             resume=spec["resume"],
-            stop=C.StopFlag().install(),
+            stop=C.StopFlag(),  # installed once the rank has joined the job
         )
     except BaseException:
         # Exit now: the distributed shutdown barrier would wait for the

@@ -64,7 +64,10 @@ def train_rank(
     job on ``port`` first (and leaves it only after a successful run: a
     failed rank exits without the shutdown barrier, see the launcher).
     ``resume``: continue from the run directory's last checkpoint. ``stop``:
-    the SIGTERM/SIGINT flag (default: one installed here, for this call).
+    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
+    installed here, *after* joining the job: ``jax.distributed`` installs
+    its own SIGTERM handler (its preemption notifier), which would swallow
+    the signal.
     """
     import jax
 
@@ -72,13 +75,11 @@ def train_rank(
 
     if world > 1:
         initialize_loopback(rank, world, port)
-    own = stop is None
-    stop = C.StopFlag(hard_on_second=True).install() if stop is None else stop
+    stop = (stop or C.StopFlag(hard_on_second=True)).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
     finally:
-        if own:
-            stop.restore()
+        stop.restore()
     if world > 1:
         jax.distributed.shutdown()
     return summary

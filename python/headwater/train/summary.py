@@ -130,6 +130,13 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
                 f"    {p:<15} {1e3 * s['phase_seconds_mean'][p]:9.3f} ms  "
                 f"{100 * s['phase_share'][p]:6.2f}%"
             )
+    ck = s.get("checkpoint")
+    if ck and ck["steps"]:
+        lines.append(
+            f"  checkpoints at steps {', '.join(map(str, ck['steps']))}: the loop was blocked "
+            f"{sum(ck['blocked_seconds']):.2f} s in all (max {max(ck['blocked_seconds']):.2f} s "
+            f"per save), {ck['final_wait_seconds']:.2f} s waiting for the last commit"
+        )
     health = "sampler health: ok (invariant counters all 0)"
     if s["warnings"]:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
