@@ -8,10 +8,12 @@
 //! error, never a hang. With `max_rss_bytes`, a producer stops with a clear
 //! error before the process grows past the cap.
 
+mod eval;
 mod maker;
 mod report;
 mod rss;
 
+pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use maker::{BatchMaker, SamplerCore, SplitState};
 pub use report::{fill_report, SplitTelemetry};
 pub use rss::current_rss_bytes;
