@@ -165,6 +165,11 @@ impl EvalPass {
         })
     }
 
+    /// The sampling core the pass reads.
+    pub fn core(&self) -> &Arc<SamplerCore> {
+        &self.core
+    }
+
     /// Each task's share of the pass, in pass order.
     pub fn tasks(&self) -> &[EvalTask] {
         &self.tasks

@@ -391,11 +391,7 @@ impl SamplerCore {
         drop(bfs_span);
         let t_bfs = Instant::now();
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let r = subgraphs
-            .iter()
-            .map(|g| g.rows.len())
-            .max()
-            .unwrap_or(0);
+        let r = subgraphs.iter().map(|g| g.rows.len()).max().unwrap_or(0);
         let m = self.db.metadata();
         let mut batch = Batch::zeroed(b, s, r, m.embedder.dim as usize);
         batch.task_idx = k as u32;
@@ -463,12 +459,7 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let dim = m.embedder.dim as usize;
-        collate_text(
-            &mut batch,
-            self.db.text_embeddings()?,
-            dim,
-            text_map,
-        );
+        collate_text(&mut batch, self.db.text_embeddings()?, dim, text_map);
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();

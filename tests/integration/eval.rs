@@ -93,7 +93,9 @@ fn a_pass_is_deterministic_and_leaves_the_training_stream_alone() {
     };
     let c = core(&sdb.db, cfg);
     let prints = |mk: &mut BatchMaker, n: usize| -> Vec<u64> {
-        (0..n).map(|_| mk.next().unwrap().unwrap().fingerprint).collect()
+        (0..n)
+            .map(|_| mk.next().unwrap().unwrap().fingerprint)
+            .collect()
     };
     let mut alone = BatchMaker::new(c.clone(), Split::Train);
     let want = prints(&mut alone, 6);
