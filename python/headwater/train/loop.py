@@ -48,8 +48,8 @@ from headwater.errors import ConfigError
 from headwater.train.config import TrainConfig
 from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row
 from headwater.train.mesh import Mesh, Padder, digest, host
-from headwater.train.saved import save_params
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
+from headwater.train.saved import save_params
 from headwater.train.summary import RunLog, format_summary, summarise
 
 
@@ -209,7 +209,10 @@ class Trainer:
         self.pad = Padder(mesh, self.model_cfg.max_categories)
         # Its own padder: evaluation never changes the training batches' shapes.
         self.evaluator = Evaluator(
-            sampler, mesh, Padder(mesh, self.model_cfg.max_categories), self.model_cfg,
+            sampler,
+            mesh,
+            Padder(mesh, self.model_cfg.max_categories),
+            self.model_cfg,
             (self.col, self.cat),
         )
         self.run_dir = run_dir
@@ -267,8 +270,9 @@ class Trainer:
         logged as ``eval/<split>/<task>/<metric>``; the per-task results."""
         results = self.evaluator.evaluate(self.params, split, max_seeds)
         row = flat_row(split, results)
-        self.log.evals.append({"step": step, "split": split, "full": max_seeds is None,
-                               "results": results})
+        self.log.evals.append(
+            {"step": step, "split": split, "full": max_seeds is None, "results": results}
+        )
         if self.wb is not None:
             define_eval_metrics(self.wb, split, results)
             self.wb.log({**row, "trainer/step": step})

@@ -90,9 +90,9 @@ def _metric_fns(stype: str, y: Array, p: Array) -> dict[str, Callable[[], float]
         yb = y.astype(np.int64)
         return {
             "auroc": lambda: skm.roc_auc_score(yb, p),
-            "average_precision": lambda: skm.average_precision_score(yb, p)
-            if yb.any()
-            else math.nan,
+            "average_precision": lambda: (
+                skm.average_precision_score(yb, p) if yb.any() else math.nan
+            ),
             "accuracy": lambda: skm.accuracy_score(yb, (p >= 0.5).astype(np.int64)),
         }
     if stype == "categorical":
