@@ -80,7 +80,12 @@ def _add_eval(sub: Sub) -> None:
         help="evaluate a saved run (params.npz) on val/test: per-task metrics and baselines",
     )
     pe.add_argument("run_dir", help="a run directory written by `headwater train`")
-    pe.add_argument("--split", choices=("val", "test", "both"), default="test")
+    pe.add_argument(
+        "--split",
+        choices=("val", "test", "both"),
+        default="test",
+        help="which split's full pass to score (default: test)",
+    )
     pe.add_argument("--max-seeds", type=int, help="seeds per task (default: the whole split)")
     pe.set_defaults(func=_cmd_eval)
 
