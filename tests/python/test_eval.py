@@ -301,3 +301,77 @@ prometheus_port = 0
                     task,
                     m,
                 )
+
+
+# ----------------------------------------------------------------------------
+# A RelBench forecast task: scored on exactly its labelled rows of the split
+# ----------------------------------------------------------------------------
+
+
+def _split_of(task: int, row: int, split_seed: int, ratios: tuple[float, float, float]) -> str:
+    """The documented split rule: ``xxh3(task_le ‖ row_le, split_seed) % 1000``."""
+    import xxhash
+
+    key = task.to_bytes(4, "little") + row.to_bytes(4, "little")
+    b = xxhash.xxh3_64_intdigest(key, seed=split_seed) % 1000
+    if b < round(ratios[0] * 1000):
+        return "train"
+    return "val" if b < round((ratios[0] + ratios[1]) * 1000) else "test"
+
+
+def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline(
+    tmp_path: Path, make_relbench: Any, small_data: Any
+) -> None:
+    """A RelBench folder with a forecast task: each split's pass scores exactly
+    the labelled rows (from the task's label files) that the documented hash
+    split puts in it, no padding, no other row; the metrics come with the
+    constant baseline. (headwater splits RelBench labels by its hash rule,
+    not by RelBench's train/val/test files: see the README.)"""
+    pytest.importorskip("jax")
+    from conftest import RELBENCH_TASK
+
+    from headwater.train import model as M
+    from headwater.train.device import tables_to_device
+    from headwater.train.evaluate import Evaluator, score_predictions
+    from headwater.train.mesh import Mesh, Padder
+
+    src = make_relbench(tmp_path / "relbench")
+    headwater.preprocess(src, tmp_path / "db", embedder="hash", progress=False)
+    db = headwater.Database(tmp_path / "db")
+    meta = json.loads(db.metadata_json())
+    k = next(t["idx"] for t in meta["tasks"] if t["name"] == RELBENCH_TASK)
+    arrays = db.task_arrays(k)
+    # The task's seeds are the label files' rows (train, val, test in order)
+    # whose entity exists, with their labels.
+    labels = [
+        int(c)
+        for s in ("train", "val", "test")
+        for u, c in zip(
+            small_data.labels[s]["user_id"].to_pylist(),
+            small_data.labels[s]["churn"].to_pylist(),
+            strict=True,
+        )
+        if u != 12345
+    ]
+    assert np.asarray(arrays["target"]).astype(int).tolist() == labels
+    ratios = (0.5, 0.25, 0.25)
+    kw = {**SAMPLER, "split_ratios": ratios, "split_seed": 0}
+    cfg = M.ModelConfig(d_model=16, num_layers=1, num_heads=2, max_categories=8)
+    with headwater.Sampler(tmp_path / "db", **kw) as s:
+        col, cat = s.column_embeddings(), s.categorical_embeddings()
+        mesh = Mesh()
+        ev = Evaluator(s, mesh, Padder(mesh, 8), cfg, mesh.replicate(tables_to_device(col, cat)))
+        params = mesh.replicate(M.init_params(0, cfg, int(col.shape[1])))
+        for split in ("val", "test"):
+            want = sorted(
+                y
+                for row, y in zip(arrays["anchor_row"].tolist(), labels, strict=True)
+                if _split_of(k, row, 0, ratios) == split
+            )
+            preds = ev.predictions(params, split)
+            assert sorted(preds[RELBENCH_TASK]["y_true"].astype(int).tolist()) == want, split
+            r = score_predictions(preds)[RELBENCH_TASK]
+            assert r["count"] == len(want) > 0
+            assert set(r["metrics"]) == set(r["baseline"]) == set(METRICS["boolean"])
+            if 0 < sum(want) < len(want):
+                assert r["baseline"]["auroc"] == 0.5
