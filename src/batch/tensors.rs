@@ -108,11 +108,11 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 }
 
 /// Every tensor of a batch dict, in export order: the 20 tensors of seed
-/// 000 §3b, then `fingerprint` (a hash of the producer's RNG state, the task
-/// and the drawn seeds, so an anomalous step can be identified and replayed)
+/// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
+/// the drawn seeds, so an anomalous step can be identified and replayed)
 /// and `seq_valid` (1 for a real sequence, 0 for a padded one: only the last
-/// batch of an evaluation pass has padded sequences, which repeat its last
-/// seed and must not be scored).
+/// batch of an evaluation pass has padded sequences, which repeat a seed of
+/// the pass and must not be scored).
 pub static TENSORS: [TensorSpec; 22] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),
