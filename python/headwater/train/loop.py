@@ -169,7 +169,7 @@ def _train(
             run.finish(exit_code=1)
         raise
     param_digest = digest(trainer.params)
-    if rank == 0 and cfg.train.eval_final:
+    if rank == 0 and cfg.train.eval_final and not trainer.stopped:
         save_params(
             run_dir, trainer.params, trainer.model_cfg, db=db, sampler=cfg.sampler_kwargs(0)
         )
