@@ -54,6 +54,9 @@ pub struct SamplerCore {
     pool: rayon::ThreadPool,
     /// The telemetry schema of this database and config.
     pub schema: TelemetrySchema,
+    /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
+    /// database was opened elsewhere.
+    pub startup_seconds: f64,
 }
 
 /// One split's sampling state (pools, task picker, generator). Owned by the
@@ -98,8 +101,11 @@ fn derive(seed: u64, parts: &[u64]) -> u64 {
 impl SamplerCore {
     /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
-        let db = Database::open(db_path)?;
-        Self::with_database(Arc::new(db), cfg)
+        let t0 = Instant::now();
+        let db = Database::open_with(db_path, cfg.verify)?;
+        let mut core = Self::with_database(Arc::new(db), cfg)?;
+        core.startup_seconds = t0.elapsed().as_secs_f64();
+        Ok(core)
     }
 
     /// Prepare sampling an already open database with `cfg` (validated here).
@@ -152,6 +158,7 @@ impl SamplerCore {
             weights,
             pool,
             schema,
+            startup_seconds: 0.0,
         })
     }
 
@@ -236,17 +243,27 @@ impl SamplerCore {
             duplicates: 0,
         };
         state.jobs.clear();
+        let graph = self.db.graph();
+        let anchor_table = self.db.metadata().tasks[k].anchor_table as usize;
         for _ in 0..self.cfg.default_batch_size {
             let x = pool.draw();
             d.exhaust_events += x.exhausted as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
-            state.jobs.push((
-                x.seed,
-                task.anchor_rows[i],
-                task.obs_times[i],
-                state.rng.next_u64(),
-            ));
+            let row = task.anchor_rows[i];
+            // Payloads are not hashed at open: a seed row is used only if it
+            // is a row of the task's anchor table (O(1), never out of bounds).
+            if graph.table_of(row) != Some(anchor_table) {
+                return Err(Error::format(
+                    self.db.task_path(k).unwrap_or(self.db.dir()),
+                    format!(
+                        "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
+                    ),
+                ));
+            }
+            state
+                .jobs
+                .push((x.seed, row, task.obs_times[i], state.rng.next_u64()));
         }
         Ok(d)
     }
@@ -401,6 +418,8 @@ impl SamplerCore {
             ts_mean: m.timestamp_stats.mean_us,
             ts_std: m.timestamp_stats.std_us,
             target,
+            num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
+            num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
         };
         let subgraphs = &state.subgraphs;
         let stats = {

@@ -126,7 +126,9 @@ impl Sampler {
                         otel::OtlpSplit::new(s.name()).map(|o| Box::new(o) as Box<dyn Recorder>),
                     );
                 }
-                Mutex::new(SplitTelemetry::new(&core.schema, exporters))
+                let mut t = SplitTelemetry::new(&core.schema, exporters);
+                t.set_startup_seconds(core.startup_seconds);
+                Mutex::new(t)
             })
             .collect();
         let (stop_tx, stop_rx) = bounded::<()>(0);

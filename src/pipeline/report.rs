@@ -60,6 +60,11 @@ impl SplitTelemetry {
         }
     }
 
+    /// Report `seconds` as `sampler/startup_seconds` with every batch.
+    pub fn set_startup_seconds(&mut self, seconds: f64) {
+        self.report.startup_seconds = seconds;
+    }
+
     /// Record one delivered batch in the drain and every exporter.
     pub fn deliver(&mut self, b: &Batch, depth: usize, wait_seconds: f64) {
         fill_report(&mut self.report, b, depth, wait_seconds);
