@@ -1,5 +1,5 @@
 """The ``headwater`` command line: one subcommand per job (preprocess,
-inspect, default-db, bench, train, diag); ``diag`` has its own parser
+inspect, verify, default-db, bench, train, diag); ``diag`` has its own parser
 (:func:`headwater.diag.main`)."""
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     r = inspect(a.db_dir)
     print(json.dumps(r, indent=2) if a.json else format_report(r))
     return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from headwater.inspection import verify
+
+    r = verify(a.db_dir, progress=not a.quiet)
+    for e in r["errors"]:
+        print(f"headwater verify: {e}", file=sys.stderr)
+    verdict = f"{len(r['errors'])} problem(s)" if r["errors"] else "ok"
+    print(f"verified {r['files']} files, {r['bytes']} payload bytes: {verdict}")
+    return 1 if r["errors"] else 0
 
 
 def _cmd_default_db(a: argparse.Namespace) -> int:
@@ -129,6 +140,13 @@ def _add_data_commands(sub: Sub) -> None:
     pi.add_argument("db_dir", help="a preprocessed database directory")
     pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pi.set_defaults(func=_cmd_inspect)
+
+    pv = sub.add_parser(
+        "verify", help="check every payload checksum and the graph (reads the whole database)"
+    )
+    pv.add_argument("db_dir", help="a preprocessed database directory")
+    pv.add_argument("--quiet", action="store_true", help="no progress bar")
+    pv.set_defaults(func=_cmd_verify)
 
     pd = sub.add_parser(
         "default-db", help="build (once) and print the path of the default TPC-H database"

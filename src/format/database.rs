@@ -230,6 +230,12 @@ impl Database {
                 ),
             ));
         }
+        if !meta_path.is_file() {
+            return Err(Error::format(
+                &dir,
+                "is not a headwater database: it has no metadata.json (build one with `headwater preprocess`)",
+            ));
+        }
         let raw = std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
         // Check the version before the full parse so an incompatible file
         // yields a version error, not a schema error.

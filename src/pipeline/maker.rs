@@ -74,9 +74,25 @@ pub struct SplitState {
     mix: MixWindow,
     /// Batches made so far (the next batch's index in the split's stream).
     pub step: u64,
+    /// Max rows per sequence and distinct texts of the last batch (the
+    /// prediction of the next batch's size).
+    last_shape: (usize, usize),
 }
 
 impl SplitState {
+    /// Predicted bytes of this split's next batch: `B·S` tensors exactly,
+    /// row adjacency and text embeddings as large as in the last batch.
+    pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, dim: usize) -> u64 {
+        let (r, u) = self.last_shape;
+        crate::batch::batch_bytes(
+            cfg.default_batch_size,
+            cfg.default_sequence_length,
+            r,
+            u,
+            dim,
+        )
+    }
+
     /// Seeds left and pool size per task (`None` = no seeds on this rank).
     pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
         self.pools
@@ -222,6 +238,7 @@ impl SamplerCore {
             last_picked: vec![None; m.tasks.len()],
             mix: MixWindow::new(m.tasks.len(), MIX_WINDOW),
             step: 0,
+            last_shape: (0, 0),
         }
     }
 
@@ -482,6 +499,7 @@ impl SamplerCore {
         batch.split = state.split;
         batch.step = state.step;
         state.step += 1;
+        state.last_shape = (batch.max_rows, batch.num_text);
         Ok(batch)
     }
 }
