@@ -163,6 +163,7 @@ class Sampler:
         task_pick: str = "weighted",
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
+        verify: str = "header",
         temporal_filter: bool = True,
         telemetry: bool = True,
         prometheus_port: int | None = None,

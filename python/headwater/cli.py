@@ -16,7 +16,12 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     out = preprocess(
-        a.source, a.out_dir, schema=a.schema, embedder=a.embedder, overwrite=a.overwrite
+        a.source,
+        a.out_dir,
+        schema=a.schema,
+        embedder=a.embedder,
+        overwrite=a.overwrite,
+        time_columns=a.time_columns,
     )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -134,6 +139,13 @@ def _add_data_commands(sub: Sub) -> None:
         "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
     )
     pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    pp.add_argument(
+        "--time-columns",
+        choices=["propose", "none"],
+        default="propose",
+        help="propose: a source declaring no time columns gets one proposed per table (printed "
+        "as a schema line) and a loud warning where none fits; none: no proposals",
+    )
     pp.set_defaults(func=_cmd_preprocess)
 
     pi = sub.add_parser("inspect", help="validate a database and summarise it")

@@ -493,7 +493,7 @@ pub static METRICS: [MetricDef; 25] = [
         Measure::Total(|_| 1.0),
     ),
     row(
-        "sampler/startup_seconds",
+        "startup_seconds",
         Max,
         None,
         "headwater_sampler_startup_seconds",
