@@ -7,6 +7,7 @@ mod fuzz;
 mod golden_batches;
 mod oracle;
 mod props;
+mod resume;
 mod sampler;
 mod support;
 mod writer;
