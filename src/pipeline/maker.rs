@@ -61,7 +61,7 @@ pub struct SamplerCore {
     /// The telemetry schema of this database and config.
     pub schema: TelemetrySchema,
     /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
-    /// database was opened elsewhere.
+    /// database was opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
 }
 

@@ -191,7 +191,10 @@ impl Sampler {
 
     /// Start producers for `core`, at `saved` when given.
     pub fn start_at(core: Arc<SamplerCore>, saved: Option<&SamplerState>) -> Result<Sampler> {
+        let t0 = Instant::now();
         let states = Sampler::initial_states(&core, saved)?;
+        // Open + core preparation + the splits' seed pools.
+        let startup_seconds = core.startup_seconds + t0.elapsed().as_secs_f64();
         let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
@@ -217,7 +220,7 @@ impl Sampler {
                     );
                 }
                 let mut t = SplitTelemetry::new(&core.schema, exporters);
-                t.set_startup_seconds(core.startup_seconds);
+                t.set_startup_seconds(startup_seconds);
                 Mutex::new(t)
             })
             .collect();

@@ -509,7 +509,7 @@ pub static METRICS: [MetricDef; 26] = [
         "headwater_sampler_startup_seconds",
         Gauge,
         "seconds",
-        "time to open the database and prepare the sampler (slowest rank)",
+        "time to open the database, prepare the sampler and build the seed pools (slowest rank)",
         Measure::Last(|r| r.startup_seconds),
     ),
 ];
