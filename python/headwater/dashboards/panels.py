@@ -298,6 +298,34 @@ def _throughput() -> list[PanelBuilder]:
             unit="ops",
             span=24,
         ),
+        _timeseries(
+            "Sampler start-up (s)",
+            "Seconds from Sampler(...) to ready: open (O(metadata), no payload read), "
+            "preparation and the seed pools, per rank and the slowest. Healthy: seconds, "
+            "flat across restarts and database sizes. Pathological: growing with the database "
+            "(a cold page cache read, verify=\"full\"), or one rank far slower (its disk).",
+            [
+                Q(f"max by (rank) (headwater_sampler_startup_seconds{SEL})", "rank {{rank}}"),
+                Q(f"max(headwater_sampler_startup_seconds{SEL})", "slowest rank"),
+            ],
+            unit="s",
+            span=12,
+        ),
+        _timeseries(
+            "Sampler resumes",
+            "Restores of the sampler from a saved state (resume or reshard) over the time "
+            "range, per rank. "
+            "Healthy: one step per job restart. Pathological: repeated resumes (a crash loop) "
+            "or ranks disagreeing (some ranks restarted, others not).",
+            [
+                Q(
+                    f"sum by (rank) (increase(headwater_sampler_resumes_total{SEL}[$__range]))",
+                    "rank {{rank}}",
+                ),
+            ],
+            unit="short",
+            span=12,
+        ),
     ]
 
 
