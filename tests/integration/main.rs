@@ -9,5 +9,6 @@ mod oracle;
 mod props;
 mod resume;
 mod sampler;
+mod scratch;
 mod support;
 mod writer;
