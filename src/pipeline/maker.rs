@@ -314,24 +314,12 @@ impl SamplerCore {
         state.jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
         let first_slot = state.rank as u64 * b as u64;
-        let graph = self.db.graph();
-        let anchor_table = self.db.metadata().tasks[k].anchor_table as usize;
         for (j, p) in slice.enumerate() {
             let x = pool.at(p);
             d.exhaust_events += x.exhausted as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
             let row = task.anchor_rows[i];
-            // Payloads are not hashed at open: a seed row is used only if it
-            // is a row of the task's anchor table (O(1), never out of bounds).
-            if graph.table_of(row) != Some(anchor_table) {
-                return Err(Error::format(
-                    self.db.task_path(k).unwrap_or(self.db.dir()),
-                    format!(
-                        "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
-                    ),
-                ));
-            }
             state.jobs.push((
                 x.seed,
                 row,
@@ -423,8 +411,6 @@ impl SamplerCore {
             cells = tracing::field::Empty,
         );
         let _batch = batch_span.enter();
-        let b = self.cfg.default_batch_size;
-        let s = self.cfg.default_sequence_length;
         let Draws {
             task: k,
             step,
@@ -433,13 +419,68 @@ impl SamplerCore {
             exhaust_events,
             duplicates,
         } = self.draw(state)?;
+        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
+        let mut batch = self.build_batch(
+            k,
+            &state.jobs,
+            &mut state.subgraphs,
+            &mut state.text_map,
+            &batch_span,
+            t0,
+        )?;
+        if self.cfg.telemetry {
+            batch.draw = self.draw_stats(state, step, world_size);
+        }
+        batch.fingerprint = fingerprint(
+            [key, step, state.rank as u64, world_size as u64],
+            k,
+            &batch.seeds,
+        );
+        batch.exhaust_events = exhaust_events;
+        batch.duplicate_seeds = duplicates;
+        batch.split = state.split;
+        batch.step = step;
+        state.last_shape = (batch.max_rows, batch.num_text);
+        Ok(batch)
+    }
+
+    /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
+    /// observation time, per-sequence RNG seed) of task `k` into a batch
+    /// with its stage timings (from `t0`): the part of a batch that does not
+    /// depend on how its seeds were drawn, shared by the training stream and
+    /// evaluation passes.
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    pub(super) fn build_batch(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut Vec<Subgraph>,
+        text_map: &mut FxMap<u32, u32>,
+        batch_span: &tracing::Span,
+        t0: Instant,
+    ) -> Result<Batch> {
+        let b = jobs.len();
+        let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
         let task = self.db.task(k)?;
-        if state.subgraphs.len() != b {
-            state.subgraphs.resize_with(b, Subgraph::default);
+        if subgraphs.len() != b {
+            subgraphs.resize_with(b, Subgraph::default);
         }
         let graph = self.db.graph();
-        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
+        // Payloads are not hashed at open: a seed row is used only if it is
+        // a row of the task's anchor table (O(1), never out of bounds).
+        let anchor_table = self.db.metadata().tasks[k].anchor_table as usize;
+        if let Some(&(i, row, _, _)) = jobs
+            .iter()
+            .find(|j| graph.table_of(j.1) != Some(anchor_table))
+        {
+            return Err(Error::format(
+                self.db.task_path(k).unwrap_or(self.db.dir()),
+                format!(
+                    "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
+                ),
+            ));
+        }
         let bfs_span = tracing::info_span!("bfs", seeds = b as i64).entered();
         let params = BfsParams {
             max_cells: s,
@@ -449,10 +490,8 @@ impl SamplerCore {
         };
         let row_cells = &self.row_cells;
         let seed_cells = plan.seed_cells;
-        let jobs = &state.jobs;
         self.pool.install(|| {
-            state
-                .subgraphs
+            subgraphs
                 .par_iter_mut()
                 .zip(jobs.par_iter())
                 .for_each(|(sub, &(_, row, obs, rs))| {
@@ -469,19 +508,14 @@ impl SamplerCore {
         drop(bfs_span);
         let t_bfs = Instant::now();
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let r = state
-            .subgraphs
-            .iter()
-            .map(|g| g.rows.len())
-            .max()
-            .unwrap_or(0);
+        let r = subgraphs.iter().map(|g| g.rows.len()).max().unwrap_or(0);
         let m = self.db.metadata();
         let mut batch = Batch::zeroed(b, s, r, m.embedder.dim as usize);
         batch.task_idx = k as u32;
         batch.target_stype = plan.stype_code;
         batch.cat_emb_start = plan.cat_emb_start;
         batch.cat_emb_count = plan.cat_emb_count;
-        batch.seeds.extend(state.jobs.iter().map(|j| j.0));
+        batch.seeds.extend(jobs.iter().map(|j| j.0));
         let tables: Vec<TableCells<'_>> = (0..m.tables.len())
             .map(|t| {
                 let v = self.db.table(t)?;
@@ -515,7 +549,7 @@ impl SamplerCore {
             num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
             num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
         };
-        let subgraphs = &state.subgraphs;
+        let subgraphs = &*subgraphs;
         let stats = {
             let mut outs = batch.sequences();
             self.pool.install(|| {
@@ -544,12 +578,7 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let dim = m.embedder.dim as usize;
-        collate_text(
-            &mut batch,
-            self.db.text_embeddings()?,
-            dim,
-            &mut state.text_map,
-        );
+        collate_text(&mut batch, self.db.text_embeddings()?, dim, text_map);
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
@@ -567,19 +596,6 @@ impl SamplerCore {
             (t_end - t_asm).as_nanos() as u64,
             (t_end - t0).as_nanos() as u64,
         ];
-        if self.cfg.telemetry {
-            batch.draw = self.draw_stats(state, step, world_size);
-        }
-        batch.fingerprint = fingerprint(
-            [key, step, state.rank as u64, world_size as u64],
-            k,
-            &batch.seeds,
-        );
-        batch.exhaust_events = exhaust_events;
-        batch.duplicate_seeds = duplicates;
-        batch.split = state.split;
-        batch.step = step;
-        state.last_shape = (batch.max_rows, batch.num_text);
         Ok(batch)
     }
 }

@@ -2,6 +2,7 @@
 //! truncated files, fuzzed payloads, the writer driven from Rust, and property tests of the
 //! sampler on random synthetic databases.
 
+mod eval;
 mod format;
 mod fuzz;
 mod golden_batches;
