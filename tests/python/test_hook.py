@@ -542,7 +542,7 @@ def test_step_hook_unbuffered_and_buffered(hookdb: Path, closing: list[Any]) -> 
 
 @pytest.fixture(scope="module")
 def syn() -> list[dict[str, Any]]:
-    return T.synthetic_schema(task_names=("a", "b"), max_hops=2, seq_len=16)
+    return _native.telemetry_schema_for(["a", "b"], max_hops=2, sequence_length=16)
 
 
 def random_drain(schema: list[dict[str, Any]], rng: np.random.Generator) -> dict[str, float]:
