@@ -673,6 +673,36 @@ def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
 READ_WANDB = Path(__file__).resolve().parent / "read_wandb.py"
 
 
+def tiny_train_config(db: Path, steps: int, train: str = "val_every = 3", extra: str = "") -> str:
+    """A TOML config for a fast `headwater train` run on ``db``: ``train`` adds
+    lines to ``[train]``, ``extra`` adds sections verbatim."""
+    return f"""
+[database]
+path = "{db}"
+
+[sampler]
+default_batch_size = 4
+default_sequence_length = 64
+num_threads = 1
+
+[model]
+d_model = 32
+num_layers = 1
+num_heads = 2
+
+[train]
+steps = {steps}
+val_batches = 1
+log_every = 1
+warmup_steps = 1
+{train}
+
+[logging]
+prometheus_port = 0
+""" + extra
+
+
+
 def read_wandb_run(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     """The offline W&B run in ``run_dir`` (its ``run-*.wandb`` file) read back
     with ``read_wandb.py``: ``{"history": [...], "metrics": {...}}``."""

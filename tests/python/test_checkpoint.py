@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import READ_WANDB, Tpch, child_env
+from conftest import READ_WANDB, Tpch, child_env, tiny_train_config
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -41,31 +41,7 @@ EVERY = 4
 
 
 def config(db: Path, steps: int = STEPS, every: int = EVERY) -> str:
-    return f"""
-[database]
-path = "{db}"
-
-[sampler]
-default_batch_size = 4
-default_sequence_length = 64
-num_threads = 1
-
-[model]
-d_model = 32
-num_layers = 1
-num_heads = 2
-
-[train]
-steps = {steps}
-val_every = 5
-val_batches = 1
-log_every = 1
-warmup_steps = 1
-checkpoint_every = {every}
-
-[logging]
-prometheus_port = 0
-"""
+    return tiny_train_config(db, steps, train=f"val_every = 5\ncheckpoint_every = {every}")
 
 
 def command(tmp_path: Path, *args: str) -> list[str]:

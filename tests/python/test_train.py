@@ -29,6 +29,8 @@ pytest.importorskip("jax")
 pytest.importorskip("optax")
 pytest.importorskip("wandb")
 
+from conftest import tiny_train_config
+
 from headwater.errors import ConfigError
 from headwater.train.config import load_config
 
@@ -37,32 +39,9 @@ STEPS = 6
 
 def tiny_config(db: Path, **extra: str) -> str:
     """A TOML config for a fast run on ``db``; ``extra`` adds sections verbatim."""
-    base = f"""
-[database]
-path = "{db}"
-
-[sampler]
-default_batch_size = 4
-default_sequence_length = 64
-num_threads = 1
-
-[model]
-d_model = 32
-num_layers = 1
-num_heads = 2
-
-[train]
-steps = {STEPS}
-val_every = 3
-val_batches = 1
-log_every = 1
-warmup_steps = 1
-eval_final = false
-
-[logging]
-prometheus_port = 0
-"""
-    return base + "\n".join(extra.values())
+    return tiny_train_config(
+        db, STEPS, train="val_every = 3\neval_final = false", extra="\n".join(extra.values())
+    )
 
 
 def run_train(
