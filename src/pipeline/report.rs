@@ -12,16 +12,9 @@ use crate::telemetry::{BatchReport, Recorder, SeqReport, StepRecorder, Telemetry
 /// consumer asked and it blocked `wait_seconds`.
 #[allow(clippy::cast_precision_loss)]
 pub fn fill_report(r: &mut BatchReport, b: &Batch, depth: usize, wait_seconds: f64) {
-    let d = &b.draw;
     r.task = b.task_idx as usize;
     r.seeds = b.batch_size as f64;
-    r.remaining_min = d.remaining_min;
-    r.remaining_max = d.remaining_max;
-    r.remaining_fraction_min = d.remaining_fraction_min;
-    r.remaining_fraction_max = d.remaining_fraction_max;
-    r.steps_since_pick_max = d.steps_since_pick_max;
-    r.steps_to_exhaust_min = d.steps_to_exhaust_min;
-    r.tv_distance = d.tv_distance;
+    r.draw.clone_from(&b.draw);
     r.exhaust_events = f64::from(b.exhaust_events);
     r.duplicate_seeds = f64::from(b.duplicate_seeds);
     r.stage_seconds = b.stage_ns.map(|ns| ns as f64 * 1e-9);

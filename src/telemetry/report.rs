@@ -5,6 +5,8 @@
 //! Telemetry never sees a `Batch`: this report is the only input, so the
 //! arrow points one way (`pipeline` → `telemetry`, `pipeline` → `batch`).
 
+use crate::seeds::DrawStats;
+
 /// One sequence of a batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SeqReport {
@@ -31,20 +33,8 @@ pub struct BatchReport {
     pub task: usize,
     /// Seeds drawn (the batch size).
     pub seeds: f64,
-    /// Pool state after the draw: seeds left, least full active pool.
-    pub remaining_min: f64,
-    /// Seeds left, fullest active pool.
-    pub remaining_max: f64,
-    /// Remaining / pool size, least full active pool.
-    pub remaining_fraction_min: f64,
-    /// Remaining / pool size, fullest active pool.
-    pub remaining_fraction_max: f64,
-    /// Batches since the least recently picked weighted task was picked.
-    pub steps_since_pick_max: f64,
-    /// Forecast batches until the first active pool runs out.
-    pub steps_to_exhaust_min: f64,
-    /// Total-variation distance of the recent mix from the weights.
-    pub tv_distance: f64,
+    /// Pool and mix state right after the batch's seeds were drawn.
+    pub draw: DrawStats,
     /// Pools that ran out while drawing the batch.
     pub exhaust_events: f64,
     /// Seeds drawn twice within one epoch.

@@ -258,7 +258,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "seeds",
         "seeds left before reshuffle, least full active pool",
-        Measure::Last(|r| r.remaining_min),
+        Measure::Last(|r| r.draw.remaining_min),
     ),
     row(
         "pool/remaining_max",
@@ -268,7 +268,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "seeds",
         "seeds left before reshuffle, fullest active pool",
-        Measure::Last(|r| r.remaining_max),
+        Measure::Last(|r| r.draw.remaining_max),
     ),
     row(
         "pool/remaining_fraction_min",
@@ -278,7 +278,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "ratio",
         "remaining / pool size, least full active pool (ratio)",
-        Measure::Last(|r| r.remaining_fraction_min),
+        Measure::Last(|r| r.draw.remaining_fraction_min),
     ),
     row(
         "pool/remaining_fraction_max",
@@ -288,7 +288,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "ratio",
         "remaining / pool size, fullest active pool (ratio)",
-        Measure::Last(|r| r.remaining_fraction_max),
+        Measure::Last(|r| r.draw.remaining_fraction_max),
     ),
     row(
         "pool/steps_since_pick_max",
@@ -298,7 +298,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "batches",
         "batches since the least recently picked weighted task was picked",
-        Measure::Last(|r| r.steps_since_pick_max),
+        Measure::Last(|r| r.draw.steps_since_pick_max),
     ),
     row(
         "pool/steps_to_exhaust_min",
@@ -308,7 +308,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "batches",
         "forecast batches until the first active pool runs out",
-        Measure::Last(|r| r.steps_to_exhaust_min),
+        Measure::Last(|r| r.draw.steps_to_exhaust_min),
     ),
     row(
         "pool/exhaust_events",
@@ -328,7 +328,7 @@ pub static METRICS: [MetricDef; 26] = [
         Gauge,
         "ratio",
         "total-variation distance of the recent task mix from the configured weights (ratio)",
-        Measure::Last(|r| r.tv_distance),
+        Measure::Last(|r| r.draw.tv_distance),
     ),
     MetricDef {
         key: "tasks/{task}",
