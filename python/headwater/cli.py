@@ -62,7 +62,15 @@ def _cmd_train(a: argparse.Namespace) -> int:
         overrides["logging.prometheus_port"] = a.prometheus_port
     if a.dir:
         overrides["logging.dir"] = a.dir
-    launch(a.config, num_processes=a.num_processes, run_name=a.run_name, **overrides)
+    launch(
+        a.config,
+        num_processes=a.num_processes,
+        run_name=a.run_name,
+        coordinator=a.coordinator,
+        process_id=a.process_id,
+        coordinator_timeout_s=a.coordinator_timeout,
+        **overrides,
+    )
     return 0
 
 
@@ -186,8 +194,25 @@ def _add_train(sub: Sub) -> None:
     pt.add_argument(
         "--num-processes",
         type=int,
-        default=1,
-        help="local processes joining one jax.distributed job on loopback (data parallel)",
+        help="processes in the job (env HEADWATER_NUM_PROCESSES); without --coordinator, "
+        "start them here on one loopback jax.distributed job",
+    )
+    pt.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="join a multi-host job: process 0's address (env HEADWATER_COORDINATOR); "
+        "needs --num-processes and --process-id. Under SLURM / Open MPI, omit it: "
+        "the launcher's environment is read",
+    )
+    pt.add_argument(
+        "--process-id", type=int, help="this process's id in the job (env HEADWATER_PROCESS_ID)"
+    )
+    pt.add_argument(
+        "--coordinator-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wait at most this long for the coordinator and the other processes "
+        "(env HEADWATER_COORDINATOR_TIMEOUT_S; default 300)",
     )
     pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
     pt.add_argument("--db", help="override database.path")

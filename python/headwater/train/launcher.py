@@ -1,10 +1,12 @@
-"""The ``headwater train`` launcher: one process, or N local processes that
-join one ``jax.distributed`` job on loopback.
+"""The ``headwater train`` launcher: one process, N local processes that
+join one ``jax.distributed`` job on loopback, or one process of a job a
+cluster launcher started (:mod:`.cluster`).
 
-Owns: :func:`launch` (check the config, resolve the database once, pick the
-run directory, then run rank 0 here or start ``--num-processes`` workers and
-watch them by PID), :func:`resolve_database`, :func:`run_directory` and the
-worker entry point (``python -m headwater.train --worker RANK SPEC``).
+Owns: :func:`launch` (check the config, join the cluster job if there is
+one, resolve the database once, pick the run directory, then run this
+process's rank here or start ``--num-processes`` workers and watch them by
+PID), :func:`resolve_database`, :func:`run_directory` and the worker entry
+point (``python -m headwater.train --worker RANK SPEC``).
 
 A worker that fails exits at once with its traceback on stderr, without the
 ``jax.distributed`` shutdown barrier (which would wait for the ranks still
@@ -63,42 +65,117 @@ def default_run_name() -> str:
 def launch(
     config: Config = None,
     *,
-    num_processes: int = 1,
+    num_processes: int | None = None,
     run_name: str | None = None,
     timeout_s: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
+    coordinator_timeout_s: float | None = None,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
-    """Run ``headwater train``: returns every rank's summary (rank order).
+    """Run ``headwater train``: returns the summaries of the ranks run here
+    (every rank, in order, for a local job; this process's for a cluster job).
 
-    ``num_processes > 1`` starts that many local processes (``python -m
-    headwater.train --worker``) on one loopback ``jax.distributed`` job; the
-    first failure stops the others.
+    Without a coordinator, ``num_processes > 1`` starts that many local
+    processes (``python -m headwater.train --worker``) on one loopback
+    ``jax.distributed`` job; the first failure stops the others. With one
+    (or a cluster launcher's environment), this process joins that job.
     """
-    from headwater.train.loop import train_rank
+    from headwater.train.cluster import join_job, resolve_job
 
     cfg = load_config(config, **overrides)
-    if num_processes < 1:
-        raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    bad = sorted(r for r in cfg.ranks if r >= num_processes)
-    if bad:
-        raise ConfigError(
-            f"{cfg.where('ranks', str(bad[0]))}: [ranks.{bad[0]}] names a rank outside "
-            f"0..{num_processes - 1} (--num-processes {num_processes})"
-        )
+    job = resolve_job(
+        coordinator=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        timeout_s=coordinator_timeout_s,
+    )
+    if job.mode in ("explicit", "auto"):
+        join_job(job)
+        return [_run_joined(cfg, run_name)]
+    _check_ranks(cfg, job.num_processes)
     db = resolve_database(cfg)
     cfg.check_tasks(db)
     name = run_name or cfg.logging.run_name or default_run_name()
+    return _in_run_dir(
+        cfg,
+        name,
+        lambda run_dir: (
+            [_train_here(cfg, db, run_dir)]
+            if job.num_processes == 1
+            else _launch_many(config, overrides, db, run_dir, job.num_processes, timeout_s)
+        ),
+    )
+
+
+def _train_here(cfg: TrainConfig, db: Path, run_dir: Path, **kw: Any) -> dict[str, Any]:
+    from headwater.train.loop import train_rank
+
+    return train_rank(cfg, db, run_dir, **kw)
+
+
+def _check_ranks(cfg: TrainConfig, world: int) -> None:
+    bad = sorted(r for r in cfg.ranks if r >= world)
+    if bad:
+        raise ConfigError(
+            f"{cfg.where('ranks', str(bad[0]))}: [ranks.{bad[0]}] names a rank outside "
+            f"0..{world - 1} ({world} processes in the job)"
+        )
+
+
+def _in_run_dir(cfg: TrainConfig, name: str, body: Any) -> Any:
+    """``body(run_dir)``; a run directory this call created is removed again
+    if the run fails before writing a file."""
     run_dir = run_directory(cfg, name)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        if num_processes == 1:
-            return [train_rank(cfg, db, run_dir)]
-        return _launch_many(config, overrides, db, run_dir, num_processes, timeout_s)
+        return body(run_dir)
     except BaseException:
         if created:
             _remove_if_empty(run_dir)
         raise
+
+
+def _run_joined(cfg: TrainConfig, run_name: str | None) -> dict[str, Any]:
+    """This process's rank of a job it has joined (``jax.distributed`` is up).
+
+    Process 0 picks the run name (unless one is configured) and hands it to
+    the others through the job's key-value store, so every rank writes into
+    one run directory. A failure exits at once (see :func:`worker_main`).
+    """
+    import jax
+
+    rank, world = jax.process_index(), jax.process_count()
+    try:
+        _check_ranks(cfg, world)
+        db = resolve_database(cfg)
+        cfg.check_tasks(db)
+        name = run_name or cfg.logging.run_name or _agreed_run_name(rank)
+        return _in_run_dir(  # type: ignore[no-any-return]
+            cfg,
+            name,
+            lambda run_dir: _train_here(cfg, db, run_dir, rank=rank, world=world, joined=True),
+        )
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _agreed_run_name(rank: int) -> str:
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("_agreed_run_name: jax.distributed is not initialised")
+    key = "headwater/run_name"
+    if rank == 0:
+        name = default_run_name()
+        client.key_value_set(key, name)
+        return name
+    return str(client.blocking_key_value_get(key, 600_000))
 
 
 def _remove_if_empty(run_dir: Path) -> None:
@@ -108,7 +185,7 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _start_workers(spec: Mapping[str, Any], run_dir: Path) -> tuple[list[Any], list[IO[bytes]]]:
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    env = dict(os.environ)  # no platform forced: GPUs are used when present
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
     for r in range(spec["world"]):

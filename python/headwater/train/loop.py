@@ -39,9 +39,9 @@ import numpy as np
 
 from headwater.errors import ConfigError
 from headwater.train.config import TrainConfig
-from headwater.train.mesh import Mesh, Padder, digest, host
+from headwater.train.mesh import Mesh, Padder, digest, host, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
-from headwater.train.summary import RunLog, format_summary, summarise
+from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
 
 
 def train_rank(
@@ -52,18 +52,20 @@ def train_rank(
     rank: int = 0,
     world: int = 1,
     port: int = 0,
+    joined: bool = False,
 ) -> dict[str, Any]:
     """Train on this process as ``rank`` of ``world``; return its summary.
 
     With ``world > 1`` the process joins the loopback ``jax.distributed``
-    job on ``port`` first (and leaves it only after a successful run: a
-    failed rank exits without the shutdown barrier, see the launcher).
+    job on ``port`` first, unless it has ``joined`` a job already (a
+    cluster launcher's); it leaves the job only after a successful run: a
+    failed rank exits without the shutdown barrier, see the launcher.
     """
     import jax
 
     from headwater.telemetry import initialize_loopback
 
-    if world > 1:
+    if world > 1 and not joined:
         initialize_loopback(rank, world, port)
     summary = _train(cfg, db, run_dir, rank, world)
     if world > 1:
@@ -120,6 +122,7 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
     run = _open_wandb(cfg, run_dir) if rank == 0 and lg.wandb_mode != "disabled" else None
     try:
         with sampler:
+            _check_schema(cfg, sampler, rank)
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run)
             if rank == 0:
                 trainer.announce(db, endpoints)
@@ -141,9 +144,11 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         rank=rank,
         final_val_loss=final_val,
         param_digest=param_digest,
+        param_norm=param_norm(trainer.params),
         metrics_endpoints=endpoints,
         wandb_dir=str(Path(run.dir).parent) if run is not None else None,
         config=cfg.to_dict(),
+        batch_layout=trainer.batch_layout,
         telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
     )
     if run is not None:
@@ -155,12 +160,34 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
     return summary
 
 
+def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
+    """Every rank must pack the same telemetry layout and feed the same
+    batch shapes: compared by hash before the first collective."""
+    from headwater.train.cluster import check_same_schema, schema_hash
+
+    kw = cfg.sampler_kwargs(rank)
+    shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
+    describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
+    check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)
+
+
 class Trainer:
     """The model, the optimiser state and the step loop of one rank."""
 
     def __init__(
-        self, cfg: TrainConfig, sampler: Any, run_dir: Path, rank: int, world: int, run: Any
+        self,
+        cfg: TrainConfig,
+        sampler: Any,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        run: Any,
+        streams: int = 1,
     ) -> None:
+        """``streams``: sampler streams this process feeds per step (the
+        sampler's ``next_train_batch`` then returns that many batches); 1
+        in ``headwater train``, more to replay several ranks' streams in one
+        process (the cluster test's reference run)."""
         from jax.sharding import PartitionSpec as P
 
         from headwater import telemetry as T
@@ -175,7 +202,25 @@ class Trainer:
             meta = sampler.database_metadata()
             self.model_cfg = dataclasses.replace(cfg.model, max_categories=M.max_categories(meta))
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        mesh = Mesh()
+        mesh = Mesh(streams)
+        self.mesh = mesh
+        b = int(cfg.sampler_kwargs(rank).get("default_batch_size", 0))
+        per = mesh.devices_per_stream
+        if b % per:
+            raise ConfigError(
+                f"{cfg.where('sampler', 'default_batch_size')}: default_batch_size = {b} does "
+                f"not split over this process's {per} local devices; use a multiple of {per}"
+            )
+        #: How the global batch is formed (stated in the run summary).
+        self.batch_layout = {
+            "per_process_batch": b * streams,
+            "local_devices": mesh.local_devices,
+            "per_device_batch": b // per,
+            "devices": mesh.devices,
+            "processes": mesh.world,
+            "global_batch": b // per * mesh.devices,
+            "platform": mesh.platform,
+        }
         self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
         # Every rank initialises the same parameters from the same seed.
         local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
@@ -222,6 +267,7 @@ class Trainer:
             f"{self.cfg.train.steps} steps",
             flush=True,
         )
+        print(f"devices: {describe_layout(self.batch_layout)}", flush=True)
         if endpoints:
             print(f"metrics: {', '.join(endpoints)}", flush=True)
         if self.wb is not None:

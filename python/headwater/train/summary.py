@@ -107,9 +107,20 @@ def summarise(
     }
 
 
+def describe_layout(layout: Mapping[str, Any]) -> str:
+    """How the global batch is formed, in words."""
+    return (
+        f"{layout['processes']} process(es) × {layout['local_devices']} {layout['platform']} "
+        f"device(s) = {layout['devices']} · global batch {layout['global_batch']} = "
+        f"{layout['per_device_batch']} per device × {layout['devices']} devices "
+        f"({layout['per_process_batch']} per process, one sampler per process)"
+    )
+
+
 def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     lines = [
         f"done: {s['steps']} steps in {s['wall_seconds']:.1f} s on {s['world']} process(es)",
+        f"  {describe_layout(s['batch_layout'])}",
         (
             f"  loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} (mean of first/last steps); "
             f"val loss {s['final_val_loss']:.4f}"
