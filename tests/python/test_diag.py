@@ -306,6 +306,9 @@ def test_pathology_lights_exactly_what_it_declares(
         assert proc.returncode == (0 if result["ok"] else 1)
     assert result["ok"], _table(result)
     assert lit(result) == set(spec.expect), _table(result)
+    if name == "input_straggler":  # every lit signal names the slow rank
+        culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
+        assert culprits["verdict/input_straggler"] == 1 and set(culprits.values()) == {1}
     if name == "cross_rank_skew":
         culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
         assert set(culprits.values()) == {1}, culprits

@@ -39,9 +39,10 @@ import numpy as np
 
 from headwater.errors import ConfigError
 from headwater.train.config import TrainConfig
-from headwater.train.mesh import Mesh, Padder, digest, host, param_norm
+from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
 from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
+from headwater.train.verdict import VERDICTS, VerdictTracker
 
 
 def train_rank(
@@ -149,6 +150,7 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
         wandb_dir=str(Path(run.dir).parent) if run is not None else None,
         config=cfg.to_dict(),
         batch_layout=trainer.batch_layout,
+        **trainer.verdict.summary(),
         telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
     )
     if run is not None:
@@ -256,6 +258,14 @@ class Trainer:
             self.drains or sampler, sinks=sinks, buffered=cfg.train.buffered_telemetry
         )
         self.progress = Progress(cfg.train.steps, cfg.train.log_every, lead)
+        self.verdict = VerdictTracker(world, cfg.train.warmup_steps)
+        #: Each step's ``(verdict, culprit rank, reason)`` until its row is logged.
+        self._verdicts: dict[int, tuple[str, int, str]] = {}
+        #: Steps whose metrics are still on the device; (step seconds, wait) per step.
+        self._pending: list[tuple[int, Any]] = []
+        self._window: list[tuple[float, float]] = []
+        #: The next batch on the device, its sample wait and host→device seconds.
+        self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
 
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""
@@ -288,8 +298,11 @@ class Trainer:
         self.progress.message(f"validation at step {step + 1}: loss {v:.4f}")
         return v
 
-    def step(self, step: int) -> None:
-        """One training step, timed phase by phase."""
+    def _fetch(self) -> tuple[Any, float, float]:
+        """The next batch as global device arrays: ``(batch, wait s, host→device s)``.
+
+        Called right after the step before it is dispatched, so the wait and
+        the transfer overlap that step on the device."""
         import jax
 
         t0 = time.perf_counter()
@@ -298,31 +311,72 @@ class Trainer:
         batch = self.pad(np_batch)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
-        t2 = time.perf_counter()
+        return batch, t1 - t0, time.perf_counter() - t1
+
+    def step(self, step: int) -> None:
+        """One training step: dispatch it, run the telemetry hook (this
+        batch's drain), fetch the next batch while the device computes, and bring the trainer's
+        metrics to the host only every ``log_every`` steps (and before a
+        validation or the end): no device sync per step."""
+        tc = self.cfg.train
+        t0 = time.perf_counter()
+        batch = self._next[0]
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
-        host_metrics = {k: float(host(v)) for k, v in metrics.items()}
+        t1 = time.perf_counter()
+        reduced = self.hook.step(step)  # this batch's drain (fetched last step)
+        t2 = time.perf_counter()
+        self._next = self._fetch() if step + 1 < tc.steps else (None, 0.0, 0.0)
         t3 = time.perf_counter()
-        reduced = self.hook.step(step)
-        t4 = time.perf_counter()
         if reduced:
             self.log.telemetry_rows += 1 if self.wb is not None else 0
             self.log.record_invariants(reduced)
-        loss = host_metrics["loss"]
-        self.log.losses.append(loss)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}")
-        self._log_trainer(step, host_metrics, t4 - t0, (t1 - t0) / max(t4 - t0, 1e-12))
-        tc = self.cfg.train
-        if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
+        self._pending.append((step, metrics))
+        nw = self._next[1]
+        pre = time.perf_counter() - t0
+        self._window.append((pre, nw))  # the flush adds its own time
+        self._verdicts[step] = self.verdict.observe(reduced or {}, pre)
+        due_val = bool(tc.val_every) and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps
+        fetch_s = 0.0
+        if (step + 1) % tc.log_every == 0 or step + 1 == tc.steps or due_val:
+            fetch_s = self._flush()
+        # Phases of this iteration (the wait and transfer are the next batch's).
+        wall = time.perf_counter() - t0
+        compute = t1 - t0 + fetch_s
+        self.log.record_phases((nw, t3 - t2 - nw, compute, t2 - t1, wall - compute - (t3 - t1)))
+        if due_val:
             self.validate(step)
-        self.log.record_phases((t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t4))
+
+    def _flush(self) -> float:
+        """The pending steps' metrics to the host in one transfer, then their
+        rows (W&B, ``metrics.jsonl``, progress); returns the seconds it took."""
+        import jax
+
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, []
+        fetched = jax.device_get([{k: host_shard(v) for k, v in m.items()} for _, m in pending])
+        for (step, _), values in zip(pending, fetched, strict=True):
+            loss = float(values["loss"])
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}")
+            self.log.losses.append(loss)
+        dt = time.perf_counter() - t0
+        # Step time and wait share per row: the window's means (the device
+        # wait of the whole window lands in this flush).
+        window, self._window = self._window, []
+        total = sum(w for w, _ in window) + dt
+        wait_share = sum(x for _, x in window) / total if total > 0 else 0.0
+        step_s = total / max(len(window), 1)
+        for (step, _), values in zip(pending, fetched, strict=True):
+            self._log_trainer(step, {k: float(v) for k, v in values.items()}, step_s, wait_share)
+        return dt
 
     def _log_trainer(
         self, step: int, metrics: dict[str, float], step_s: float, wait_share: float
     ) -> None:
         bps = self.world / step_s if step_s > 0 else 0.0
+        verdict, culprit, reason = self._verdicts.pop(step)
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),
@@ -330,17 +384,21 @@ class Trainer:
             "trainer/batches_per_second": bps,
             "trainer/data_wait_share": wait_share,
             "trainer/step": step,
+            "trainer/verdict": float(VERDICTS.index(verdict)),
+            # The named rank, only when the verdict names one.
+            **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
         }
         if self.wb is not None:
-            self.wb.log(row)
+            self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
-        self.progress.update(step, metrics["loss"], bps, wait_share)
+        self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit)
 
     def run_steps(self) -> tuple[float, float]:
         """Every step, then the final validation: ``(wall seconds, val loss)``."""
         t_start = time.perf_counter()
         tc = self.cfg.train
+        self._next = self._fetch()
         for step in range(tc.steps):
             self.step(step)
         final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan

@@ -52,6 +52,11 @@ def param_norm(tree: Any) -> float:
     )
 
 
+def host_shard(x: Any) -> Any:
+    """A replicated global array's local copy (still on the device)."""
+    return x.addressable_data(0) if hasattr(x, "addressable_data") else x
+
+
 def host(x: Any) -> np.ndarray:
     if hasattr(x, "addressable_data"):
         x = x.addressable_data(0)

@@ -141,6 +141,12 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
                 f"    {p:<15} {1e3 * s['phase_seconds_mean'][p]:9.3f} ms  "
                 f"{100 * s['phase_share'][p]:6.2f}%"
             )
+    hs = s["headspace"]
+    lines.append(
+        f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: the sampler makes "
+        f"{hs['sampler_batches_per_second']:.1f} batches/s, the step needs "
+        f"{hs['needed_batches_per_second']:.1f} for zero wait (x{hs['ratio']:.2f})"
+    )
     health = "sampler health: ok (invariant counters all 0)"
     if s["warnings"]:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
