@@ -46,6 +46,15 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _port_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a port, 0 or "auto"') from None
+
+
 def _cmd_train(a: argparse.Namespace) -> int:
     from headwater.train import launch, parse_overrides
 
@@ -224,7 +233,10 @@ def _add_train(sub: Sub) -> None:
         help="override logging.wandb_mode (default: offline)",
     )
     pt.add_argument(
-        "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
+        "--prometheus-port",
+        type=_port_or_auto,
+        help='override logging.prometheus_port (0 = off, "auto" = free ports, printed and '
+        "listed in the run's prometheus_targets.json)",
     )
     pt.add_argument(
         "--set",

@@ -47,9 +47,7 @@ def main(argv: list[str]) -> int:
     samplers = [open_sampler(cfg, db, r, n) for r in range(n)]
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, Streams(samplers), Path(run_dir), 0, 1, None, streams=n)
-        for step in range(cfg.train.steps):
-            trainer.step(step)
-        trainer.hook.close()
+        trainer.run_steps()
     for s in samplers:
         s.shutdown()
     out.write_text(

@@ -210,27 +210,33 @@ def schema_hash(schema_entries: Sequence[Mapping[str, Any]], shapes: Sequence[in
     return int.from_bytes(h.digest()[:8], "little") >> 12
 
 
-def check_same_schema(local_hash: int, describe: str) -> None:
-    """Compare every rank's :func:`schema_hash` (one host collective); a
-    mismatch is a :class:`ConfigError` naming the ranks of each group."""
+def gather_strings(text: str, width: int = 256) -> list[str]:
+    """``text`` from every process, in process order (one host collective;
+    on one process, ``[text]``). At most ``width`` characters each."""
     import jax
     import numpy as np
 
     if jax.process_count() == 1:
-        return
+        return [text]
     from headwater.telemetry import Gather
 
+    if len(text) > width:
+        raise ValueError(f"gather_strings: {text!r} is longer than {width} characters")
     g = Gather.get()
-    mine = np.asarray([float(local_hash)] + [float(ord(c)) for c in describe[:64].ljust(64)])
+    mine = np.asarray([float(ord(c)) for c in text.ljust(width, "\0")])
     rows = g.finish(g.start(mine)).reshape(jax.process_count(), -1)
-    groups: dict[float, list[int]] = {}
-    for r, row in enumerate(rows):
-        groups.setdefault(float(row[0]), []).append(r)
+    return ["".join(chr(int(c)) for c in row).rstrip("\0") for row in rows]
+
+
+def check_same_schema(local_hash: int, describe: str) -> None:
+    """Compare every rank's :func:`schema_hash` (one host collective); a
+    mismatch is a :class:`ConfigError` naming the ranks of each group."""
+    groups: dict[str, list[int]] = {}
+    seen = gather_strings(f"{local_hash:x} {describe}")
+    for r, row in enumerate(seen):
+        groups.setdefault(row.split(" ", 1)[0], []).append(r)
     if len(groups) > 1:
-        parts = [
-            f"ranks {rs}: {''.join(chr(int(c)) for c in rows[rs[0], 1:]).rstrip()}"
-            for rs in groups.values()
-        ]
+        parts = [f"ranks {rs}: {seen[rs[0]].split(' ', 1)[1]}" for rs in groups.values()]
         raise ConfigError(
             "ranks disagree on the telemetry schema / batch shapes (per-rank [ranks.N] "
             "overrides of S, B or hops?): " + "; ".join(parts)

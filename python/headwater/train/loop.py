@@ -39,6 +39,7 @@ import numpy as np
 
 from headwater.errors import ConfigError
 from headwater.train.config import TrainConfig
+from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
 from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
@@ -74,17 +75,16 @@ def train_rank(
     return summary
 
 
-def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int) -> Any:
+def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0) -> Any:
     """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
-    keys; a rejected value is a :class:`ConfigError` naming where it was set."""
+    keys, its exporter on ``port`` (0 = none); a rejected value is a
+    :class:`ConfigError` naming where it was set."""
     from headwater import _native
 
     kw = cfg.sampler_kwargs(rank)
     lg = cfg.logging
-    if lg.prometheus_port:
-        kw.update(
-            prometheus_port=lg.prometheus_port, prometheus_host=lg.prometheus_host, local_rank=rank
-        )
+    if port:
+        kw.update(prometheus_port=port, prometheus_host=lg.prometheus_host, local_rank=0)
     if lg.otlp_endpoint:
         kw["otlp_endpoint"] = lg.otlp_endpoint
     try:
@@ -114,12 +114,15 @@ def _open_wandb(cfg: TrainConfig, run_dir: Path) -> Any:
 def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> dict[str, Any]:
     lg = cfg.logging
     run_dir.mkdir(parents=True, exist_ok=True)
-    sampler = open_sampler(cfg, db, rank, world)
+    port = exporter_port(lg.prometheus_port, rank)
+    sampler = open_sampler(cfg, db, rank, world, port)
     endpoints = []
-    if lg.prometheus_port:
-        endpoints = [
-            f"http://{lg.prometheus_host}:{lg.prometheus_port + r}/metrics" for r in range(world)
-        ]
+    if port:
+        targets = rank_endpoints(lg.prometheus_host, port)
+        endpoints = [f"http://{t}/metrics" for t in targets]
+        if rank == 0:
+            sd = write_file_sd(run_dir, targets, run_dir.name)
+            print(f"Prometheus file_sd targets: {sd}", flush=True)
     run = _open_wandb(cfg, run_dir) if rank == 0 and lg.wandb_mode != "disabled" else None
     try:
         with sampler:
@@ -128,7 +131,7 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
             if rank == 0:
                 trainer.announce(db, endpoints)
             wall, final_val = trainer.run_steps()
-            if lg.prometheus_port and lg.prometheus_linger_s > 0:
+            if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
     except BaseException:
         # Keep what was logged: close the W&B run as failed (the files are
