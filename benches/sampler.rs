@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headwater::pipeline::SplitTelemetry;
-use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::pipeline::{BatchMaker, SamplerCore, SamplerState};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use headwater::{Database, SamplerConfig, Split};
+use headwater::{Database, Sampler, SamplerConfig, Split};
 
 fn database() -> (Option<tempfile::TempDir>, PathBuf) {
     if let Ok(p) = std::env::var("HEADWATER_BENCH_DB") {
@@ -90,6 +90,36 @@ fn benches(c: &mut Criterion) {
             rec.deliver(black_box(&batch), 2, 0.001);
             rec.drain.drain_values(schema, &mut values);
             black_box(values.len())
+        });
+    });
+    // The sampler state: O(tasks), taken from the delivered copies while the
+    // producers run (budget: < 1 ms).
+    let cfg = SamplerConfig {
+        num_threads: Some(1),
+        num_prefetch: 2,
+        default_batch_size: 8,
+        default_sequence_length: 128,
+        ..SamplerConfig::default()
+    };
+    let running = Sampler::new(&path, cfg.clone()).unwrap();
+    for _ in 0..3 {
+        running.next_batch(Split::Train).unwrap();
+    }
+    c.bench_function("state_dict_json", |b| {
+        b.iter(|| black_box(running.state().to_json().len()));
+    });
+    let json = running.state().to_json();
+    println!(
+        "state_dict: {} bytes for {} tasks",
+        json.len(),
+        db.metadata().tasks.len()
+    );
+    let mine = running.core().stream_config();
+    let names = &running.core().schema.task_names;
+    c.bench_function("state_parse_and_check", |b| {
+        b.iter(|| {
+            let st = SamplerState::from_json(black_box(&json)).unwrap();
+            st.check(db.content_hash(), &mine, names).unwrap();
         });
     });
 }

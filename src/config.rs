@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 pub enum TaskPick {
     /// Weighted random by `task_weights` (uniform by default).
     Weighted,
-    /// Cycle through the tasks (those with seeds on this rank).
+    /// Cycle through the tasks (those with seeds in the split), by step.
     RoundRobin,
 }
 
@@ -94,9 +94,11 @@ pub struct SamplerConfig {
     pub local_rank: Option<u32>,
     /// OTLP/HTTP base URL for stage spans (else `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub otlp_endpoint: Option<String>,
-    /// Keep this share of each of this rank's seed pools (an evenly spaced
-    /// subset, at least one seed): a diagnostic knob for tiny pools and for
-    /// cross-rank shard skew (set it on one rank only).
+    /// Keep this share of each global seed pool (an evenly spaced subset of
+    /// the split's seeds, at least one): a diagnostic knob for tiny pools.
+    /// Part of the stream: every rank must use the same value (ranks with
+    /// different values would read different pools and repeat or skip
+    /// seeds; compare `state_dict()["config_hash"]` across ranks).
     pub pool_fraction: f64,
     /// Fault injection: the producer sleeps this long per batch (inside the
     /// timed stage), to simulate a slow sampler and starve the prefetch queue.

@@ -51,6 +51,16 @@ pub enum Error {
         /// What is wrong: the value and the allowed range.
         what: String,
     },
+    /// A saved sampler state cannot be restored here: another format or
+    /// version, another snapshot, or a config that changes the stream.
+    #[error("sampler state `{field}`: {what}")]
+    State {
+        /// The state field that does not fit (`version`, `content_hash`,
+        /// a stream config key, `splits.<split>.<field>`).
+        field: String,
+        /// What differs: the saved and the current value.
+        what: String,
+    },
     /// A function argument is outside its allowed range.
     #[error("invalid argument `{name}`: {what}")]
     InvalidArgument {

@@ -26,6 +26,7 @@ _LAZY = {
     "WorkerError": ("headwater.errors", "WorkerError"),
     "ResourceError": ("headwater.errors", "ResourceError"),
     "SamplerShutdown": ("headwater.errors", "SamplerShutdown"),
+    "StateError": ("headwater.errors", "StateError"),
 }
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "Sampler",
     "SamplerShutdown",
     "SchemaError",
+    "StateError",
     "WorkerError",
     "default_database",
     "inspect",

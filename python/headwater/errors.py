@@ -9,7 +9,9 @@
 * ``SchemaError``: the relational input cannot become a database;
 * ``WorkerError``: a sampler producer thread failed or panicked;
 * ``ResourceError``: a resource limit such as ``max_rss_bytes`` was hit;
-* ``SamplerShutdown``: the sampler was shut down; no more batches.
+* ``SamplerShutdown``: the sampler was shut down; no more batches;
+* ``StateError``: a saved sampler state from another snapshot, config or
+  state version; the message names the field.
 
 Other invalid arguments raise ``ValueError`` and missing files
 ``FileNotFoundError``.
@@ -22,6 +24,7 @@ from headwater._native import (
     ResourceError,
     SamplerShutdown,
     SchemaError,
+    StateError,
     WorkerError,
 )
 
@@ -32,5 +35,6 @@ __all__ = [
     "ResourceError",
     "SamplerShutdown",
     "SchemaError",
+    "StateError",
     "WorkerError",
 ]

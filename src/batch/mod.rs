@@ -117,8 +117,8 @@ pub struct Batch {
     /// Pool and mix state when the batch was made (default when the
     /// sampler's telemetry is off).
     pub draw: crate::seeds::DrawStats,
-    /// Hash of the producer's RNG state before the draw, the task and the
-    /// drawn seeds: identifies the batch for replay.
+    /// Hash of the step's identity (its derived key, step, rank, world
+    /// size), the task and the drawn seeds: identifies the batch for replay.
     pub fingerprint: u64,
 }
 

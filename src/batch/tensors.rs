@@ -103,8 +103,8 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 }
 
 /// Every tensor of a batch dict, in export order: the 20 tensors of seed
-/// 000 §3b, then `fingerprint` (a hash of the producer's RNG state, the task
-/// and the drawn seeds, so an anomalous step can be identified and replayed).
+/// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
+/// the drawn seeds, so an anomalous step can be identified and replayed).
 pub static TENSORS: [TensorSpec; 21] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),

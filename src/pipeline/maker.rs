@@ -1,9 +1,13 @@
 //! Making one batch: pick a task, draw seeds, BFS in parallel, assemble in
 //! parallel, collate text serially.
 //!
-//! Determinism: all randomness comes from the split's generator, seeded by
-//! (`seed`, `rank`, split); each sequence gets its own generator drawn from it
-//! before the parallel phase, so the thread count never changes a batch.
+//! Determinism: the stream follows `crate::seeds` — the task of a step is a
+//! function of (`seed`, split, step), the seeds are the rank's slice of the
+//! task's global pool at its counter, and each sequence's BFS generator is
+//! derived from (`seed`, split, step, global slot) before the parallel
+//! phase — so the thread count never changes a batch, and a batch is a
+//! function of the split's [`StreamState`] at its step, the rank and the
+//! world size (which is what makes resume, skip and replay exact).
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -20,8 +24,10 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{shard, DrawStats, MixWindow, SeedPool, Split, TaskPicker};
+use crate::seeds::{epoch_cursor, rank_slice, split_seeds, DrawStats, SeedPool, Split, TaskPicker};
 use crate::telemetry::TelemetrySchema;
+
+use super::state::StreamState;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
@@ -56,30 +62,52 @@ pub struct SamplerCore {
     pub schema: TelemetrySchema,
 }
 
-/// One split's sampling state (pools, task picker, generator). Owned by the
-/// split's producer.
+/// One split's sampling state on one rank: the stream position
+/// ([`StreamState`], the only part that matters for the stream), the global
+/// pools, the task picker and scratch buffers. Owned by the split's producer.
 pub struct SplitState {
     /// The split this state samples.
+    /// The split this state samples.
     pub split: Split,
+    /// Where the split's stream stands (the only part that matters for it).
+    pub stream: StreamState,
+    /// The rank whose slice this state draws.
+    pub rank: u32,
     pools: Vec<Option<SeedPool>>,
     picker: TaskPicker,
-    rng: Xoshiro256pp,
     subgraphs: Vec<Subgraph>,
     jobs: Vec<(u32, u32, i64, u64)>,
     text_map: FxMap<u32, u32>,
-    last_picked: Vec<Option<u64>>,
-    mix: MixWindow,
-    /// Batches made so far (the next batch's index in the split's stream).
-    pub step: u64,
 }
 
 impl SplitState {
-    /// Seeds left and pool size per task (`None` = no seeds on this rank).
+    /// Seeds left before the next reshuffle and pool size per task (`None`
+    /// = the task has no seeds in the split). Global: the same on every rank.
     pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
         self.pools
             .iter()
-            .map(|p| p.as_ref().map(|p| (p.remaining(), p.len())))
+            .zip(&self.stream.drawn)
+            .map(|(p, &d)| {
+                p.as_ref().map(|p| {
+                    let n = p.len() as u64;
+                    let (_, cursor) = epoch_cursor(d, n);
+                    ((n - cursor) as usize, n as usize)
+                })
+            })
             .collect()
+    }
+
+    /// Global pool size per task (0 = no seeds in the split).
+    pub fn pool_lens(&self) -> Vec<u64> {
+        self.pools
+            .iter()
+            .map(|p| p.as_ref().map_or(0, |p| p.len() as u64))
+            .collect()
+    }
+
+    /// The task step `step` picks (`None`: no task can be picked).
+    pub fn pick(&self, step: u64) -> Option<usize> {
+        (!self.picker.is_empty()).then(|| self.picker.pick(step) as usize)
     }
 }
 
@@ -155,13 +183,25 @@ impl SamplerCore {
         })
     }
 
-    /// Threads of the sampler's pool.
+    /// The effective task weights (metadata order).
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// Threads in the sampler's pool.
     pub fn num_threads(&self) -> usize {
         self.pool.current_num_threads()
     }
 
-    /// Fresh sampling state for `split` on this rank.
+    /// Fresh sampling state for `split` on this rank (step 0).
     pub fn split_state(&self, split: Split) -> SplitState {
+        let n = self.db.metadata().tasks.len();
+        let stream = StreamState::new(n, self.cfg.world_size, MIX_WINDOW);
+        self.split_state_at(split, stream, self.cfg.rank)
+    }
+
+    /// Sampling state for `split` on `rank`, continuing `stream`.
+    pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
         let c = &self.cfg;
         let m = self.db.metadata();
         let mut pools = Vec::with_capacity(m.tasks.len());
@@ -169,75 +209,90 @@ impl SamplerCore {
         for k in 0..m.tasks.len() {
             let view = self.db.task(k).expect("validated at open");
             let seeds = keep_fraction(
-                shard(
+                split_seeds(
                     k as u32,
                     view.anchor_rows,
                     split,
                     c.split_seed,
                     c.split_ratios,
-                    c.rank,
-                    c.world_size,
                 ),
                 c.pool_fraction,
             );
             if seeds.is_empty() {
-                if self.weights[k] > 0.0 {
+                if self.weights[k] > 0.0 && rank == c.rank {
                     tracing_warn(&format!(
-                        "task `{}` has no {} seeds on rank {} of {}; it is skipped",
+                        "task `{}` has no {} seeds; it is skipped",
                         m.tasks[k].name,
                         split.name(),
-                        c.rank,
-                        c.world_size
                     ));
                 }
                 pools.push(None);
                 eligible.push(false);
             } else {
-                let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
+                let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
                 pools.push(Some(
                     SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
                 ));
                 eligible.push(true);
             }
         }
-        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible);
+        let key = derive(c.seed, &[split.index() as u64, 3]);
+        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible, key);
         SplitState {
             split,
+            stream,
+            rank,
             pools,
             picker,
-            rng: Xoshiro256pp::seed_from_u64(derive(
-                c.seed,
-                &[c.rank as u64, split.index() as u64, 2],
-            )),
             subgraphs: Vec::new(),
             jobs: Vec::new(),
             text_map: FxMap::default(),
-            last_picked: vec![None; m.tasks.len()],
-            mix: MixWindow::new(m.tasks.len(), MIX_WINDOW),
-            step: 0,
         }
     }
 
-    /// Pick the batch's task and draw its seeds into `state.jobs` (seed,
-    /// anchor row, observation time, per-sequence RNG seed). Everything
-    /// random about a batch happens here, serially, which is what makes
-    /// batches independent of the thread count and replayable.
+    /// The key every random choice of step `step` of `split` derives from.
+    fn step_key(&self, split: Split, step: u64) -> u64 {
+        derive(self.cfg.seed, &[split.index() as u64, step, 2])
+    }
+
+    /// Pick the batch's task, draw this rank's slice of its global pool into
+    /// `state.jobs` (seed, anchor row, observation time, per-sequence RNG
+    /// seed) and advance the stream. Everything random about a batch
+    /// happens here, serially, which is what makes batches independent of
+    /// the thread count and replayable.
     fn draw(&self, state: &mut SplitState) -> Result<Draws> {
-        let rng_state = state.rng.state();
-        let k = state.picker.pick(&mut state.rng) as usize;
+        Self::check_can_draw(state)?;
+        let step = state.stream.step;
+        let world_size = state.stream.world_size_at(step);
+        if state.rank >= world_size {
+            return Err(Error::invalid(
+                "rank",
+                format!(
+                    "{} is not a rank of the world size {world_size} of step {step}",
+                    state.rank
+                ),
+            ));
+        }
+        let k = state.picker.pick(step) as usize;
+        let key = self.step_key(state.split, step);
         let task = self.db.task(k)?;
         let pool = state.pools[k]
             .as_mut()
             .expect("picker only picks tasks with seeds");
         let mut d = Draws {
             task: k,
-            rng_state,
+            step,
+            key,
+            world_size,
             exhaust_events: 0,
             duplicates: 0,
         };
+        let b = self.cfg.default_batch_size;
         state.jobs.clear();
-        for _ in 0..self.cfg.default_batch_size {
-            let x = pool.draw();
+        let slice = rank_slice(state.stream.drawn[k], state.rank, b);
+        let first_slot = state.rank as u64 * b as u64;
+        for (j, p) in slice.enumerate() {
+            let x = pool.at(p);
             d.exhaust_events += x.exhausted as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
@@ -245,45 +300,63 @@ impl SamplerCore {
                 x.seed,
                 task.anchor_rows[i],
                 task.obs_times[i],
-                state.rng.next_u64(),
+                derive(key, &[first_slot + j as u64]),
             ));
         }
+        state.stream.advance(k, b);
         Ok(d)
     }
 
-    /// Advance `state` past `n` batches without building them: the same
-    /// draws as [`make_batch`](Self::make_batch), no BFS or assembly.
+    /// Advance `state` past `n` batches without building them or drawing
+    /// their seeds: the same stream positions as
+    /// [`make_batch`](Self::make_batch), O(1) per batch.
     pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
         for _ in 0..n {
-            self.check_can_draw(state)?;
-            let d = self.draw(state)?;
-            if self.cfg.telemetry {
-                state.last_picked[d.task] = Some(state.step);
-                state.mix.push(d.task as u32);
-            }
-            state.step += 1;
+            Self::check_can_draw(state)?;
+            let k = state.picker.pick(state.stream.step) as usize;
+            state.stream.advance(k, self.cfg.default_batch_size);
         }
         Ok(())
     }
 
     /// Rebuild batch `step` of `split` exactly as the producer made it (same
-    /// tensors, same fingerprint), from a fresh state of the same config.
+    /// tensors, same fingerprint), from a fresh state of the same config
+    /// with this sampler's rank and world size.
     pub fn replay_batch(&self, split: Split, step: u64) -> Result<Batch> {
-        let mut state = self.split_state(split);
+        self.replay_batch_on(split, step, self.cfg.rank, &[(0, self.cfg.world_size)])
+    }
+
+    /// Rebuild batch `step` of `split` as rank `rank` made it in a run whose
+    /// world sizes were `world_sizes` (`(first step, world size)` spans, as
+    /// a [`StreamState`] records them; they may span resumes and reshards).
+    pub fn replay_batch_on(
+        &self,
+        split: Split,
+        step: u64,
+        rank: u32,
+        world_sizes: &[(u64, u32)],
+    ) -> Result<Batch> {
+        let spans_ok = world_sizes.first().is_some_and(|s| s.0 == 0)
+            && world_sizes.windows(2).all(|w| w[0].0 < w[1].0)
+            && world_sizes.iter().all(|s| s.1 > 0);
+        if !spans_ok {
+            return Err(Error::invalid(
+                "world_sizes",
+                format!("{world_sizes:?} is not a history of (first step, world size > 0) spans from step 0"),
+            ));
+        }
+        let mut stream = StreamState::new(self.db.metadata().tasks.len(), 1, MIX_WINDOW);
+        stream.world_sizes = world_sizes.to_vec();
+        let mut state = self.split_state_at(split, stream, rank);
         self.skip_batches(&mut state, step)?;
         self.make_batch(&mut state)
     }
 
-    fn check_can_draw(&self, state: &SplitState) -> Result<()> {
+    fn check_can_draw(state: &SplitState) -> Result<()> {
         if state.picker.is_empty() {
             return Err(Error::invalid(
                 "task_weights",
-                format!(
-                    "no task with weight > 0 has {} seeds on rank {} of {}",
-                    state.split.name(),
-                    self.cfg.rank,
-                    self.cfg.world_size
-                ),
+                format!("no task with weight > 0 has {} seeds", state.split.name()),
             ));
         }
         Ok(())
@@ -291,12 +364,12 @@ impl SamplerCore {
 
     /// Make the next batch of `state`'s split.
     pub fn make_batch(&self, state: &mut SplitState) -> Result<Batch> {
-        self.check_can_draw(state)?;
+        Self::check_can_draw(state)?;
         assert!(
-            self.cfg.debug_panic_at_step != Some(state.step),
+            self.cfg.debug_panic_at_step != Some(state.stream.step),
             "debug_panic_at_step: deliberate panic at {} step {}",
             state.split.name(),
-            state.step
+            state.stream.step
         );
         let t0 = Instant::now();
         if self.cfg.debug_batch_delay_ms > 0.0 {
@@ -307,7 +380,7 @@ impl SamplerCore {
         let batch_span = tracing::info_span!(
             "batch",
             split = state.split.name(),
-            step = state.step as i64,
+            step = state.stream.step as i64,
             rank = self.cfg.rank as i64,
             task = tracing::field::Empty,
             rows = tracing::field::Empty,
@@ -318,7 +391,9 @@ impl SamplerCore {
         let s = self.cfg.default_sequence_length;
         let Draws {
             task: k,
-            rng_state,
+            step,
+            key,
+            world_size,
             exhaust_events,
             duplicates,
         } = self.draw(state)?;
@@ -455,25 +530,29 @@ impl SamplerCore {
             (t_end - t0).as_nanos() as u64,
         ];
         if self.cfg.telemetry {
-            batch.draw = self.draw_stats(state, k);
+            batch.draw = self.draw_stats(state, step, world_size);
         }
-        batch.fingerprint = fingerprint(rng_state, k, &batch.seeds);
+        batch.fingerprint = fingerprint(
+            [key, step, state.rank as u64, world_size as u64],
+            k,
+            &batch.seeds,
+        );
         batch.exhaust_events = exhaust_events;
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
-        batch.step = state.step;
-        state.step += 1;
+        batch.step = step;
         Ok(batch)
     }
 }
 
 impl SamplerCore {
-    /// Pool and mix measurements after drawing task `k`'s seeds.
+    /// Pool and mix measurements after step `step` drew task `k`'s seeds
+    /// (the stream has advanced past it). Pool figures are global (the same
+    /// on every rank).
     #[allow(clippy::cast_precision_loss)]
-    fn draw_stats(&self, state: &mut SplitState, k: usize) -> DrawStats {
-        state.last_picked[k] = Some(state.step);
-        state.mix.push(k as u32);
-        let b = self.cfg.default_batch_size as f64;
+    fn draw_stats(&self, state: &SplitState, step: u64, world_size: u32) -> DrawStats {
+        let st = &state.stream;
+        let b = (world_size as usize * self.cfg.default_batch_size) as f64;
         let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
@@ -481,24 +560,26 @@ impl SamplerCore {
             remaining_fraction_max: f64::NEG_INFINITY,
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
-            tv_distance: state.mix.tv_distance(&self.weights),
+            tv_distance: st.mix.tv_distance(&self.weights),
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
                 continue;
             }
-            let since = match state.last_picked[j] {
-                Some(s) => state.step - s,
-                None => state.step + 1,
+            let since = match st.last_picked[j] {
+                Some(s) => step - s,
+                None => step + 1,
             };
             t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
             let Some(pool) = pool else { continue };
-            let (rem, len) = (pool.remaining() as f64, pool.len() as f64);
+            let n = pool.len() as u64;
+            let (_, cursor) = epoch_cursor(st.drawn[j], n);
+            let (rem, len) = ((n - cursor) as f64, n as f64);
             t.remaining_min = t.remaining_min.min(rem);
             t.remaining_max = t.remaining_max.max(rem);
             t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
             t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
-            let rate = state.mix.count(j) as f64 / state.mix.len().max(1) as f64 * b;
+            let rate = st.mix.count(j) as f64 / st.mix.len().max(1) as f64 * b;
             if rate > 0.0 {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
             }
@@ -507,11 +588,12 @@ impl SamplerCore {
     }
 }
 
-/// Hash of the RNG state before the draw, the task and the drawn seeds.
+/// Hash of the step's identity (its key, step, rank and world size), the
+/// task and the drawn seeds.
 #[allow(clippy::cast_possible_truncation)]
-fn fingerprint(rng_state: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
+fn fingerprint(identity: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for w in rng_state {
+    for w in identity {
         h.update(&w.to_le_bytes());
     }
     h.update(&(task as u32).to_le_bytes());
@@ -532,7 +614,9 @@ fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
 /// The random choices of one batch.
 struct Draws {
     task: usize,
-    rng_state: [u64; 4],
+    step: u64,
+    key: u64,
+    world_size: u32,
     exhaust_events: u32,
     duplicates: u32,
 }

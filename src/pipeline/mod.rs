@@ -7,14 +7,25 @@
 //! batches. A producer error or panic is delivered to the consumer as an
 //! error, never a hang. With `max_rss_bytes`, a producer stops with a clear
 //! error before the process grows past the cap.
+//!
+//! Delivery: each split keeps a **delivered** [`StreamState`] that advances
+//! only when a batch is handed to the consumer (a batch whose step is not the
+//! next delivered step is stale — made before a restart — and is dropped).
+//! `state_dict()` reads the delivered copies, so prefetched batches are not
+//! consumed. Restoring a state, `load_state()` and `skip()` restart a
+//! split's producer from a new stream position; restarts must not race
+//! with consumers on other threads (a consumer blocked during one waits on
+//! the new producer).
 
 mod maker;
 mod report;
 mod rss;
+pub mod state;
 
-pub use maker::{BatchMaker, SamplerCore, SplitState};
+pub use maker::{BatchMaker, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::{fill_report, SplitTelemetry};
 pub use rss::current_rss_bytes;
+pub use state::{SamplerState, StreamState};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -38,14 +49,24 @@ pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
 
 struct Producer {
     rx: Receiver<Result<Batch>>,
-    handle: Mutex<Option<JoinHandle<()>>>,
+    handle: Option<JoinHandle<()>>,
+    /// Dropped to stop this producer alone (a restart).
+    halt: Option<Sender<()>>,
+}
+
+/// One produced split: its producer (replaced on a restart), the delivered
+/// stream state and the global pool sizes.
+struct Lane {
+    producer: Mutex<Producer>,
+    delivered: Mutex<StreamState>,
+    pool_lens: Vec<u64>,
 }
 
 /// A running sampler: the Rust API (`next_batch`, `iter`) behind the Python
 /// `headwater.Sampler`.
 pub struct Sampler {
     core: Arc<SamplerCore>,
-    producers: Vec<Producer>,
+    lanes: Vec<Lane>,
     stop: Mutex<Option<Sender<()>>>,
     stop_rx: Receiver<()>,
     closed: AtomicBool,
@@ -71,6 +92,7 @@ fn produce(
     mut state: SplitState,
     tx: Sender<Result<Batch>>,
     stop: Receiver<()>,
+    halt: Receiver<()>,
 ) {
     loop {
         let msg = match core.cfg.max_rss_bytes.map(|cap| (cap, current_rss_bytes())) {
@@ -86,6 +108,7 @@ fn produce(
         select! {
             send(tx, msg) -> sent => if sent.is_err() { return },
             recv(stop) -> _ => return,
+            recv(halt) -> _ => return,
         }
         if fatal {
             return;
@@ -96,12 +119,40 @@ fn produce(
 impl Sampler {
     /// Open `db_path` and start the producers.
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Sampler> {
+        Sampler::with_state(db_path, cfg, None)
+    }
+
+    /// Open `db_path` and start the producers where `state` (a saved
+    /// [`SamplerState`]) left off; `None` starts at step 0.
+    pub fn with_state(
+        db_path: impl AsRef<Path>,
+        cfg: SamplerConfig,
+        state: Option<&SamplerState>,
+    ) -> Result<Sampler> {
         let core = Arc::new(SamplerCore::new(db_path, cfg)?);
-        Sampler::start(core)
+        Sampler::start_at(core, state)
     }
 
     /// Start producers for an already built core.
     pub fn start(core: Arc<SamplerCore>) -> Result<Sampler> {
+        Sampler::start_at(core, None)
+    }
+
+    /// Each produced split's state, fresh or restored from `saved`.
+    fn initial_states(core: &SamplerCore, saved: Option<&SamplerState>) -> Result<Vec<SplitState>> {
+        let mut states: Vec<SplitState> = PRODUCED.iter().map(|&s| core.split_state(s)).collect();
+        if let Some(saved) = saved {
+            let restored = core.restore(saved, &states)?;
+            for (state, stream) in states.iter_mut().zip(restored) {
+                state.stream = stream;
+            }
+        }
+        Ok(states)
+    }
+
+    /// Start producers for `core`, at `saved` when given.
+    pub fn start_at(core: Arc<SamplerCore>, saved: Option<&SamplerState>) -> Result<Sampler> {
+        let states = Sampler::initial_states(&core, saved)?;
         let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
@@ -130,30 +181,26 @@ impl Sampler {
             })
             .collect();
         let (stop_tx, stop_rx) = bounded::<()>(0);
-        let mut producers = Vec::new();
-        for split in PRODUCED {
-            let cap = core.cfg.num_prefetch;
-            let (tx, rx) = bounded(cap);
-            let state = core.split_state(split);
-            let (c, s) = (core.clone(), stop_rx.clone());
-            let handle = std::thread::Builder::new()
-                .name(format!("headwater-{}", split.name()))
-                .spawn(move || produce(c, state, tx, s))
-                .map_err(|e| {
-                    Error::Worker(format!(
-                        "cannot start the {} producer thread: {e}",
-                        split.name()
-                    ))
-                })?;
-            producers.push(Producer {
-                rx,
-                handle: Mutex::new(Some(handle)),
+        let mut lanes = Vec::new();
+        for state in states {
+            let delivered = Mutex::new(state.stream.clone());
+            let pool_lens = state.pool_lens();
+            lanes.push(Lane {
+                producer: Mutex::new(spawn_producer(&core, state, &stop_rx)?),
+                delivered,
+                pool_lens,
             });
+        }
+        if saved.is_some() {
+            for t in &telemetry {
+                let t: &Mutex<SplitTelemetry> = t;
+                t.lock().unwrap().note_resume();
+            }
         }
         Ok(Sampler {
             telemetry,
             core,
-            producers,
+            lanes,
             stop: Mutex::new(Some(stop_tx)),
             stop_rx,
             closed: AtomicBool::new(false),
@@ -167,11 +214,11 @@ impl Sampler {
         &self.core
     }
 
-    fn producer(&self, split: Split) -> Result<&Producer> {
+    fn lane(&self, split: Split) -> Result<&Lane> {
         PRODUCED
             .iter()
             .position(|&s| s == split)
-            .map(|i| &self.producers[i])
+            .map(|i| &self.lanes[i])
             .ok_or_else(|| {
                 Error::invalid(
                     "split",
@@ -182,7 +229,86 @@ impl Sampler {
 
     /// Batches waiting in `split`'s channel.
     pub fn queue_depth(&self, split: Split) -> Result<usize> {
-        Ok(self.producer(split)?.rx.len())
+        Ok(self.lane(split)?.producer.lock().unwrap().rx.len())
+    }
+
+    /// The sampler state as of delivery (every produced split).
+    pub fn state(&self) -> SamplerState {
+        let streams: Vec<StreamState> = self
+            .lanes
+            .iter()
+            .map(|l| l.delivered.lock().unwrap().clone())
+            .collect();
+        let parts: Vec<(Split, &StreamState, &[u64])> = PRODUCED
+            .iter()
+            .zip(&streams)
+            .zip(&self.lanes)
+            .map(|((&s, st), l)| (s, st, l.pool_lens.as_slice()))
+            .collect();
+        self.core.capture(&parts)
+    }
+
+    /// Continue every split from `saved` (checked as at construction):
+    /// queued batches are dropped and the producers restarted.
+    pub fn load_state(&self, saved: &SamplerState) -> Result<()> {
+        self.check_open()?;
+        let states = Sampler::initial_states(&self.core, Some(saved))?;
+        for (lane, state) in self.lanes.iter().zip(states) {
+            self.restart(lane, state)?;
+        }
+        for t in &self.telemetry {
+            t.lock().unwrap().note_resume();
+        }
+        Ok(())
+    }
+
+    /// Advance `split`'s stream by `n` batches past the last delivered one
+    /// without building them (queued batches are dropped, the producer
+    /// restarts after them). Exactly reproducible: the batches after a skip
+    /// are those an unskipped stream delivers `n` steps later.
+    pub fn skip(&self, split: Split, n: u64) -> Result<()> {
+        self.check_open()?;
+        let lane = self.lane(split)?;
+        let stream = lane.delivered.lock().unwrap().clone();
+        let mut state = self.core.split_state_at(split, stream, self.core.cfg.rank);
+        self.core.skip_batches(&mut state, n)?;
+        self.restart(lane, state)
+    }
+
+    /// Rebuild batch `step` of `split` as rank `rank` (default: this rank)
+    /// delivered it, under the world sizes this stream has had (across
+    /// resumes and reshards).
+    pub fn replay_batch(&self, split: Split, step: u64, rank: Option<u32>) -> Result<Batch> {
+        let spans = self
+            .lane(split)?
+            .delivered
+            .lock()
+            .unwrap()
+            .world_sizes
+            .clone();
+        let rank = rank.unwrap_or(self.core.cfg.rank);
+        self.core.replay_batch_on(split, step, rank, &spans)
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    /// Stop `lane`'s producer, drop its queue, and start a new one at
+    /// `state`; the delivered copy becomes `state`'s stream.
+    fn restart(&self, lane: &Lane, state: SplitState) -> Result<()> {
+        let mut p = lane.producer.lock().unwrap();
+        drop(p.halt.take());
+        while p.rx.try_recv().is_ok() {}
+        if let Some(h) = p.handle.take() {
+            let _ = h.join();
+        }
+        *lane.delivered.lock().unwrap() = state.stream.clone();
+        *p = spawn_producer(&self.core, state, &self.stop_rx)?;
+        Ok(())
     }
 
     /// The next batch of `split`, waiting at most `timeout` (`None` = forever).
@@ -209,22 +335,55 @@ impl Sampler {
                 Error::Worker(msg)
             });
         }
-        let p = self.producer(split)?;
-        let got = if let Some(t) = timeout {
-            select! {
-                recv(p.rx) -> m => Some(m),
-                recv(self.stop_rx) -> _ => None,
-                default(t) => return Ok(None),
+        let lane = self.lane(split)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let rx = lane.producer.lock().unwrap().rx.clone();
+            let got = if let Some(d) = deadline {
+                select! {
+                    recv(rx) -> m => Some(m),
+                    recv(self.stop_rx) -> _ => None,
+                    default(d.saturating_duration_since(Instant::now())) => return Ok(None),
+                }
+            } else {
+                select! {
+                    recv(rx) -> m => Some(m),
+                    recv(self.stop_rx) -> _ => None,
+                }
+            };
+            if self.closed.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
             }
-        } else {
-            select! {
-                recv(p.rx) -> m => Some(m),
-                recv(self.stop_rx) -> _ => None,
+            let restarted = || !lane.producer.lock().unwrap().rx.same_channel(&rx);
+            match got {
+                Some(Ok(Ok(b))) => {
+                    let mut d = lane.delivered.lock().unwrap();
+                    if b.step < d.step {
+                        continue; // made before a restart: not part of the stream now
+                    }
+                    if b.step > d.step {
+                        return Err(Error::Worker(format!(
+                            "the {} producer made step {} while step {} was due",
+                            split.name(),
+                            b.step,
+                            d.step
+                        )));
+                    }
+                    d.advance(b.task_idx as usize, self.core.cfg.default_batch_size);
+                    return Ok(Some(b));
+                }
+                Some(Err(_)) if restarted() => {} // the split was restarted: wait on the new producer
+                other => return self.failed(split, other),
             }
-        };
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
         }
+    }
+
+    /// The error for a producer failure, a closed channel or a shutdown.
+    fn failed(
+        &self,
+        split: Split,
+        got: Option<std::result::Result<Result<Batch>, crossbeam_channel::RecvError>>,
+    ) -> Result<Option<Batch>> {
         match got {
             None => Err(Error::Shutdown),
             Some(Ok(Ok(b))) => Ok(Some(b)),
@@ -321,15 +480,42 @@ impl Sampler {
             return;
         }
         drop(self.stop.lock().unwrap().take());
-        for p in &self.producers {
+        for lane in &self.lanes {
+            let mut p = lane.producer.lock().unwrap();
             while p.rx.try_recv().is_ok() {}
-            if let Some(h) = p.handle.lock().unwrap().take() {
+            if let Some(h) = p.handle.take() {
                 let _ = h.join();
             }
             while p.rx.try_recv().is_ok() {}
         }
         otel::flush();
     }
+}
+
+/// Start a producer thread for `state`'s split.
+fn spawn_producer(
+    core: &Arc<SamplerCore>,
+    state: SplitState,
+    stop: &Receiver<()>,
+) -> Result<Producer> {
+    let split = state.split;
+    let (tx, rx) = bounded(core.cfg.num_prefetch);
+    let (halt_tx, halt_rx) = bounded::<()>(0);
+    let (c, s) = (core.clone(), stop.clone());
+    let handle = std::thread::Builder::new()
+        .name(format!("headwater-{}", split.name()))
+        .spawn(move || produce(c, state, tx, s, halt_rx))
+        .map_err(|e| {
+            Error::Worker(format!(
+                "cannot start the {} producer thread: {e}",
+                split.name()
+            ))
+        })?;
+    Ok(Producer {
+        rx,
+        handle: Some(handle),
+        halt: Some(halt_tx),
+    })
 }
 
 impl Drop for Sampler {

@@ -44,6 +44,8 @@ pub fn fill_report(r: &mut BatchReport, b: &Batch, depth: usize, wait_seconds: f
 /// exporters (every one a [`Recorder`]).
 pub struct SplitTelemetry {
     report: BatchReport,
+    /// Resumes not yet reported with a batch.
+    pending_resumes: f64,
     /// Accumulates for the drain API.
     pub drain: StepRecorder,
     /// Exporters fed the same reports (Prometheus, …).
@@ -55,14 +57,22 @@ impl SplitTelemetry {
     pub fn new(schema: &TelemetrySchema, exporters: Vec<Box<dyn Recorder>>) -> Self {
         SplitTelemetry {
             report: BatchReport::default(),
+            pending_resumes: 0.0,
             drain: StepRecorder::new(schema),
             exporters,
         }
     }
 
+    /// The sampler was restored from a saved state: reported with the next
+    /// delivered batch (`sampler/resumes`).
+    pub fn note_resume(&mut self) {
+        self.pending_resumes += 1.0;
+    }
+
     /// Record one delivered batch in the drain and every exporter.
     pub fn deliver(&mut self, b: &Batch, depth: usize, wait_seconds: f64) {
         fill_report(&mut self.report, b, depth, wait_seconds);
+        self.report.resumes = std::mem::take(&mut self.pending_resumes);
         self.drain.record(&self.report);
         for e in &mut self.exporters {
             e.record(&self.report);

@@ -77,6 +77,12 @@ pub(crate) fn json_to_py<'py>(
 
 create_exception!(
     _native,
+    StateError,
+    HeadwaterError,
+    "A saved sampler state cannot be restored (other snapshot, config or version)."
+);
+create_exception!(
+    _native,
     SamplerShutdown,
     HeadwaterError,
     "The sampler was shut down; no more batches."
@@ -107,6 +113,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Ok(t) => PyErr::from_type(t.clone(), msg),
             Err(e) => e,
         }),
+        Error::State { .. } => StateError::new_err(msg),
         Error::InvalidArgument { .. } => PyValueError::new_err(msg),
         Error::Preprocess(_) => SchemaError::new_err(msg),
         Error::Shutdown => SamplerShutdown::new_err(msg),
@@ -122,6 +129,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("SchemaError", py.get_type::<SchemaError>())?;
     m.add("ConfigError", config_error(py)?)?;
+    m.add("StateError", py.get_type::<StateError>())?;
     m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
     m.add("WorkerError", py.get_type::<WorkerError>())?;
     m.add("ResourceError", py.get_type::<ResourceError>())?;

@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::to_py;
 use crate::batch::{Batch, TensorData};
-use crate::pipeline;
+use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
 fn parse_split(split: &str) -> PyResult<Split> {
@@ -20,6 +20,32 @@ fn parse_split(split: &str) -> PyResult<Split> {
             "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
         ))
     })
+}
+
+/// A non-negative integer argument.
+fn nonneg(name: &str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!("invalid argument `{name}`: must be >= 0, got {v}"))
+    })
+}
+
+/// A saved state given as a dict (`state_dict()`), JSON str or bytes.
+fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
+    let json = if let Ok(s) = v.extract::<String>() {
+        s
+    } else if let Ok(b) = v.extract::<Vec<u8>>() {
+        String::from_utf8(b).map_err(|e| {
+            PyValueError::new_err(format!(
+                "invalid argument `state`: bytes are not UTF-8 JSON: {e}"
+            ))
+        })?
+    } else {
+        v.py()
+            .import("json")?
+            .call_method1("dumps", (v,))?
+            .extract::<String>()?
+    };
+    SamplerState::from_json(&json).map_err(to_py)
 }
 
 /// How long a blocked wait sleeps between checks for Ctrl-C.
@@ -111,16 +137,20 @@ impl Sampler {
     /// Open `db_path` with the sampler keys of `config` and `kwargs`
     /// (keywords win); unknown keys and bad values raise `ConfigError`.
     #[new]
-    #[pyo3(signature = (db_path, config=None, **kwargs))]
+    /// `state` (a `state_dict()` value, or its JSON) continues where it
+    /// left off; `StateError` names the field when it does not fit.
+    #[pyo3(signature = (db_path, config=None, state=None, **kwargs))]
     fn new(
         py: Python<'_>,
         db_path: std::path::PathBuf,
         config: Option<&Bound<'_, PyAny>>,
+        state: Option<&Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let cfg = super::config::from_py(config, kwargs)?;
+        let state = state.map(parse_state).transpose()?;
         let inner = py
-            .detach(|| pipeline::Sampler::new(&db_path, cfg))
+            .detach(|| pipeline::Sampler::with_state(&db_path, cfg, state.as_ref()))
             .map_err(to_py)?;
         Ok(Sampler {
             inner,
@@ -261,21 +291,58 @@ impl Sampler {
     /// Rebuild batch number `step` of `split` exactly as it was delivered
     /// (same tensors and `fingerprint`), from a fresh state with this
     /// sampler's configuration; the running producers are not disturbed.
-    #[pyo3(signature = (step, split="train"))]
+    /// Across resumes and reshards the world size of `step` is the one it
+    /// was delivered under; `rank` (default: this sampler's) picks whose
+    /// batch to rebuild.
+    #[pyo3(signature = (step, split="train", rank=None))]
     fn replay_batch<'py>(
         &self,
         py: Python<'py>,
         step: i64,
         split: &str,
+        rank: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let split = parse_split(split)?;
-        let step = u64::try_from(step).map_err(|_| {
-            PyValueError::new_err(format!("invalid argument `step`: must be >= 0, got {step}"))
-        })?;
+        let step = nonneg("step", step)?;
+        let rank = rank
+            .map(|r| {
+                u32::try_from(nonneg("rank", r)?).map_err(|_| {
+                    PyValueError::new_err(format!("invalid argument `rank`: {r} is too large"))
+                })
+            })
+            .transpose()?;
         let b = py
-            .detach(|| self.inner.core().replay_batch(split, step))
+            .detach(|| self.inner.replay_batch(split, step, rank))
             .map_err(to_py)?;
         batch_dict(py, b, &mut Vec::new())
+    }
+
+    /// The sampler state as of delivery (batches prefetched but not yet
+    /// returned are not consumed): a small JSON-compatible dict, the same on
+    /// every rank of a run. Restore it with `Sampler(..., state=...)` or
+    /// `load_state_dict()`.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = py.detach(|| self.inner.state().to_json());
+        py.import("json")?.call_method1("loads", (s,))
+    }
+
+    /// Continue from `state` (a `state_dict()` value, or its JSON as str or
+    /// bytes): queued batches are dropped and the producers restarted.
+    /// Raises `StateError` naming the field when the state does not fit this
+    /// database and configuration.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let st = parse_state(state)?;
+        py.detach(|| self.inner.load_state(&st)).map_err(to_py)
+    }
+
+    /// Advance `split`'s stream by `n` batches past the last delivered one
+    /// without building them (e.g. to step over a batch that caused a loss
+    /// spike); exactly reproducible.
+    #[pyo3(signature = (n, split="train"))]
+    fn skip(&self, py: Python<'_>, n: i64, split: &str) -> PyResult<()> {
+        let split = parse_split(split)?;
+        let n = nonneg("n", n)?;
+        py.detach(|| self.inner.skip(split, n)).map_err(to_py)
     }
 
     /// Data addresses of the last batch's Rust buffers, for zero-copy checks.

@@ -52,6 +52,10 @@ impl MixWindow {
         self.counts[task as usize] += 1;
     }
 
+    /// The picks in the window, oldest first (for the sampler state).
+    pub fn picks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.picks.iter().copied()
+    }
     /// Picks in the window.
     pub fn len(&self) -> usize {
         self.picks.len()

@@ -1,20 +1,25 @@
-//! Choosing one task per batch.
+//! Choosing one task per batch: a pure function of the step, the same on
+//! every rank.
 
 use crate::config::TaskPick;
-use crate::rng::Xoshiro256pp;
+use crate::rng::mix64;
 
-/// Picks the task of each batch among the tasks that have seeds on this rank.
+/// Picks the task of each step among the tasks with weight > 0 whose global
+/// pool in the split is not empty. Stateless: `pick(step)` depends only on
+/// the construction arguments and `step`, so every rank picks the same task
+/// at the same step whatever its rank, world size or history.
 #[derive(Debug, Clone)]
 pub struct TaskPicker {
     mode: TaskPick,
     /// (task index, cumulative weight) of eligible tasks with weight > 0.
     cumulative: Vec<(u32, f64)>,
-    next_rr: usize,
+    key: u64,
 }
 
 impl TaskPicker {
-    /// `weights[k]` for every task; `eligible[k]` = task has seeds here.
-    pub fn new(mode: TaskPick, weights: &[f64], eligible: &[bool]) -> Self {
+    /// `weights[k]` for every task; `eligible[k]` = task has seeds in the
+    /// split; `key` seeds the weighted choice (derived from seed and split).
+    pub fn new(mode: TaskPick, weights: &[f64], eligible: &[bool], key: u64) -> Self {
         let mut acc = 0.0;
         let mut cumulative = Vec::new();
         for (k, (&w, &ok)) in weights.iter().zip(eligible).enumerate() {
@@ -26,7 +31,7 @@ impl TaskPicker {
         TaskPicker {
             mode,
             cumulative,
-            next_rr: 0,
+            key,
         }
     }
 
@@ -40,17 +45,19 @@ impl TaskPicker {
         self.cumulative.is_empty()
     }
 
-    /// The task of the next batch.
-    pub fn pick(&mut self, rng: &mut Xoshiro256pp) -> u32 {
+    /// The task of `step` (the picker must not be empty). Round robin cycles
+    /// through the eligible tasks in index order; weighted draws
+    /// `u = mix64(key ^ mix64(step)) / 2^64` and takes the first task whose
+    /// cumulative weight exceeds `u · total`.
+    pub fn pick(&self, step: u64) -> u32 {
         match self.mode {
             TaskPick::RoundRobin => {
-                let k = self.cumulative[self.next_rr % self.cumulative.len()].0;
-                self.next_rr += 1;
-                k
+                self.cumulative[(step % self.cumulative.len() as u64) as usize].0
             }
             TaskPick::Weighted => {
                 let total = self.cumulative.last().map_or(0.0, |c| c.1);
-                let x = rng.next_f64() * total;
+                let bits = mix64(self.key ^ mix64(step.wrapping_add(0xD1B5_4A32_D192_ED03)));
+                let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
                 let i = self.cumulative.partition_point(|&(_, c)| c <= x);
                 self.cumulative[i.min(self.cumulative.len() - 1)].0
             }
@@ -64,20 +71,27 @@ mod tests {
 
     #[test]
     fn weighted_follows_weights_and_skips_ineligible() {
-        let mut p = TaskPicker::new(
+        let p = TaskPicker::new(
             TaskPick::Weighted,
             &[1.0, 3.0, 5.0, 0.0],
             &[true, true, false, true],
+            1,
         );
-        let mut rng = Xoshiro256pp::seed_from_u64(1);
         let mut c = [0u32; 4];
-        for _ in 0..40_000 {
-            c[p.pick(&mut rng) as usize] += 1;
+        for step in 0..40_000 {
+            c[p.pick(step) as usize] += 1;
         }
         assert_eq!((c[2], c[3]), (0, 0));
         assert!((c[1] as f64 / c[0] as f64 - 3.0).abs() < 0.15, "{c:?}");
-        let mut rr = TaskPicker::new(TaskPick::RoundRobin, &[1.0, 1.0, 1.0], &[true, false, true]);
-        let seq: Vec<u32> = (0..4).map(|_| rr.pick(&mut rng)).collect();
+        // A pure function of the step.
+        assert_eq!(p.pick(12_345), p.clone().pick(12_345));
+        let rr = TaskPicker::new(
+            TaskPick::RoundRobin,
+            &[1.0, 1.0, 1.0],
+            &[true, false, true],
+            1,
+        );
+        let seq: Vec<u32> = (0..4).map(|s| rr.pick(s)).collect();
         assert_eq!(seq, vec![0, 2, 0, 2]);
     }
 }

@@ -63,28 +63,31 @@ pub fn split_of(task_idx: u32, anchor_row: u32, split_seed: u64, ratios: [f64; 3
     }
 }
 
-/// Positions (into the task's seed list) this rank owns in `split`: the
-/// split's seeds in task order, every `world_size`-th starting at `rank`.
-pub fn shard(
+/// Positions (into the task's seed list) of the seeds in `split`, ascending:
+/// the split's global pool, the same on every rank.
+pub fn split_seeds(
     task_idx: u32,
     anchor_rows: &[u32],
     split: Split,
     split_seed: u64,
     ratios: [f64; 3],
-    rank: u32,
-    world_size: u32,
 ) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut i = 0u64;
-    for (pos, &row) in anchor_rows.iter().enumerate() {
-        if split_of(task_idx, row, split_seed, ratios) == split {
-            if i % world_size as u64 == rank as u64 {
-                out.push(pos as u32);
-            }
-            i += 1;
-        }
-    }
-    out
+    anchor_rows
+        .iter()
+        .enumerate()
+        .filter(|&(_, &row)| split_of(task_idx, row, split_seed, ratios) == split)
+        .map(|(pos, _)| pos as u32)
+        .collect()
+}
+
+/// The global pool positions rank `rank` draws at a step whose pool counter
+/// stands at `drawn`: `batch_size` consecutive positions starting at
+/// `drawn + rank · batch_size`. Over ranks `0..world_size` the slices are
+/// disjoint and cover `drawn .. drawn + world_size · batch_size`, which is
+/// what the step consumes.
+pub fn rank_slice(drawn: u64, rank: u32, batch_size: usize) -> std::ops::Range<u64> {
+    let start = drawn + rank as u64 * batch_size as u64;
+    start..start + batch_size as u64
 }
 
 #[cfg(test)]
@@ -92,35 +95,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_partition_and_shards_partition() {
+    fn splits_partition_and_rank_slices_partition_a_step() {
         let rows: Vec<u32> = (0..5000).map(|i| i * 7 + 3).collect();
         let ratios = [0.8, 0.1, 0.1];
         let mut seen = vec![0u8; rows.len()];
         let mut per_split = [0usize; 3];
         for split in [Split::Train, Split::Val, Split::Test] {
-            for rank in 0..3 {
-                for p in shard(1, &rows, split, 9, ratios, rank, 3) {
-                    seen[p as usize] += 1;
-                    per_split[split.index()] += 1;
-                }
+            for p in split_seeds(1, &rows, split, 9, ratios) {
+                seen[p as usize] += 1;
+                per_split[split.index()] += 1;
             }
         }
         assert!(
             seen.iter().all(|&c| c == 1),
-            "every seed in exactly one (split, rank)"
+            "every seed in exactly one split"
         );
         assert!(
             (per_split[0] as f64 / 5000.0 - 0.8).abs() < 0.03,
             "{per_split:?}"
         );
-        // Split membership does not depend on world size or rank.
-        let a: Vec<u32> = shard(1, &rows, Split::Val, 9, ratios, 0, 1);
-        let mut b: Vec<u32> = (0..4)
-            .flat_map(|r| shard(1, &rows, Split::Val, 9, ratios, r, 4))
-            .collect();
-        b.sort_unstable();
-        assert_eq!(a, b);
-        // ... but does depend on the split seed.
-        assert_ne!(a, shard(1, &rows, Split::Val, 10, ratios, 0, 1));
+        assert_ne!(
+            split_seeds(1, &rows, Split::Val, 9, ratios),
+            split_seeds(1, &rows, Split::Val, 10, ratios),
+            "the split depends on the split seed"
+        );
+        for world in 1..=5u32 {
+            let mut all: Vec<u64> = (0..world).flat_map(|r| rank_slice(40, r, 3)).collect();
+            all.sort_unstable();
+            assert_eq!(all, (40..40 + 3 * world as u64).collect::<Vec<_>>());
+        }
     }
 }

@@ -55,6 +55,8 @@ pub struct BatchReport {
     pub queue_depth: f64,
     /// Time the consumer blocked for this batch (s).
     pub wait_seconds: f64,
+    /// Restores from a saved state since the previous delivered batch.
+    pub resumes: f64,
     /// One entry per sequence.
     pub seqs: Vec<SeqReport>,
 }

@@ -249,7 +249,7 @@ use PromType::{Counter, Gauge, Histogram as PHist};
 use Reduction::{Histogram as Hist, Max, Min, Sum};
 
 /// Every step metric, in drain order.
-pub static METRICS: [MetricDef; 24] = [
+pub static METRICS: [MetricDef; 25] = [
     row(
         "pool/remaining_min",
         Min,
@@ -491,6 +491,16 @@ pub static METRICS: [MetricDef; 24] = [
         "batches",
         "batches delivered",
         Measure::Total(|_| 1.0),
+    ),
+    row(
+        "resumes",
+        Sum,
+        None,
+        "headwater_sampler_resumes_total",
+        Counter,
+        "resumes",
+        "restores of the sampler from a saved state (resume or reshard)",
+        Measure::Total(|r| r.resumes),
     ),
 ];
 

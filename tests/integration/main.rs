@@ -6,6 +6,7 @@ mod format;
 mod golden_batches;
 mod oracle;
 mod props;
+mod resume;
 mod sampler;
 mod support;
 mod writer;

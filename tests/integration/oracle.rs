@@ -5,12 +5,14 @@
 //! the batch layout.
 //!
 //! The reference model mirrors the documented stream layout of
-//! `src/pipeline/maker.rs`: the split's generator is seeded by
-//! `derive(seed, [rank, split, 2])`, each pool by
-//! `derive(seed, [rank, split, task, 1])`; per batch the picker draws the task
-//! and then every seed draw is followed by one `next_u64` that seeds that
-//! sequence's BFS. If that layout changes, `check_against_reference` fails
-//! on the drawn seeds first, with a message that says so.
+//! `src/seeds` and `src/pipeline/maker.rs`: each task's global pool (the
+//! split's seeds over all ranks) is keyed by `derive(seed, [split, task, 1])`,
+//! the picker by `derive(seed, [split, 3])`; step `t` picks its task from the
+//! step alone, rank `r` draws global positions `drawn[k] + r·B ..` and the
+//! counter advances by `world_size · B`; sequence `j` of the rank's slice
+//! runs its BFS with `derive(derive(seed, [split, t, 2]), [r·B + j])`. If
+//! that layout changes, `check_against_reference` fails on the drawn seeds
+//! first, with a message that says so.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use headwater::format::{bit, ColumnValues, Database, GraphView};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::{mix64, Xoshiro256pp};
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use headwater::seeds::{shard, SeedPool, Split, TaskPicker};
+use headwater::seeds::{split_seeds, SeedPool, Split, TaskPicker};
 use headwater::{Error, SamplerConfig, TaskPick};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
@@ -247,7 +249,9 @@ pub struct Reference<'a> {
     cfg: SamplerConfig,
     pub plans: Vec<Plan>,
     pub row_cells: Vec<u16>,
-    rng: Xoshiro256pp,
+    split: Split,
+    step: u64,
+    drawn: Vec<u64>,
     pools: Vec<Option<SeedPool>>,
     picker: TaskPicker,
     scratch: BfsScratch,
@@ -262,32 +266,30 @@ impl<'a> Reference<'a> {
         let mut pools = Vec::new();
         let mut eligible = Vec::new();
         for k in 0..m.tasks.len() {
-            let seeds = shard(
+            let seeds = split_seeds(
                 k as u32,
                 db.task(k).unwrap().anchor_rows,
                 split,
                 c.split_seed,
                 c.split_ratios,
-                c.rank,
-                c.world_size,
             );
             eligible.push(!seeds.is_empty());
             pools.push((!seeds.is_empty()).then(|| {
-                let s = derive(c.seed, &[c.rank as u64, split.index() as u64, k as u64, 1]);
+                let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
                 SeedPool::new(seeds, s)
             }));
         }
+        let key = derive(c.seed, &[split.index() as u64, 3]);
         Reference {
             db,
             cfg: cfg.clone(),
             plans: plans(db),
             row_cells: row_cells(db),
-            rng: Xoshiro256pp::seed_from_u64(derive(
-                c.seed,
-                &[c.rank as u64, split.index() as u64, 2],
-            )),
+            split,
+            step: 0,
+            drawn: vec![0; m.tasks.len()],
             pools,
-            picker: TaskPicker::new(c.task_pick, &weights, &eligible),
+            picker: TaskPicker::new(c.task_pick, &weights, &eligible, key),
             scratch: BfsScratch::default(),
         }
     }
@@ -298,9 +300,10 @@ impl<'a> Reference<'a> {
     }
 
     pub fn next_batch(&mut self) -> RefBatch {
-        let k = self.picker.pick(&mut self.rng) as usize;
+        let k = self.picker.pick(self.step) as usize;
         let task = self.db.task(k).unwrap();
         let pool = self.pools[k].as_mut().unwrap();
+        let key = derive(self.cfg.seed, &[self.split.index() as u64, self.step, 2]);
         let p = params(&self.cfg);
         let g = self.db.graph();
         let mut out = RefBatch {
@@ -310,12 +313,16 @@ impl<'a> Reference<'a> {
             duplicates: 0,
         };
         let mut jobs = Vec::new();
-        for _ in 0..self.cfg.default_batch_size {
-            let d = pool.draw();
+        let b = self.cfg.default_batch_size as u64;
+        let first = self.drawn[k] + self.cfg.rank as u64 * b;
+        for j in 0..b {
+            let d = pool.at(first + j);
             out.exhaust_events += d.exhausted as u32;
             out.duplicates += d.duplicate as u32;
-            jobs.push((d.seed, self.rng.next_u64()));
+            jobs.push((d.seed, derive(key, &[self.cfg.rank as u64 * b + j])));
         }
+        self.drawn[k] += self.cfg.world_size as u64 * b;
+        self.step += 1;
         for (pos, rs) in jobs {
             let anchor = task.anchor_rows[pos as usize];
             let obs = task.obs_times[pos as usize];

@@ -12,7 +12,7 @@ use headwater::preprocess::{
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use headwater::seeds::split::bucket;
-use headwater::seeds::{shard, split_of, Split};
+use headwater::seeds::{rank_slice, split_of, split_seeds, Split};
 use headwater::SamplerConfig;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -153,9 +153,10 @@ proptest! {
         }
     }
 
-    /// Property 4: splits partition each task's seeds, shards partition each
-    /// split for every world size 1..=5, and split membership depends only
-    /// on (task, row, split_seed, ratios) — the bucket being the documented
+    /// Property 4: splits partition each task's seeds, the rank slices of a
+    /// step partition the step's global positions for every world size
+    /// 1..=5, and split membership depends only on (task, row, split_seed,
+    /// ratios) — the bucket being the documented
     /// `xxh3(task_le ‖ row_le, split_seed) % 1000`.
     #[test]
     fn splits_and_shards_partition(
@@ -163,6 +164,8 @@ proptest! {
         task in 0u32..8,
         split_seed in any::<u64>(),
         w in (0u32..=10, 0u32..=10, 0u32..=10).prop_filter("some weight", |w| w.0 + w.1 + w.2 > 0),
+        drawn in 0u64..1_000_000,
+        b in 1usize..=9,
     ) {
         let sum = (w.0 + w.1 + w.2) as f64;
         let ratios = [w.0 as f64 / sum, w.1 as f64 / sum, 1.0 - (w.0 + w.1) as f64 / sum];
@@ -182,29 +185,28 @@ proptest! {
             };
             prop_assert_eq!(split_of(task, r, split_seed, ratios), want, "row {} at {}", r, pos);
         }
-        for world in 1u32..=5 {
-            let mut owner = vec![None; rows.len()];
-            for split in splits {
-                let whole = shard(task, &rows, split, split_seed, ratios, 0, 1);
-                let mut union = Vec::new();
-                let mut sizes = Vec::new();
-                for rank in 0..world {
-                    let mine = shard(task, &rows, split, split_seed, ratios, rank, world);
-                    sizes.push(mine.len());
-                    for &p in &mine {
-                        let o = &mut owner[p as usize];
-                        prop_assert!(o.is_none(), "seed {} owned twice", p);
-                        *o = Some((split, rank));
-                        prop_assert_eq!(split_of(task, rows[p as usize], split_seed, ratios), split);
-                    }
-                    union.extend(mine);
-                }
-                union.sort_unstable();
-                prop_assert_eq!(&union, &whole, "shards of {:?} over {} ranks", split, world);
-                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-                prop_assert!(hi - lo <= 1, "unbalanced shards {:?}", sizes);
+        let mut owner = vec![None; rows.len()];
+        for split in splits {
+            let mine = split_seeds(task, &rows, split, split_seed, ratios);
+            prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "ascending");
+            for &p in &mine {
+                let o = &mut owner[p as usize];
+                prop_assert!(o.is_none(), "seed {} in two splits", p);
+                *o = Some(split);
+                prop_assert_eq!(split_of(task, rows[p as usize], split_seed, ratios), split);
             }
-            prop_assert!(owner.iter().all(std::option::Option::is_some), "a seed in no split/shard");
+        }
+        prop_assert!(owner.iter().all(Option::is_some), "a seed in no split");
+        for world in 1u32..=5 {
+            let mut union: Vec<u64> = Vec::new();
+            for rank in 0..world {
+                let mine = rank_slice(drawn, rank, b);
+                prop_assert_eq!(mine.end - mine.start, b as u64);
+                union.extend(mine);
+            }
+            union.sort_unstable();
+            let whole: Vec<u64> = (drawn..drawn + world as u64 * b as u64).collect();
+            prop_assert_eq!(union, whole, "rank slices over {} ranks", world);
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::SynthSpec;
-use headwater::seeds::shard;
+use headwater::seeds::split_seeds;
 use headwater::{Batch, Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -117,16 +117,18 @@ proptest! {
 proptest! {
     #![proptest_config(config(32))]
 
-    /// Property 5: with one task, each seed of the rank's shard is drawn
-    /// exactly once per epoch; exhaust events fire exactly at epoch
-    /// boundaries; no duplicates. The shard is computed without `seed`, so
-    /// this also pins split membership as independent of the sampling seed.
+    /// Property 5: with one task, the ranks together draw each seed of the
+    /// split's global pool exactly once per epoch, in global position order
+    /// (step, rank, slot); summed over ranks, exhaust events fire exactly at
+    /// epoch boundaries; no duplicates; the pool figures are global. The
+    /// pool is computed without `seed`, so this also pins split membership
+    /// as independent of the sampling seed.
     #[test]
     fn each_seed_once_per_epoch(
         spec in arb_spec(),
         task in any::<Index>(),
         b in 1usize..=7,
-        (world_size, rank) in (1u32..=4).prop_flat_map(|w| (Just(w), 0..w)),
+        world_size in 1u32..=4,
         seed in any::<u64>(),
         split_seed in 0u64..8,
         val in any::<bool>(),
@@ -139,7 +141,6 @@ proptest! {
         let mut weights = vec![0.0; ntasks];
         weights[k] = 1.0;
         let cfg = SamplerConfig {
-            rank,
             world_size,
             seed,
             split_seed,
@@ -150,48 +151,54 @@ proptest! {
             num_threads: Some(1),
             ..SamplerConfig::default()
         };
-        let mut expected = shard(
+        let expected = split_seeds(
             k as u32,
             db.task(k).unwrap().anchor_rows,
             split,
             split_seed,
             cfg.split_ratios,
-            rank,
-            world_size,
         );
-        expected.sort_unstable();
-        let mut mk = maker(db, &cfg, split);
+        let mut makers: Vec<BatchMaker> = (0..world_size)
+            .map(|rank| maker(db, &SamplerConfig { rank, ..cfg.clone() }, split))
+            .collect();
         if expected.is_empty() {
-            prop_assert!(mk.next().unwrap().is_err(), "a task without seeds must not sample");
+            prop_assert!(makers[0].next().unwrap().is_err(), "a task without seeds must not sample");
             return Ok(());
         }
         let len = expected.len();
-        prop_assert_eq!(mk.state.pool_sizes()[k], Some((len, len)));
+        prop_assert_eq!(makers[0].state.pool_sizes()[k], Some((len, len)));
+        let per_step = world_size as usize * b;
         let want_draws = 2 * len + len / 2 + 1;
         let mut draws: Vec<u32> = Vec::new();
         while draws.len() < want_draws {
-            let batch = mk.next().unwrap().unwrap();
-            prop_assert_eq!(batch.task_idx as usize, k);
-            prop_assert_eq!(batch.duplicate_seeds, 0);
             let start = draws.len();
-            let boundaries = (start..start + b).filter(|&d| d > 0 && d % len == 0).count();
+            let mut events = 0;
+            for mk in &mut makers {
+                let batch = mk.next().unwrap().unwrap();
+                prop_assert_eq!(batch.task_idx as usize, k);
+                prop_assert_eq!(batch.duplicate_seeds, 0);
+                events += batch.exhaust_events as usize;
+                draws.extend_from_slice(&batch.seeds);
+            }
+            let boundaries = (start..start + per_step).filter(|&d| d > 0 && d % len == 0).count();
             prop_assert_eq!(
-                batch.exhaust_events as usize,
+                events,
                 boundaries,
                 "exhaust events of draws {}..{} (pool of {})",
                 start,
-                start + b,
+                start + per_step,
                 len
             );
-            draws.extend_from_slice(&batch.seeds);
             let cursor = (draws.len() - 1) % len + 1;
-            prop_assert_eq!(mk.state.pool_sizes()[k], Some((len - cursor, len)));
+            for mk in &makers {
+                prop_assert_eq!(mk.state.pool_sizes()[k], Some((len - cursor, len)));
+            }
         }
         for (e, chunk) in draws.chunks(len).enumerate() {
             let mut got = chunk.to_vec();
             got.sort_unstable();
             if chunk.len() == len {
-                prop_assert_eq!(&got, &expected, "epoch {} is not the shard once", e);
+                prop_assert_eq!(&got, &expected, "epoch {} is not the pool once", e);
             } else {
                 let before = got.len();
                 got.dedup();

@@ -254,6 +254,7 @@ COUNTERS = [
     "invariants/duplicate_seeds",
     "invariants/temporal_leaks",
     "batches",
+    "resumes",
 ]
 SEQ_HISTS = ["bfs/depth", "bfs/rows", "padding/fraction"]
 STAGE_HISTS = [
@@ -360,19 +361,26 @@ def test_tv_distance_low_when_mix_achievable(small: SmallDb, closing: list[Any])
 def test_tv_distance_high_when_a_weighted_task_has_no_seeds(
     shapes: Path, closing: list[Any]
 ) -> None:
-    # tiny has 10 train seeds: ranks 10..15 of 16 own none of them.
-    _, ds = _run_mix(
-        shapes,
-        SHAPES_TASKS,
-        closing,
-        20,
-        rank=12,
-        world_size=16,
-        split_ratios=(1.0, 0.0, 0.0),
-        task_weights=[1.0, 1.0, 0.0, 0.0],
-    )
-    assert all(v(d, "mix/tv_distance") >= 0.4 for d in ds)
-    assert [v(d, "pool/steps_since_pick_max") for d in ds] == [i + 1.0 for i in range(20)]
+    # A weighted task whose global pool in the split is empty is never picked
+    # (on any rank: pools are global): find a split seed that leaves tiny's
+    # 10 seeds out of val, then the val mix misses half the weight.
+    weights = [1.0, 1.0, 0.0, 0.0]
+    kw = {"split_ratios": (0.9, 0.1, 0.0), "task_weights": weights, "default_batch_size": 2}
+    for split_seed in range(64):
+        s = make(shapes, closing, split_seed=split_seed, default_sequence_length=16, **kw)
+        sizes = [p["size"] for p in s.state_dict()["splits"]["val"]["pools"]]
+        if sizes[TINY] == 0 and sizes[FLAT] > 0:
+            break
+        s.shutdown()
+    else:
+        pytest.fail("no split_seed in 0..63 leaves tiny_x without val seeds")
+    ds = step_drains(s, 20, "val")
+    picks = [picked(d, SHAPES_TASKS) for d in ds]
+    assert set(picks) == {FLAT}
+    since, tv = _mix_reference(weights, picks)
+    assert [v(d, "pool/steps_since_pick_max") for d in ds] == since == [i + 1.0 for i in range(20)]
+    assert [v(d, "mix/tv_distance") for d in ds] == pytest.approx(tv, abs=1e-12)
+    assert all(x >= 0.4 for x in tv)
 
 
 # ----------------------------------------------------------------------------
@@ -649,6 +657,7 @@ EXTRA_REDUCTIONS = {
     "mix/tv_distance": "MAX",
     "stage/assemble_seconds": "HISTOGRAM",
     "batches": "SUM",
+    "resumes": "SUM",
 }
 
 
@@ -666,10 +675,12 @@ def test_schema_identical_across_ranks_and_seeds(shapes: Path, closing: list[Any
         s.next_train_batch()
         pool_sizes.add(v(s.drain_step_metrics(), "pool/remaining_max") + 1)
         s.shutdown()
-    assert pool_sizes == {2.0, 3.0}  # 10 tiny seeds over 4 ranks
+    # Global pools: after one step of 4 ranks × 1 seed, 6 of tiny's 10 seeds
+    # are left on every rank.
+    assert pool_sizes == {7.0}
     for seed in (1, 99):
         schemas.append(make(shapes, closing, seed=seed, world_size=4, **kw).telemetry_schema())
-    # A rank that owns no seeds of a weighted task packs the same keys.
+    # A rank whose slice of a step is past a small pool packs the same keys.
     schemas.append(
         make(
             shapes, closing, rank=12, world_size=16, **{**kw, "task_weights": [1.0, 1.0, 0, 0]}
@@ -736,6 +747,7 @@ PROM_COUNTERS = {
     "headwater_invariant_duplicate_seeds_total": "invariants/duplicate_seeds",
     "headwater_invariant_temporal_leaks_total": "invariants/temporal_leaks",
     "headwater_batches_delivered_total": "batches",
+    "headwater_sampler_resumes_total": "resumes",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {

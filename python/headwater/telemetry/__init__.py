@@ -74,7 +74,6 @@ Modules: ``schema`` (packing, numpy reduction, quantile rule), ``collective``
 
 from __future__ import annotations
 
-from headwater.telemetry.bench import synthetic_schema
 from headwater.telemetry.collective import (
     Gather,
     process_count,
@@ -99,11 +98,6 @@ from headwater.telemetry.schema import (
     Schema,
 )
 from headwater.telemetry.sinks import STEP_METRIC, WandbSink, summary_for
-
-# Old private names, kept until every caller uses the public ones.
-_Gather = Gather
-_shard_map = shard_map
-_free_port = free_port
 
 __all__ = [
     "HISTOGRAM",
@@ -130,5 +124,4 @@ __all__ = [
     "reduce_in_step",
     "shard_map",
     "summary_for",
-    "synthetic_schema",
 ]

@@ -17,28 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from headwater._native import telemetry_schema_for
 from headwater.telemetry.collective import Gather, reduce
 from headwater.telemetry.loopback import free_port, initialize_loopback
 from headwater.telemetry.schema import HISTOGRAM, SUM, Schema
 
-__all__ = ["main", "synthetic_schema"]
+__all__ = ["main"]
 
 # ---------------------------------------------------------------------------
 # Synthetic schema and the benchmark
 # ---------------------------------------------------------------------------
-
-
-def synthetic_schema(
-    task_names: Sequence[str] = ("task_a", "task_b", "task_c", "task_d", "task_e", "task_f"),
-    max_hops: int = 3,
-    seq_len: int = 1024,
-) -> list[dict[str, Any]]:
-    """The list ``telemetry_schema()`` returns for a database with these
-    tasks (from the native metric table; for benchmarks and tests that run
-    without a database)."""
-    from headwater._native import telemetry_schema_for
-
-    return telemetry_schema_for(list(task_names), max_hops, seq_len)
 
 
 def _synthetic_drain(schema: Schema, rng: np.random.Generator) -> dict[str, float]:
@@ -64,7 +52,9 @@ def _bench_worker(rank: int, world: int, port: int, steps: int, warmup: int) -> 
 
     initialize_loopback(rank, world, port)
     try:
-        schema = Schema(synthetic_schema())
+        schema = Schema(
+            telemetry_schema_for([f"task_{c}" for c in "abcdef"], max_hops=3, sequence_length=1024)
+        )
         rng = np.random.default_rng(rank)
         drains = [_synthetic_drain(schema, rng) for _ in range(8)]
         packed = [schema.values(d)[0] for d in drains]  # as drain_step_metrics_packed()

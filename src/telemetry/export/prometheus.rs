@@ -9,11 +9,11 @@
 //!
 //! Series per process: 2 splits × (G gauges + C counters + T task counters +
 //! Σ over the H histograms of (buckets + 2)), where buckets counts the
-//! `+Inf` bucket and the 2 are `_sum` and `_count`. Today G = 8, C = 7,
+//! `+Inf` bucket and the 2 are `_sum` and `_count`. Today G = 8, C = 8,
 //! H = 8: `bfs/depth` (`max_hops` + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
 //! `padding/fraction` (14) and five latency histograms (194 each: 8
 //! sub-buckets per octave over 2^-20..2^4 s). With `max_hops = 3` and
-//! `S = 1024` that is `2·T + 2064`; it grows with the number of tasks `T`
+//! `S = 1024` that is `2·T + 2066`; it grows with the number of tasks `T`
 //! only, never with rows, seeds or steps. Handles are registered once per
 //! sampler and cached; recording is atomic increments, and scrapes read
 //! them on the exporter's own thread, never blocking the sampler.

@@ -1,0 +1,552 @@
+//! Sampler state: where each split's stream stands, and its saved form.
+//!
+//! [`StreamState`] is everything a split's batch stream depends on besides
+//! the snapshot and the config (see the scheme in `crate::seeds`): the next
+//! step, one global position counter per task, the world-size history, and
+//! the telemetry that must continue across a resume (last pick per task, the
+//! mix window, the resume count). It holds nothing rank-specific, so every
+//! rank of a run holds the same value, and nothing proportional to the
+//! number of seeds: epoch orders are recomputed from (seed, epoch).
+//!
+//! The producer owns a working copy that runs ahead of the consumer; the
+//! pipeline keeps a **delivered** copy that advances only when a batch is
+//! handed to the consumer (by the task and step the batch carries), so a
+//! state taken at any moment counts prefetched batches as not consumed.
+//!
+//! [`SamplerState`] is the saved form (`state_dict()`): versioned JSON with
+//! a format tag, the snapshot content hash, the stream-relevant config
+//! ([`StreamConfig`], and its hash), the task names, and per split the step,
+//! world-size history, resume count, per task (pool size, epoch, cursor,
+//! last pick) and the mix window. Restoring refuses, naming the field, a
+//! state of another format or version, another snapshot, other tasks, a
+//! different stream config value, or pool sizes that do not match; harmless
+//! settings (rank, world size, threads, prefetch, telemetry, ports, RSS cap)
+//! may differ. The `debug_*` fault knobs are not part of the state (a run
+//! with an injected fault is not one to resume). A different world size is
+//! a reshard: the history gains a span and the cursors continue.
+//!
+//! Stream keys ([`StreamConfig`]): `split_ratios`, `split_seed` (which seeds
+//! are in a pool), `seed` (orders, picks, BFS generators), `task_weights`
+//! (effective, per task) and `task_pick` (the pick of every step),
+//! `default_batch_size` (positions per rank per step), `pool_fraction` (the
+//! pool itself), and `default_sequence_length`, `bfs_child_width`,
+//! `max_hops`, `temporal_filter`: these four change no seed, only each
+//! batch's contents, and are refused because the promise is bit-identical
+//! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
+//! ranks of a consistent run.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{SamplerConfig, TaskPick};
+use crate::error::{Error, Result};
+use crate::seeds::MixWindow;
+use crate::seeds::{epoch_cursor, Split};
+
+/// The `format` tag of a saved state.
+pub const STATE_FORMAT: &str = "headwater-sampler-state";
+/// The state version this build writes and reads.
+pub const STATE_VERSION: u32 = 1;
+
+/// Where one split's stream stands.
+#[derive(Debug, Clone)]
+pub struct StreamState {
+    /// The next step to make (producer) or deliver (delivered copy).
+    pub step: u64,
+    /// Per task: global pool positions consumed so far (all ranks).
+    pub drawn: Vec<u64>,
+    /// Per task: the last step that picked it.
+    pub last_picked: Vec<Option<u64>>,
+    /// The recent picks behind `mix/tv_distance` and the exhaust forecast.
+    pub mix: MixWindow,
+    /// `(first step, world size)` spans, the first at step 0, steps
+    /// increasing: which world size consumed each step (for replay).
+    pub world_sizes: Vec<(u64, u32)>,
+    /// Times this stream was restored from a saved state.
+    pub resumes: u64,
+}
+
+impl StreamState {
+    /// Step 0 of a stream over `num_tasks` tasks at `world_size` ranks, with
+    /// a mix window of `window` picks.
+    pub fn new(num_tasks: usize, world_size: u32, window: usize) -> Self {
+        StreamState {
+            step: 0,
+            drawn: vec![0; num_tasks],
+            last_picked: vec![None; num_tasks],
+            mix: MixWindow::new(num_tasks, window),
+            world_sizes: vec![(0, world_size)],
+            resumes: 0,
+        }
+    }
+
+    /// The world size that consumes (or consumed) `step`.
+    pub fn world_size_at(&self, step: u64) -> u32 {
+        let i = self.world_sizes.partition_point(|&(from, _)| from <= step);
+        self.world_sizes[i.saturating_sub(1)].1
+    }
+
+    /// Record that `step` (the current one) picked `task` and consumed
+    /// `world size · batch_size` of its pool.
+    pub fn advance(&mut self, task: usize, batch_size: usize) {
+        let w = self.world_size_at(self.step) as u64;
+        self.drawn[task] += w * batch_size as u64;
+        self.last_picked[task] = Some(self.step);
+        self.mix.push(task as u32);
+        self.step += 1;
+    }
+
+    /// Continue with `world_size` ranks from the current step on.
+    pub fn reshard(&mut self, world_size: u32) {
+        if self.world_size_at(self.step) == world_size {
+            return;
+        }
+        match self.world_sizes.last_mut() {
+            Some(last) if last.0 == self.step => last.1 = world_size,
+            _ => self.world_sizes.push((self.step, world_size)),
+        }
+    }
+}
+
+/// The config keys the stream depends on: a state is only restored under
+/// the same values. `task_weights` is the effective list (uniform when
+/// unset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamConfig {
+    /// Which seeds are in each split.
+    pub split_ratios: [f64; 3],
+    /// Seed of the split hash.
+    pub split_seed: u64,
+    /// Seed of the orders, picks and BFS generators.
+    pub seed: u64,
+    /// Effective weight per task (metadata order).
+    pub task_weights: Vec<f64>,
+    /// How each step's task is chosen.
+    pub task_pick: TaskPick,
+    /// Positions per rank per step (B).
+    pub default_batch_size: usize,
+    /// Cells per sequence (S).
+    pub default_sequence_length: usize,
+    /// BFS children per row per hop.
+    pub bfs_child_width: usize,
+    /// BFS depth.
+    pub max_hops: usize,
+    /// Children filtered by observation time.
+    pub temporal_filter: bool,
+    /// Share of each global pool kept.
+    pub pool_fraction: f64,
+}
+
+impl StreamConfig {
+    /// The stream keys of `cfg`, with `weights` its effective task weights
+    /// (metadata order).
+    pub fn of(cfg: &SamplerConfig, weights: &[f64]) -> Self {
+        StreamConfig {
+            split_ratios: cfg.split_ratios,
+            split_seed: cfg.split_seed,
+            seed: cfg.seed,
+            task_weights: weights.to_vec(),
+            task_pick: cfg.task_pick,
+            default_batch_size: cfg.default_batch_size,
+            default_sequence_length: cfg.default_sequence_length,
+            bfs_child_width: cfg.bfs_child_width,
+            max_hops: cfg.max_hops,
+            temporal_filter: cfg.temporal_filter,
+            pool_fraction: cfg.pool_fraction,
+        }
+    }
+
+    /// xxh3 of the canonical JSON, as 16 hex digits: equal on every rank of
+    /// a run whose ranks share the stream (compare it across ranks).
+    pub fn hash(&self) -> String {
+        let s = serde_json::to_string(self).expect("serialisable");
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(s.as_bytes()))
+    }
+}
+
+/// One task's pool in a saved split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRecord {
+    /// The task's name.
+    pub task: String,
+    /// Seeds in the global pool (0: the task has none in this split).
+    pub size: u64,
+    /// Completed reshuffles (global exhaust events) so far.
+    pub epoch: u64,
+    /// Position in the epoch's order, `0..=size` (`size`: exhausted, the
+    /// next draw opens epoch `epoch + 1`).
+    pub cursor: u64,
+    /// The last step that picked the task.
+    pub last_picked: Option<u64>,
+}
+
+/// One split's saved stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitRecord {
+    /// Batches delivered (the next step).
+    pub step: u64,
+    /// `(first step, world size)` spans from step 0.
+    pub world_sizes: Vec<(u64, u32)>,
+    /// Restores so far.
+    pub resumes: u64,
+    /// One per task, metadata order.
+    pub pools: Vec<PoolRecord>,
+    /// Task indices of the recent picks, oldest first.
+    pub mix_window: Vec<u32>,
+}
+
+/// The saved sampler state (`state_dict()`), as of delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerState {
+    /// [`STATE_FORMAT`].
+    pub format: String,
+    /// [`STATE_VERSION`] when written by this build.
+    pub version: u32,
+    /// The snapshot's content hash (`metadata.json`).
+    pub content_hash: String,
+    /// [`StreamConfig::hash`] of `config`.
+    pub config_hash: String,
+    /// The stream keys the state was taken under.
+    pub config: StreamConfig,
+    /// Task names, metadata order.
+    pub tasks: Vec<String>,
+    /// By split name (`train`, `val`).
+    pub splits: BTreeMap<String, SplitRecord>,
+}
+
+fn refuse(field: &str, what: String) -> Error {
+    Error::State {
+        field: field.to_string(),
+        what,
+    }
+}
+
+impl SamplerState {
+    /// The state as compact JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("serialisable")
+    }
+
+    /// Parse a saved state, refusing another format or version first (so an
+    /// old or newer state gets a version error, not a field error).
+    pub fn from_json(s: &str) -> Result<SamplerState> {
+        let v: serde_json::Value = serde_json::from_str(s)
+            .map_err(|e| refuse("state", format!("not a JSON sampler state: {e}")))?;
+        let format = v.get("format").and_then(|f| f.as_str());
+        if format != Some(STATE_FORMAT) {
+            return Err(refuse(
+                "format",
+                format!("expected {STATE_FORMAT:?}, got {:?}", v.get("format")),
+            ));
+        }
+        let version = v.get("version").and_then(serde_json::Value::as_u64);
+        match version {
+            Some(x) if x == STATE_VERSION as u64 => {}
+            Some(x) if x > STATE_VERSION as u64 => {
+                return Err(refuse(
+                    "version",
+                    format!("state version {x} is newer than this build reads ({STATE_VERSION}); upgrade headwater"),
+                ))
+            }
+            other => {
+                return Err(refuse(
+                    "version",
+                    format!("state version {other:?} is not supported (this build reads version {STATE_VERSION})"),
+                ))
+            }
+        }
+        serde_json::from_value(v)
+            .map_err(|e| refuse("state", format!("malformed sampler state: {e}")))
+    }
+
+    /// The state of `streams` (with each split's pool sizes) under `config`.
+    pub fn capture(
+        content_hash: &str,
+        config: StreamConfig,
+        tasks: &[String],
+        streams: &[(Split, &StreamState, &[u64])],
+    ) -> SamplerState {
+        let splits = streams
+            .iter()
+            .map(|&(split, st, sizes)| {
+                let pools = tasks
+                    .iter()
+                    .enumerate()
+                    .map(|(k, name)| {
+                        let (epoch, cursor) = if sizes[k] == 0 {
+                            (0, 0)
+                        } else {
+                            epoch_cursor(st.drawn[k], sizes[k])
+                        };
+                        PoolRecord {
+                            task: name.clone(),
+                            size: sizes[k],
+                            epoch,
+                            cursor,
+                            last_picked: st.last_picked[k],
+                        }
+                    })
+                    .collect();
+                let rec = SplitRecord {
+                    step: st.step,
+                    world_sizes: st.world_sizes.clone(),
+                    resumes: st.resumes,
+                    pools,
+                    mix_window: st.mix.picks().collect(),
+                };
+                (split.name().to_string(), rec)
+            })
+            .collect();
+        SamplerState {
+            format: STATE_FORMAT.into(),
+            version: STATE_VERSION,
+            content_hash: content_hash.into(),
+            config_hash: config.hash(),
+            config,
+            tasks: tasks.to_vec(),
+            splits,
+        }
+    }
+
+    /// Check this state against the snapshot and config it is restored
+    /// under, naming the first field that differs.
+    pub fn check(&self, content_hash: &str, mine: &StreamConfig, tasks: &[String]) -> Result<()> {
+        if self.format != STATE_FORMAT {
+            return Err(refuse(
+                "format",
+                format!("expected {STATE_FORMAT:?}, got {:?}", self.format),
+            ));
+        }
+        if self.version != STATE_VERSION {
+            return Err(refuse(
+                "version",
+                format!(
+                    "state version {} is not supported (this build reads version {STATE_VERSION})",
+                    self.version
+                ),
+            ));
+        }
+        if self.content_hash != content_hash {
+            return Err(refuse(
+                "content_hash",
+                format!(
+                    "the state was taken on snapshot {}, this database is snapshot {content_hash}",
+                    self.content_hash
+                ),
+            ));
+        }
+        if self.tasks != tasks {
+            return Err(refuse(
+                "tasks",
+                format!(
+                    "the state has tasks {:?}, this database {:?}",
+                    self.tasks, tasks
+                ),
+            ));
+        }
+        if &self.config != mine {
+            let a = serde_json::to_value(&self.config).expect("serialisable");
+            let b = serde_json::to_value(mine).expect("serialisable");
+            let (a, b) = (
+                a.as_object().expect("object"),
+                b.as_object().expect("object"),
+            );
+            for (key, saved) in a {
+                if b.get(key) != Some(saved) {
+                    return Err(refuse(
+                        key,
+                        format!(
+                            "the state was taken with {key} = {saved}, this sampler has {}; it changes the batch stream",
+                            b.get(key).map(ToString::to_string).unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.config_hash != mine.hash() {
+            return Err(refuse(
+                "config_hash",
+                format!(
+                    "{} does not match the state's config ({})",
+                    self.config_hash,
+                    mine.hash()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The stream of `split`, checked against this sampler's pool sizes.
+    pub fn stream(&self, split: Split, sizes: &[u64], window: usize) -> Result<StreamState> {
+        let name = split.name();
+        let rec = self
+            .splits
+            .get(name)
+            .ok_or_else(|| refuse("splits", format!("the state has no {name} split")))?;
+        let field = |f: &str| format!("splits.{name}.{f}");
+        if rec.pools.len() != sizes.len() {
+            return Err(refuse(
+                &field("pools"),
+                format!("{} pools for {} tasks", rec.pools.len(), sizes.len()),
+            ));
+        }
+        let n = sizes.len();
+        let mut st = StreamState::new(n, 1, window);
+        st.step = rec.step;
+        for (k, (p, &size)) in rec.pools.iter().zip(sizes).enumerate() {
+            if p.size != size {
+                return Err(refuse(
+                    &field("pools.size"),
+                    format!(
+                        "task {:?} had {} seeds in the state, {size} here",
+                        p.task, p.size
+                    ),
+                ));
+            }
+            if p.cursor > size || (size == 0 && p.epoch > 0) {
+                return Err(refuse(
+                    &field("pools.cursor"),
+                    format!(
+                        "task {:?}: epoch {} cursor {} outside a pool of {size}",
+                        p.task, p.epoch, p.cursor
+                    ),
+                ));
+            }
+            if p.last_picked.is_some_and(|s| s >= rec.step) {
+                return Err(refuse(
+                    &field("pools.last_picked"),
+                    format!("task {:?} picked at or after step {}", p.task, rec.step),
+                ));
+            }
+            st.drawn[k] = p.epoch * size + p.cursor;
+            st.last_picked[k] = p.last_picked;
+        }
+        let spans_ok = rec.world_sizes.first().is_some_and(|s| s.0 == 0)
+            && rec.world_sizes.windows(2).all(|w| w[0].0 < w[1].0)
+            && rec.world_sizes.iter().all(|s| s.1 > 0 && s.0 <= rec.step);
+        if !spans_ok {
+            return Err(refuse(
+                &field("world_sizes"),
+                format!(
+                    "{:?} is not a history of (first step, world size) spans from step 0",
+                    rec.world_sizes
+                ),
+            ));
+        }
+        st.world_sizes.clone_from(&rec.world_sizes);
+        if rec.mix_window.len() > window || rec.mix_window.iter().any(|&k| k as usize >= n) {
+            return Err(refuse(
+                &field("mix_window"),
+                format!(
+                    "{:?} is not a window of at most {window} task indices",
+                    rec.mix_window
+                ),
+            ));
+        }
+        for &k in &rec.mix_window {
+            st.mix.push(k);
+        }
+        st.resumes = rec.resumes;
+        Ok(st)
+    }
+}
+
+impl super::SamplerCore {
+    /// The stream keys of this sampler's config (effective task weights).
+    pub fn stream_config(&self) -> StreamConfig {
+        StreamConfig::of(&self.cfg, self.weights())
+    }
+
+    fn task_names(&self) -> Vec<String> {
+        self.db
+            .metadata()
+            .tasks
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    /// The saved form of `streams` (split, stream, global pool sizes).
+    pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
+        SamplerState::capture(
+            self.db.content_hash(),
+            self.stream_config(),
+            &self.task_names(),
+            streams,
+        )
+    }
+
+    /// The streams of `fresh`'s splits restored from `saved` (refusing an
+    /// incompatible state), continued at this sampler's world size, each
+    /// counting one more resume; logs the resume (and a reshard).
+    pub fn restore(
+        &self,
+        saved: &SamplerState,
+        fresh: &[super::SplitState],
+    ) -> Result<Vec<StreamState>> {
+        saved.check(
+            self.db.content_hash(),
+            &self.stream_config(),
+            &self.task_names(),
+        )?;
+        let mut out = Vec::with_capacity(fresh.len());
+        let mut notes = Vec::new();
+        for f in fresh {
+            let mut st = saved.stream(f.split, &f.pool_lens(), super::MIX_WINDOW)?;
+            let before = st.world_size_at(st.step);
+            st.reshard(self.cfg.world_size);
+            st.resumes += 1;
+            notes.push(if before == self.cfg.world_size {
+                format!("{} at step {}", f.split.name(), st.step)
+            } else {
+                format!(
+                    "{} at step {} (reshard: world size {before} -> {})",
+                    f.split.name(),
+                    st.step,
+                    self.cfg.world_size
+                )
+            });
+            out.push(st);
+        }
+        let msg = format!(
+            "rank {} resumed from a saved sampler state: {}",
+            self.cfg.rank,
+            notes.join(", ")
+        );
+        tracing::info!("{msg}");
+        if !tracing::dispatcher::has_been_set() {
+            eprintln!("headwater: {msg}");
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn world_size_history_and_advance() {
+        let mut s = StreamState::new(2, 4, 8);
+        s.advance(0, 3); // step 0 at world size 4
+        s.advance(1, 3);
+        s.reshard(4); // same size: no new span
+        assert_eq!(s.world_sizes, vec![(0, 4)]);
+        s.reshard(2);
+        s.reshard(3); // resharded twice before any step: one span
+        assert_eq!(s.world_sizes, vec![(0, 4), (2, 3)]);
+        s.advance(0, 3);
+        assert_eq!(s.drawn, vec![12 + 9, 12]);
+        assert_eq!(
+            (s.world_size_at(1), s.world_size_at(2), s.world_size_at(99)),
+            (4, 3, 3)
+        );
+        assert_eq!(s.last_picked, vec![Some(2), Some(1)]);
+        assert_eq!(s.mix.picks().collect::<Vec<_>>(), vec![0, 1, 0]);
+    }
+}
