@@ -3,10 +3,9 @@ test (not by headwater's launcher) with the coordinator address, process
 count and id in the environment, several local CPU devices each.
 
 * "two hosts": 4 processes × 2 local devices train; every rank ends with
-  the same parameters (digest) and losses, the same losses bit for bit as a
-  1-process run over 8 local devices fed the same global batches
-  (``cluster_reference.py``) and the same parameter norm to float32
-  rounding, and rank 0's offline W&B run has each step once;
+  the same parameters (digest) and losses, and the same losses and
+  parameter norm, to float32 rounding, as a 1-process run over 8 local
+  devices fed the same global batches (``cluster_reference.py``), and rank 0's offline W&B run has each step once;
 * bad input: a coordinator that never answers (a closed local port) is an
   error naming the address within the timeout; a process id outside the
   job and ranks whose telemetry schemas differ are refused with the ranks
@@ -138,10 +137,11 @@ def test_two_hosts_under_a_cluster_launcher_match_one_process(tmp_path: Path, tp
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-4000:]
     one = json.loads((tmp_path / "ref.json").read_text())
     assert one["devices"] == 8
-    # Every loss bit for bit; the final parameters to float32 rounding (gloo's
+    # The losses and the final parameters to float32 rounding: gloo's
     # all-reduce across processes sums in another order than the in-process
-    # one, so the digests of the two jobs may differ in the last bits).
-    assert one["losses"] == ranks[0]["losses"]
+    # one, so the two jobs may differ in the last bits (within one job every
+    # rank is bit-identical, above).
+    assert one["losses"] == pytest.approx(ranks[0]["losses"], rel=1e-6)
     assert one["param_norm"] == pytest.approx(ranks[0]["param_norm"], rel=1e-6)
 
     run = read_wandb_run(Path(ranks[0]["wandb_dir"]), child_env(tmp_path))

@@ -106,7 +106,8 @@ def healthy(tmp_path_factory: pytest.TempPathFactory, tpch: Tpch) -> Iterator[He
     rules = ROOT / "dashboards" / "rules.yml"
     # The ranks take free ports ("auto") and Prometheus finds them through the
     # run's file_sd targets file: no hand-written scrape config.
-    sd = str(tmp / "runs" / "*" / "prometheus_targets.json")
+    # (Prometheus globs only the file name, so the run's directory is named.)
+    sd = str(tmp / "runs" / "healthy" / "prometheus_targets.json")
     with running_prometheus(tmp, [], interval="500ms", rules=rules, file_sd=sd) as prom:
         start = time.time()
         proc, result = run_diag_cli(

@@ -6,7 +6,8 @@ rank``, or a free port with ``"auto"``, or 0 = off), :func:`rank_endpoints`
 can guess another's) and :func:`write_file_sd` (``prometheus_targets.json``
 in the run directory: a Prometheus ``file_sd`` targets file listing every
 rank's endpoint with its labels, so a Prometheus discovers a run's ranks
-from a glob such as ``runs/*/prometheus_targets.json``).
+from ``runs/<name>/prometheus_targets.json``; Prometheus globs only the
+file name).
 
 Target labels are ``headwater_run`` and ``headwater_process``: the series
 keep their own ``rank`` / ``split`` / ``task`` labels, so the dashboards'
