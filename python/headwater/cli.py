@@ -1,5 +1,5 @@
 """The ``headwater`` command line: one subcommand per job (preprocess,
-inspect, default-db, bench, train, diag); ``diag`` has its own parser
+inspect, default-db, bench, train, eval, diag); ``diag`` has its own parser
 (:func:`headwater.diag.main`)."""
 
 from __future__ import annotations
@@ -83,6 +83,30 @@ def _cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(a: argparse.Namespace) -> int:
+    from headwater.train.eval_run import main as eval_main
+
+    if a.max_seeds is not None and a.max_seeds < 1:
+        raise ValueError(f"--max-seeds must be >= 1, got {a.max_seeds}")
+    return eval_main(a.run_dir, a.split, a.max_seeds)
+
+
+def _add_eval(sub: Sub) -> None:
+    pe = sub.add_parser(
+        "eval",
+        help="evaluate a saved run (params.npz) on val/test: per-task metrics and baselines",
+    )
+    pe.add_argument("run_dir", help="a run directory written by `headwater train`")
+    pe.add_argument(
+        "--split",
+        choices=("val", "test", "both"),
+        default="test",
+        help="which split's full pass to score (default: test)",
+    )
+    pe.add_argument("--max-seeds", type=int, help="seeds per task (default: the whole split)")
+    pe.set_defaults(func=_cmd_eval)
+
+
 def _cmd_diag(a: argparse.Namespace) -> int:
     from headwater.diag import main as diag_main
 
@@ -102,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_commands(sub)
     _add_bench(sub)
     _add_train(sub)
+    _add_eval(sub)
     _add_diag(sub)
     return p
 

@@ -120,6 +120,9 @@ pub struct Batch {
     /// Hash of the step's identity (its derived key, step, rank, world
     /// size), the task and the drawn seeds: identifies the batch for replay.
     pub fingerprint: u64,
+    /// `[B]`: 1 for a real sequence, 0 for a padded one (only the last
+    /// batch of an evaluation pass has any).
+    pub seq_valid: Vec<u8>,
 }
 
 impl Batch {
@@ -161,6 +164,7 @@ impl Batch {
             step: 0,
             draw: crate::seeds::DrawStats::default(),
             fingerprint: 0,
+            seq_valid: vec![1; b],
         }
     }
 

@@ -1,5 +1,6 @@
 //! The batch tensors, defined once: name, dtype and shape rule of each of
-//! the 20 tensors of seed 000 §3b plus `fingerprint`, in export order.
+//! the 20 tensors of seed 000 §3b plus `fingerprint` and `seq_valid`, in
+//! export order.
 //!
 //! The Python binding builds the batch dict by walking [`TENSORS`] over
 //! [`Batch::into_tensors`]; `BATCH_KEYS`, the stubs and the model read the
@@ -60,6 +61,8 @@ pub enum Shape {
     UD,
     /// `[1]`: one value per batch.
     One,
+    /// `[B]`: one value per sequence.
+    B,
 }
 
 impl Shape {
@@ -72,6 +75,7 @@ impl Shape {
             Shape::BRR => s(&["B", "R", "R"]),
             Shape::UD => s(&["U", "D"]),
             Shape::One => s(&["1"]),
+            Shape::B => s(&["B"]),
         }
     }
 
@@ -83,6 +87,7 @@ impl Shape {
             Shape::BRR => vec![b.batch_size, b.max_rows, b.max_rows],
             Shape::UD => vec![b.num_text, b.text_dim],
             Shape::One => vec![1],
+            Shape::B => vec![b.batch_size],
         }
     }
 }
@@ -104,8 +109,11 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 
 /// Every tensor of a batch dict, in export order: the 20 tensors of seed
 /// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
-/// the drawn seeds, so an anomalous step can be identified and replayed).
-pub static TENSORS: [TensorSpec; 21] = [
+/// the drawn seeds, so an anomalous step can be identified and replayed)
+/// and `seq_valid` (1 for a real sequence, 0 for a padded one: only the last
+/// batch of an evaluation pass has padded sequences, which repeat a seed of
+/// the pass and must not be scored).
+pub static TENSORS: [TensorSpec; 22] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),
     t("seq_row_ids", Dtype::U16, Shape::BS),
@@ -127,12 +135,16 @@ pub static TENSORS: [TensorSpec; 21] = [
     t("cat_emb_start", Dtype::U32, Shape::One),
     t("cat_emb_count", Dtype::U32, Shape::One),
     t("fingerprint", Dtype::U64, Shape::One),
+    t("seq_valid", Dtype::U8, Shape::B),
 ];
 
+/// How many [`TENSORS`] rows are the seed design's.
+const SEED_DESIGN_TENSORS: usize = 20;
+
 /// The 20 tensor names of seed 000 §3b (every [`TENSORS`] row but the
-/// fingerprint).
+/// fingerprint and the validity mask).
 pub fn batch_keys() -> Vec<&'static str> {
-    TENSORS[..TENSORS.len() - 1]
+    TENSORS[..SEED_DESIGN_TENSORS]
         .iter()
         .map(|t| t.name)
         .collect()
@@ -221,6 +233,7 @@ impl Batch {
             TensorData::U32(vec![self.cat_emb_start]),
             TensorData::U32(vec![self.cat_emb_count]),
             TensorData::U64(vec![self.fingerprint]),
+            TensorData::U8(self.seq_valid),
         ];
         TENSORS
             .iter()
@@ -247,6 +260,7 @@ mod tests {
             assert_eq!(data.len(), shape.iter().product::<usize>(), "{}", spec.name);
         }
         assert_eq!(batch_keys().len(), 20);
-        assert_eq!(TENSORS.last().map(|t| t.name), Some("fingerprint"));
+        assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("seq_valid"));
     }
 }

@@ -387,8 +387,6 @@ impl SamplerCore {
             cells = tracing::field::Empty,
         );
         let _batch = batch_span.enter();
-        let b = self.cfg.default_batch_size;
-        let s = self.cfg.default_sequence_length;
         let Draws {
             task: k,
             step,
@@ -397,13 +395,53 @@ impl SamplerCore {
             exhaust_events,
             duplicates,
         } = self.draw(state)?;
+        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
+        let mut batch = self.build_batch(
+            k,
+            &state.jobs,
+            &mut state.subgraphs,
+            &mut state.text_map,
+            &batch_span,
+            t0,
+        )?;
+        if self.cfg.telemetry {
+            batch.draw = self.draw_stats(state, step, world_size);
+        }
+        batch.fingerprint = fingerprint(
+            [key, step, state.rank as u64, world_size as u64],
+            k,
+            &batch.seeds,
+        );
+        batch.exhaust_events = exhaust_events;
+        batch.duplicate_seeds = duplicates;
+        batch.split = state.split;
+        batch.step = step;
+        Ok(batch)
+    }
+
+    /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
+    /// observation time, per-sequence RNG seed) of task `k` into a batch
+    /// with its stage timings (from `t0`): the part of a batch that does not
+    /// depend on how its seeds were drawn, shared by the training stream and
+    /// evaluation passes.
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    pub(super) fn build_batch(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut Vec<Subgraph>,
+        text_map: &mut FxMap<u32, u32>,
+        batch_span: &tracing::Span,
+        t0: Instant,
+    ) -> Result<Batch> {
+        let b = jobs.len();
+        let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
         let task = self.db.task(k)?;
-        if state.subgraphs.len() != b {
-            state.subgraphs.resize_with(b, Subgraph::default);
+        if subgraphs.len() != b {
+            subgraphs.resize_with(b, Subgraph::default);
         }
         let graph = self.db.graph();
-        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
         let bfs_span = tracing::info_span!("bfs", seeds = b as i64).entered();
         let params = BfsParams {
             max_cells: s,
@@ -413,10 +451,8 @@ impl SamplerCore {
         };
         let row_cells = &self.row_cells;
         let seed_cells = plan.seed_cells;
-        let jobs = &state.jobs;
         self.pool.install(|| {
-            state
-                .subgraphs
+            subgraphs
                 .par_iter_mut()
                 .zip(jobs.par_iter())
                 .for_each(|(sub, &(_, row, obs, rs))| {
@@ -433,19 +469,14 @@ impl SamplerCore {
         drop(bfs_span);
         let t_bfs = Instant::now();
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let r = state
-            .subgraphs
-            .iter()
-            .map(|g| g.rows.len())
-            .max()
-            .unwrap_or(0);
+        let r = subgraphs.iter().map(|g| g.rows.len()).max().unwrap_or(0);
         let m = self.db.metadata();
         let mut batch = Batch::zeroed(b, s, r, m.embedder.dim as usize);
         batch.task_idx = k as u32;
         batch.target_stype = plan.stype_code;
         batch.cat_emb_start = plan.cat_emb_start;
         batch.cat_emb_count = plan.cat_emb_count;
-        batch.seeds.extend(state.jobs.iter().map(|j| j.0));
+        batch.seeds.extend(jobs.iter().map(|j| j.0));
         let tables: Vec<TableCells<'_>> = (0..m.tables.len())
             .map(|t| {
                 let v = self.db.table(t)?;
@@ -477,7 +508,7 @@ impl SamplerCore {
             ts_std: m.timestamp_stats.std_us,
             target,
         };
-        let subgraphs = &state.subgraphs;
+        let subgraphs = &*subgraphs;
         let stats = {
             let mut outs = batch.sequences();
             self.pool.install(|| {
@@ -506,12 +537,7 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let dim = m.embedder.dim as usize;
-        collate_text(
-            &mut batch,
-            self.db.text_embeddings()?,
-            dim,
-            &mut state.text_map,
-        );
+        collate_text(&mut batch, self.db.text_embeddings()?, dim, text_map);
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
@@ -529,18 +555,6 @@ impl SamplerCore {
             (t_end - t_asm).as_nanos() as u64,
             (t_end - t0).as_nanos() as u64,
         ];
-        if self.cfg.telemetry {
-            batch.draw = self.draw_stats(state, step, world_size);
-        }
-        batch.fingerprint = fingerprint(
-            [key, step, state.rank as u64, world_size as u64],
-            k,
-            &batch.seeds,
-        );
-        batch.exhaust_events = exhaust_events;
-        batch.duplicate_seeds = duplicates;
-        batch.split = state.split;
-        batch.step = step;
         Ok(batch)
     }
 }

@@ -17,11 +17,13 @@
 //! with consumers on other threads (a consumer blocked during one waits on
 //! the new producer).
 
+mod eval;
 mod maker;
 mod report;
 mod rss;
 pub mod state;
 
+pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use maker::{BatchMaker, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::{fill_report, SplitTelemetry};
 pub use rss::current_rss_bytes;

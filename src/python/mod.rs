@@ -15,6 +15,7 @@ use crate::error::Error;
 mod bench;
 mod config;
 mod database;
+mod eval;
 mod sampler;
 mod telemetry;
 mod writer;
@@ -139,6 +140,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<database::Database>()?;
     m.add_class::<writer::DatabaseWriter>()?;
     m.add_class::<sampler::Sampler>()?;
+    m.add_class::<eval::EvalPass>()?;
     m.add("TELEMETRY_PREFIX", crate::telemetry::PREFIX)?;
     m.add_function(wrap_pyfunction!(sampler::batch_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::metric_table, m)?)?;

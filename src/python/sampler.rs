@@ -86,7 +86,7 @@ pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 }
 
 /// The batch dict: one NumPy array per `TENSORS` row, owning the Rust buffer.
-fn batch_dict<'py>(
+pub(super) fn batch_dict<'py>(
     py: Python<'py>,
     b: Batch,
     ptrs: &mut Vec<(&'static str, usize)>,
@@ -315,6 +315,22 @@ impl Sampler {
             .detach(|| self.inner.replay_batch(split, step, rank))
             .map_err(to_py)?;
         batch_dict(py, b, &mut Vec::new())
+    }
+
+    /// A finite, ordered evaluation pass over `split` (`"val"` or
+    /// `"test"`): every seed of the split for `task` (all tasks when
+    /// `None`), each list capped at its first `max_seeds`, this rank's share
+    /// in fixed order; independent of the training stream, usable while the
+    /// producers prefetch. Batches carry `seq_valid` (0 = padding, not to be
+    /// scored).
+    #[pyo3(signature = (split="val", task=None, max_seeds=None))]
+    fn eval_batches(
+        &self,
+        split: &str,
+        task: Option<&str>,
+        max_seeds: Option<i64>,
+    ) -> PyResult<super::eval::EvalPass> {
+        super::eval::EvalPass::open(self.inner.core(), split, task, max_seeds)
     }
 
     /// The sampler state as of delivery (batches prefetched but not yet

@@ -2,6 +2,7 @@
 //! truncated files, the writer driven from Rust, and property tests of the
 //! sampler on random synthetic databases.
 
+mod eval;
 mod format;
 mod golden_batches;
 mod oracle;

@@ -27,7 +27,7 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 def test_top_level_help_is_plain_text() -> None:
     text = build_parser().format_help()
     assert not _MARKUP.search(text), text
-    for name in ("preprocess", "inspect", "default-db", "bench", "train", "diag"):
+    for name in ("preprocess", "inspect", "default-db", "bench", "train", "eval", "diag"):
         assert name in text
 
 

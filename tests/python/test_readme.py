@@ -6,6 +6,7 @@ checked.
   database it builds, with an offline W&B run).
 * ``headwater preprocess`` / ``inspect`` synopses are instantiated with those
   files and run through the real command line.
+* ``headwater eval`` runs for real on a three-step run of that database.
 * The other command synopses (``train``, ``diag``, ``bench``: minutes each,
   run for real by ``test_train`` / ``test_diag``) are checked option by
   option against the parsers, and the files they name must exist.
@@ -70,6 +71,8 @@ def kind(lang: str, text: str) -> str:
             return "python-sampler"
         if "StepHook(" in text:
             return "python-telemetry"
+        if "eval_batches(" in text:
+            return "python-eval"
     if lang == "bash" and text.startswith("#!/bin/bash") and "#SBATCH" in text:
         return "sbatch"
     if lang == "bash":
@@ -86,9 +89,14 @@ def test_every_block_is_covered() -> None:
     assert "unknown" not in kinds, [
         b for b, k in zip(blocks(README), kinds, strict=True) if k == "unknown"
     ]
-    assert {"setup", "synopsis", "python-preprocess", "python-sampler", "python-telemetry"} <= set(
-        kinds
-    )
+    assert {
+        "setup",
+        "synopsis",
+        "python-preprocess",
+        "python-sampler",
+        "python-telemetry",
+        "python-eval",
+    } <= set(kinds)
 
 
 # ----------------------------------------------------------------------------
@@ -240,6 +248,50 @@ def test_python_telemetry_block_runs(tiny_db: Path, tmp_path: Path) -> None:
     finally:
         run.finish()
     assert ns["reduced"]["sampler/batches"] == 1.0
+
+
+def test_python_eval_block_runs(tiny_db: Path, tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    import headwater
+
+    with headwater.Sampler(str(tiny_db), default_batch_size=4, default_sequence_length=64) as s:
+        ns = _exec_in(tmp_path, _block("python-eval"), {"sampler": s})
+        want = {i: t["seeds"] for i, t in enumerate(s.eval_batches("val").tasks()) if t["seeds"]}
+    assert ns["seen"] == want
+
+
+def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> None:
+    """``headwater eval RUN_DIR [--split test] [--max-seeds N]`` for real, on a
+    six-step run of the tiny database."""
+    pytest.importorskip("jax")
+    (line,) = [ln for ln in synopsis_lines() if ln.startswith("headwater eval")]
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(
+        f'[database]\npath = "{tiny_db}"\n[sampler]\ndefault_batch_size = 4\n'
+        "default_sequence_length = 32\nnum_threads = 1\n[model]\nd_model = 16\n"
+        "num_layers = 1\nnum_heads = 2\n[train]\nsteps = 3\nval_batches = 0\n"
+        "warmup_steps = 0\n[logging]\nprometheus_port = 0\nwandb_mode = \"disabled\"\n",
+        encoding="utf-8",
+    )
+
+    def cli(*words: str) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "headwater.cli", *words],
+            capture_output=True,
+            text=True,
+            env=child_env(tmp_path),
+            timeout=300,
+            check=False,
+        )
+        assert r.returncode == 0, (words, r.stdout[-2000:], r.stderr[-2000:])
+        return r
+
+    cli("train", str(cfg), "--dir", str(tmp_path / "runs"), "--run-name", "r")
+    subst = {"RUN_DIR": str(tmp_path / "runs" / "r"), "N": "4"}
+    words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]
+    out = cli(*words[1:])
+    assert "baseline" in out.stdout
+    assert (tmp_path / "runs" / "r" / "eval-test.json").is_file()
 
 
 # ----------------------------------------------------------------------------

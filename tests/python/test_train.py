@@ -57,6 +57,7 @@ val_every = 3
 val_batches = 1
 log_every = 1
 warmup_steps = 1
+eval_final = false
 
 [logging]
 prometheus_port = 0

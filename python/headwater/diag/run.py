@@ -40,7 +40,15 @@ def run_diag(
     then evaluate every signal."""
     from headwater.train import launch, resolve_database, run_directory
 
-    ov = {"logging.dir": str(out_dir), "logging.jsonl": True, **(overrides or {})}
+    # A diagnostic run judges the sampler's signals: no final evaluation
+    # passes (they would outlast the short run); `--set train.eval_final=true`
+    # brings them back.
+    ov = {
+        "logging.dir": str(out_dir),
+        "logging.jsonl": True,
+        "train.eval_final": False,
+        **(overrides or {}),
+    }
     if db:
         ov["database.path"] = db
     spec, cfg = load_spec(path, **ov)

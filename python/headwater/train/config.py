@@ -18,7 +18,8 @@ complete file)::
     [ranks.N]   per-rank overrides of [sampler] keys (diagnostics)
     [model]     ModelConfig fields (max_categories = 0: from the database)
     [optim]     OptConfig fields (total_steps = 0: train.steps)
-    [train]     steps, val_every, val_batches, seed, log_every, ...
+    [train]     steps, val_every, val_batches, eval_every, eval_max_seeds, eval_final,
+                seed, log_every, ...
     [logging]   wandb_mode, wandb_project, run_name, dir, prometheus_port,
                 otlp_endpoint
     [diag]      read by ``headwater diag`` only (expectations of the run)
@@ -63,6 +64,14 @@ class TrainSection:
     val_every: int = 100
     #: Batches per rank in each validation.
     val_batches: int = 4
+    #: Run a capped evaluation pass over val every this many steps (0 = off):
+    #: per-task metrics on the first ``eval_max_seeds`` seeds of each task.
+    eval_every: int = 0
+    #: Seeds per task in the periodic evaluation (the split's fixed order).
+    eval_max_seeds: int = 256
+    #: At the end of the run, evaluate val and test in full and save the
+    #: final parameters (``params.npz``) for ``headwater eval``.
+    eval_final: bool = True
     #: Seed of parameter init (the sampler has its own ``[sampler] seed``).
     seed: int = 0
     #: Progress lines every this many steps when stdout is not a terminal.
@@ -78,11 +87,13 @@ class TrainSection:
     def __post_init__(self) -> None:
         if self.steps <= 0:
             raise ValueError(f"steps must be > 0, got {self.steps}")
-        for name in ("val_every", "val_batches", "log_every", "warmup_steps"):
+        for name in ("val_every", "val_batches", "eval_every", "log_every", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.log_every == 0:
             raise ValueError("log_every must be >= 1")
+        if self.eval_max_seeds < 1:
+            raise ValueError(f"eval_max_seeds must be >= 1, got {self.eval_max_seeds}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,15 @@ rest (progress, W&B logging of the trainer's own metrics).
 
 Outputs, under ``<logging.dir>/<run name>/``: ``wandb/`` (rank 0, offline by
 default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
-losses, timings, a digest of the final parameters), ``rank-<r>.log`` (ranks
-> 0, multi-process runs).
+losses, timings, a digest of the final parameters, the evaluation
+results), ``rank-<r>.log`` (ranks > 0, multi-process runs), and with
+``train.eval_final`` ``params.npz`` + ``model.json`` (rank 0: the final
+parameters, :mod:`headwater.train.saved`, read by ``headwater eval``).
+
+Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
+steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
+end (``train.eval_final``) full val and test passes. Passes come from
+``sampler.eval_batches`` and never touch the training stream.
 
 Must never: let ranks apply different updates; log telemetry from ranks > 0.
 """
@@ -40,8 +47,10 @@ import numpy as np
 from headwater.errors import ConfigError
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
+from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row
 from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
+from headwater.train.saved import save_params
 from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
 from headwater.train.verdict import VERDICTS, VerdictTracker
 
@@ -108,6 +117,7 @@ def _open_wandb(cfg: TrainConfig, run_dir: Path) -> Any:
     run.define_metric("trainer/step")
     run.define_metric("trainer/*", step_metric="trainer/step")
     run.define_metric("val/*", step_metric="trainer/step")
+    run.define_metric("eval/*", step_metric="trainer/step")
     return run
 
 
@@ -140,6 +150,10 @@ def _train(cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int) -> 
             run.finish(exit_code=1)
         raise
     param_digest = digest(trainer.params)
+    if rank == 0 and cfg.train.eval_final:
+        save_params(
+            run_dir, trainer.params, trainer.model_cfg, db=db, sampler=cfg.sampler_kwargs(0)
+        )
     summary = summarise(
         trainer.log,
         warmup_steps=cfg.train.warmup_steps,
@@ -243,6 +257,15 @@ class Trainer:
         )
         self.lr = make_schedule(cfg.optim)
         self.pad = Padder(mesh, self.model_cfg.max_categories)
+        # Its own padder: evaluation never changes the training batches' shapes.
+        self.evaluator = Evaluator(
+            sampler,
+            mesh,
+            Padder(mesh, self.model_cfg.max_categories),
+            self.model_cfg,
+            (self.col, self.cat),
+        )
+        self.run_dir = run_dir
         lg, lead = cfg.logging, rank == 0
         self.jsonl = JsonlSink(run_dir / "metrics.jsonl") if lead and lg.jsonl else None
         self.drains = (
@@ -301,6 +324,26 @@ class Trainer:
         self.progress.message(f"validation at step {step + 1}: loss {v:.4f}")
         return v
 
+    def evaluate(self, split: str, step: int, max_seeds: int | None = None) -> dict[str, Any]:
+        """An evaluation pass over ``split`` (capped at ``max_seeds`` per task),
+        logged as ``eval/<split>/<task>/<metric>``; the per-task results."""
+        results = self.evaluator.evaluate(self.params, split, max_seeds)
+        row = flat_row(split, results)
+        self.log.evals.append(
+            {"step": step, "split": split, "full": max_seeds is None, "results": results}
+        )
+        if self.wb is not None:
+            define_eval_metrics(self.wb, split, results)
+            self.wb.log({**row, "trainer/step": step})
+        if self.jsonl is not None:
+            self.jsonl.write({"step": step, **row})
+        shown = ", ".join(
+            f"{t} {next(iter(r['metrics']))} {next(iter(r['metrics'].values())):.4f}"
+            for t, r in results.items()
+        )
+        self.progress.message(f"eval {split} at step {step + 1}: {shown}")
+        return results
+
     def _fetch(self) -> tuple[Any, float, float]:
         """The next batch as global device arrays: ``(batch, wait s, host→device s)``.
 
@@ -350,6 +393,8 @@ class Trainer:
         self.log.record_phases((nw, t3 - t2 - nw, compute, t2 - t1, wall - compute - (t3 - t1)))
         if due_val:
             self.validate(step)
+        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
+            self.evaluate("val", step, tc.eval_max_seeds)
 
     def _flush(self) -> float:
         """The pending steps' metrics to the host in one transfer, then their
@@ -405,6 +450,9 @@ class Trainer:
         for step in range(tc.steps):
             self.step(step)
         final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
+        if tc.eval_final:
+            for split in ("val", "test"):
+                self.evaluate(split, tc.steps - 1)
         self.hook.close()
         if self.drains is not None:
             self.drains.close()

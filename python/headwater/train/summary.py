@@ -2,7 +2,8 @@
 
 Owns: :data:`PHASES` (the timed phases of a step), :class:`RunLog` (what the
 loop records per step), :func:`summarise` (the ``rank-<r>.json`` summary:
-losses, throughput, the step-time profile after warm-up, invariant warnings)
+losses, throughput, the step-time profile after warm-up, invariant warnings,
+the final evaluation per split and task, every evaluation's flat row)
 and :func:`format_summary`.
 
 Must never: count warm-up steps (compilation) in throughput or timings, or
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from headwater.telemetry import PREFIX
+from headwater.train.evaluate import flat_row
+from headwater.train.scoring import format_table
 
 #: Timed phases of a step, in order.
 PHASES = ("sample_wait", "host_to_device", "compute", "telemetry", "other")
@@ -43,6 +46,8 @@ class RunLog:
         default_factory=lambda: {k: set() for k in INVARIANTS}
     )
     telemetry_rows: int = 0
+    #: Evaluation passes: ``{"step", "split", "full", "results"}`` each.
+    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def record_phases(self, durations: tuple[float, ...]) -> None:
         for name, dt in zip(PHASES, durations, strict=True):
@@ -103,6 +108,11 @@ def summarise(
         "invariants": dict(log.invariants),
         "telemetry_rows_logged": log.telemetry_rows,
         "warnings": _warnings(log, wait_share),
+        "eval": {e["split"]: e["results"] for e in log.evals if e["full"]},
+        "eval_history": [
+            {"step": e["step"], "split": e["split"], **flat_row(e["split"], e["results"])}
+            for e in log.evals
+        ],
         **extra,
     }
 
@@ -151,6 +161,9 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     if s["warnings"]:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
     lines.append(health)
+    if s.get("eval"):
+        lines.append("evaluation (full passes, union of ranks; baseline = best constant):")
+        lines.extend("  " + x for x in format_table(s["eval"]).splitlines())
     if s["wandb_dir"]:
         lines.append(f"W&B run: {s['wandb_dir']}")
     if s["metrics_endpoints"]:

@@ -1,0 +1,184 @@
+"""Evaluation passes in the trainer: predictions per task over a val/test
+pass, gathered across ranks, scored with :mod:`headwater.train.scoring`.
+
+Owns: :func:`make_predict_step` (the decoder outputs at each target cell,
+turned into one prediction and one label per sequence, with a mask of the
+sequences to score, all gathered over the data axis with
+``lax.all_gather`` inside the step) and :class:`Evaluator` (walks
+``sampler.eval_batches(split, max_seeds=...)``, keeps the gathered arrays
+per task, scores the union).
+
+Every rank yields the same number of pass batches per task (the sampler's
+eval shard rule), so the collectives line up; after the gather every rank
+holds the union of the ranks' predictions and computes identical metrics.
+A sequence counts when its ``seq_valid`` is 1 (not padding) and its target
+is not null. Numerical targets are scored in the column's units (the
+sampler's z-scores times the column's std plus its mean, from
+``metadata.json``).
+
+Must never: score a padded sequence; draw from the training stream.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from headwater.train.scoring import STYPES, baseline, score
+
+
+@functools.cache
+def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
+    """``(params, batch, col_emb, cat_emb, valid) -> {"pred", "label", "mask"}``,
+    one value per sequence (gathered over ``axis_name`` when given): the
+    prediction for the batch's target type (numeric value, probability of
+    true, time z-score or class index), the label in the same terms, and 1
+    where the sequence is real and its target is not null."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from headwater.train import model as M
+
+    def step(
+        params: Any, batch: Any, col_emb: jax.Array, cat_emb: jax.Array, valid: jax.Array
+    ) -> dict[str, jax.Array]:
+        out = M.forward(params, batch, col_emb, cat_emb, model_cfg)
+        pos = M.target_positions(batch)
+
+        def at(x: jax.Array) -> jax.Array:
+            return jnp.take_along_axis(x, pos.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+
+        start = batch["cat_emb_start"][0].astype(jnp.int32)
+        preds = jnp.stack(
+            [
+                out["numeric"],
+                jax.nn.sigmoid(out["boolean"]),
+                out["timestamp"][:, -1],
+                jnp.argmax(out["categorical"], axis=-1).astype(jnp.float32),
+            ]
+        )
+        labels = jnp.stack(
+            [
+                at(batch["numeric_values"]).astype(jnp.float32),
+                at(batch["bool_values"]).astype(jnp.float32),
+                at(batch["timestamp_values"])[:, -1].astype(jnp.float32),
+                (at(batch["categorical_embed_ids"]).astype(jnp.int32) - start).astype(jnp.float32),
+            ]
+        )
+        code = jnp.clip(batch["target_stype"][0].astype(jnp.int32), 0, 3)
+        res = {
+            "pred": preds[code],
+            "label": labels[code],
+            "mask": ((valid != 0) & (at(batch["is_null"]) == 0)).astype(jnp.float32),
+        }
+        if axis_name is not None:
+            res = {k: lax.all_gather(v, axis_name, tiled=True) for k, v in res.items()}
+        return res
+
+    return step
+
+
+class Evaluator:
+    """Runs passes with the trainer's mesh, padder and frozen tables."""
+
+    def __init__(self, sampler: Any, mesh: Any, padder: Any, model_cfg: Any, tables: Any) -> None:
+        from jax.sharding import PartitionSpec as P
+
+        self.sampler, self.mesh, self.pad = sampler, mesh, padder
+        self.col, self.cat = tables
+        self.fn = mesh.step_fn(
+            make_predict_step(model_cfg, axis_name="data"),
+            in_specs=(P(), P("data"), P(), P(), P("data")),
+            out_specs=P(),
+        )
+        meta = sampler.database_metadata()
+        self.tasks = {t["name"]: t for t in meta["tasks"]}
+        self.columns = meta["columns"]
+
+    def _units(self, task: str) -> tuple[float, float]:
+        """(std, mean) that turn the task's numeric z-scores into its units."""
+        t = self.tasks[task]
+        stats = self.columns[int(t["target_column"])].get("stats") or {}
+        if t["target_stype"] == "numerical" and stats.get("std"):
+            return float(stats["std"]), float(stats.get("mean", 0.0))
+        return 1.0, 0.0
+
+    def predictions(
+        self, params: Any, split: str, max_seeds: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Per task: ``{"stype", "y_true", "y_pred"}`` over the union of ranks."""
+        from headwater.train.mesh import host
+
+        pass_ = self.sampler.eval_batches(split, max_seeds=max_seeds)
+        got: dict[str, dict[str, Any]] = {}
+        for np_batch in pass_:
+            name = self._task_name(int(np_batch["task_idx"][0]))
+            stype = STYPES.get(int(np_batch["target_stype"][0]))
+            if stype is None:
+                continue  # text targets have no metric
+            valid = self.mesh.shard({"v": np.asarray(np_batch["seq_valid"])})["v"]
+            out = self.fn(params, self.pad(np_batch), self.col, self.cat, valid)
+            mask = host(out["mask"]) > 0
+            entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
+            entry["y_true"].append(host(out["label"])[mask])
+            entry["y_pred"].append(host(out["pred"])[mask])
+        for name, e in got.items():
+            std, mean = self._units(name)
+            for key in ("y_true", "y_pred"):
+                e[key] = np.concatenate(e[key]).astype(np.float64) * std + mean
+        return got
+
+    def _task_name(self, idx: int) -> str:
+        for name, t in self.tasks.items():
+            if int(t["idx"]) == idx:
+                return name
+        raise ValueError(f"batch task_idx {idx} is not a task of the database")
+
+    def evaluate(
+        self, params: Any, split: str, max_seeds: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Per task: ``{"stype", "count", "metrics", "baseline"}``."""
+        return score_predictions(self.predictions(params, split, max_seeds))
+
+
+def score_predictions(preds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`score` and :func:`baseline` of each task's gathered predictions."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, e in preds.items():
+        out[name] = {
+            "stype": e["stype"],
+            "count": int(np.asarray(e["y_true"]).size),
+            "metrics": score(e["stype"], e["y_true"], e["y_pred"]),
+            "baseline": baseline(e["stype"], e["y_true"]),
+        }
+    return out
+
+
+def flat_row(split: str, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """``eval/<split>/<task>/<metric>`` (and ``…/baseline/<metric>``,
+    ``…/count``) for W&B and ``metrics.jsonl``."""
+    row: dict[str, float] = {}
+    for task, r in results.items():
+        base = f"eval/{split}/{task}"
+        for m, v in r["metrics"].items():
+            row[f"{base}/{m}"] = float(v)
+        for m, v in r["baseline"].items():
+            row[f"{base}/baseline/{m}"] = float(v)
+        row[f"{base}/count"] = float(r["count"])
+    return row
+
+
+def define_eval_metrics(run: Any, split: str, results: Mapping[str, Mapping[str, Any]]) -> None:
+    """W&B summaries of each model metric: its best (max or min) and last value."""
+    from headwater.train.scoring import HIGHER_IS_BETTER
+
+    for task, r in results.items():
+        for m in r["metrics"]:
+            best = "max" if HIGHER_IS_BETTER[m] else "min"
+            run.define_metric(
+                f"eval/{split}/{task}/{m}", step_metric="trainer/step", summary=f"{best},last"
+            )

@@ -1,0 +1,100 @@
+//! `EvalPass`: a finite evaluation pass as a Python iterator of batch dicts.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::sampler::batch_dict;
+use super::to_py;
+use crate::pipeline::{self, SamplerCore};
+use crate::seeds::Split;
+
+/// An ordered pass over every seed of a val/test split on this rank (see
+/// `src/pipeline/eval.rs` for the shard rule); iterate it for batch dicts
+/// whose `seq_valid` marks the sequences to score.
+#[pyclass(module = "headwater._native", frozen)]
+pub struct EvalPass {
+    inner: Mutex<pipeline::EvalPass>,
+    len: usize,
+}
+
+impl EvalPass {
+    /// A pass over `split` (`"val"`/`"test"`) of task `task` (a name; all when `None`).
+    pub(super) fn open(
+        core: &std::sync::Arc<SamplerCore>,
+        split: &str,
+        task: Option<&str>,
+        max_seeds: Option<i64>,
+    ) -> PyResult<Self> {
+        let Some(split @ (Split::Val | Split::Test)) = Split::parse(split) else {
+            return Err(PyValueError::new_err(format!(
+                "invalid argument `split`: {split:?}, expected \"val\" or \"test\""
+            )));
+        };
+        let tasks = &core.db.metadata().tasks;
+        let task = task
+            .map(|name| {
+                tasks.iter().position(|t| t.name == name).ok_or_else(|| {
+                    let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+                    PyValueError::new_err(format!(
+                        "invalid argument `task`: {name:?}, expected one of {names:?} or None"
+                    ))
+                })
+            })
+            .transpose()?;
+        let max_seeds = max_seeds
+            .map(|m| {
+                usize::try_from(m).ok().filter(|&m| m > 0).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "invalid argument `max_seeds`: {m}, expected an integer >= 1 or None"
+                    ))
+                })
+            })
+            .transpose()?;
+        let pass = pipeline::EvalPass::new(core.clone(), split, task, max_seeds).map_err(to_py)?;
+        let len = pass.len();
+        Ok(EvalPass {
+            inner: Mutex::new(pass),
+            len,
+        })
+    }
+}
+
+#[pymethods]
+impl EvalPass {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let next = py.detach(|| self.inner.lock().unwrap().next());
+        match next {
+            None => Ok(None),
+            Some(b) => Ok(Some(batch_dict(py, b.map_err(to_py)?, &mut Vec::new())?)),
+        }
+    }
+
+    /// Batches the whole pass yields (the same on every rank).
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Per task in pass order: `{"task", "seeds", "rank_seeds", "batches"}`
+    /// (`seeds` over all ranks, `rank_seeds` this rank's share).
+    fn tasks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let pass = self.inner.lock().unwrap();
+        let out = PyList::empty(py);
+        let meta = pass.core().db.metadata();
+        for t in pass.tasks() {
+            let d = PyDict::new(py);
+            d.set_item("task", meta.tasks[t.task].name.as_str())?;
+            d.set_item("seeds", t.list_len)?;
+            d.set_item("rank_seeds", t.entries.len())?;
+            d.set_item("batches", t.batches)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+}
