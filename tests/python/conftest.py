@@ -732,11 +732,12 @@ def running_prometheus(
     ``targets``, or the targets it discovers from the ``file_sd`` glob
     (re-read every second); yields its base URL and stops it by PID."""
     port = free_port()
-    discovery = f"static_configs:\n          - targets: {json.dumps(targets)}"
+    # Indented for its place under the job (after the dedent below).
+    discovery = f"static_configs:\n      - targets: {json.dumps(targets)}"
     if file_sd is not None:
         discovery = (
-            f"file_sd_configs:\n          - files: {json.dumps([file_sd])}\n"
-            "            refresh_interval: 1s"
+            f"file_sd_configs:\n      - files: {json.dumps([file_sd])}\n"
+            "        refresh_interval: 1s"
         )
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
@@ -750,9 +751,9 @@ def running_prometheus(
             scrape_configs:
               - job_name: headwater
                 scrape_interval: {interval}
-                {discovery}
+                @DISCOVERY@
             """
-        ),
+        ).replace("@DISCOVERY@", discovery),
         encoding="utf-8",
     )
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
