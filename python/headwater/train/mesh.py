@@ -128,8 +128,14 @@ class Mesh:
             out[k] = np.concatenate(parts, axis=0)
         return out
 
-    def shard(self, batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, Any]:
+    def shard(
+        self, batches: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]
+    ) -> dict[str, Any]:
+        """One batch (or one per sampler stream) → the global arrays."""
         import jax
+
+        if isinstance(batches, Mapping):
+            batches = [batches]
 
         return {
             k: jax.make_array_from_process_local_data(self.sharded, v)
