@@ -80,6 +80,8 @@ pub struct SamplerConfig {
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
     pub max_rss_bytes: Option<u64>,
+    /// What opening the database checks: `header` (O(metadata)) or `full`.
+    pub verify: crate::format::Verify,
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
@@ -127,6 +129,7 @@ impl Default for SamplerConfig {
             task_pick: TaskPick::Weighted,
             num_threads: None,
             max_rss_bytes: None,
+            verify: crate::format::Verify::Header,
             temporal_filter: true,
             telemetry: true,
             prometheus_port: None,
@@ -170,7 +173,7 @@ const fn f(
 }
 
 /// Every key of [`SamplerConfig`], in field order (a test keeps them equal).
-pub static FIELDS: [FieldDoc; 24] = [
+pub static FIELDS: [FieldDoc; 25] = [
     f("rank", "int", "an integer in 0..world_size", "this process's rank"),
     f("world_size", "int", "an integer in 1..=4294967295", "number of ranks"),
     f(
@@ -239,6 +242,12 @@ pub static FIELDS: [FieldDoc; 24] = [
         "int | None",
         "None or an integer in 1..=2^64-1",
         "fail fast when the process RSS exceeds this many bytes",
+    ),
+    f(
+        "verify",
+        "str",
+        "\"header\" or \"full\"",
+        "open check: header (sizes + metadata hash, O(metadata)) or full (also every payload checksum)",
     ),
     f(
         "temporal_filter",

@@ -1,7 +1,7 @@
 """Type stubs for the compiled core (kept by hand, checked by stubtest)."""
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -32,6 +32,7 @@ __all__ = [
     "sampler_config_schema",
     "telemetry_schema_for",
     "validate_sampler_config",
+    "verify_database",
 ]
 
 FORMAT_VERSION: int
@@ -129,6 +130,9 @@ def bench_sampler(
     telemetry: bool = True,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
+def verify_database(
+    path: str | os.PathLike[str], progress: Callable[[int, int], object] | None = None
+) -> dict[str, Any]: ...
 def batch_tensors() -> list[dict[str, Any]]: ...
 def metric_table() -> list[dict[str, Any]]: ...
 def telemetry_schema_for(
@@ -163,6 +167,7 @@ class Sampler:
         task_pick: str = "weighted",
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
+        verify: str = "header",
         temporal_filter: bool = True,
         telemetry: bool = True,
         prometheus_port: int | None = None,

@@ -1,5 +1,5 @@
 """The ``headwater`` command line: one subcommand per job (preprocess,
-inspect, default-db, bench, train, eval, diag); ``diag`` has its own parser
+inspect, verify, default-db, bench, train, eval, diag); ``diag`` has its own parser
 (:func:`headwater.diag.main`)."""
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     out = preprocess(
-        a.source, a.out_dir, schema=a.schema, embedder=a.embedder, overwrite=a.overwrite
+        a.source,
+        a.out_dir,
+        schema=a.schema,
+        embedder=a.embedder,
+        overwrite=a.overwrite,
+        time_columns=a.time_columns,
     )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -28,6 +33,17 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     r = inspect(a.db_dir)
     print(json.dumps(r, indent=2) if a.json else format_report(r))
     return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from headwater.inspection import verify
+
+    r = verify(a.db_dir, progress=not a.quiet)
+    for e in r["errors"]:
+        print(f"headwater verify: {e}", file=sys.stderr)
+    verdict = f"{len(r['errors'])} problem(s)" if r["errors"] else "ok"
+    print(f"verified {r['files']} files, {r['bytes']} payload bytes: {verdict}")
+    return 1 if r["errors"] else 0
 
 
 def _cmd_default_db(a: argparse.Namespace) -> int:
@@ -165,12 +181,26 @@ def _add_data_commands(sub: Sub) -> None:
         "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
     )
     pp.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    pp.add_argument(
+        "--time-columns",
+        choices=["propose", "none"],
+        default="propose",
+        help="propose: a source declaring no time columns gets one proposed per table (printed "
+        "as a schema line) and a loud warning where none fits; none: no proposals",
+    )
     pp.set_defaults(func=_cmd_preprocess)
 
     pi = sub.add_parser("inspect", help="validate a database and summarise it")
     pi.add_argument("db_dir", help="a preprocessed database directory")
     pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pi.set_defaults(func=_cmd_inspect)
+
+    pv = sub.add_parser(
+        "verify", help="check every payload checksum and the graph (reads the whole database)"
+    )
+    pv.add_argument("db_dir", help="a preprocessed database directory")
+    pv.add_argument("--quiet", action="store_true", help="no progress bar")
+    pv.set_defaults(func=_cmd_verify)
 
     pd = sub.add_parser(
         "default-db", help="build (once) and print the path of the default TPC-H database"

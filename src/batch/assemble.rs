@@ -54,6 +54,11 @@ pub struct SeqContext<'a> {
     pub ts_std: f64,
     /// Where the task's target comes from.
     pub target: Target<'a>,
+    /// Rows of `categorical_embeddings.bin`: a larger stored id (a corrupt
+    /// payload; payloads are not hashed at open) reads as a null cell.
+    pub num_categorical: u32,
+    /// Rows of `text_embeddings.bin` (likewise).
+    pub num_text: u32,
 }
 
 /// One sequence's slices of the batch tensors.
@@ -170,8 +175,11 @@ fn write_value(
             ctx.ts_std,
             &mut o.timestamp_values[pos * TIMESTAMP_DIM..(pos + 1) * TIMESTAMP_DIM],
         ),
-        ColumnValues::Categorical(v) => o.categorical_embed_ids[pos] = v[idx],
-        ColumnValues::Text(v) => o.text_embed_ids[pos] = v[idx],
+        ColumnValues::Categorical(v) if v[idx] < ctx.num_categorical => {
+            o.categorical_embed_ids[pos] = v[idx];
+        }
+        ColumnValues::Text(v) if v[idx] < ctx.num_text => o.text_embed_ids[pos] = v[idx],
+        ColumnValues::Categorical(_) | ColumnValues::Text(_) => o.is_null[pos] = 1,
     }
 }
 
@@ -385,7 +393,12 @@ pub fn collate_text(batch: &mut Batch, text_emb: &[f16], dim: usize, map: &mut F
     }
     let mut out = Vec::with_capacity(order.len() * dim);
     for &g in &order {
-        out.extend_from_slice(&text_emb[g as usize * dim..(g as usize + 1) * dim]);
+        // Ids were range-checked at assembly; a short matrix still gives
+        // zeros rather than an out-of-bounds read.
+        match text_emb.get(g as usize * dim..(g as usize + 1) * dim) {
+            Some(e) => out.extend_from_slice(e),
+            None => out.resize(out.len() + dim, f16::ZERO),
+        }
     }
     batch.num_text = order.len();
     batch.text_batch_embeddings = out;

@@ -23,7 +23,7 @@ pub use assemble::{
     TableCells, Target,
 };
 pub use perm::rcm_order;
-pub use tensors::{batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
+pub use tensors::{batch_bytes, batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
 pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
 
 use half::f16;

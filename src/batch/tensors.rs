@@ -33,6 +33,16 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::I8 | Dtype::U8 => 1,
+            Dtype::U16 | Dtype::F16 => 2,
+            Dtype::I32 | Dtype::U32 | Dtype::F32 => 4,
+            Dtype::U64 => 8,
+        }
+    }
+
     /// The NumPy dtype name.
     pub fn name(self) -> &'static str {
         match self {
@@ -90,6 +100,26 @@ impl Shape {
             Shape::B => vec![b.batch_size],
         }
     }
+}
+
+/// Bytes of a batch with `b` sequences of `s` cells, `r` rows at most per
+/// sequence, `u` distinct texts and `d`-dimensional embeddings: the sum of
+/// every [`TENSORS`] row (what the RSS cap predicts a batch costs).
+pub fn batch_bytes(b: usize, s: usize, r: usize, u: usize, d: usize) -> u64 {
+    TENSORS
+        .iter()
+        .map(|t| {
+            let n = match t.shape {
+                Shape::BS => b * s,
+                Shape::BST => b * s * TIMESTAMP_DIM,
+                Shape::BRR => b * r * r,
+                Shape::B => b,
+                Shape::UD => u * d,
+                Shape::One => 1,
+            };
+            (n * t.dtype.size()) as u64
+        })
+        .sum()
 }
 
 /// One tensor of the batch dict.

@@ -1,9 +1,16 @@
 //! Opening a preprocessed database: map every file, validate once, and hand
 //! out zero-copy views.
 //!
-//! Invariants: a [`Database`] that exists has validated every file header and
-//! checksum, checked every section length against `metadata.json`, and
-//! recomputed the content hash. Views are plain slices into the read-only
+//! Invariants: a [`Database`] that exists has validated every file header,
+//! checked every section length against `metadata.json`, and recomputed the
+//! content hash — all in time independent of the database size (no payload
+//! byte is read at open). Payload checksums and the O(rows) content checks
+//! run only with [`Verify::Full`] (and in `headwater verify`). So the views
+//! must be safe on garbage payloads: [`GraphView::parents`] and
+//! [`GraphView::children`] return an empty slice for out-of-range CSR
+//! offsets, and [`GraphView::table_of`] rejects a row id whose `row_table`
+//! entry does not match the table ranges from the metadata; the sampler
+//! uses only rows that pass it. Views are plain slices into the read-only
 //! maps; nothing here copies column or graph data.
 
 use std::path::{Path, PathBuf};
@@ -12,6 +19,7 @@ use half::f16;
 
 use super::header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 use super::metadata::{Metadata, SemanticType};
+use super::verify::Verify;
 use crate::error::{Error, Result};
 
 /// Zero-copy view of `graph.bin`.
@@ -31,25 +39,47 @@ pub struct GraphView<'a> {
     pub rev_targets: &'a [u32],
     /// Time of each child in `rev_targets`.
     pub rev_times: &'a [i64],
+    /// Global row range `[start, end)` of each table, from the metadata.
+    pub table_rows: &'a [(u32, u32)],
 }
 
 impl<'a> GraphView<'a> {
-    /// Parents of `row` (F→P).
+    /// Parents of `row` (F→P); empty when `row` or its CSR offsets are out
+    /// of range (a corrupt payload gives a wrong but safe answer).
     #[inline]
     pub fn parents(&self, row: u32) -> &'a [u32] {
         let r = row as usize;
-        &self.fwd_targets[self.fwd_offsets[r] as usize..self.fwd_offsets[r + 1] as usize]
+        match (self.fwd_offsets.get(r), self.fwd_offsets.get(r + 1)) {
+            (Some(&a), Some(&b)) => self.fwd_targets.get(a as usize..b as usize).unwrap_or(&[]),
+            _ => &[],
+        }
     }
 
-    /// Children of `row` (P→F) with their times, sorted by time.
+    /// Children of `row` (P→F) with their times, sorted by time; empty when
+    /// `row` or its CSR offsets are out of range.
     #[inline]
     pub fn children(&self, row: u32) -> (&'a [u32], &'a [i64]) {
         let r = row as usize;
-        let (a, b) = (
-            self.rev_offsets[r] as usize,
-            self.rev_offsets[r + 1] as usize,
-        );
-        (&self.rev_targets[a..b], &self.rev_times[a..b])
+        if let (Some(&a), Some(&b)) = (self.rev_offsets.get(r), self.rev_offsets.get(r + 1)) {
+            let range = a as usize..b as usize;
+            if let (Some(ids), Some(times)) = (
+                self.rev_targets.get(range.clone()),
+                self.rev_times.get(range),
+            ) {
+                return (ids, times);
+            }
+        }
+        (&[], &[])
+    }
+
+    /// The table of global `row`, or `None` when `row` is out of range or
+    /// its `row_table` entry disagrees with the metadata's table ranges (a
+    /// corrupt payload). Every row the sampler reads cells of passed this.
+    #[inline]
+    pub fn table_of(&self, row: u32) -> Option<usize> {
+        let t = *self.row_table.get(row as usize)? as usize;
+        let &(lo, hi) = self.table_rows.get(t)?;
+        (lo <= row && row < hi).then_some(t)
     }
 
     /// Children of `row` whose time is `<= cutoff` (a prefix: binary search).
@@ -127,6 +157,7 @@ pub struct TaskView<'a> {
 pub struct Database {
     dir: PathBuf,
     meta: Metadata,
+    table_rows: Vec<(u32, u32)>,
     graph: MappedFile,
     tables: Vec<MappedFile>,
     tasks: Vec<MappedFile>,
@@ -160,9 +191,35 @@ fn values(
 }
 
 impl Database {
-    /// Open and validate the database in `dir`.
+    /// Open and validate the database in `dir` in time independent of its
+    /// size ([`Verify::Header`]).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref().to_path_buf();
+        Self::open_with(dir, Verify::Header)
+    }
+
+    /// Open `dir`; [`Verify::Full`] also hashes every payload and checks
+    /// the graph and task contents (reads the whole database).
+    pub fn open_with(dir: impl AsRef<Path>, verify: Verify) -> Result<Self> {
+        let db = Self::open_headers(dir.as_ref())?;
+        if verify == Verify::Full {
+            for f in db.files() {
+                f.verify_payload(&mut |_| {})?;
+            }
+            db.validate_contents()?;
+        }
+        Ok(db)
+    }
+
+    /// Every mapped file, graph first.
+    pub(super) fn files(&self) -> impl Iterator<Item = &MappedFile> {
+        std::iter::once(&self.graph)
+            .chain(&self.tables)
+            .chain(&self.tasks)
+            .chain([&self.column_emb, &self.categorical_emb, &self.text_emb])
+    }
+
+    fn open_headers(dir: &Path) -> Result<Self> {
+        let dir = dir.to_path_buf();
         let meta_path = dir.join("metadata.json");
         if !dir.is_dir() {
             return Err(Error::io(
@@ -171,6 +228,12 @@ impl Database {
                     std::io::ErrorKind::NotFound,
                     "not a directory (expected a headwater database)",
                 ),
+            ));
+        }
+        if !meta_path.is_file() {
+            return Err(Error::format(
+                &dir,
+                "is not a headwater database: it has no metadata.json (build one with `headwater preprocess`)",
             ));
         }
         let raw = std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
@@ -254,9 +317,11 @@ impl Database {
         let column_emb = open("column_embeddings.bin", FileKind::Embeddings, Some(3))?;
         let categorical_emb = open("categorical_embeddings.bin", FileKind::Embeddings, Some(3))?;
         let text_emb = open("text_embeddings.bin", FileKind::Embeddings, Some(3))?;
+        let table_rows = table_ranges(&meta, &meta_path)?;
         let db = Database {
             dir,
             meta,
+            table_rows,
             graph,
             tables,
             tasks,
@@ -268,73 +333,25 @@ impl Database {
         Ok(db)
     }
 
-    /// Check every section against the metadata, once, so later views cannot fail.
+    /// Check every section's length against the metadata, once, so later
+    /// views cannot fail. O(metadata): reads no payload byte.
     fn validate_shapes(&self) -> Result<()> {
         let m = &self.meta;
         let n = m.num_rows as usize;
         let e = m.num_edges as usize;
         let g = &self.graph;
-        let row_table: &[u16] = g.section(0, Some(n))?;
+        g.section::<u16>(0, Some(n))?;
         g.section::<i64>(1, Some(n))?;
-        for (base, what) in [(2usize, "fwd"), (4, "rev")] {
-            let offs: &[u64] = g.section(base, Some(n + 1))?;
-            let targets: &[u32] = g.section(base + 1, Some(e))?;
-            if offs.first() != Some(&0)
-                || offs.last().copied() != Some(e as u64)
-                || offs.windows(2).any(|w| w[0] > w[1])
-            {
-                return Err(Error::format(
-                    g.path(),
-                    format!("{what}_offsets are not a valid CSR offset array"),
-                ));
-            }
-            if let Some(bad) = targets.iter().find(|&&t| t as usize >= n) {
-                return Err(Error::format(
-                    g.path(),
-                    format!("{what}_targets holds row {bad}, database has {n} rows"),
-                ));
-            }
+        for base in [2usize, 4] {
+            g.section::<u64>(base, Some(n + 1))?;
+            g.section::<u32>(base + 1, Some(e))?;
         }
         g.section::<i64>(6, Some(e))?;
-        let mut expected_offset = 0u64;
         for t in &m.tables {
-            if t.row_offset != expected_offset {
-                return Err(Error::format(
-                    self.dir.join("metadata.json"),
-                    format!(
-                        "table `{}` row_offset {} expected {expected_offset}",
-                        t.name, t.row_offset
-                    ),
-                ));
-            }
-            expected_offset += t.num_rows;
-            let lo = t.row_offset as usize;
-            let hi = lo + t.num_rows as usize;
-            if hi > n || row_table[lo..hi].iter().any(|&x| x as u32 != t.idx) {
-                return Err(Error::format(
-                    g.path(),
-                    format!(
-                        "row_table disagrees with table `{}` rows {lo}..{hi}",
-                        t.name
-                    ),
-                ));
-            }
             self.table(t.idx as usize)?;
         }
-        if expected_offset != m.num_rows {
-            return Err(Error::format(
-                self.dir.join("metadata.json"),
-                "tables do not cover num_rows",
-            ));
-        }
         for k in 0..m.tasks.len() {
-            let v = self.task(k)?;
-            if let Some(bad) = v.anchor_rows.iter().find(|&&r| r as u64 >= m.num_rows) {
-                return Err(Error::format(
-                    self.tasks[k].path(),
-                    format!("anchor row {bad} out of range"),
-                ));
-            }
+            self.task(k)?;
         }
         let d = m.embedder.dim as usize;
         for (f, count) in [
@@ -346,6 +363,16 @@ impl Database {
             f.section::<u64>(1, Some(count + 1))?;
         }
         Ok(())
+    }
+
+    /// The path of task `k`'s file.
+    pub fn task_path(&self, k: usize) -> Option<&Path> {
+        self.tasks.get(k).map(MappedFile::path)
+    }
+
+    /// The graph file.
+    pub(super) fn graph_file(&self) -> &MappedFile {
+        &self.graph
     }
 
     /// The database directory.
@@ -373,6 +400,7 @@ impl Database {
             rev_offsets: g.section(4, None).expect("validated"),
             rev_targets: g.section(5, None).expect("validated"),
             rev_times: g.section(6, None).expect("validated"),
+            table_rows: &self.table_rows,
         }
     }
 
@@ -482,6 +510,40 @@ impl Database {
     pub fn bytes_on_disk(&self) -> u64 {
         self.meta.files.values().map(|d| d.bytes).sum::<u64>()
     }
+}
+
+/// The `[start, end)` global rows of every table; tables must tile
+/// `0..num_rows` in metadata order and fit the `u32` row-id space.
+fn table_ranges(meta: &Metadata, meta_path: &Path) -> Result<Vec<(u32, u32)>> {
+    let mut out = Vec::with_capacity(meta.tables.len());
+    let mut expected = 0u64;
+    for t in &meta.tables {
+        if t.row_offset != expected {
+            return Err(Error::format(
+                meta_path,
+                format!(
+                    "table `{}` row_offset {} expected {expected}",
+                    t.name, t.row_offset
+                ),
+            ));
+        }
+        let end = expected + t.num_rows;
+        let (Ok(lo), Ok(hi)) = (u32::try_from(expected), u32::try_from(end)) else {
+            return Err(Error::format(
+                meta_path,
+                format!(
+                    "table `{}` ends at row {end}, beyond the u32 row ids",
+                    t.name
+                ),
+            ));
+        };
+        out.push((lo, hi));
+        expected = end;
+    }
+    if expected != meta.num_rows {
+        return Err(Error::format(meta_path, "tables do not cover num_rows"));
+    }
+    Ok(out)
 }
 
 /// Which embedding file.

@@ -1,15 +1,17 @@
 //! The binary file header: constants, validation, and the mapped-file view.
 //!
-//! Invariant: a [`MappedFile`] that exists has passed every check (magic,
-//! version, length, section bounds and alignment, header and payload
-//! checksums). Section accessors after that are bounds-checked slices, never
-//! a panic on user data.
+//! Invariant: a [`MappedFile`] that exists has passed every check that costs
+//! O(header) (magic, version, length, section bounds and alignment, header
+//! checksum). The payload checksum is *not* recomputed at open (that would
+//! read the whole database); [`MappedFile::verify_payload`] does it on
+//! request (`headwater verify`, `verify="full"`). Section accessors are
+//! bounds-checked slices, never a panic on user data.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::{Error, Result};
 
@@ -165,12 +167,6 @@ impl MappedFile {
             sections.push((off, slen));
         }
         let payload_checksum = le_u64(b, 24);
-        let actual = xxh3_64(&b[payload_start..]);
-        if actual != payload_checksum {
-            return Err(bad(format!(
-                "corrupt data: payload checksum mismatch (stored {payload_checksum:016x}, computed {actual:016x})"
-            )));
-        }
         Ok(MappedFile {
             path: path.to_path_buf(),
             mmap,
@@ -178,6 +174,45 @@ impl MappedFile {
             version,
             payload_checksum,
         })
+    }
+
+    /// Recompute the payload checksum (reads every payload byte) in chunks,
+    /// calling `progress` with the bytes hashed so far after each chunk.
+    ///
+    /// # Errors
+    /// A [`Error::Format`] naming the file when the checksum does not match.
+    pub fn verify_payload(&self, progress: &mut dyn FnMut(u64)) -> Result<()> {
+        const CHUNK: usize = 16 << 20;
+        let start = self.payload_start();
+        let mut h = Xxh3::new();
+        let mut done = 0u64;
+        for chunk in self.mmap[start..].chunks(CHUNK) {
+            h.update(chunk);
+            done += chunk.len() as u64;
+            progress(done);
+        }
+        let actual = h.digest();
+        if actual == self.payload_checksum {
+            Ok(())
+        } else {
+            Err(Error::format(
+                &self.path,
+                format!(
+                    "corrupt data: payload checksum mismatch (stored {:016x}, computed {actual:016x})",
+                    self.payload_checksum
+                ),
+            ))
+        }
+    }
+
+    /// First payload byte: the first multiple of 64 after the section table.
+    fn payload_start(&self) -> usize {
+        align_up(FIXED_HEADER + self.sections.len() * SECTION_ENTRY, ALIGN)
+    }
+
+    /// Payload bytes (what [`MappedFile::verify_payload`] reads).
+    pub fn payload_bytes(&self) -> u64 {
+        (self.mmap.len() - self.payload_start()) as u64
     }
 
     /// The file's path.

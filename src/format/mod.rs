@@ -39,7 +39,13 @@
 //! every section starts on a 64-byte boundary (zero padding between), so any
 //! section can be viewed in place as a slice of its element type.
 //! [`MappedFile::open`] validates magic, version, length, section bounds,
-//! alignment and both checksums once; afterwards reads are plain slices.
+//! alignment and the header checksum once, in O(header); afterwards reads
+//! are plain slices. The payload checksum is checked when the file is
+//! written, by `headwater verify` ([`verify_database`]) and on open with
+//! [`Verify::Full`] — never by a plain open, so opening costs the same for
+//! any database size. Readers therefore bounds-check every id that indexes
+//! memory (see [`GraphView::table_of`]): a corrupt payload gives a named
+//! error or a wrong-but-safe value, never a panic or an out-of-bounds read.
 //!
 //! # Sections
 //!
@@ -76,13 +82,16 @@
 //!
 //! `metadata.json` records every file's length and payload checksum, and a
 //! `content_hash`: xxh3-128 over the canonical JSON of the metadata (with the
-//! hash field empty). Opening recomputes it, so a directory whose files were
-//! swapped, truncated or edited is rejected; samplers on different ranks can
+//! hash field empty). Opening recomputes it and compares each file's header
+//! checksum field and length with the recorded digest, so a directory whose
+//! files were swapped, truncated or had their metadata edited is rejected
+//! (payload edits are caught by `verify`); samplers on different ranks can
 //! compare hashes to prove they read the same snapshot.
 
 mod database;
 mod header;
 mod metadata;
+mod verify;
 mod writer;
 
 pub use database::{
@@ -93,6 +102,7 @@ pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
     TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
+pub use verify::{verify_database, Verify, VerifyReport};
 pub use writer::{align_up, FileWriter, Section};
 
 /// Pack a slice of booleans (`0`/non-zero bytes) into a validity bitmap.

@@ -60,13 +60,15 @@ pub struct SamplerCore {
     pool: rayon::ThreadPool,
     /// The telemetry schema of this database and config.
     pub schema: TelemetrySchema,
+    /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
+    /// database was opened elsewhere. `Sampler` adds the seed-pool build.
+    pub startup_seconds: f64,
 }
 
 /// One split's sampling state on one rank: the stream position
 /// ([`StreamState`], the only part that matters for the stream), the global
 /// pools, the task picker and scratch buffers. Owned by the split's producer.
 pub struct SplitState {
-    /// The split this state samples.
     /// The split this state samples.
     pub split: Split,
     /// Where the split's stream stands (the only part that matters for it).
@@ -78,9 +80,25 @@ pub struct SplitState {
     subgraphs: Vec<Subgraph>,
     jobs: Vec<(u32, u32, i64, u64)>,
     text_map: FxMap<u32, u32>,
+    /// Max rows per sequence and distinct texts of the last batch (the
+    /// prediction of the next batch's size).
+    last_shape: (usize, usize),
 }
 
 impl SplitState {
+    /// Predicted bytes of this split's next batch: `B·S` tensors exactly,
+    /// row adjacency and text embeddings as large as in the last batch.
+    pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, dim: usize) -> u64 {
+        let (r, u) = self.last_shape;
+        crate::batch::batch_bytes(
+            cfg.default_batch_size,
+            cfg.default_sequence_length,
+            r,
+            u,
+            dim,
+        )
+    }
+
     /// Seeds left before the next reshuffle and pool size per task (`None`
     /// = the task has no seeds in the split). Global: the same on every rank.
     pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
@@ -126,8 +144,11 @@ fn derive(seed: u64, parts: &[u64]) -> u64 {
 impl SamplerCore {
     /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
-        let db = Database::open(db_path)?;
-        Self::with_database(Arc::new(db), cfg)
+        let t0 = Instant::now();
+        let db = Database::open_with(db_path, cfg.verify)?;
+        let mut core = Self::with_database(Arc::new(db), cfg)?;
+        core.startup_seconds = t0.elapsed().as_secs_f64();
+        Ok(core)
     }
 
     /// Prepare sampling an already open database with `cfg` (validated here).
@@ -180,6 +201,7 @@ impl SamplerCore {
             weights,
             pool,
             schema,
+            startup_seconds: 0.0,
         })
     }
 
@@ -247,6 +269,7 @@ impl SamplerCore {
             subgraphs: Vec::new(),
             jobs: Vec::new(),
             text_map: FxMap::default(),
+            last_shape: (0, 0),
         }
     }
 
@@ -296,9 +319,10 @@ impl SamplerCore {
             d.exhaust_events += x.exhausted as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
+            let row = task.anchor_rows[i];
             state.jobs.push((
                 x.seed,
-                task.anchor_rows[i],
+                row,
                 task.obs_times[i],
                 derive(key, &[first_slot + j as u64]),
             ));
@@ -416,6 +440,7 @@ impl SamplerCore {
         batch.duplicate_seeds = duplicates;
         batch.split = state.split;
         batch.step = step;
+        state.last_shape = (batch.max_rows, batch.num_text);
         Ok(batch)
     }
 
@@ -442,6 +467,20 @@ impl SamplerCore {
             subgraphs.resize_with(b, Subgraph::default);
         }
         let graph = self.db.graph();
+        // Payloads are not hashed at open: a seed row is used only if it is
+        // a row of the task's anchor table (O(1), never out of bounds).
+        let anchor_table = self.db.metadata().tasks[k].anchor_table as usize;
+        if let Some(&(i, row, _, _)) = jobs
+            .iter()
+            .find(|j| graph.table_of(j.1) != Some(anchor_table))
+        {
+            return Err(Error::format(
+                self.db.task_path(k).unwrap_or(self.db.dir()),
+                format!(
+                    "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
+                ),
+            ));
+        }
         let bfs_span = tracing::info_span!("bfs", seeds = b as i64).entered();
         let params = BfsParams {
             max_cells: s,
@@ -507,6 +546,8 @@ impl SamplerCore {
             ts_mean: m.timestamp_stats.mean_us,
             ts_std: m.timestamp_stats.std_us,
             target,
+            num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
+            num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
         };
         let subgraphs = &*subgraphs;
         let stats = {

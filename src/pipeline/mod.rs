@@ -5,8 +5,10 @@
 //! each batch. The consumer blocks on the channel; `shutdown()` wakes every
 //! blocked producer and consumer, joins the producers and drops queued
 //! batches. A producer error or panic is delivered to the consumer as an
-//! error, never a hang. With `max_rss_bytes`, a producer stops with a clear
-//! error before the process grows past the cap.
+//! error, never a hang. With `max_rss_bytes`, a producer checks, before it
+//! builds each batch, that the process's private memory (`RssAnon`, see
+//! [`rss`]) plus the predicted size of that batch stays under the cap, and
+//! otherwise stops with an error that says what holds the memory.
 //!
 //! Delivery: each split keeps a **delivered** [`StreamState`] that advances
 //! only when a batch is handed to the consumer (a batch whose step is not the
@@ -26,7 +28,7 @@ pub mod state;
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use maker::{BatchMaker, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::{fill_report, SplitTelemetry};
-pub use rss::current_rss_bytes;
+pub use rss::{current_private_bytes, current_rss_bytes};
 pub use state::{SamplerState, StreamState};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -89,6 +91,37 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// The error to stop with when building the next batch would take the
+/// process's private memory past `cap` (`None`: it fits, or memory cannot
+/// be read). The batch size is predicted from this split's last batch.
+fn over_cap(
+    core: &SamplerCore,
+    state: &SplitState,
+    tx: &Sender<Result<Batch>>,
+    cap: u64,
+) -> Option<Error> {
+    let private = current_private_bytes()?;
+    let next = state.predicted_batch_bytes(&core.cfg, core.db.metadata().embedder.dim as usize);
+    if private.saturating_add(next) <= cap {
+        return None;
+    }
+    let queued = tx.len() as u64;
+    let slots = core.cfg.num_prefetch as u64 * PRODUCED.len() as u64;
+    Some(Error::Resource(format!(
+        "private memory (RssAnon) {private} bytes + the next {} batch (~{next} bytes) would exceed max_rss_bytes {cap}. \
+         Prefetch queues: {queued} batches waiting in this split's queue (~{} bytes); at most {slots} batches \
+         ({} per split × {} splits, ~{} bytes) can be queued; the rest ({} bytes) is the process \
+         (interpreter, model, consumers' batches, sampler scratch). The mapped database is not counted. \
+         Lower num_prefetch, default_batch_size or default_sequence_length, or raise max_rss_bytes",
+        state.split.name(),
+        queued * next,
+        core.cfg.num_prefetch,
+        PRODUCED.len(),
+        slots * next,
+        private.saturating_sub(queued * next),
+    )))
+}
+
 fn produce(
     core: Arc<SamplerCore>,
     mut state: SplitState,
@@ -97,13 +130,19 @@ fn produce(
     halt: Receiver<()>,
 ) {
     loop {
-        let msg = match core.cfg.max_rss_bytes.map(|cap| (cap, current_rss_bytes())) {
-            Some((cap, Some(rss))) if rss > cap => Err(Error::Resource(format!(
-                "process RSS {rss} bytes exceeds max_rss_bytes {cap}; lower num_prefetch, default_batch_size or default_sequence_length"
-            ))),
-            _ => match catch_unwind(AssertUnwindSafe(|| core.make_batch(&mut state))) {
+        let msg = match core
+            .cfg
+            .max_rss_bytes
+            .and_then(|cap| over_cap(&core, &state, &tx, cap))
+        {
+            Some(e) => Err(e),
+            None => match catch_unwind(AssertUnwindSafe(|| core.make_batch(&mut state))) {
                 Ok(r) => r,
-                Err(p) => Err(Error::Worker(format!("{} producer panicked: {}", state.split.name(), panic_message(p)))),
+                Err(p) => Err(Error::Worker(format!(
+                    "{} producer panicked: {}",
+                    state.split.name(),
+                    panic_message(p)
+                ))),
             },
         };
         let fatal = msg.is_err();
@@ -154,7 +193,10 @@ impl Sampler {
 
     /// Start producers for `core`, at `saved` when given.
     pub fn start_at(core: Arc<SamplerCore>, saved: Option<&SamplerState>) -> Result<Sampler> {
+        let t0 = Instant::now();
         let states = Sampler::initial_states(&core, saved)?;
+        // Open + core preparation + the splits' seed pools.
+        let startup_seconds = core.startup_seconds + t0.elapsed().as_secs_f64();
         let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
@@ -179,7 +221,9 @@ impl Sampler {
                         otel::OtlpSplit::new(s.name()).map(|o| Box::new(o) as Box<dyn Recorder>),
                     );
                 }
-                Mutex::new(SplitTelemetry::new(&core.schema, exporters))
+                let mut t = SplitTelemetry::new(&core.schema, exporters);
+                t.set_startup_seconds(startup_seconds);
+                Mutex::new(t)
             })
             .collect();
         let (stop_tx, stop_rx) = bounded::<()>(0);

@@ -63,6 +63,11 @@ impl SplitTelemetry {
         }
     }
 
+    /// Report `seconds` as `sampler/startup_seconds` with every batch.
+    pub fn set_startup_seconds(&mut self, seconds: f64) {
+        self.report.startup_seconds = seconds;
+    }
+
     /// The sampler was restored from a saved state: reported with the next
     /// delivered batch (`sampler/resumes`).
     pub fn note_resume(&mut self) {

@@ -158,6 +158,17 @@ impl StreamConfig {
         }
     }
 
+    /// The sampler config keys of the stream, named as in
+    /// [`crate::config::FIELDS`] (read off this struct's fields, so the list
+    /// is defined here once). Every rank must use the same values: the ranks
+    /// read one global stream, so a per-rank value would make them disagree
+    /// about the pools, the orders or the picks.
+    pub fn keys() -> Vec<String> {
+        let v =
+            serde_json::to_value(Self::of(&SamplerConfig::default(), &[])).expect("serialisable");
+        v.as_object().expect("object").keys().cloned().collect()
+    }
+
     /// xxh3 of the canonical JSON, as 16 hex digits: equal on every rank of
     /// a run whose ranks share the stream (compare it across ranks).
     pub fn hash(&self) -> String {
@@ -529,6 +540,30 @@ impl super::SamplerCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_keys_are_config_keys() {
+        let keys = StreamConfig::keys();
+        assert_eq!(keys.len(), 11, "{keys:?}");
+        for k in &keys {
+            assert!(
+                crate::config::FIELDS.iter().any(|f| f.name == k),
+                "stream key {k} is not a sampler config key"
+            );
+        }
+        for harmless in [
+            "rank",
+            "world_size",
+            "num_threads",
+            "num_prefetch",
+            "debug_batch_delay_ms",
+        ] {
+            assert!(
+                !keys.iter().any(|k| k == harmless),
+                "{harmless} is not a stream key"
+            );
+        }
+    }
 
     #[test]
     fn world_size_history_and_advance() {

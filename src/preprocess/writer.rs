@@ -557,7 +557,11 @@ impl DatabaseWriter {
             FileKind::Table,
             Some(2 * part.columns.len()),
         )?;
-        if format!("{:016x}", table_file.payload_checksum()) != part.digest.checksum {
+        // A staged part is reused only if its bytes still hash to what was
+        // recorded when it was written (opening no longer hashes payloads).
+        if format!("{:016x}", table_file.payload_checksum()) != part.digest.checksum
+            || table_file.verify_payload(&mut |_| {}).is_err()
+        {
             return Ok(false);
         }
         let n = part.table.num_rows as usize;
@@ -567,6 +571,9 @@ impl DatabaseWriter {
             FileKind::Graph,
             Some(k + 3),
         )?;
+        if graph_part.verify_payload(&mut |_| {}).is_err() {
+            return Ok(false);
+        }
         // Checks passed: apply. Column indices and category offsets must line
         // up with what this run has allocated so far.
         if part
@@ -1153,8 +1160,9 @@ impl DatabaseWriter {
         } else {
             fs::rename(&self.staging, &self.out).map_err(io(&self.out))?;
         }
-        // Make sure a published database opens.
-        crate::format::Database::open(&self.out)?;
+        // Make sure a published database opens and every payload checksum
+        // holds: the write-time verification (open alone hashes no payload).
+        crate::format::Database::open_with(&self.out, crate::format::Verify::Full)?;
         Ok(meta)
     }
 }

@@ -9,6 +9,7 @@ use serde_json::{Map, Number, Value};
 use super::{json_to_py, to_py};
 use crate::config::{bad, SamplerConfig, FIELDS};
 use crate::error::Error;
+use crate::pipeline::state::StreamConfig;
 
 /// A Python value of key `key` as JSON (non-finite floats and integers
 /// outside 64 bits are config errors naming the key).
@@ -113,10 +114,13 @@ pub(crate) fn from_py(
     SamplerConfig::from_json(&merged(config, kwargs)?).map_err(to_py)
 }
 
-/// Every sampler key: `[{"name", "type", "default", "range", "doc"}]`.
+/// Every sampler key: `[{"name", "type", "default", "range", "doc",
+/// "stream"}]`; `stream`: the key defines the batch stream (a saved state
+/// records it, and every rank must share its value).
 #[pyfunction]
 pub(crate) fn sampler_config_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let defaults = SamplerConfig::default().to_json();
+    let stream = StreamConfig::keys();
     let out = PyList::empty(py);
     for f in &FIELDS {
         let d = PyDict::new(py);
@@ -125,6 +129,7 @@ pub(crate) fn sampler_config_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList
         d.set_item("default", json_to_py(py, &defaults[f.name])?)?;
         d.set_item("range", f.range)?;
         d.set_item("doc", f.doc)?;
+        d.set_item("stream", stream.iter().any(|k| k == f.name))?;
         out.append(d)?;
     }
     Ok(out)

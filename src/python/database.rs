@@ -52,6 +52,37 @@ fn emb_kind(which: &str) -> PyResult<EmbeddingKind> {
     })
 }
 
+/// Full check of the database in `path`: headers, every payload checksum
+/// and the graph/task contents. `progress(done_bytes, total_bytes)` is
+/// called as payload bytes are hashed (with the GIL held, every 16 MiB).
+/// Returns `{"files", "bytes", "errors"}`, one message per problem, each
+/// naming its file; a header problem raises instead.
+#[pyfunction]
+#[pyo3(signature = (path, progress=None))]
+pub fn verify_database<'py>(
+    py: Python<'py>,
+    path: std::path::PathBuf,
+    progress: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut callback_error = None;
+    let report = format::verify_database(&path, &mut |done, total| {
+        if let (Some(cb), None) = (&progress, &callback_error) {
+            if let Err(e) = cb.call1((done, total)) {
+                callback_error = Some(e);
+            }
+        }
+    })
+    .map_err(to_py)?;
+    if let Some(e) = callback_error {
+        return Err(e);
+    }
+    let d = PyDict::new(py);
+    d.set_item("files", report.files)?;
+    d.set_item("bytes", report.bytes)?;
+    d.set_item("errors", report.errors)?;
+    Ok(d)
+}
+
 #[pymethods]
 impl Database {
     #[new]

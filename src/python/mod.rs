@@ -150,5 +150,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
     m.add_function(wrap_pyfunction!(bench::bench_sampler, m)?)?;
     m.add_function(wrap_pyfunction!(bench::peak_rss_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(database::verify_database, m)?)?;
     Ok(())
 }

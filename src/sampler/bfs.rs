@@ -55,12 +55,13 @@ impl Subgraph {
     }
 }
 
-/// Per-worker scratch: epoch-stamped visited marks sized to the database.
+/// Per-worker scratch. Its size depends on the BFS budget, never on the
+/// database: the visited set holds the rows one BFS touches (at most
+/// `1 + hops · F · (P + W)` for frontier `F ≤ S` rows, `P` parents per row
+/// and child width `W`), and the lists hold one hop's candidates.
 #[derive(Debug, Default)]
 pub struct BfsScratch {
-    stamp: Vec<u32>,
-    local: Vec<u16>,
-    epoch: u32,
+    visited: Visited,
     frontier: Vec<u32>,
     parents: Vec<u32>,
     children: Vec<u32>,
@@ -71,29 +72,112 @@ pub struct BfsScratch {
 const NOT_INCLUDED: u16 = u16::MAX;
 
 impl BfsScratch {
-    fn begin(&mut self, num_rows: usize) {
-        if self.stamp.len() != num_rows {
-            self.stamp = vec![0; num_rows];
-            self.local = vec![NOT_INCLUDED; num_rows];
-            self.epoch = 0;
+    /// Bytes held by the scratch (capacity, not length).
+    pub fn heap_bytes(&self) -> usize {
+        let lists = self.frontier.capacity()
+            + self.parents.capacity()
+            + self.children.capacity()
+            + self.copy.capacity()
+            + self.picked.capacity();
+        self.visited.slots.capacity() * std::mem::size_of::<Slot>() + lists * 4
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    row: u32,
+    generation: u32,
+    local: u16,
+}
+
+/// The rows one BFS visited and their local index: an open-addressing hash
+/// map (linear probing, load ≤ 1/2) cleared in O(1) by bumping the
+/// generation. Capacity follows the largest BFS seen, not the database.
+#[derive(Debug, Default)]
+struct Visited {
+    slots: Vec<Slot>,
+    generation: u32,
+    len: usize,
+    bits: u32,
+}
+
+impl Visited {
+    const MIN_BITS: u32 = 10;
+
+    fn clear(&mut self) {
+        if self.slots.is_empty() {
+            self.bits = Self::MIN_BITS;
+            self.slots = vec![Slot::default(); 1 << self.bits];
         }
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            self.stamp.iter_mut().for_each(|s| *s = 0);
-            self.epoch = 1;
+        self.len = 0;
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.slots.iter_mut().for_each(|s| s.generation = 0);
+            self.generation = 1;
         }
     }
 
     #[inline]
-    fn visit(&mut self, row: u32) -> bool {
-        let s = &mut self.stamp[row as usize];
-        if *s == self.epoch {
-            false
-        } else {
-            *s = self.epoch;
-            self.local[row as usize] = NOT_INCLUDED;
-            true
+    fn home(&self, row: u32) -> usize {
+        (u64::from(row).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
+    }
+
+    /// The slot holding `row`, or the empty slot where it would go.
+    #[inline]
+    fn find(&self, row: u32) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(row);
+        loop {
+            let s = &self.slots[i];
+            if s.generation != self.generation || s.row == row {
+                return i;
+            }
+            i = (i + 1) & mask;
         }
+    }
+
+    /// Mark `row` visited; `true` if it was not yet.
+    #[inline]
+    fn insert(&mut self, row: u32) -> bool {
+        let i = self.find(row);
+        if self.slots[i].generation == self.generation {
+            return false;
+        }
+        self.slots[i] = Slot {
+            row,
+            generation: self.generation,
+            local: NOT_INCLUDED,
+        };
+        self.len += 1;
+        if 2 * self.len > self.slots.len() {
+            self.grow();
+        }
+        true
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.slots);
+        self.bits += 1;
+        self.slots = vec![Slot::default(); 1 << self.bits];
+        for s in old.into_iter().filter(|s| s.generation == self.generation) {
+            let i = self.find(s.row);
+            self.slots[i] = s;
+        }
+    }
+
+    /// Record the local index of visited `row`.
+    #[inline]
+    fn set_local(&mut self, row: u32, local: u16) {
+        let i = self.find(row);
+        debug_assert_eq!(self.slots[i].generation, self.generation);
+        self.slots[i].local = local;
+    }
+
+    /// The local index of `row` if it was visited and included.
+    #[inline]
+    fn local(&self, row: u32) -> Option<u16> {
+        let s = &self.slots[self.find(row)];
+        (s.generation == self.generation && s.local != NOT_INCLUDED).then_some(s.local)
     }
 }
 
@@ -155,9 +239,9 @@ pub fn bfs(
     out: &mut Subgraph,
 ) {
     out.clear();
-    s.begin(g.num_rows());
-    s.visit(seed);
-    s.local[seed as usize] = 0;
+    s.visited.clear();
+    s.visited.insert(seed);
+    s.visited.set_local(seed, 0);
     out.rows.push(seed);
     out.depth.push(0);
     out.cells = seed_cells.min(p.max_cells);
@@ -178,11 +262,12 @@ pub fn bfs(
         for i in 0..s.frontier.len() {
             let u = s.frontier[i];
             for &par in g.parents(u) {
-                if s.visit(par) {
+                if s.visited.insert(par) {
                     // A parent dated after the cutoff is future data (it can
                     // only be reached through a row without a time); parents
-                    // are otherwise taken unconditionally.
-                    let t = g.row_time[par as usize];
+                    // are otherwise taken unconditionally. (An out-of-range
+                    // id from a corrupt payload is dropped at inclusion.)
+                    let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
                     if t != i64::MIN && t > cutoff {
                         out.temporal_filtered += 1;
                     } else {
@@ -206,7 +291,7 @@ pub fn bfs(
             let mut w = start;
             for r in start..s.children.len() {
                 let c = s.children[r];
-                if s.visit(c) {
+                if s.visited.insert(c) {
                     s.children[w] = c;
                     w += 1;
                 }
@@ -229,12 +314,17 @@ pub fn bfs(
                 } else {
                     s.children[i]
                 };
-                let c = row_cells[g.row_table[r as usize] as usize] as usize;
+                // Only rows whose table checks out are read (corrupt payloads
+                // give a smaller subgraph, never an out-of-bounds read).
+                let Some(c) = g.table_of(r).and_then(|t| row_cells.get(t)) else {
+                    continue;
+                };
+                let c = *c as usize;
                 if out.cells + c > p.max_cells || out.rows.len() >= max_rows {
                     out.cells_dropped += c as u64;
                     continue;
                 }
-                s.local[r as usize] = out.rows.len() as u16;
+                s.visited.set_local(r, out.rows.len() as u16);
                 out.rows.push(r);
                 out.depth.push(hop as u8);
                 out.cells += c;
@@ -252,11 +342,8 @@ pub fn bfs(
     }
     for (i, &r) in out.rows.iter().enumerate() {
         for &par in g.parents(r) {
-            if s.stamp[par as usize] == s.epoch {
-                let j = s.local[par as usize];
-                if j != NOT_INCLUDED {
-                    out.edges.push((i as u16, j));
-                }
+            if let Some(j) = s.visited.local(par) {
+                out.edges.push((i as u16, j));
             }
         }
     }

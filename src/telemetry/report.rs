@@ -57,6 +57,8 @@ pub struct BatchReport {
     pub wait_seconds: f64,
     /// Restores from a saved state since the previous delivered batch.
     pub resumes: f64,
+    /// Seconds it took to open the database and prepare the sampler.
+    pub startup_seconds: f64,
     /// One entry per sequence.
     pub seqs: Vec<SeqReport>,
 }

@@ -249,7 +249,7 @@ use PromType::{Counter, Gauge, Histogram as PHist};
 use Reduction::{Histogram as Hist, Max, Min, Sum};
 
 /// Every step metric, in drain order.
-pub static METRICS: [MetricDef; 25] = [
+pub static METRICS: [MetricDef; 26] = [
     row(
         "pool/remaining_min",
         Min,
@@ -501,6 +501,16 @@ pub static METRICS: [MetricDef; 25] = [
         "resumes",
         "restores of the sampler from a saved state (resume or reshard)",
         Measure::Total(|r| r.resumes),
+    ),
+    row(
+        "startup_seconds",
+        Max,
+        None,
+        "headwater_sampler_startup_seconds",
+        Gauge,
+        "seconds",
+        "time to open the database, prepare the sampler and build the seed pools (slowest rank)",
+        Measure::Last(|r| r.startup_seconds),
     ),
 ];
 

@@ -3,7 +3,7 @@
 
 use std::fs;
 
-use headwater::format::{bit, ColumnValues, Database, EmbeddingKind};
+use headwater::format::{bit, verify_database, ColumnValues, Database, EmbeddingKind, Verify};
 use headwater::Error;
 
 use crate::support::{expected_v1, golden_copy, golden_v1};
@@ -191,7 +191,7 @@ fn golden_v1_opens_and_matches_its_source() {
 }
 
 fn open_err(dir: &std::path::Path) -> Error {
-    match Database::open(dir) {
+    match Database::open_with(dir, Verify::Full) {
         Ok(_) => panic!("damaged database opened"),
         Err(e) => e,
     }
@@ -231,6 +231,24 @@ fn flipped_payload_byte_is_a_checksum_error() {
     let mid = b.len() - 40;
     b[mid] ^= 0x20;
     fs::write(&p, &b).unwrap();
+    // A plain open reads no payload byte, so it does not notice ...
+    Database::open(&dir).expect("header-only open ignores payload bytes");
+    // ... `headwater verify` names the file and reads every payload byte ...
+    let mut last = (0, 0);
+    let report = verify_database(&dir, &mut |done, total| last = (done, total)).unwrap();
+    assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+    assert!(
+        report.errors[0].contains("tables/2.bin"),
+        "{:?}",
+        report.errors
+    );
+    assert_eq!(
+        last,
+        (report.bytes, report.bytes),
+        "progress reaches the total"
+    );
+    assert_eq!(report.files, 9);
+    // ... and so does `verify="full"`.
     let e = open_err(&dir);
     assert!(matches!(e, Error::Format { .. }));
     let e = e.to_string();
@@ -269,7 +287,7 @@ fn every_single_byte_flip_is_caught_without_panic() {
             let mut b = orig.clone();
             b[i] ^= 0x5a;
             fs::write(&p, &b).unwrap();
-            let r = std::panic::catch_unwind(|| Database::open(&dir));
+            let r = std::panic::catch_unwind(|| Database::open_with(&dir, Verify::Full));
             match r {
                 Ok(Err(Error::Format { file, .. })) => {
                     assert!(file.ends_with(rel), "{rel}@{i}: blamed {file:?}");

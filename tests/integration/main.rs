@@ -1,13 +1,15 @@
 //! Rust integration tests (one binary): the golden v1 database, corrupt and
-//! truncated files, the writer driven from Rust, and property tests of the
+//! truncated files, fuzzed payloads, the writer driven from Rust, and property tests of the
 //! sampler on random synthetic databases.
 
 mod eval;
 mod format;
+mod fuzz;
 mod golden_batches;
 mod oracle;
 mod props;
 mod resume;
 mod sampler;
+mod scratch;
 mod support;
 mod writer;

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("grafana_foundation_sdk")
 
-from headwater import dashboards
+from headwater import _native, dashboards
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards" / "headwater.json"
@@ -27,8 +27,6 @@ COMMITTED = REPO / "dashboards" / "headwater.json"
 
 def _exported(kind: str) -> set[str]:
     """The Prometheus names of one kind in the one metric table (Rust)."""
-    from headwater import _native
-
     return {
         m["prometheus"]
         for m in _native.metric_table()
@@ -42,6 +40,7 @@ COUNTERS = _exported("counter")
 GAUGES = _exported("gauge")
 HISTOGRAMS = _exported("histogram")
 KNOWN = COUNTERS | GAUGES | HISTOGRAMS
+REDUCTION = {r["prometheus"]: r["reduction"] for r in _native.metric_table()}
 REQUIRED_ROWS = [
     "Pool health",
     "Task mix",
@@ -174,8 +173,8 @@ def test_cluster_reductions(exprs: list[dict[str, str]]) -> None:
         names = _metrics(e)
         outer = e.split("(", 1)[0].strip()
         for m in names & GAUGES:
-            # *_min gauges and the (min) queue depth: min; *_max gauges and TV distance: max.
-            want = "max" if ("_max_" in m or m == "headwater_mix_tv_distance_ratio") else "min"
+            # A gauge is reduced across ranks as its metric-table row says.
+            want = REDUCTION[m].lower()
             assert outer.startswith(want), f"{q['panel']}: {m} must be reduced with {want}: {e}"
         for m in names & COUNTERS:
             assert re.search(rf"(rate|increase)\({m}\{{", e), f"{q['panel']}: raw counter {e}"

@@ -42,6 +42,7 @@ BAD: dict[str, dict[str, Any]] = {
     "task_pick": {"task_pick": "bogus"},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
+    "verify": {"verify": "payload"},
     "temporal_filter": {"temporal_filter": "yes"},
     "telemetry": {"telemetry": 3},
     "prometheus_port": {"prometheus_port": 0},

@@ -558,12 +558,12 @@ def test_declared_keys_come_from_the_source(
     tmp_path: Path, make_sqlite: Callable[[Path], Path], make_duckdb: Callable[[Path], Path]
 ) -> None:
     """SQLite/DuckDB constraints give the keys; no schema needed for them."""
-    sq = build_into(tmp_path / "sq", make_sqlite(tmp_path / "a.sqlite"))
-    dk = build_into(tmp_path / "dk", make_duckdb(tmp_path / "a.duckdb"))
+    sq = build_into(tmp_path / "sq", make_sqlite(tmp_path / "a.sqlite"), time_columns="none")
+    dk = build_into(tmp_path / "dk", make_duckdb(tmp_path / "a.duckdb"), time_columns="none")
     for b in (sq, dk):
         assert b.table("users")["primary_key"] == "user_id"
         assert [f["column"] for f in b.table("events")["foreign_keys"]] == ["user_id", "item_id"]
-        assert b.table("users")["time_column"] is None  # not declared anywhere
+        assert b.table("users")["time_column"] is None  # not declared, none proposed
     assert [f["column"] for f in sq.table("items")["foreign_keys"]] == ["seller_id"]
     assert dk.table("items")["foreign_keys"] == []  # no constraint in the DuckDB file
 
@@ -692,9 +692,10 @@ def test_default_cell_tasks_one_per_eligible_column(
     tmp_path: Path, small_data: SmallData, make_duckdb: Callable[[Path], Path]
 ) -> None:
     src = make_duckdb(tmp_path / "s.duckdb")
-    # users has no time column here, so users.signup is an eligible timestamp.
+    # users has no time column here (none proposed), so users.signup is an
+    # eligible timestamp.
     sch = write_text(tmp_path / "s.toml", '[tables.events]\ntime_column = "ts"\n')
-    b = build_into(tmp_path / "out", src, sch)
+    b = build_into(tmp_path / "out", src, sch, time_columns="none")
     names = {k["name"] for k in b.meta["tasks"]}
     assert names == {
         "events.amount",
@@ -1260,7 +1261,12 @@ def test_flipped_payload_byte(built_small: Path, tmp_path: Path) -> None:
     db = _copy(built_small, tmp_path, "c")
     f = db / "tables" / "0.bin"
     _flip(f, (_payload_start(f) + f.stat().st_size) // 2)
-    _open_fails(db, FormatError, str(Path("tables") / "0.bin"), "checksum")
+    from headwater import _native
+
+    headwater.Database(db)  # opening reads no payload byte ...
+    errors = _native.verify_database(db)["errors"]  # ... verify does
+    assert len(errors) == 1, errors
+    assert str(Path("tables") / "0.bin") in errors[0] and "checksum" in errors[0], errors
 
 
 def test_flipped_header_bytes(built_small: Path, tmp_path: Path) -> None:
@@ -1340,7 +1346,7 @@ def test_missing_files(built_small: Path, tmp_path: Path) -> None:
     _open_fails(db, FileNotFoundError, str(Path("tasks") / "0.bin"))
     db2 = _copy(built_small, tmp_path, "c2")
     (db2 / "metadata.json").unlink()
-    _open_fails(db2, FileNotFoundError, "metadata.json")
+    _open_fails(db2, FormatError, "is not a headwater database", "metadata.json")
     _open_fails(tmp_path / "nowhere", FileNotFoundError, "nowhere")
 
 
@@ -1419,7 +1425,8 @@ def test_type_inference_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
     d.mkdir()
     t = _inference_table()
     pq.write_table(t, d / "things.parquet")
-    headwater.preprocess(d, tmp_path / "out", embedder="hash", progress=True)
+    # No time column proposed: `born` stays a column (and a task) here.
+    headwater.preprocess(d, tmp_path / "out", embedder="hash", progress=True, time_columns="none")
     err = capsys.readouterr().err
     b = open_built(tmp_path / "out")
     for col, st in EXPECTED_INFERENCE.items():

@@ -168,8 +168,9 @@ def test_synopsis_options_exist(line: str) -> None:
 def test_preprocess_and_inspect_synopses_run(
     tmp_path: Path, make_duckdb: Callable[[Path], Path]
 ) -> None:
-    """``headwater preprocess SOURCE OUT_DIR [--schema schema.toml] [--embedder ...]``
-    and ``headwater inspect OUT_DIR [--json]``, with real files."""
+    """``headwater preprocess SOURCE OUT_DIR [--schema schema.toml] [--embedder ...]``,
+    ``headwater inspect OUT_DIR [--json]`` and ``headwater verify OUT_DIR
+    [--quiet]``, with real files."""
     (block,) = [t for lang, t in blocks(README) if lang == "bash" and "headwater preprocess" in t]
     source = make_duckdb(tmp_path / "my.duckdb")
     schema = tmp_path / "schema.toml"
@@ -179,6 +180,7 @@ def test_preprocess_and_inspect_synopses_run(
         "OUT_DIR": str(tmp_path / "db"),
         "schema.toml": str(schema),
         "minilm|hash|auto": "hash",
+        "propose|none": "propose",
     }
     for line in command_lines(block):
         words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]

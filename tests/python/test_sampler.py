@@ -722,28 +722,54 @@ def test_split_seed_changes_val_membership(small: SmallDb, closing: list[Any]) -
     assert not v2 & t2 and v2 | t2 == every
 
 
-def test_ranks_draw_disjoint_seeds(small: SmallDb, closing: list[Any]) -> None:
+def _rank_batches(s: Any, steps: int) -> list[list[float]]:
+    """The event_amount targets of each of the first `steps` train batches of `s`."""
+    b = s.config()["default_batch_size"]
+    flat = _amount_targets(s, "train", steps * b)
+    return [flat[t * b : (t + 1) * b] for t in range(steps)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_slice_one_global_epoch(small: SmallDb, closing: list[Any], world_size: int) -> None:
+    """One global pool per (task, split): within one global epoch
+    (⌈pool / (W·B)⌉ steps) the ranks' draws are disjoint and together cover
+    the pool, and position p of the global order is the same seed whatever W."""
     every = _all_amounts(small)
-    n = len(every)
-
-    def train_pool(**kw: Any) -> set[float]:
-        s = sampler(
-            small,
-            split_ratios=(0.5, 0.5, 0.0),
-            task_weights=one_hot(T_AMOUNT),
-            default_batch_size=64,
-            **kw,
-        )
+    b = 16
+    kw: dict[str, Any] = {
+        "split_ratios": (0.5, 0.5, 0.0),
+        "task_weights": one_hot(T_AMOUNT),
+        "default_batch_size": b,
+        "seed": 4,
+    }
+    one = sampler(small, rank=0, world_size=1, **kw)
+    closing.append(one)
+    order = _amount_targets(one, "train", len(every))  # > one epoch of the train pool
+    pool = _epoch(order)
+    assert pool < every and len(pool) > 2 * world_size * b
+    steps = -(-len(pool) // (world_size * b))
+    assert len(pool) % (world_size * b), "pick B so that the last step crosses the epoch"
+    ranks = []
+    for r in range(world_size):
+        s = sampler(small, rank=r, world_size=world_size, **kw)
         closing.append(s)
-        return _epoch(_amount_targets(s, "train", n))
-
-    r0 = train_pool(rank=0, world_size=2)
-    r1 = train_pool(rank=1, world_size=2)
-    assert not r0 & r1, f"{len(r0 & r1)} seeds drawn by both ranks"
-    assert abs(len(r0) - len(r1)) <= 1
-    # Sharding happens after splitting: the shards cover the whole train split.
-    assert r0 | r1 == train_pool(rank=0, world_size=1)
-    assert r0 | r1 < every
+        ranks.append(_rank_batches(s, steps))
+    # Step t, rank r, row j is global position t·W·B + r·B + j.
+    glob = [x for t in range(steps) for r in range(world_size) for x in ranks[r][t]]
+    epoch = glob[: len(pool)]
+    # What each rank drew within the epoch (the last step's rows past the
+    # epoch's end belong to the next one).
+    mine = [{x for p, x in enumerate(epoch) if p // b % world_size == r} for r in range(world_size)]
+    for r in range(world_size):
+        for q in range(r):
+            assert not mine[r] & mine[q], f"ranks {q} and {r} both drew {len(mine[r] & mine[q])}"
+    assert len(set(epoch)) == len(pool), "a seed repeats within the global epoch"
+    assert set(epoch) == pool, f"{len(pool - set(epoch))} seeds of the pool never drawn"
+    assert sum(len(m) for m in mine) == len(pool)
+    # The order is the pool's, not the world size's; the last step went on
+    # into the next epoch.
+    assert epoch == order[: len(pool)]
+    assert set(glob[len(pool) :]) <= pool and glob[len(pool) :] == order[len(pool) : len(glob)]
 
 
 def test_val_stream_does_not_depend_on_train_consumption(

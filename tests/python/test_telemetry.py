@@ -658,6 +658,7 @@ EXTRA_REDUCTIONS = {
     "stage/assemble_seconds": "HISTOGRAM",
     "batches": "SUM",
     "resumes": "SUM",
+    "startup_seconds": "MAX",
 }
 
 
@@ -738,6 +739,7 @@ PROM_GAUGES = {
     "headwater_pool_steps_to_exhaust_min_batches": "pool/steps_to_exhaust_min",
     "headwater_mix_tv_distance_ratio": "mix/tv_distance",
     "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
+    "headwater_sampler_startup_seconds": "startup_seconds",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",

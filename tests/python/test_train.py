@@ -217,8 +217,9 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
 
     fails("[ranks.0]\nnum_prefetch = 0\n", "`ranks.0.num_prefetch`")
     fails("[sampler.task_weights]\nno_such_task = 2.0\n", "no_such_task")
-    fails("[ranks.3]\npool_fraction = 0.5\n", "ranks.3", processes=2)
-    fails("[ranks.0]\npool_fraction = 0.0\n", "`ranks.0.pool_fraction`")
+    fails("[ranks.3]\nnum_prefetch = 2\n", "ranks.3", processes=2)
+    fails("[ranks.0]\ndebug_batch_delay_ms = -1.0\n", "`ranks.0.debug_batch_delay_ms`")
+    fails("[ranks.1]\npool_fraction = 0.5\n", "`ranks.1.pool_fraction`", processes=2)
     fails("", "database.path", db=tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="num-processes"):
         launch(None, num_processes=0)
@@ -264,7 +265,7 @@ BAD_CONFIGS = [
     ("[sampler]\nprometheus_port = 9000\n", "set it under [logging]"),
     ("[sampler]\ndefault_batch_size = 4.5\n", "`sampler.default_batch_size`"),
     ("[sampler.task_weights]\na = 'x'\n", "`sampler.task_weights`"),
-    ("[ranks.x]\npool_fraction = 0.5\n", "`ranks.x`"),
+    ("[ranks.x]\nnum_prefetch = 2\n", "`ranks.x`"),
     ("[ranks.1]\nbfs_width = 3\n", "`ranks.1.bfs_width`"),
     ("[sampler]\ndefault_batch_size = 0\n", "`sampler.default_batch_size`"),
     ("[sampler]\nnum_prefetch = -1\n", "`sampler.num_prefetch`"),
@@ -288,13 +289,82 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
     assert cfg.sampler_kwargs(0)["default_batch_size"] == 8  # the CPU main job's size
     assert cfg.optim.total_steps == cfg.train.steps and cfg.auto_categories
     path = tmp_path / "c.toml"
-    path.write_text("[sampler]\nsplit_ratios = [0.5, 0.25, 0.25]\n[ranks.1]\nseed = 9\n")
+    path.write_text("[sampler]\nsplit_ratios = [0.5, 0.25, 0.25]\n[ranks.1]\nnum_prefetch = 2\n")
     cfg = load_config(path, **{"train.steps": 40})
     assert cfg.train.steps == 40 and cfg.optim.total_steps == 40 and cfg.optim.warmup_steps == 4
     assert cfg.sampler_kwargs(0)["split_ratios"] == (0.5, 0.25, 0.25)
-    assert cfg.sampler_kwargs(1)["seed"] == 9 and "seed" not in cfg.sampler_kwargs(0)
+    assert cfg.sampler_kwargs(1)["num_prefetch"] == 2
+    assert cfg.sampler_kwargs(0)["num_prefetch"] == 4  # the trainer's default
+    assert cfg.sampler_kwargs(1)["split_ratios"] == (0.5, 0.25, 0.25)
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "missing.toml")
+
+
+#: The keys a saved sampler state records (README, Resume): they define the
+#: one global stream every rank reads, so no rank may set its own.
+STREAM_KEYS = {
+    "split_ratios",
+    "split_seed",
+    "seed",
+    "task_weights",
+    "task_pick",
+    "default_batch_size",
+    "default_sequence_length",
+    "bfs_child_width",
+    "max_hops",
+    "temporal_filter",
+    "pool_fraction",
+}
+
+
+def test_stream_keys_come_from_the_sampler_schema() -> None:
+    from headwater.train.sampler_config import stream_keys
+
+    assert stream_keys() == STREAM_KEYS
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+@pytest.mark.parametrize("key", sorted(STREAM_KEYS))
+def test_a_rank_cannot_override_a_stream_key(tmp_path: Path, key: str) -> None:
+    from headwater import _native
+
+    default = next(f["default"] for f in _native.sampler_config_schema() if f["name"] == key)
+    # Even the value [sampler] has is refused: the key has no per-rank meaning.
+    value = "{ order_status = 2.0 }" if key == "task_weights" else _toml_value(default)
+    path = tmp_path / "c.toml"
+    path.write_text(f"[train]\nsteps = 5\n\n[ranks.1]\n{key} = {value}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:5: `ranks.1.{key}` cannot be set for rank 1 alone"), msg
+    assert "defines the batch stream" in msg and "[sampler]" in msg, msg
+    # The same key under [sampler] (every rank) is accepted.
+    path.write_text(f"[sampler]\n{key} = {value}\n", encoding="utf-8")
+    assert key in load_config(path).sampler_kwargs(1)
+
+
+def test_a_rank_may_override_keys_outside_the_stream(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        "[ranks.1]\nnum_threads = 2\nnum_prefetch = 1\ndebug_batch_delay_ms = 50.0\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(path)
+    assert {k: cfg.sampler_kwargs(1)[k] for k in ("num_threads", "num_prefetch")} == {
+        "num_threads": 2,
+        "num_prefetch": 1,
+    }
+    assert cfg.sampler_kwargs(1)["debug_batch_delay_ms"] == 50.0
+    assert "debug_batch_delay_ms" not in cfg.sampler_kwargs(0)
 
 
 def test_config_errors_point_at_the_line(tmp_path: Path) -> None:

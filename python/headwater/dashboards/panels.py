@@ -49,7 +49,8 @@ def _pool_health() -> list[PanelBuilder]:
             "Seeds left before reshuffle in the least / most full active pool (cluster min of "
             "the per-rank min, cluster max of the per-rank max; per-rank series too). Healthy: "
             "a sawtooth that refills at each reshuffle. Pathological: the cluster min pinned "
-            "near 0 (a pool keeps running out) or one rank far below the others.",
+            "near 0 (a pool keeps running out). The ranks read the same global pools, so the "
+            "per-rank series coincide; ranks that differ run different stream configs.",
             [
                 Q(f"min(headwater_pool_remaining_min_seeds{SEL})", "cluster min"),
                 Q(f"max(headwater_pool_remaining_max_seeds{SEL})", "cluster max"),
@@ -72,9 +73,10 @@ def _pool_health() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Pool exhaust events/s",
-            "Pools that ran out and reshuffled, per second, cluster sum and per rank. Healthy: "
-            "rare bumps at epoch boundaries, even across ranks. Pathological: a sustained high "
-            "rate (tiny pools, seeds repeat often) or one rank exhausting far more than the rest.",
+            "Pools that ran out and reshuffled, per second, cluster sum and per rank (counted "
+            "by the rank whose slice crosses the end of the global epoch). Healthy: rare bumps "
+            "at epoch boundaries. Pathological: a sustained high rate (tiny pools, seeds "
+            "repeat often).",
             [
                 Q(f"sum({_rate('headwater_pool_exhaust_events_total')})", "cluster"),
                 Q(
@@ -297,6 +299,34 @@ def _throughput() -> list[PanelBuilder]:
             ],
             unit="ops",
             span=24,
+        ),
+        _timeseries(
+            "Sampler start-up (s)",
+            "Seconds from Sampler(...) to ready: open (O(metadata), no payload read), "
+            "preparation and the seed pools, per rank and the slowest. Healthy: seconds, "
+            "flat across restarts and database sizes. Pathological: growing with the database "
+            "(a cold page cache read, verify=\"full\"), or one rank far slower (its disk).",
+            [
+                Q(f"max by (rank) (headwater_sampler_startup_seconds{SEL})", "rank {{rank}}"),
+                Q(f"max(headwater_sampler_startup_seconds{SEL})", "slowest rank"),
+            ],
+            unit="s",
+            span=12,
+        ),
+        _timeseries(
+            "Sampler resumes",
+            "Restores of the sampler from a saved state (resume or reshard) over the time "
+            "range, per rank. "
+            "Healthy: one step per job restart. Pathological: repeated resumes (a crash loop) "
+            "or ranks disagreeing (some ranks restarted, others not).",
+            [
+                Q(
+                    f"sum by (rank) (increase(headwater_sampler_resumes_total{SEL}[$__range]))",
+                    "rank {{rank}}",
+                ),
+            ],
+            unit="short",
+            span=12,
         ),
     ]
 

@@ -3,8 +3,9 @@
 Rules, in order (the reason is reported so a user can override it):
 key columns → identifier; boolean → boolean; date/time → timestamp; integer
 named like an id (``id``, ``*_id``, ``*key``) → identifier; other numbers →
-numerical; strings: few distinct values → categorical, almost all distinct and
-without spaces → identifier, otherwise → text; anything else → ignored.
+numerical; strings: few distinct values (and not all distinct: a category
+seen once cannot be learned) → categorical, almost all distinct and without
+spaces → identifier, otherwise → text; anything else → ignored.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def infer_stype(name: str, col: pa.ChunkedArray | pa.Array, is_key: bool) -> tup
         if n == 0:
             return "ignored", "string column with no values"
         distinct = pc.count_distinct(col).as_py()
-        if distinct <= MAX_CATEGORIES or (
-            distinct <= MAX_RATIO_CATEGORIES and distinct <= CATEGORICAL_RATIO * n
+        if distinct < n and (
+            distinct <= MAX_CATEGORIES
+            or (distinct <= MAX_RATIO_CATEGORIES and distinct <= CATEGORICAL_RATIO * n)
         ):
             return "categorical", f"{distinct} distinct values"
         has_space = pc.any(pc.match_substring(col, " ")).as_py()

@@ -32,6 +32,7 @@ from headwater.errors import SchemaError
 from headwater.preprocessing.infer import infer_stype
 from headwater.preprocessing.schema import Schema, TableSchema, load_schema
 from headwater.preprocessing.sources import Source, SourceTable, open_source, quote
+from headwater.preprocessing.timecols import propose_time_columns
 
 I64_MIN = np.iinfo(np.int64).min
 I64_MAX = np.iinfo(np.int64).max
@@ -504,6 +505,7 @@ def preprocess(
     embedder: str = "auto",
     overwrite: bool = False,
     progress: bool = True,
+    time_columns: str = "propose",
 ) -> Path:
     """Build a headwater database in ``out_dir`` from ``source``.
 
@@ -511,7 +513,9 @@ def preprocess(
     directory of Parquet/CSV files; ``schema`` a schema file (see
     :mod:`headwater.preprocessing.schema`) declaring or overriding keys, time
     columns, semantic types and tasks. ``embedder`` is ``minilm``, ``hash`` or
-    ``auto``. The result is staged in ``<out_dir>.partial`` (kept on failure
+    ``auto``. ``time_columns="propose"`` proposes a time column for tables of
+    a source that declares none (:mod:`headwater.preprocessing.timecols`);
+    ``"none"`` keeps the source's declarations only. The result is staged in ``<out_dir>.partial`` (kept on failure
     so a re-run resumes finished tables) and renamed into place when complete.
     """
     out = Path(out_dir)
@@ -527,6 +531,7 @@ def preprocess(
     for w in src.warnings:
         log(f"warning: {w}")
     plans = _plan(src, sch)
+    propose_time_columns(src, plans, sch, time_columns, log)
     if not plans:
         raise SchemaError(f"source {source}: no tables to import")
     keys = _primary_keys(src, plans)

@@ -14,6 +14,7 @@ and temporal columns the source itself declares:
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -102,6 +103,10 @@ def open_source(path: str | os.PathLike[str]) -> Source:
             head = f.read(16)
     except OSError as e:
         raise FileNotFoundError(f"source {p} is not readable: {e}") from e
+    if not head:
+        raise SchemaError(
+            f"source {p}: the file is empty (0 bytes), not a DuckDB or SQLite database"
+        )
     if head.startswith(b"SQLite format 3\x00"):
         return _open_sqlite(p)
     if head[8:12] == b"DUCK":
@@ -208,16 +213,78 @@ def _open_file_dir(p: Path) -> Source:
         name = f.stem
         if name in tables:
             raise SchemaError(f"source {p}: two files define table `{name}`")
-        reader = "read_parquet" if f.suffix.lower() == ".parquet" else "read_csv_auto"
+        is_csv = f.suffix.lower() == ".csv"
+        path_sql = _sql_str(str(f))
+        reader = (
+            f"read_csv('{path_sql}', {_CSV_OPTIONS})" if is_csv else f"read_parquet('{path_sql}')"
+        )
+        # The strict scan first: a malformed record is reported with its line.
+        scanned = _scan_csv(f) if is_csv else None
         try:
-            con.execute(
-                f"CREATE VIEW {quote(name)} AS SELECT * FROM {reader}('{_sql_str(str(f))}')"
-            )
+            con.execute(f"CREATE VIEW {quote(name)} AS SELECT * FROM {reader}")
             cols = _columns(con, quote(name))
+            if scanned is not None:
+                _reconcile_csv(con, f, name, cols, scanned)
         except duckdb.Error as e:
             raise SchemaError(f"{f}: cannot read as {f.suffix[1:]}: {e}") from e
         tables[name] = SourceTable(name=name, columns=cols, identity=_file_identity(f))
     return Source(path=p, kind="files", con=con, tables=tables)
+
+
+# Explicit dialect: a header line, commas, double quotes; a malformed record
+# is an error (never skipped, never padded with nulls).
+_CSV_OPTIONS = (
+    "header = true, delim = ',', quote = '\"', escape = '\"', strict_mode = true, "
+    "ignore_errors = false, null_padding = false"
+)
+
+
+def _scan_csv(f: Path) -> tuple[list[str], int]:
+    """The header and the number of records of ``f``, read independently of
+    DuckDB (streaming, strict): the first malformed record is a SchemaError
+    naming the file and its line."""
+    with open(f, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh, strict=True)
+        start, header, n = 1, None, 0
+        try:
+            for record in reader:
+                if header is None:
+                    header = record
+                elif record and len(record) != len(header):
+                    raise SchemaError(
+                        f"{f}, line {start}: {len(record)} fields, the header has "
+                        f"{len(header)} ({', '.join(header)})"
+                    )
+                else:
+                    n += bool(record)
+                start = reader.line_num + 1
+        except csv.Error as e:
+            raise SchemaError(
+                f"{f}, line {start}: malformed record ({e}; an unterminated quote?)"
+            ) from e
+        except UnicodeDecodeError as e:
+            raise SchemaError(f"{f}, line {start}: not UTF-8 ({e})") from e
+    if header is None:
+        raise SchemaError(f"{f}: the file is empty (expected a header line)")
+    return header, n
+
+
+def _reconcile_csv(
+    con: duckdb.DuckDBPyConnection,
+    f: Path,
+    name: str,
+    cols: list[tuple[str, str]],
+    scanned: tuple[list[str], int],
+) -> None:
+    """What DuckDB read must be what the file holds: same columns, same rows."""
+    header, n = scanned
+    names = [c for c, _ in cols]
+    if names != header:
+        raise SchemaError(f"{f}: DuckDB read columns {names}, the header is {header}")
+    row = con.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()
+    got = row[0] if row else 0
+    if got != n:
+        raise SchemaError(f"{f}: DuckDB read {got} rows, the file holds {n} records")
 
 
 def _open_duckdb(p: Path) -> Source:

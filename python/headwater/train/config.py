@@ -15,7 +15,9 @@ complete file)::
                 (rank, world_size, local_rank, prometheus_*, otlp_endpoint);
                 task_weights is a table {task name = weight} (unlisted
                 tasks keep weight 1)
-    [ranks.N]   per-rank overrides of [sampler] keys (diagnostics)
+    [ranks.N]   per-rank overrides of [sampler] keys outside the batch
+                stream (threads, prefetch, debug_*: diagnostics); a stream
+                key (split_ratios, seed, pool_fraction, ...) is refused
     [model]     ModelConfig fields (max_categories = 0: from the database)
     [optim]     OptConfig fields (total_steps = 0: train.steps)
     [train]     steps, val_every, val_batches, eval_every, eval_max_seeds, eval_final,

@@ -6,8 +6,9 @@ W&B run, build the model, run the steps, write ``rank-<r>.json``) and
 :class:`Trainer` (the per-step loop and validation).
 
 Data parallelism: one device per process, a 1-D mesh over processes (axis
-``data``, :mod:`headwater.train.mesh`). Each rank samples its own shard
-(``rank`` of ``world_size``) and the train step runs under ``shard_map``:
+``data``, :mod:`headwater.train.mesh`). Each rank samples its slice of the
+one global stream (``rank`` of ``world_size``: the same task at every step,
+its part of the pool's global order) and the train step runs under ``shard_map``:
 gradients, loss and metrics are averaged with ``lax.pmean`` inside the step,
 so every rank applies the same update to the same replicated parameters.
 

@@ -9,10 +9,17 @@ default) and hints for the keys the launcher sets.
 Owns: :data:`TRAINER_DEFAULTS` (the trainer's own choice of ``[sampler]``
 values for the main job: a small ``B`` and ``S`` so a CPU step stays under a
 second; validated like a user's table), :data:`LAUNCHER_KEYS`,
-:func:`check_table`, :func:`merged` (``[sampler]`` + ``[ranks.N]``) and
-:func:`explain` (a sampler error, prefixed with the value's origin).
+:func:`check_table`, :func:`stream_keys` and :func:`explain` (a sampler
+error, prefixed with the value's origin).
 
-Must never: keep its own copy of a sampler key's default or range.
+``[ranks.N]`` may not set a key that defines the batch stream (the keys a
+saved sampler state records: ``stream`` in the sampler's schema): the ranks
+read one global stream (one pool per task and split, the same task picked at
+every step, rank ``r`` taking its slice), so a per-rank value would make the
+ranks disagree about it and repeat or skip seeds.
+
+Must never: keep its own copy of a sampler key's default, range or of the
+list of stream keys.
 """
 
 from __future__ import annotations
@@ -66,6 +73,27 @@ def _reject_launcher_keys(table: Mapping[str, Any], section: str, origins: Origi
             )
 
 
+def stream_keys() -> frozenset[str]:
+    """The sampler keys that define the batch stream (``StreamConfig`` in Rust,
+    read from ``sampler_config_schema()``)."""
+    from headwater import _native
+
+    return frozenset(f["name"] for f in _native.sampler_config_schema() if f["stream"])
+
+
+def _reject_stream_keys(table: Mapping[str, Any], section: str, origins: Origins) -> None:
+    rank = section.removeprefix("ranks.")
+    for key in sorted(stream_keys() & set(table)):
+        dotted = f"{section}.{key}"
+        raise ConfigError(
+            f"{origins.of(dotted)}: `{dotted}` cannot be set for rank {rank} alone: "
+            f"`{key}` defines the batch stream, which every rank shares (one global seed "
+            f"pool per task and split; each step all ranks pick the same task and take "
+            f"their slice of its order), so a per-rank value would repeat or skip seeds; "
+            f"set it under [sampler] for all ranks"
+        )
+
+
 def check_table(
     layers: Sequence[tuple[str, Mapping[str, Any]]],
     origins: Origins,
@@ -76,6 +104,8 @@ def check_table(
     for section, table in layers:
         if section != "default":
             _reject_launcher_keys(table, section, origins)
+        if section.startswith("ranks."):
+            _reject_stream_keys(table, section, origins)
     from headwater import _native
 
     merged: dict[str, Any] = {}
