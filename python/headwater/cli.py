@@ -62,6 +62,15 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _port_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a port, 0 or "auto"') from None
+
+
 def _cmd_train(a: argparse.Namespace) -> int:
     from headwater.train import launch, parse_overrides
 
@@ -79,7 +88,14 @@ def _cmd_train(a: argparse.Namespace) -> int:
     if a.dir:
         overrides["logging.dir"] = a.dir
     summaries = launch(
-        a.config, num_processes=a.num_processes, run_name=a.run_name, resume=a.resume, **overrides
+        a.config,
+        num_processes=a.num_processes,
+        run_name=a.run_name,
+        resume=a.resume,
+        coordinator=a.coordinator,
+        process_id=a.process_id,
+        coordinator_timeout_s=a.coordinator_timeout,
+        **overrides,
     )
     signum = int(summaries[0].get("interrupted_signal") or 0)
     # Interrupted (SIGTERM/SIGINT): checkpointed and the resume command
@@ -246,8 +262,25 @@ def _add_train(sub: Sub) -> None:
     pt.add_argument(
         "--num-processes",
         type=int,
-        default=1,
-        help="local processes joining one jax.distributed job on loopback (data parallel)",
+        help="processes in the job (env HEADWATER_NUM_PROCESSES); without --coordinator, "
+        "start them here on one loopback jax.distributed job",
+    )
+    pt.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="join a multi-host job: process 0's address (env HEADWATER_COORDINATOR); "
+        "needs --num-processes and --process-id. Under SLURM / Open MPI, omit it: "
+        "the launcher's environment is read",
+    )
+    pt.add_argument(
+        "--process-id", type=int, help="this process's id in the job (env HEADWATER_PROCESS_ID)"
+    )
+    pt.add_argument(
+        "--coordinator-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wait at most this long for the coordinator and the other processes "
+        "(env HEADWATER_COORDINATOR_TIMEOUT_S; default 300)",
     )
     pt.add_argument("--profile", action="store_true", help="print the step-time breakdown")
     pt.add_argument(
@@ -264,7 +297,10 @@ def _add_train(sub: Sub) -> None:
         help="override logging.wandb_mode (default: offline)",
     )
     pt.add_argument(
-        "--prometheus-port", type=int, help="override logging.prometheus_port (0 = off)"
+        "--prometheus-port",
+        type=_port_or_auto,
+        help='override logging.prometheus_port (0 = off, "auto" = free ports, printed and '
+        "listed in the run's prometheus_targets.json)",
     )
     pt.add_argument(
         "--set",

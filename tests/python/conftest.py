@@ -752,11 +752,23 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 @contextmanager
 def running_prometheus(
-    tmp_path: Path, targets: list[str], interval: str = "1s", rules: Path | None = None
+    tmp_path: Path,
+    targets: list[str],
+    interval: str = "1s",
+    rules: Path | None = None,
+    file_sd: str | None = None,
 ) -> Iterator[str]:
     """A real Prometheus (Debian's package) on a free loopback port scraping
-    ``targets``; yields its base URL and stops it by PID."""
+    ``targets``, or the targets it discovers from the ``file_sd`` glob
+    (re-read every second); yields its base URL and stops it by PID."""
     port = free_port()
+    # Indented for its place under the job (after the dedent below).
+    discovery = f"static_configs:\n      - targets: {json.dumps(targets)}"
+    if file_sd is not None:
+        discovery = (
+            f"file_sd_configs:\n      - files: {json.dumps([file_sd])}\n"
+            "        refresh_interval: 1s"
+        )
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
         textwrap.dedent(
@@ -769,10 +781,9 @@ def running_prometheus(
             scrape_configs:
               - job_name: headwater
                 scrape_interval: {interval}
-                static_configs:
-                  - targets: {json.dumps(targets)}
+                @DISCOVERY@
             """
-        ),
+        ).replace("@DISCOVERY@", discovery),
         encoding="utf-8",
     )
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Tpch, child_env, free_port, read_wandb_run, running_prometheus
+from conftest import Tpch, child_env, read_wandb_run, running_prometheus
 
 pytest.importorskip("jax")
 pytest.importorskip("wandb")
@@ -88,18 +87,6 @@ def lit(result: dict[str, Any]) -> set[str]:
 # ----------------------------------------------------------------------------
 
 
-def two_free_ports() -> int:
-    for _ in range(50):
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no two consecutive free ports")
-
-
 @dataclass
 class Healthy:
     tmp: Path
@@ -115,11 +102,13 @@ class Healthy:
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory: pytest.TempPathFactory, tpch: Tpch) -> Iterator[Healthy]:
     tmp = tmp_path_factory.mktemp("healthy")
-    port = two_free_ports()
-    targets = [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
     plot = tmp / "healthy.png"
     rules = ROOT / "dashboards" / "rules.yml"
-    with running_prometheus(tmp, targets, interval="500ms", rules=rules) as prom:
+    # The ranks take free ports ("auto") and Prometheus finds them through the
+    # run's file_sd targets file: no hand-written scrape config.
+    # (Prometheus globs only the file name, so the run's directory is named.)
+    sd = str(tmp / "runs" / "healthy" / "prometheus_targets.json")
+    with running_prometheus(tmp, [], interval="500ms", rules=rules, file_sd=sd) as prom:
         start = time.time()
         proc, result = run_diag_cli(
             tmp,
@@ -128,9 +117,9 @@ def healthy(tmp_path_factory: pytest.TempPathFactory, tpch: Tpch) -> Iterator[He
             "--plot",
             str(plot),
             "--set",
-            f"logging.prometheus_port={port}",
+            'logging.prometheus_port="auto"',
             "--set",
-            "logging.prometheus_linger_s=3.0",
+            "logging.prometheus_linger_s=4.0",
             "--set",
             'logging.wandb_mode="offline"',
             "--set",
@@ -200,6 +189,13 @@ def test_every_dashboard_query_returns_data(healthy: Healthy) -> None:
         'count by (rank) (max_over_time(headwater_batches_delivered_total{split="train"}[10m]))',
     )
     assert sorted(s["metric"]["rank"] for s in ranks) == ["0", "1"]
+    # ... found through the run's file_sd targets file, with its labels.
+    sd = json.loads((healthy.run_dir / "prometheus_targets.json").read_text())
+    assert [g["labels"]["headwater_process"] for g in sd] == ["0", "1"]
+    up = prom_instant(healthy, "max_over_time(up[10m])")
+    found = {(s["metric"]["headwater_process"], s["metric"]["instance"]) for s in up}
+    assert found == {(g["labels"]["headwater_process"], g["targets"][0]) for g in sd}
+    assert all(s["metric"]["headwater_run"] == healthy.run_dir.name for s in up)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -306,6 +302,9 @@ def test_pathology_lights_exactly_what_it_declares(
         assert proc.returncode == (0 if result["ok"] else 1)
     assert result["ok"], _table(result)
     assert lit(result) == set(spec.expect), _table(result)
+    if name == "input_straggler":  # every lit signal names the slow rank
+        culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
+        assert culprits["verdict/input_straggler"] == 1 and set(culprits.values()) == {1}
     if name == "cross_rank_skew":
         culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
         assert set(culprits.values()) == {1}, culprits

@@ -50,6 +50,8 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}invariants/temporal_leaks": float(rng.integers(0, 3)),
             f"{P}invariants/duplicate_seeds": 0.0,
             "trainer/step_seconds": 0.1,
+            "trainer/verdict": float(rng.integers(0, 3)),
+            "trainer/verdict_rank": 1.0,
         }
         for name, w in TASKS.items():
             r[f"{P}tasks/{name}"] = float(rng.integers(0, 10)) if w > 0 else 0.0

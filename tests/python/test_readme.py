@@ -10,6 +10,10 @@ checked.
 * The other command synopses (``train``, ``diag``, ``bench``: minutes each,
   run for real by ``test_train`` / ``test_diag``) are checked option by
   option against the parsers, and the files they name must exist.
+* The SLURM sbatch script cannot run here (no SLURM): its ``srun`` line is
+  parsed by ``headwater train``'s parser, carries no job flags, and the
+  environment ``srun`` gives each task is resolved to JAX's auto-detection
+  (the launch itself is run for real by ``test_cluster``).
 * The two set-up commands cannot run inside a test (they install packages):
   the scripts must exist, ``.ci/run`` must call ``scripts/test.sh``, and
   ``scripts/setup.sh`` must install the package that provides the
@@ -69,6 +73,8 @@ def kind(lang: str, text: str) -> str:
             return "python-telemetry"
         if "eval_batches(" in text:
             return "python-eval"
+    if lang == "bash" and text.startswith("#!/bin/bash") and "#SBATCH" in text:
+        return "sbatch"
     if lang == "bash":
         lines = command_lines(text)
         if any("scripts/setup.sh" in ln or "scripts/test.sh" in ln for ln in lines):
@@ -316,3 +322,25 @@ def test_dashboards_readme_commands_run(tmp_path: Path) -> None:
         assert r.returncode == 0, (line, r.stdout, r.stderr)
     written = tmp_path / "dashboards" / "headwater.json"
     assert written.read_text() == (ROOT / "dashboards" / "headwater.json").read_text()
+
+
+def test_sbatch_example_leaves_the_job_to_slurm() -> None:
+    from headwater.cli import build_parser
+    from headwater.train.cluster import resolve_job
+
+    (text,) = [t for lang, t in blocks(README) if kind(lang, t) == "sbatch"]
+    directives = dict(
+        ln.removeprefix("#SBATCH --").split("=", 1)
+        for ln in text.splitlines()
+        if ln.startswith("#SBATCH --")
+    )
+    assert int(directives["nodes"]) > 1 and directives["ntasks-per-node"] == "1"
+    (srun,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    args = build_parser().parse_args(shlex.split(srun)[2:])
+    assert (args.coordinator, args.num_processes, args.process_id) == (None, None, None)
+    assert (ROOT / args.config).is_file()
+    # What srun sets for each task (2 nodes x 1 task): JAX reads the rest.
+    env = {"SLURM_JOB_ID": "42", "SLURM_NTASKS": directives["nodes"], "SLURM_PROCID": "1"}
+    job = resolve_job(env=env)
+    assert (job.mode, job.launcher) == ("auto", "SLURM")
+    assert resolve_job(env={"SLURM_JOB_ID": "42", "SLURM_NTASKS": "1"}).mode == "single"

@@ -388,3 +388,82 @@ def test_readme_states_the_trainers_sampler_defaults() -> None:
     assert (d["num_threads"], d["num_prefetch"]) == (1, 4)
     cfg = load_config(None)
     assert {k: cfg.sampler_kwargs(0)[k] for k in d} == d
+
+
+def test_the_step_loop_never_syncs_the_device_per_step(
+    tmp_path: Path, tpch: Tpch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a step (outside the every-``log_every`` flush), nothing brings
+    a device value to the host: every host conversion and wait of a
+    ``jax.Array`` (``_value``, ``__array__``, ``__float__``, ``item``,
+    ``block_until_ready``) and the trainer's ``host`` is counted; the
+    trainer's metrics arrive in one ``device_get`` per ``log_every`` steps."""
+    import jax
+    from jax._src.array import ArrayImpl
+
+    from headwater.train import launcher, loop, mesh
+    from headwater.train.loop import Trainer
+
+    state = {"in_step": False, "syncs": [], "device_gets": 0}
+
+    def counting(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            if state["in_step"]:
+                state["syncs"].append(name)
+            return fn(*a, **kw)
+
+        return wrapper
+
+    for name in ("__array__", "__float__", "__int__", "__bool__", "item", "block_until_ready"):
+        monkeypatch.setattr(ArrayImpl, name, counting(name, getattr(ArrayImpl, name)))
+    value = ArrayImpl._value
+    monkeypatch.setattr(ArrayImpl, "_value", property(counting("_value", value.fget)))
+    monkeypatch.setattr(
+        jax, "block_until_ready", counting("jax.block_until_ready", jax.block_until_ready)
+    )
+    # NumPy reads a CPU array through the buffer protocol (no Python hook):
+    # the trainer converts through ``host``, counted in both modules.
+    monkeypatch.setattr(loop, "host", counting("host", loop.host))
+    monkeypatch.setattr(mesh, "host", counting("host", mesh.host))
+    real_get, real_step, real_flush = jax.device_get, Trainer.step, Trainer._flush
+
+    def device_get(x: Any) -> Any:
+        state["device_gets"] += 1
+        return real_get(x)
+
+    def step(self: Trainer, i: int, prefetch: bool = True) -> None:
+        state["in_step"] = True
+        try:
+            real_step(self, i, prefetch)
+        finally:
+            state["in_step"] = False
+
+    def flush(self: Trainer) -> float:
+        was, state["in_step"] = state["in_step"], False
+        try:
+            return real_flush(self)
+        finally:
+            state["in_step"] = was
+
+    monkeypatch.setattr(jax, "device_get", device_get)
+    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "_flush", flush)
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_config(tpch.built.path), encoding="utf-8")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HEADWATER_CACHE_DIR", str(tmp_path / "cache"))
+    (summary,) = launcher.launch(
+        cfg,
+        run_name="nosync",
+        **{
+            "train.steps": 12,
+            "train.log_every": 4,
+            "train.val_every": 0,
+            "train.val_batches": 0,
+            "logging.wandb_mode": "disabled",
+            "logging.dir": str(tmp_path / "runs"),
+        },
+    )
+    assert summary["steps"] == 12 and len(summary["losses"]) == 12
+    assert state["syncs"] == []
+    assert state["device_gets"] == 3

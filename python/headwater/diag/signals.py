@@ -166,6 +166,19 @@ def data_wait_share(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]
     return _last(run), {"wait / rank time (running)": run}
 
 
+def verdict_share(code: int, label: str) -> Measure:
+    """The share of steps the trainer's live verdict (``trainer/verdict``,
+    the index in :data:`headwater.train.verdict.VERDICTS`) was ``code``."""
+
+    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+        x = series(rows, "trainer/verdict")
+        hit = np.where(np.isnan(x), np.nan, (x == code).astype(float))
+        run = _running_mean(hit)
+        return _last(run), {label: run}
+
+    return f
+
+
 #: Every signal, in table order (data, not logic: one entry per signal).
 _TABLE: tuple[Signal, ...] = (
     Signal(
@@ -261,6 +274,24 @@ _TABLE: tuple[Signal, ...] = (
         "share of the ranks' training time spent waiting for a batch",
         "share of time",
         f"{P}queue/wait_seconds_argmax_rank",
+        counter=True,
+    ),
+    Signal(
+        "verdict/input_bound",
+        "trainer/verdict",
+        verdict_share(1, "share of steps so far"),
+        (0.0, 0.5),  # a loaded CPU makes some healthy steps wait: half the run
+        "share of steps the trainer judged input_bound (the wait spread over the ranks)",
+        "share of steps",
+    ),
+    Signal(
+        "verdict/input_straggler",
+        "trainer/verdict",
+        verdict_share(2, "share of steps so far"),
+        (0.0, 0.2),
+        "share of steps the trainer judged input_straggler (one rank's wait dominates)",
+        "share of steps",
+        "trainer/verdict_rank",
         counter=True,
     ),
     Signal(

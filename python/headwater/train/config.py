@@ -124,8 +124,9 @@ class LoggingSection:
     #: Where runs are written (W&B files, per-rank summaries, logs).
     dir: str = "runs"
     #: Prometheus exporter base port (rank r serves ``port + r`` on
-    #: 127.0.0.1); 0 = no exporter.
-    prometheus_port: int = 9464
+    #: 127.0.0.1); 0 = no exporter; "auto" = each rank takes a free port
+    #: (printed, and listed in the run's ``prometheus_targets.json``).
+    prometheus_port: int | str = 9464
     prometheus_host: str = "127.0.0.1"
     #: OTLP/HTTP endpoint for the sampler's stage spans ("" = off).
     otlp_endpoint: str = ""
@@ -149,7 +150,12 @@ class LoggingSection:
             raise ValueError(
                 f"prometheus_linger_s must be in 0..=3600, got {self.prometheus_linger_s}"
             )
-        if not 0 <= self.prometheus_port <= 65535:
+        if isinstance(self.prometheus_port, str):
+            if self.prometheus_port != "auto":
+                raise ValueError(
+                    f'prometheus_port must be a port, 0 or "auto", got {self.prometheus_port!r}'
+                )
+        elif not 0 <= self.prometheus_port <= 65535:
             raise ValueError(f"prometheus_port must be in 0..=65535, got {self.prometheus_port}")
 
 
@@ -201,7 +207,8 @@ class TrainConfig:
 
     def explain_sampler_error(self, e: Exception, rank: int) -> str:
         """A sampler's rejection of this config, under the key that caused it."""
-        port = self.logging.prometheus_port
+        base = self.logging.prometheus_port
+        port = base if isinstance(base, int) else None
         msg = SC.explain_logging(str(e), self.origins, rank, port)
         return msg or SC.explain(str(e), self.sampler_layers(rank), self.origins)
 
@@ -239,6 +246,8 @@ def _check_value(where: str, key: str, value: Any, t: Any) -> Any:
     origin = typing.get_origin(t)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(t) if a is not type(None)]
+        if str in args and isinstance(value, str):
+            return value
         t, origin = args[0], typing.get_origin(args[0])
     if origin is tuple or t is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):

@@ -1,10 +1,12 @@
-"""The ``headwater train`` launcher: one process, or N local processes that
-join one ``jax.distributed`` job on loopback.
+"""The ``headwater train`` launcher: one process, N local processes that
+join one ``jax.distributed`` job on loopback, or one process of a job a
+cluster launcher started (:mod:`.cluster`).
 
-Owns: :func:`launch` (check the config, resolve the database once, pick the
-run directory, then run rank 0 here or start ``--num-processes`` workers and
-watch them by PID), :func:`resolve_database`, :func:`run_directory` and the
-worker entry point (``python -m headwater.train --worker RANK SPEC``).
+Owns: :func:`launch` (check the config, join the cluster job if there is
+one, resolve the database once, pick the run directory, then run this
+process's rank here or start ``--num-processes`` workers and watch them by
+PID), :func:`resolve_database`, :func:`run_directory` and the worker entry
+point (``python -m headwater.train --worker RANK SPEC``).
 
 ``launch(resume=RUN_DIR)`` continues a run from its last checkpoint: the
 config and overrides of the first start (``launch.json``) with the new ones
@@ -26,6 +28,7 @@ start.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,60 +76,119 @@ def default_run_name() -> str:
 def launch(
     config: Config = None,
     *,
-    num_processes: int = 1,
+    num_processes: int | None = None,
     run_name: str | None = None,
     timeout_s: float | None = None,
     resume: str | Path | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
+    coordinator_timeout_s: float | None = None,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
-    """Run ``headwater train``: returns every rank's summary (rank order).
+    """Run ``headwater train``: returns the summaries of the ranks run here
+    (every rank, in order, for a local job; this process's for a cluster job).
 
-    ``num_processes > 1`` starts that many local processes (``python -m
-    headwater.train --worker``) on one loopback ``jax.distributed`` job; the
-    first failure stops the others. ``resume``: a run directory to continue
-    (``config`` and ``overrides`` then default to its first start's). A run
-    stopped by SIGTERM/SIGINT returns summaries with ``interrupted`` set.
+    Without a coordinator, ``num_processes > 1`` starts that many local
+    processes (``python -m headwater.train --worker``) on one loopback
+    ``jax.distributed`` job; the first failure stops the others. With one
+    (or a cluster launcher's environment), this process joins that job.
+    ``resume``: a run directory to continue (``config`` and ``overrides``
+    then default to its first start's); under a cluster launcher every
+    process is given the same ``resume``. A run stopped by SIGTERM/SIGINT
+    returns summaries with ``interrupted`` set.
     """
-    from headwater.train.loop import train_rank
+    from headwater.train.cluster import join_job, resolve_job
 
     if resume is not None:
         resume = Path(resume).expanduser().resolve()
         config, overrides = _resume_arguments(resume, config, overrides)
         run_name = resume.name
     cfg = load_config(config, **overrides)
-    if num_processes < 1:
-        raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    bad = sorted(r for r in cfg.ranks if r >= num_processes)
-    if bad:
-        raise ConfigError(
-            f"{cfg.where('ranks', str(bad[0]))}: [ranks.{bad[0]}] names a rank outside "
-            f"0..{num_processes - 1} (--num-processes {num_processes})"
-        )
+    job = resolve_job(
+        coordinator=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        timeout_s=coordinator_timeout_s,
+    )
+    start = _Start(config, dict(overrides), resume is not None)
+    if job.mode in ("explicit", "auto"):
+        join_job(job)
+        return [_run_joined(cfg, run_name, start)]
+    world = job.num_processes
+    _check_ranks(cfg, world)
     db = resolve_database(cfg)
     cfg.check_tasks(db)
     name = run_name or cfg.logging.run_name or default_run_name()
+    return _in_run_dir(
+        cfg,
+        db,
+        name,
+        start,
+        world,
+        lambda run_dir: (
+            [_train_here(cfg, db, run_dir, resume=start.resume)]
+            if world == 1
+            else _launch_many(config, overrides, db, run_dir, world, timeout_s, start.resume)
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """How this run was started: what the launch record keeps (a new run)
+    or what ``--resume`` read back from it."""
+
+    config: Config
+    overrides: dict[str, Any]
+    resume: bool
+
+
+def _train_here(cfg: TrainConfig, db: Path, run_dir: Path, **kw: Any) -> dict[str, Any]:
+    from headwater.train.loop import train_rank
+
+    return train_rank(cfg, db, run_dir, **kw)
+
+
+def _check_ranks(cfg: TrainConfig, world: int) -> None:
+    bad = sorted(r for r in cfg.ranks if r >= world)
+    if bad:
+        raise ConfigError(
+            f"{cfg.where('ranks', str(bad[0]))}: [ranks.{bad[0]}] names a rank outside "
+            f"0..{world - 1} ({world} processes in the job)"
+        )
+
+
+def _in_run_dir(
+    cfg: TrainConfig,
+    db: Path,
+    name: str,
+    start: _Start,
+    world: int,
+    body: Callable[[Path], list[dict[str, Any]]],
+    lead: bool = True,
+) -> list[dict[str, Any]]:
+    """``body(run_dir)`` in the run's directory: a resume is checked against
+    its checkpoint, a new run refuses a directory holding checkpoints and
+    (``lead``: one process of the job) writes the launch record. A run
+    directory this call created is removed again if the run fails before
+    writing a file. An interrupted run prints the command that resumes it."""
     run_dir = run_directory(cfg, name)
-    _check_run_dir(cfg, db, run_dir, resume is not None, num_processes)
+    _check_run_dir(cfg, db, run_dir, start.resume, world)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None:
-        C.write_launch_record(run_dir, config, overrides)
+    if lead and not start.resume:
+        C.write_launch_record(run_dir, start.config, start.overrides)
     try:
-        if num_processes == 1:
-            summaries = [train_rank(cfg, db, run_dir, resume=resume is not None)]
-        else:
-            summaries = _launch_many(
-                config, overrides, db, run_dir, num_processes, timeout_s, resume is not None
-            )
+        summaries = body(run_dir)
     except BaseException:
         if created:
             _remove_if_empty(run_dir)
         raise
     s = summaries[0]
-    if s.get("interrupted"):
+    if lead and s.get("interrupted"):
         print(
             f"interrupted by {s['interrupted']} after step {s['start_step'] + s['steps']}; "
-            f"checkpoint saved. Resume with:\n  {C.resume_command(run_dir, num_processes)}",
+            f"checkpoint saved. Resume with:\n  {C.resume_command(run_dir, world)}",
             file=sys.stderr,
             flush=True,
         )
@@ -160,6 +222,55 @@ def _resume_arguments(
     return (saved_config if config is None else config), merged
 
 
+def _run_joined(cfg: TrainConfig, run_name: str | None, start: _Start) -> dict[str, Any]:
+    """This process's rank of a job it has joined (``jax.distributed`` is up).
+
+    Process 0 picks the run name (unless one is configured) and hands it to
+    the others through the job's key-value store, so every rank writes into
+    one run directory. A failure exits at once (see :func:`worker_main`).
+    """
+    import jax
+
+    rank, world = jax.process_index(), jax.process_count()
+    try:
+        _check_ranks(cfg, world)
+        db = resolve_database(cfg)
+        cfg.check_tasks(db)
+        name = run_name or cfg.logging.run_name or _agreed_run_name(rank)
+        return _in_run_dir(
+            cfg,
+            db,
+            name,
+            start,
+            world,
+            lambda run_dir: [
+                _train_here(
+                    cfg, db, run_dir, rank=rank, world=world, joined=True, resume=start.resume
+                )
+            ],
+            lead=rank == 0,
+        )[0]
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _agreed_run_name(rank: int) -> str:
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("_agreed_run_name: jax.distributed is not initialised")
+    key = "headwater/run_name"
+    if rank == 0:
+        name = default_run_name()
+        client.key_value_set(key, name)
+        return name
+    return str(client.blocking_key_value_get(key, 600_000))
+
+
 def _remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if nothing but the launch record was written under
     it (a failed start)."""
@@ -169,7 +280,7 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _start_workers(spec: Mapping[str, Any], run_dir: Path) -> tuple[list[Any], list[IO[bytes]]]:
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    env = dict(os.environ)  # no platform forced: GPUs are used when present
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
     for r in range(spec["world"]):

@@ -51,11 +51,13 @@ import numpy as np
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
+from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row
-from headwater.train.mesh import Mesh, Padder, digest, host
+from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
 from headwater.train.saved import save_params
-from headwater.train.summary import RunLog, format_summary, summarise
+from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
+from headwater.train.verdict import VERDICTS, VerdictTracker
 
 
 def train_rank(
@@ -66,14 +68,16 @@ def train_rank(
     rank: int = 0,
     world: int = 1,
     port: int = 0,
+    joined: bool = False,
     resume: bool = False,
     stop: C.StopFlag | None = None,
 ) -> dict[str, Any]:
     """Train on this process as ``rank`` of ``world``; return its summary.
 
     With ``world > 1`` the process joins the loopback ``jax.distributed``
-    job on ``port`` first (and leaves it only after a successful run: a
-    failed rank exits without the shutdown barrier, see the launcher).
+    job on ``port`` first, unless it has ``joined`` a job already (a
+    cluster launcher's); it leaves the job only after a successful run: a
+    failed rank exits without the shutdown barrier, see the launcher.
     ``resume``: continue from the run directory's last checkpoint. ``stop``:
     the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
     installed here, *after* joining the job: ``jax.distributed`` installs
@@ -84,7 +88,7 @@ def train_rank(
 
     from headwater.telemetry import initialize_loopback
 
-    if world > 1:
+    if world > 1 and not joined:
         initialize_loopback(rank, world, port)
     stop = (stop or C.StopFlag(hard_on_second=True)).install()
     try:
@@ -96,17 +100,16 @@ def train_rank(
     return summary
 
 
-def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int) -> Any:
+def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0) -> Any:
     """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
-    keys; a rejected value is a :class:`ConfigError` naming where it was set."""
+    keys, its exporter on ``port`` (0 = none); a rejected value is a
+    :class:`ConfigError` naming where it was set."""
     from headwater import _native
 
     kw = cfg.sampler_kwargs(rank)
     lg = cfg.logging
-    if lg.prometheus_port:
-        kw.update(
-            prometheus_port=lg.prometheus_port, prometheus_host=lg.prometheus_host, local_rank=rank
-        )
+    if port:
+        kw.update(prometheus_port=port, prometheus_host=lg.prometheus_host, local_rank=0)
     if lg.otlp_endpoint:
         kw["otlp_endpoint"] = lg.otlp_endpoint
     try:
@@ -146,22 +149,20 @@ def _train(
     run_dir.mkdir(parents=True, exist_ok=True)
     start = C.committed_steps(run_dir)[-1] if resume else 0
     meta = C.read_meta(run_dir, start) if resume else None
-    sampler = open_sampler(cfg, db, rank, world)
-    endpoints = []
-    if lg.prometheus_port:
-        endpoints = [
-            f"http://{lg.prometheus_host}:{lg.prometheus_port + r}/metrics" for r in range(world)
-        ]
+    port = exporter_port(lg.prometheus_port, rank)
+    sampler = open_sampler(cfg, db, rank, world, port)
+    endpoints = _endpoints(cfg, run_dir, rank, port)
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
     try:
         with sampler:
+            _check_schema(cfg, sampler, rank)
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
                 trainer.announce(db, endpoints)
             wall, final_val = trainer.run_steps()
-            if lg.prometheus_port and lg.prometheus_linger_s > 0:
+            if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
     except BaseException:
         # Keep what was logged: close the W&B run as failed (the files are
@@ -182,9 +183,12 @@ def _train(
         rank=rank,
         final_val_loss=final_val,
         param_digest=param_digest,
+        param_norm=param_norm(trainer.params),
         metrics_endpoints=endpoints,
         wandb_dir=str(Path(run.dir).parent) if run is not None else None,
         config=cfg.to_dict(),
+        batch_layout=trainer.batch_layout,
+        **trainer.verdict.summary(),
         telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
         start_step=trainer.start_step,
         interrupted=stop.name if trainer.stopped else None,
@@ -200,6 +204,29 @@ def _train(
     return summary
 
 
+def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:
+    """Every rank's ``/metrics`` URL (none without an exporter); rank 0
+    writes them to the run's Prometheus ``file_sd`` targets file."""
+    if not port:
+        return []
+    targets = rank_endpoints(cfg.logging.prometheus_host, port)
+    if rank == 0:
+        sd = write_file_sd(run_dir, targets, run_dir.name)
+        print(f"Prometheus file_sd targets: {sd}", flush=True)
+    return [f"http://{t}/metrics" for t in targets]
+
+
+def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
+    """Every rank must pack the same telemetry layout and feed the same
+    batch shapes: compared by hash before the first collective."""
+    from headwater.train.cluster import check_same_schema, schema_hash
+
+    kw = cfg.sampler_kwargs(rank)
+    shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
+    describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
+    check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)
+
+
 class Trainer:
     """The model, the optimiser state and the step loop of one rank."""
 
@@ -213,7 +240,12 @@ class Trainer:
         run: Any,
         checkpoint: dict[str, Any] | None = None,
         stop: C.StopFlag | None = None,
+        streams: int = 1,
     ) -> None:
+        """``streams``: sampler streams this process feeds per step (the
+        sampler's ``next_train_batch`` then returns that many batches); 1
+        in ``headwater train``, more to replay several ranks' streams in one
+        process (the cluster test's reference run)."""
         from jax.sharding import PartitionSpec as P
 
         from headwater import telemetry as T
@@ -228,7 +260,25 @@ class Trainer:
             meta = sampler.database_metadata()
             self.model_cfg = dataclasses.replace(cfg.model, max_categories=M.max_categories(meta))
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        mesh = Mesh()
+        mesh = Mesh(streams)
+        self.mesh = mesh
+        b = int(cfg.sampler_kwargs(rank).get("default_batch_size", 0))
+        per = mesh.devices_per_stream
+        if b % per:
+            raise ConfigError(
+                f"{cfg.where('sampler', 'default_batch_size')}: default_batch_size = {b} does "
+                f"not split over this process's {per} local devices; use a multiple of {per}"
+            )
+        #: How the global batch is formed (stated in the run summary).
+        self.batch_layout = {
+            "per_process_batch": b * streams,
+            "local_devices": mesh.local_devices,
+            "per_device_batch": b // per,
+            "devices": mesh.devices,
+            "processes": mesh.world,
+            "global_batch": b // per * mesh.devices,
+            "platform": mesh.platform,
+        }
         self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
         # Every rank initialises the same parameters from the same seed.
         local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
@@ -288,6 +338,16 @@ class Trainer:
             self.drains or sampler, sinks=sinks, buffered=cfg.train.buffered_telemetry
         )
         self.progress = Progress(cfg.train.steps, cfg.train.log_every, lead)
+        self.verdict = VerdictTracker(world, cfg.train.warmup_steps)
+        #: Each step's ``(verdict, culprit rank, reason)`` until its row is logged.
+        self._verdicts: dict[int, tuple[str, int, str]] = {}
+        #: Steps whose metrics are still on the device; (step seconds, wait) per step.
+        self._pending: list[tuple[int, Any]] = []
+        self._window: list[tuple[float, float]] = []
+        #: The next batch on the device, its sample wait and host→device seconds.
+        self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
+        #: A batch fetched outside the previous step: (seconds, sample wait).
+        self._lead = (0.0, 0.0)
 
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""
@@ -299,6 +359,7 @@ class Trainer:
             f"{self.cfg.train.steps} steps",
             flush=True,
         )
+        print(f"devices: {describe_layout(self.batch_layout)}", flush=True)
         if endpoints:
             print(f"metrics: {', '.join(endpoints)}", flush=True)
         if self.wb is not None:
@@ -339,8 +400,11 @@ class Trainer:
         self.progress.message(f"eval {split} at step {step + 1}: {shown}")
         return results
 
-    def step(self, step: int) -> None:
-        """One training step, timed phase by phase."""
+    def _fetch(self) -> tuple[Any, float, float]:
+        """The next batch as global device arrays: ``(batch, wait s, host→device s)``.
+
+        Called right after the step before it is dispatched, so the wait and
+        the transfer overlap that step on the device."""
         import jax
 
         t0 = time.perf_counter()
@@ -349,33 +413,80 @@ class Trainer:
         batch = self.pad(np_batch, flag=self.stop.signum)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
-        t2 = time.perf_counter()
+        return batch, t1 - t0, time.perf_counter() - t1
+
+    def step(self, step: int, prefetch: bool = True) -> None:
+        """One training step: dispatch it, run the telemetry hook (this
+        batch's drain), fetch the next batch while the device computes
+        (unless ``prefetch`` is false: before a checkpoint or a stop, so the
+        saved sampler state is exactly the completed steps'), and bring the
+        trainer's metrics to the host only every ``log_every`` steps (and
+        before a validation, a checkpoint or the end): no device sync per step."""
+        tc = self.cfg.train
+        t0 = time.perf_counter()
+        batch = self._next[0]
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
-        host_metrics = {k: float(host(v)) for k, v in metrics.items()}
+        t1 = time.perf_counter()
+        reduced = self.hook.step(step)  # this batch's drain (fetched last step)
+        t2 = time.perf_counter()
+        self._next = self._fetch() if prefetch else (None, 0.0, 0.0)
         t3 = time.perf_counter()
-        reduced = self.hook.step(step)
-        t4 = time.perf_counter()
         if reduced:
             self.log.telemetry_rows += 1 if self.wb is not None else 0
             self.log.record_invariants(reduced)
-        loss = host_metrics["loss"]
-        self.log.losses.append(loss)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}")
-        self._log_trainer(step, host_metrics, t4 - t0, (t1 - t0) / max(t4 - t0, 1e-12))
-        tc = self.cfg.train
-        if tc.val_every and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps:
+        self._pending.append((step, metrics))
+        # A batch fetched before this step (not overlapped with the one
+        # before: see run_steps) counts towards this step's wait.
+        (lead_s, lead_wait), self._lead = self._lead, (0.0, 0.0)
+        nw = self._next[1] + lead_wait
+        pre = time.perf_counter() - t0 + lead_s
+        self._window.append((pre, nw))  # the flush adds its own time
+        self._verdicts[step] = self.verdict.observe(reduced or {}, pre)
+        due_val = bool(tc.val_every) and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps
+        fetch_s = 0.0
+        if (step + 1) % tc.log_every == 0 or not prefetch or due_val:
+            fetch_s = self._flush()
+        # Phases of this iteration (the wait and transfer are the next batch's).
+        wall = time.perf_counter() - t0
+        compute = t1 - t0 + fetch_s
+        transfer = t3 - t2 - self._next[1]
+        self.log.record_phases((nw, transfer, compute, t2 - t1, wall - compute - (t3 - t1)))
+        if due_val:
             self.validate(step)
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
             self.evaluate("val", step, tc.eval_max_seeds)
-        self.log.record_phases((t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t4))
+
+    def _flush(self) -> float:
+        """The pending steps' metrics to the host in one transfer, then their
+        rows (W&B, ``metrics.jsonl``, progress); returns the seconds it took."""
+        import jax
+
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, []
+        fetched = jax.device_get([{k: host_shard(v) for k, v in m.items()} for _, m in pending])
+        for (step, _), values in zip(pending, fetched, strict=True):
+            loss = float(values["loss"])
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}")
+            self.log.losses.append(loss)
+        dt = time.perf_counter() - t0
+        # Step time and wait share per row: the window's means (the device
+        # wait of the whole window lands in this flush).
+        window, self._window = self._window, []
+        total = sum(w for w, _ in window) + dt
+        wait_share = sum(x for _, x in window) / total if total > 0 else 0.0
+        step_s = total / max(len(window), 1)
+        for (step, _), values in zip(pending, fetched, strict=True):
+            self._log_trainer(step, {k: float(v) for k, v in values.items()}, step_s, wait_share)
+        return dt
 
     def _log_trainer(
         self, step: int, metrics: dict[str, float], step_s: float, wait_share: float
     ) -> None:
         bps = self.world / step_s if step_s > 0 else 0.0
+        verdict, culprit, reason = self._verdicts.pop(step)
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),
@@ -383,12 +494,15 @@ class Trainer:
             "trainer/batches_per_second": bps,
             "trainer/data_wait_share": wait_share,
             "trainer/step": step,
+            "trainer/verdict": float(VERDICTS.index(verdict)),
+            # The named rank, only when the verdict names one.
+            **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
         }
         if self.wb is not None:
-            self.wb.log(row)
+            self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
-        self.progress.update(step, metrics["loss"], bps, wait_share)
+        self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit)
 
     def save(self, done: int) -> None:
         """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`)."""
@@ -416,14 +530,21 @@ class Trainer:
         tc = self.cfg.train
         final_val = math.nan
         for step in range(self.start_step, tc.steps):
-            self.step(step)
             done = step + 1
-            if self.pad.flag:
+            if self._next[0] is None:  # the first step, or the first after a checkpoint
+                t = time.perf_counter()
+                self._next = self._fetch()
+                self._lead = (time.perf_counter() - t, self._next[1])
+            # The ranks agreed on the stop request with this batch's shapes.
+            stopping = bool(self.pad.flag)
+            due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
+            self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
+            if stopping:
                 self.stopped = True
                 self.progress.message(f"stopping after step {done}: {self.stop.name}")
                 self.save(done)
                 break
-            if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done < tc.steps:
+            if due_save and done < tc.steps:
                 self.save(done)
         if not self.stopped:
             final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan

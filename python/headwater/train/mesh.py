@@ -1,10 +1,19 @@
-"""The data-parallel plumbing of ``headwater train``: one device per process.
+"""The data-parallel plumbing of ``headwater train``: every device of every
+process on one data axis.
 
-Owns: :class:`Mesh` (a 1-D mesh over processes, axis ``data``; replicated and
-sharded global arrays; the element-wise maximum of a few sizes over ranks;
-the ``shard_map``-ped, jitted step) and :class:`Padder` (pads ``U`` and
-``R`` of every batch to a high-water mark all ranks agree on, so every rank
-feeds the same shapes and the step compiles a handful of times per run).
+Owns: :class:`Mesh` (a 1-D mesh over all global devices in process order,
+axis ``data``; replicated and sharded global arrays; the split of a
+process's batch over its local devices; the element-wise maximum of a few
+sizes over ranks; the ``shard_map``-ped, jitted step) and :class:`Padder`
+(pads ``U`` and ``R`` of every batch to a high-water mark all ranks agree
+on, so every rank feeds the same shapes and the step compiles a handful of
+times per run).
+
+A process with ``L`` local devices splits its batch of ``B`` sequences into
+``L`` slices of ``B / L`` (tensors whose shape rule starts with ``B``); the
+batch-level tensors (``text_batch_embeddings [U, D]`` and the ``[1]``
+scalars) go whole to every local device, so the indices of each slice stay
+valid. The global batch is ``B / L`` per device times every device.
 
 Must never: let ranks feed different shapes to the step.
 """
@@ -28,6 +37,26 @@ def digest(tree: Any) -> str:
     return h.hexdigest()
 
 
+def param_norm(tree: Any) -> float:
+    """The global L2 norm of the parameters (float64): compares runs whose
+    all-reduce order differs (bit-identical digests need the same order)."""
+    import jax
+
+    return float(
+        np.sqrt(
+            sum(
+                float(np.sum(host(x).astype(np.float64) ** 2))
+                for x in jax.tree_util.tree_leaves(tree)
+            )
+        )
+    )
+
+
+def host_shard(x: Any) -> Any:
+    """A replicated global array's local copy (still on the device)."""
+    return x.addressable_data(0) if hasattr(x, "addressable_data") else x
+
+
 def host(x: Any) -> np.ndarray:
     if hasattr(x, "addressable_data"):
         x = x.addressable_data(0)
@@ -37,15 +66,30 @@ def host(x: Any) -> np.ndarray:
 class Mesh:
     """The data-parallel plumbing: mesh, shardings, global arrays, shape agreement."""
 
-    def __init__(self) -> None:
+    def __init__(self, streams: int = 1) -> None:
         import jax
+        from jax.sharding import Mesh as JaxMesh
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        from headwater.telemetry import process_mesh
+        from headwater import _native
 
         self.world = jax.process_count()
-        self.mesh = process_mesh("data")
+        self.local_devices = jax.local_device_count()
+        self.devices = jax.device_count()
+        self.platform = jax.default_backend()
+        if streams < 1 or self.local_devices % streams:
+            raise ValueError(
+                f"{streams} sampler streams do not split over {self.local_devices} local devices"
+            )
+        #: Batches this process feeds per step, each over ``devices_per_stream`` devices.
+        self.streams, self.devices_per_stream = streams, self.local_devices // streams
+        order = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        self.mesh = JaxMesh(np.array(order), ("data",))
+        #: Tensors split over local devices (shape rule starts with ``B``).
+        self.per_sequence = frozenset(
+            t["name"] for t in _native.batch_tensors() if t["shape"][0] == "B"
+        )
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P("data"))
 
@@ -57,11 +101,45 @@ class Mesh:
             tree,
         )
 
-    def shard(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    def local_layout(self, batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """This process's share of the global batch, one slice per local
+        device along axis 0: each of the ``streams`` batches over its
+        ``devices_per_stream`` devices, ``B`` split, batch-level tensors
+        repeated."""
+        if len(batches) != self.streams:
+            raise ValueError(f"expected {self.streams} batches per step, got {len(batches)}")
+        n = self.devices_per_stream
+        if len(batches) == 1 and n == 1:
+            return dict(batches[0])
+        out = {}
+        for k in batches[0]:
+            parts = []
+            for b in batches:
+                v = b[k]
+                if k not in self.per_sequence:
+                    parts.extend([v] * n)
+                elif v.shape[0] % n:
+                    raise ValueError(
+                        f"the batch of {v.shape[0]} sequences ({k}) does not split over "
+                        f"{n} devices: make sampler.default_batch_size a multiple of {n}"
+                    )
+                else:
+                    parts.append(v)
+            out[k] = np.concatenate(parts, axis=0)
+        return out
+
+    def shard(
+        self, batches: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]
+    ) -> dict[str, Any]:
+        """One batch (or one per sampler stream) → the global arrays."""
         import jax
 
+        if isinstance(batches, Mapping):
+            batches = [batches]
+
         return {
-            k: jax.make_array_from_process_local_data(self.sharded, v) for k, v in arrays.items()
+            k: jax.make_array_from_process_local_data(self.sharded, v)
+            for k, v in self.local_layout(batches).items()
         }
 
     def agree(self, sizes: Sequence[int]) -> list[int]:
@@ -95,17 +173,29 @@ class Padder:
         #: request of :mod:`.checkpoint` rides on this agreement).
         self.flag = 0
 
-    def __call__(self, batch: Mapping[str, np.ndarray], flag: int = 0) -> dict[str, Any]:
+    def __call__(
+        self,
+        batch: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+        flag: int = 0,
+    ) -> dict[str, Any]:
+        """One batch (or one per sampler stream of this process) → the global
+        arrays; ``flag`` rides on the same agreement (see :attr:`flag`)."""
         from headwater.train.device import bucket_size, pad_batch
 
-        u = batch["text_batch_embeddings"].shape[0]
-        r = batch["fk_adj"].shape[1]
-        want = [max(h, bucket_size(x)) for h, x in zip(self.high, (u, r), strict=True)]
+        batches = [batch] if isinstance(batch, Mapping) else list(batch)
+        want = list(self.high)
+        for b in batches:
+            u = b["text_batch_embeddings"].shape[0]
+            r = b["fk_adj"].shape[1]
+            want = [max(h, bucket_size(x)) for h, x in zip(want, (u, r), strict=True)]
         *self.high, self.flag = self.mesh.agree([*want, flag])
-        arrays = pad_batch(
-            batch,
-            text_rows=self.high[0],
-            fk_rows=self.high[1],
-            max_categories=self.max_categories,
-        )
-        return self.mesh.shard(arrays)
+        padded = [
+            pad_batch(
+                b,
+                text_rows=self.high[0],
+                fk_rows=self.high[1],
+                max_categories=self.max_categories,
+            )
+            for b in batches
+        ]
+        return self.mesh.shard(padded)

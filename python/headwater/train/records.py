@@ -75,13 +75,22 @@ class Progress:
         self.tty = enabled and sys.stdout.isatty()
         self.ema: float | None = None
 
-    def update(self, step: int, loss: float, bps: float, wait_share: float) -> None:
+    def update(
+        self,
+        step: int,
+        loss: float,
+        bps: float,
+        wait_share: float,
+        verdict: str = "ok",
+        culprit: int = -1,
+    ) -> None:
         if not self.enabled:
             return
         self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        named = f" (rank {culprit})" if culprit >= 0 else ""
         line = (
             f"step {step + 1:>5}/{self.total}  loss {self.ema:8.4f}  "
-            f"{bps:7.2f} batches/s  data wait {100 * wait_share:5.2f}%"
+            f"{bps:7.2f} batches/s  data wait {100 * wait_share:5.2f}%  {verdict}{named}"
         )
         if self.tty:
             print("\r" + line, end="", flush=True)

@@ -117,9 +117,20 @@ def summarise(
     }
 
 
+def describe_layout(layout: Mapping[str, Any]) -> str:
+    """How the global batch is formed, in words."""
+    return (
+        f"{layout['processes']} process(es) × {layout['local_devices']} {layout['platform']} "
+        f"device(s) = {layout['devices']} · global batch {layout['global_batch']} = "
+        f"{layout['per_device_batch']} per device × {layout['devices']} devices "
+        f"({layout['per_process_batch']} per process, one sampler per process)"
+    )
+
+
 def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     lines = [
         f"done: {s['steps']} steps in {s['wall_seconds']:.1f} s on {s['world']} process(es)",
+        f"  {describe_layout(s['batch_layout'])}",
         (
             f"  loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} (mean of first/last steps); "
             f"val loss {s['final_val_loss']:.4f}"
@@ -147,6 +158,12 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
             f"{sum(ck['blocked_seconds']):.2f} s in all (max {max(ck['blocked_seconds']):.2f} s "
             f"per save), {ck['final_wait_seconds']:.2f} s waiting for the last commit"
         )
+    hs = s["headspace"]
+    lines.append(
+        f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: the sampler makes "
+        f"{hs['sampler_batches_per_second']:.1f} batches/s, the step needs "
+        f"{hs['needed_batches_per_second']:.1f} for zero wait (x{hs['ratio']:.2f})"
+    )
     health = "sampler health: ok (invariant counters all 0)"
     if s["warnings"]:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
