@@ -511,6 +511,13 @@ impl Sampler {
             .collect())
     }
 
+    /// Serve the trainer's gauges (`(key, value)` pairs of
+    /// [`TRAINER_GAUGES`](crate::telemetry::TRAINER_GAUGES)) on this
+    /// process's `/metrics`, labelled with this sampler's rank.
+    pub fn export_trainer(&self, values: &[(String, f64)]) -> Result<()> {
+        prometheus::set_trainer_gauges(self.core.cfg.rank, values)
+    }
+
     /// Whether `shutdown()` was called.
     pub fn is_shut_down(&self) -> bool {
         self.closed.load(Ordering::Acquire)

@@ -144,6 +144,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TELEMETRY_PREFIX", crate::telemetry::PREFIX)?;
     m.add_function(wrap_pyfunction!(sampler::batch_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::metric_table, m)?)?;
+    m.add_function(wrap_pyfunction!(telemetry::trainer_gauges, m)?)?;
     m.add_function(wrap_pyfunction!(config::sampler_config_schema, m)?)?;
     m.add_function(wrap_pyfunction!(config::validate_sampler_config, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::telemetry_schema_for, m)?)?;

@@ -333,6 +333,15 @@ impl Sampler {
         super::eval::EvalPass::open(self.inner.core(), split, task, max_seeds)
     }
 
+    /// Serve the trainer's gauges on this process's Prometheus `/metrics`
+    /// (`{"trainer/verdict": 2.0, ...}`; keys from the trainer gauge table,
+    /// an unknown key is a `ValueError`); nothing is served without an
+    /// exporter.
+    fn export_trainer(&self, values: std::collections::HashMap<String, f64>) -> PyResult<()> {
+        let v: Vec<(String, f64)> = values.into_iter().collect();
+        self.inner.export_trainer(&v).map_err(to_py)
+    }
+
     /// The sampler state as of delivery (batches prefetched but not yet
     /// returned are not consumed): a small JSON-compatible dict, the same on
     /// every rank of a run. Restore it with `Sampler(..., state=...)` or

@@ -48,6 +48,22 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     Ok(out)
 }
 
+/// The trainer gauges the exporter serves: one dict per row (`key`,
+/// `prometheus`, `unit`, `help`).
+#[pyfunction]
+pub(crate) fn trainer_gauges(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for g in &crate::telemetry::TRAINER_GAUGES {
+        let d = PyDict::new(py);
+        d.set_item("key", g.key)?;
+        d.set_item("prometheus", g.prometheus)?;
+        d.set_item("unit", g.unit)?;
+        d.set_item("help", g.help)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
 /// Exactly what `Sampler.telemetry_schema()` returns for a database with
 /// these tasks sampled with `max_hops` and `sequence_length`.
 #[pyfunction]

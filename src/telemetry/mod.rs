@@ -30,7 +30,9 @@ pub use hist::{
 pub use report::{BatchReport, SeqReport};
 pub use schema::{SchemaEntry, TelemetrySchema, PREFIX};
 pub use step::StepRecorder;
-pub use table::{BucketRule, Measure, MetricDef, PromType, Reduction, METRICS};
+pub use table::{
+    BucketRule, Measure, MetricDef, PromType, Reduction, TrainerGauge, METRICS, TRAINER_GAUGES,
+};
 
 /// Something that consumes every delivered batch's report: the drain
 /// recorder and each exporter (the metrics-rs recorder/exporter split).

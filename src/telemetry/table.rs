@@ -514,6 +514,50 @@ pub static METRICS: [MetricDef; 26] = [
     ),
 ];
 
+/// A value the trainer computes from the reduced step and the sampler's
+/// Prometheus exporter serves (`Sampler.export_trainer`): a gauge labelled
+/// with `rank` only. The W&B key is `key`; the trainer's code for it lives
+/// in `headwater.train.verdict`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TrainerGauge {
+    /// The trainer's key (`trainer/verdict`), as logged to W&B.
+    pub key: &'static str,
+    /// Prometheus name.
+    pub prometheus: &'static str,
+    /// Base unit (`ratio`, `rank`, `code`).
+    pub unit: &'static str,
+    /// Help text.
+    pub help: &'static str,
+}
+
+/// Every trainer gauge: the only definition of their exported names.
+pub const TRAINER_GAUGES: [TrainerGauge; 4] = [
+    TrainerGauge {
+        key: "trainer/verdict",
+        prometheus: "headwater_trainer_verdict",
+        unit: "code",
+        help: "the input verdict of the latest logged step: 0 ok, 1 input_bound, 2 input_straggler",
+    },
+    TrainerGauge {
+        key: "trainer/verdict_rank",
+        prometheus: "headwater_trainer_verdict_rank",
+        unit: "rank",
+        help: "the rank an input_straggler verdict names (-1 when the verdict names none)",
+    },
+    TrainerGauge {
+        key: "trainer/data_wait_share",
+        prometheus: "headwater_trainer_data_wait_ratio",
+        unit: "ratio",
+        help: "share of the step time the trainer waited for the sampler (latest log window)",
+    },
+    TrainerGauge {
+        key: "trainer/headspace_ratio",
+        prometheus: "headwater_trainer_headspace_ratio",
+        unit: "ratio",
+        help: "batches/s the sampler makes over the batches/s the step needs for zero wait",
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,6 +593,19 @@ mod tests {
                 m.key
             );
             assert_eq!(m.per_task, m.key.contains("{task}"), "{}", m.key);
+        }
+        for g in &TRAINER_GAUGES {
+            assert!(
+                names.insert(g.prometheus),
+                "duplicate name {}",
+                g.prometheus
+            );
+            assert!(
+                g.prometheus.starts_with("headwater_trainer_"),
+                "{}",
+                g.prometheus
+            );
+            assert!(g.key.starts_with("trainer/"), "{}", g.key);
         }
     }
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,44 @@ def test_a_coordinator_that_never_answers_is_named(tmp_path: Path, tpch: Tpch) -
         r.stderr
     )
     assert "Aborted" not in r.stderr and "Check failure" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("ids", "messages"),
+    [
+        # Two processes 1 among three: every process is refused, the
+        # duplicate named (processes in start order).
+        ((0, 1, 1), ["process id 1 given twice"] * 3),
+        # Two processes 0: the second cannot take the coordinator's port;
+        # the first hears from no process 1 within the timeout.
+        ((0, 0), ["did not check in within 4 s", "cannot serve the coordinator"]),
+    ],
+)
+def test_duplicate_process_ids_are_refused_naming_them(
+    tmp_path: Path, tpch: Tpch, ids: tuple[int, ...], messages: list[str]
+) -> None:
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_config(tpch.built.path), encoding="utf-8")
+    port = free_port()
+    procs = []
+    for i in ids:
+        env = cluster_env(
+            tmp_path,
+            1,
+            coordinator=f"127.0.0.1:{port}",
+            num_processes=str(len(ids)),
+            process_id=str(i),
+            coordinator_timeout_s="4",
+        )
+        procs.append(start(tmp_path, cfg, env, "dup"))
+        time.sleep(0.5)  # process 0 first, so that it owns the port
+    results = wait_all(procs, timeout=120)
+    texts = [t for _, t in results]
+    assert all(rc != 0 for rc, _ in results), texts
+    for text in texts:
+        assert "Check failure" not in text and "Aborted" not in text, text[-2000:]
+    for text, m in zip(texts, messages, strict=True):
+        assert m in text, (m, text[-3000:])
 
 
 @pytest.mark.parametrize(

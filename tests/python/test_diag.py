@@ -198,6 +198,20 @@ def test_every_dashboard_query_returns_data(healthy: Healthy) -> None:
     assert all(s["metric"]["headwater_run"] == healthy.run_dir.name for s in up)
 
 
+def test_the_input_verdict_is_exported_to_prometheus(healthy: Healthy) -> None:
+    """Both ranks serve the verdict of the last logged row (``metrics.jsonl``)."""
+    got = prom_instant(healthy, "last_over_time(headwater_trainer_verdict[10m])")
+    by_rank = {s["metric"]["rank"]: float(s["value"][1]) for s in got}
+    assert sorted(by_rank) == ["0", "1"], got
+    rows = [r for r in _jsonl(healthy.run_dir / "metrics.jsonl") if "trainer/verdict" in r]
+    assert set(by_rank.values()) == {rows[-1]["trainer/verdict"]}
+    # The wait share is each rank's own; metrics.jsonl is rank 0's.
+    share = prom_instant(
+        healthy, 'last_over_time(headwater_trainer_data_wait_ratio{rank="0"}[10m])'
+    )
+    assert [float(s["value"][1]) for s in share] == [rows[-1]["trainer/data_wait_share"]]
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -242,3 +242,13 @@ def test_batch_keys_are_the_native_list() -> None:
     assert list(b) == [t["name"] for t in N.batch_tensors()]
     assert b["seq_valid"].tolist() == [1, 1], "a training batch has no padded sequence"
     assert headwater.BATCH_KEYS == N.BATCH_KEYS and len(N.BATCH_KEYS) == 20
+
+
+def test_the_exported_verdict_codes_are_the_trainers() -> None:
+    """The trainer logs ``VERDICTS.index(v)``; the exporter's help text
+    tells Prometheus users the same codes."""
+    from headwater.train.verdict import VERDICTS
+
+    (row,) = [g for g in headwater._native.trainer_gauges() if g["key"] == "trainer/verdict"]
+    codes = ", ".join(f"{i} {v}" for i, v in enumerate(VERDICTS))
+    assert row["help"].endswith(codes), (row["help"], codes)

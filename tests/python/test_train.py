@@ -467,3 +467,59 @@ def test_the_step_loop_never_syncs_the_device_per_step(
     assert summary["steps"] == 12 and len(summary["losses"]) == 12
     assert state["syncs"] == []
     assert state["device_gets"] == 3
+
+
+TRAINER_GAUGE_CHILD = """
+import json, sys, time, urllib.request
+from headwater import _native as N
+
+db, port = sys.argv[1], int(sys.argv[2])
+s = N.Sampler(db, rank=1, world_size=2, prometheus_port=port, local_rank=0,
+              default_batch_size=4, default_sequence_length=64)
+s.export_trainer({"trainer/verdict": 2.0, "trainer/verdict_rank": 1.0,
+                  "trainer/data_wait_share": 0.4, "trainer/headspace_ratio": 0.5})
+try:
+    s.export_trainer({"trainer/verdit": 1.0})
+    err = None
+except ValueError as e:
+    err = str(e)
+for attempt in range(50):
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
+        break
+    except OSError:
+        time.sleep(0.1)
+s.shutdown()
+print(json.dumps({"text": text.decode(), "err": err}))
+"""
+
+
+def test_the_trainer_gauges_are_served_on_the_ranks_exporter(tmp_path: Path, tpch: Tpch) -> None:
+    """``export_trainer``: every row of the trainer gauge table is served
+    with the rank's label and help; an unknown key names the known ones."""
+    import json
+
+    from headwater import _native
+
+    port = free_port()
+    r = subprocess.run(
+        [sys.executable, "-c", TRAINER_GAUGE_CHILD, str(tpch.built.path), str(port)],
+        capture_output=True,
+        text=True,
+        env=child_env(tmp_path),
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    want = {
+        "headwater_trainer_verdict": 2.0,
+        "headwater_trainer_verdict_rank": 1.0,
+        "headwater_trainer_data_wait_ratio": 0.4,
+        "headwater_trainer_headspace_ratio": 0.5,
+    }
+    assert [g["prometheus"] for g in _native.trainer_gauges()] == list(want)
+    for name, value in want.items():
+        assert f'{name}{{rank="1"}} {value:g}' in out["text"], (name, out["text"][-3000:])
+        assert f"# HELP {name} " in out["text"]
+    assert out["err"] is not None and "trainer/verdit" in out["err"]
+    assert "trainer/verdict" in out["err"].split("known:")[1]

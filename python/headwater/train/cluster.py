@@ -5,9 +5,9 @@ by a cluster launcher.
 Owns: :class:`JobSpec` (what was asked, and where each value came from),
 :func:`resolve_job` (flags, then ``HEADWATER_*`` environment variables, then
 cluster auto-detection), :func:`join_job` (``jax.distributed.initialize``
-behind a reachability check of the coordinator, so an address that never
-answers is an error naming it within the timeout instead of XLA aborting the
-process) and :func:`check_same_schema` (every rank must pack the same
+behind a roll call on the coordinator's port, so an address that never
+answers, a duplicate process id or a missing process is an error naming it
+within the timeout instead of XLA aborting the process) and :func:`check_same_schema` (every rank must pack the same
 telemetry layout and feed the same batch shapes; compared by hash at
 start-up, the error names the ranks).
 
@@ -23,8 +23,8 @@ Modes:
   (SLURM with ``SLURM_NTASKS`` > 1, Open MPI with ``OMPI_COMM_WORLD_SIZE`` >
   1): ``jax.distributed.initialize()`` reads it.
 
-Must never: force a platform (GPUs are used when present), start a
-coordinator of its own, or hang on a coordinator that does not answer.
+Must never: force a platform (GPUs are used when present), keep the
+coordinator's port after the roll call, or hang on a coordinator that does not answer.
 """
 
 from __future__ import annotations
@@ -155,29 +155,167 @@ def _explicit(
     return JobSpec("explicit", n, pid, coord, timeout, None, origin)
 
 
-def wait_for_coordinator(address: str, timeout_s: float, where: str) -> None:
-    """Return once ``address`` accepts a TCP connection; raise a
-    :class:`ConnectionError` naming it after ``timeout_s`` seconds."""
+#: The first line of a roll-call message (see :func:`roll_call`).
+ROLL_CALL = "headwater-roll-call 1"
+
+
+def _split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
+    return host.strip("[]"), int(port)
+
+
+def _read_line(conn: socket.socket, limit: int = 4096) -> str:
+    """One ``\n``-terminated line (without it); ``""`` on EOF first."""
+    buf = b""
+    while not buf.endswith(b"\n") and len(buf) < limit:
+        chunk = conn.recv(limit - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode("utf-8", errors="replace").rstrip("\n")
+
+
+def roll_call(spec: JobSpec) -> None:
+    """Check the job's process ids before ``jax.distributed`` sees them.
+
+    Process 0 listens on the coordinator's port (before the coordinator
+    service takes it over) until every other id has checked in; each other
+    process connects, says ``num_processes``, its id, host and pid, and waits
+    for the answer. A duplicate id, a different process count or a missing
+    process is refused on every process with a message naming the ids and
+    hosts, within ``timeout_s`` -- instead of XLA aborting the processes (two
+    processes with the same id otherwise both die in ``RegisterTask``).
+    """
+    if spec.process_id == 0:
+        _call_roll(spec)
+    else:
+        _answer_roll(spec)
+
+
+def _me(spec: JobSpec) -> str:
+    return f"{spec.process_id} {socket.gethostname()} {os.getpid()}"
+
+
+def _call_roll(spec: JobSpec) -> None:
+    assert spec.coordinator is not None
+    host, port = _split_address(spec.coordinator)
+    where = spec.origin.get("coordinator", "--coordinator")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    try:
+        srv.bind((host if loopback else "", port))
+    except OSError as e:
+        srv.close()
+        raise ConfigError(
+            f"{where}: process 0 cannot serve the coordinator {spec.coordinator} ({e}); is "
+            "another process started with process id 0 (or another job) using that port?"
+        ) from None
+    srv.listen(max(spec.num_processes, 8))
+    srv.settimeout(0.2)
+    deadline = time.monotonic() + spec.timeout_s
+    seen: dict[int, str] = {}
+    conns: list[socket.socket] = []
+    problems: list[str] = []
+    try:
+        while len(seen) < spec.num_processes - 1 and not problems:
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(1, spec.num_processes)) - set(seen))
+                problems.append(
+                    f"process id(s) {missing} did not check in within {spec.timeout_s:g} s "
+                    f"(started, with the same coordinator and --num-processes "
+                    f"{spec.num_processes}?)"
+                )
+                break
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(10.0)
+            conns.append(conn)
+            problem = _check_in(spec, conn, seen)
+            if problem:
+                problems.append(problem)
+        reply = "ok" if not problems else "error " + "; ".join(problems)
+        for conn in conns:
+            try:
+                conn.sendall(reply.encode() + b"\n")
+                conn.recv(1)  # the other side closes first (no TIME_WAIT on the port)
+            except OSError:
+                pass
+    finally:
+        for conn in conns:
+            conn.close()
+        srv.close()
+    if problems:
+        raise ConfigError(f"{where}: the job's processes do not fit: " + "; ".join(problems))
+
+
+def _check_in(spec: JobSpec, conn: socket.socket, seen: dict[int, str]) -> str | None:
+    """Record one process's check-in; what is wrong with it, if anything."""
+    try:
+        line = _read_line(conn)
+    except OSError as e:
+        return f"a process connected but sent no roll call ({e})"
+    head, _, rest = line.partition(" | ")
+    parts = rest.split(" ")
+    if head != ROLL_CALL or len(parts) != 4 or not all(p.isdigit() for p in (parts[0], parts[1])):
+        return f"something that is not a headwater process connected ({line[:80]!r})"
+    n, pid, who = int(parts[0]), int(parts[1]), f"{parts[2]} (pid {parts[3]})"
+    if n != spec.num_processes:
+        return (
+            f"process {pid} on {who} has num_processes = {n}, process 0 has "
+            f"{spec.num_processes}"
+        )
+    if pid == 0:
+        return f"process id 0 given twice: here ({socket.gethostname()}) and on {who}"
+    if pid in seen:
+        return f"process id {pid} given twice: on {seen[pid]} and on {who}"
+    seen[pid] = who
+    return None
+
+
+def _answer_roll(spec: JobSpec) -> None:
+    assert spec.coordinator is not None
+    host, port = _split_address(spec.coordinator)
+    where = spec.origin.get("coordinator", "--coordinator")
+    deadline = time.monotonic() + spec.timeout_s
     last: OSError | None = None
     while True:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                return
+            conn = socket.create_connection((host, port), timeout=1.0)
+            break
         except OSError as e:
             last = e
         if time.monotonic() >= deadline:
             raise ConnectionError(
-                f"the coordinator {address} (from {where}) did not answer within {timeout_s:g} s "
-                f"({last}); is process 0 running, and is the address reachable from this host? "
-                f"(--coordinator-timeout / ${ENV_TIMEOUT} set the wait)"
+                f"the coordinator {spec.coordinator} (from {where}) did not answer within "
+                f"{spec.timeout_s:g} s ({last}); is process 0 running, and is the address "
+                f"reachable from this host? (--coordinator-timeout / ${ENV_TIMEOUT} set the wait)"
             )
         time.sleep(0.2)
+    with conn:
+        conn.settimeout(max(deadline - time.monotonic(), 1.0))
+        try:
+            conn.sendall(f"{ROLL_CALL} | {spec.num_processes} {_me(spec)}\n".encode())
+            reply = _read_line(conn)
+        except OSError as e:
+            reply = f"<{e}>"
+    if reply == "ok":
+        return
+    if reply.startswith("error "):
+        raise ConfigError(f"{where}: process 0 refused the job: {reply[6:]}")
+    raise ConnectionError(
+        f"the coordinator {spec.coordinator} (from {where}) did not answer the roll call "
+        f"(got {reply[:60]!r}): did the job start without this process (another process "
+        f"with id {spec.process_id}?), or is something else listening there?"
+    )
 
 
 def join_job(spec: JobSpec) -> None:
-    """Join the ``explicit`` or ``auto`` job (``jax.distributed.initialize``)."""
+    """Join the ``explicit`` or ``auto`` job (``jax.distributed.initialize``);
+    an explicit job's ids are checked first (:func:`roll_call`)."""
     import jax
 
     if spec.mode not in ("explicit", "auto"):
@@ -192,9 +330,9 @@ def join_job(spec: JobSpec) -> None:
     assert spec.coordinator is not None
     host = spec.coordinator.rpartition(":")[0]
     bind = spec.coordinator if host in ("127.0.0.1", "localhost", "[::1]") else None
-    if spec.process_id != 0:
-        # XLA aborts the whole process when RegisterTask times out; check first.
-        wait_for_coordinator(spec.coordinator, spec.timeout_s, spec.origin["coordinator"])
+    # XLA aborts the whole process on a RegisterTask timeout or a duplicate
+    # id; the roll call refuses those first, with the ids named.
+    roll_call(spec)
     jax.distributed.initialize(
         coordinator_address=spec.coordinator,
         coordinator_bind_address=bind,
@@ -238,6 +376,6 @@ def check_same_schema(local_hash: int, describe: str) -> None:
     if len(groups) > 1:
         parts = [f"ranks {rs}: {seen[rs[0]].split(' ', 1)[1]}" for rs in groups.values()]
         raise ConfigError(
-            "ranks disagree on the telemetry schema / batch shapes (per-rank [ranks.N] "
-            "overrides of S, B or hops?): " + "; ".join(parts)
+            "ranks disagree on the telemetry schema / batch shapes (processes started "
+            "with different config files or versions?): " + "; ".join(parts)
         )

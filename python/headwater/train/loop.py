@@ -498,6 +498,15 @@ class Trainer:
             # The named rank, only when the verdict names one.
             **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
         }
+        # Prometheus: the same verdict on every rank's exporter (rank label).
+        self.sampler.export_trainer(
+            {
+                "trainer/verdict": row["trainer/verdict"],
+                "trainer/verdict_rank": float(culprit),
+                "trainer/data_wait_share": wait_share,
+                "trainer/headspace_ratio": self.verdict.headspace_now(),
+            }
+        )
         if self.wb is not None:
             self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:

@@ -90,6 +90,18 @@ class VerdictTracker:
         self.culprits: collections.Counter[int] = collections.Counter()
         self.make_s: list[float] = []
         self.current: tuple[str, int, str] = ("ok", -1, "no step yet")
+        #: The latest per-batch make time (``stage/total_seconds_p50``).
+        self.make_now = math.nan
+
+    def headspace_now(self) -> float:
+        """The headspace ratio of the moving averages: batches/s the sampler
+        makes over the batches/s the step needs for zero wait (NaN before
+        both are known)."""
+        if self.ema is None or not self.make_now > 0:
+            return math.nan
+        wait_max, _, step_s = self.ema
+        compute = step_s - wait_max
+        return compute / self.make_now if compute > 0 else math.nan
 
     def observe(self, reduced: Mapping[str, float], step_s: float) -> tuple[str, int, str]:
         """Fold in one step; returns the step's verdict."""
@@ -110,6 +122,9 @@ class VerdictTracker:
             make = reduced.get(MAKE_P50)
             if make is not None and math.isfinite(make) and make > 0:
                 self.make_s.append(float(make))
+        make_now = reduced.get(MAKE_P50)
+        if make_now is not None and math.isfinite(make_now) and make_now > 0:
+            self.make_now = float(make_now)
         self.current = classify(self.ema[0], self.ema[1], self.ema[2], rank, self.world)
         return self.current
 

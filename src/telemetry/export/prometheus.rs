@@ -27,7 +27,9 @@ use metrics::{
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::error::{Error, Result};
-use crate::telemetry::{BatchReport, MetricDef, PromType, Recorder, TelemetrySchema, METRICS};
+use crate::telemetry::{
+    BatchReport, MetricDef, PromType, Recorder, TelemetrySchema, METRICS, TRAINER_GAUGES,
+};
 
 fn unit(def: &MetricDef) -> Unit {
     match def.unit {
@@ -78,6 +80,9 @@ pub fn install(addr: SocketAddr, schema: &TelemetrySchema) -> Result<()> {
         key: "prometheus_port".into(),
         what: format!("cannot serve /metrics on {addr}: {e}"),
     })?;
+    for g in &TRAINER_GAUGES {
+        describe_gauge!(g.prometheus, Unit::Count, g.help);
+    }
     for def in &METRICS {
         match def.prometheus_type {
             PromType::Gauge => describe_gauge!(def.prometheus, unit(def), def.help),
@@ -86,6 +91,39 @@ pub fn install(addr: SocketAddr, schema: &TelemetrySchema) -> Result<()> {
         }
     }
     *g = Some(addr);
+    Ok(())
+}
+
+/// Whether this process serves `/metrics` (an exporter was installed).
+pub fn installed() -> bool {
+    INSTALLED.get().is_some_and(|m| {
+        m.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    })
+}
+
+/// Set the trainer gauges ([`TRAINER_GAUGES`]) of `rank` from `(key,
+/// value)` pairs; an unknown key is an error naming the known ones. A no-op
+/// (after the key check) when this process serves no `/metrics`.
+pub fn set_trainer_gauges(rank: u32, values: &[(String, f64)]) -> Result<()> {
+    let mut found = Vec::with_capacity(values.len());
+    for (key, v) in values {
+        let Some(g) = TRAINER_GAUGES.iter().find(|g| g.key == key) else {
+            let known: Vec<&str> = TRAINER_GAUGES.iter().map(|g| g.key).collect();
+            return Err(Error::InvalidArgument {
+                name: "values".into(),
+                what: format!("unknown trainer gauge {key:?}; known: {}", known.join(", ")),
+            });
+        };
+        found.push((g, *v));
+    }
+    if installed() {
+        let rank = rank.to_string();
+        for (g, v) in found {
+            metrics::gauge!(g.prometheus, "rank" => rank.clone()).set(v);
+        }
+    }
     Ok(())
 }
 
