@@ -31,6 +31,7 @@ __all__ = [
     "peak_rss_bytes",
     "sampler_config_schema",
     "telemetry_schema_for",
+    "trainer_gauges",
     "validate_sampler_config",
     "verify_database",
 ]
