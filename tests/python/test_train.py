@@ -142,6 +142,13 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
         "sampler/invariants/duplicate_seeds": 0.0,
         "sampler/invariants/temporal_leaks": 0.0,
     }
+    # Headspace: the step rate without the sampler, measured by replaying a
+    # cached batch.
+    hs = s["headspace"]
+    assert hs["needed_from"] == "replayed"
+    assert 0 < hs["needed_batches_per_second"] < float("inf")
+    assert hs["ratio"] == hs["sampler_batches_per_second"] / hs["needed_batches_per_second"]
+    assert "replayed;" in r.stdout
 
 
 def _worker_pids(marker: str) -> list[int]:

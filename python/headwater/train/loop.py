@@ -188,7 +188,7 @@ def _train(
         wandb_dir=str(Path(run.dir).parent) if run is not None else None,
         config=cfg.to_dict(),
         batch_layout=trainer.batch_layout,
-        **trainer.verdict.summary(),
+        **trainer.verdict.summary(trainer.replayed_rate),
         telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
         start_step=trainer.start_step,
         interrupted=stop.name if trainer.stopped else None,
@@ -348,6 +348,10 @@ class Trainer:
         self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
         #: A batch fetched outside the previous step: (seconds, sample wait).
         self._lead = (0.0, 0.0)
+        #: The last batch stepped on (replayed for the headspace).
+        self._last: Any = None
+        #: Steps/s of the train step replaying a cached batch (NaN until measured).
+        self.replayed_rate = math.nan
 
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""
@@ -425,6 +429,7 @@ class Trainer:
         tc = self.cfg.train
         t0 = time.perf_counter()
         batch = self._next[0]
+        self._last = batch
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
@@ -513,6 +518,24 @@ class Trainer:
             self.jsonl.write({"step": step, **row})
         self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit)
 
+    def replay_rate(self, steps: int = 8) -> float:
+        """Steps/s of the train step fed the last batch again and again, the
+        sampler out of the loop (SPDL's headspace method): the batches/s a
+        sampler must deliver for zero wait. The results are discarded (the
+        parameters are not donated, so they are untouched); every rank
+        replays the same number of steps, so the collectives pair up."""
+        import jax
+
+        if self._last is None:
+            return math.nan
+        p, o = self.params, self.opt_state
+        jax.block_until_ready(self.train_fn(p, o, self._last, self.col, self.cat))  # compiled
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            p, o, m = self.train_fn(p, o, self._last, self.col, self.cat)
+        jax.block_until_ready((p, o, m))
+        return steps / (time.perf_counter() - t0)
+
     def save(self, done: int) -> None:
         """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`)."""
         meta = {
@@ -556,6 +579,7 @@ class Trainer:
             if due_save and done < tc.steps:
                 self.save(done)
         if not self.stopped:
+            self.replayed_rate = self.replay_rate()
             final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
             if tc.eval_final:
                 for split in ("val", "test"):

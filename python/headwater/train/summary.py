@@ -162,7 +162,8 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     lines.append(
         f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: the sampler makes "
         f"{hs['sampler_batches_per_second']:.1f} batches/s, the step needs "
-        f"{hs['needed_batches_per_second']:.1f} for zero wait (x{hs['ratio']:.2f})"
+        f"{hs['needed_batches_per_second']:.1f} for zero wait ({hs['needed_from']}; "
+        f"x{hs['ratio']:.2f})"
     )
     health = "sampler health: ok (invariant counters all 0)"
     if s["warnings"]:

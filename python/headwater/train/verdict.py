@@ -128,13 +128,21 @@ class VerdictTracker:
         self.current = classify(self.ema[0], self.ema[1], self.ema[2], rank, self.world)
         return self.current
 
-    def summary(self) -> dict[str, Any]:
-        """The run's verdict (after warm-up) and its headspace."""
+    def summary(self, replayed_steps_per_second: float = math.nan) -> dict[str, Any]:
+        """The run's verdict (after warm-up) and its headspace.
+
+        ``replayed_steps_per_second``: the step rate measured with the
+        sampler removed (a cached batch replayed, :meth:`Trainer.replay_rate`),
+        the batches/s a sampler must deliver for zero wait; without it, the
+        run's own steps less their wait stand in."""
         wait_max, wait_sum, step_s = self.totals
         rank = self.culprits.most_common(1)[0][0] if self.culprits else 0
         verdict, culprit, reason = classify(wait_max, wait_sum, step_s, rank, self.world)
         n = max(self.steps - self.warmup, 0)
         need = n / (step_s - wait_max) if n and step_s > wait_max else math.nan
+        measured = "replayed" if replayed_steps_per_second > 0 else "steps less their wait"
+        if replayed_steps_per_second > 0:
+            need = replayed_steps_per_second
         make = sorted(self.make_s)[len(self.make_s) // 2] if self.make_s else math.nan
         can = 1.0 / make if make > 0 else math.nan
         return {
@@ -145,5 +153,6 @@ class VerdictTracker:
                 "needed_batches_per_second": need,
                 "sampler_batches_per_second": can,
                 "ratio": can / need if need > 0 else math.nan,
+                "needed_from": measured,
             },
         }
