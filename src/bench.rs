@@ -27,8 +27,16 @@ pub struct BenchRun {
     pub seconds: f64,
     /// Throughput in batches per second.
     pub batches_per_s: f64,
-    /// Throughput in non-padding cells per second.
+    /// Throughput in useful (non-padding) cells per second.
     pub cells_per_s: f64,
+    /// Seeds (contexts) per second.
+    pub seeds_per_s: f64,
+    /// Whether several seeds' contexts were packed per sequence.
+    pub pack: bool,
+    /// Segments per sequence (`pack_factor` with `pack`, else 1).
+    pub segments: usize,
+    /// Share of contexts cut by a packing budget below `S`.
+    pub contexts_cut: f64,
     /// Mean share of non-padding cells.
     pub fill: f64,
     /// Mean milliseconds per batch: BFS, assembly + permutations, text
@@ -56,6 +64,7 @@ pub fn bench_run(
 ) -> Result<BenchRun> {
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
+    let (pack, segments) = (cfg.pack, cfg.segments_per_sequence());
     let core = Arc::new(SamplerCore::new(db_path, cfg)?);
     let mut recorder = SplitTelemetry::new(&core.schema, Vec::new());
     let mut drained = Vec::new();
@@ -66,6 +75,8 @@ pub fn bench_run(
     let mut stage = [0u64; 4];
     let mut cells = 0u64;
     let mut slots = 0u64;
+    let mut seeds = 0u64;
+    let mut cut = 0u64;
     let t0 = Instant::now();
     for _ in 0..steps {
         let b = maker.core.make_batch(&mut maker.state)?;
@@ -80,6 +91,12 @@ pub fn bench_run(
         }
         cells += b.seq_stats.iter().map(|s| s.cells as u64).sum::<u64>();
         slots += (b.batch_size * b.seq_len) as u64;
+        seeds += b.seeds.len() as u64;
+        cut += b
+            .seq_stats
+            .iter()
+            .map(|s| u64::from(s.contexts_cut))
+            .sum::<u64>();
     }
     let secs = t0.elapsed().as_secs_f64();
     let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
@@ -90,6 +107,10 @@ pub fn bench_run(
         seconds: secs,
         batches_per_s: steps as f64 / secs,
         cells_per_s: cells as f64 / secs,
+        seeds_per_s: seeds as f64 / secs,
+        pack,
+        segments,
+        contexts_cut: cut as f64 / seeds.max(1) as f64,
         fill: cells as f64 / slots.max(1) as f64,
         bfs_ms: ms(stage[0]),
         assemble_ms: ms(stage[1]),

@@ -129,6 +129,8 @@ def bench_sampler(
     bfs_child_width: int = 16,
     max_hops: int = 3,
     telemetry: bool = True,
+    pack: bool = False,
+    pack_factor: int = 4,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
@@ -165,6 +167,8 @@ class Sampler:
         default_sequence_length: int = 1024,
         bfs_child_width: int = 16,
         max_hops: int = 3,
+        pack: bool = False,
+        pack_factor: int = 4,
         task_weights: list[float] | dict[str, float] | None = None,
         task_pick: str = "weighted",
         num_threads: int | None = None,

@@ -56,6 +56,44 @@ def _telemetry_ratio(
     }
 
 
+def _packing_comparison(
+    path: Path,
+    threads: int,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    seq_len: int,
+    factors: list[int],
+    rounds: int,
+) -> dict[str, Any]:
+    """Unpacked against ``pack=True`` at each of ``factors``, runs alternating
+    in this process (best of ``rounds`` each, so load drift hits every
+    configuration alike); ratios are against the unpacked run."""
+    configs: list[tuple[str, bool, int]] = [("unpacked", False, 1)]
+    configs += [(f"pack_factor={f}", True, f) for f in factors]
+    best: dict[str, dict[str, Any]] = {}
+    for _ in range(rounds):
+        for name, pack, factor in configs:
+            r = _native.bench_sampler(
+                path, threads, steps, warmup, batch_size, seq_len, pack=pack, pack_factor=factor
+            )
+            if name not in best or r["cells_per_s"] > best[name]["cells_per_s"]:
+                best[name] = r
+    base = best["unpacked"]
+    return {
+        name: {
+            "padding": 1.0 - r["fill"],
+            "useful_cells_per_s": r["cells_per_s"],
+            "batches_per_s": r["batches_per_s"],
+            "seeds_per_s": r["seeds_per_s"],
+            "contexts_cut": r["contexts_cut"],
+            "useful_cells_ratio": r["cells_per_s"] / base["cells_per_s"],
+            "batches_ratio": r["batches_per_s"] / base["batches_per_s"],
+        }
+        for name, r in best.items()
+    }
+
+
 def run_bench(
     db: str | os.PathLike[str] | None = None,
     batch_size: int = 32,
@@ -65,11 +103,16 @@ def run_bench(
     warmup: int = 20,
     handoff_samples: int = 30,
     telemetry: str = "on",
+    pack_factors: list[int] | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Measure everything in one process; returns a JSON-able dict.
 
     ``telemetry``: ``on`` / ``off`` for the main runs, or ``both`` to also
     measure the on/off throughput ratio (alternating runs, best of three).
+    ``pack_factors``: also compare unpacked with ``pack=True`` at each factor
+    (useful cells/s, batches/s, padding; alternating runs, best of
+    ``rounds``) on the largest thread count.
     """
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
@@ -109,6 +152,14 @@ def run_bench(
         "handoff_us_min": handoff_min,
         "peak_rss_bytes": _native.peak_rss_bytes(),
         "telemetry": telemetry,
+        "packing": (
+            _packing_comparison(
+                path, max(threads), steps, warmup, batch_size, seq_len, pack_factors, rounds
+            )
+            if pack_factors
+            else None
+        ),
+        "load_average": os.getloadavg(),
         "telemetry_cost": (
             _telemetry_ratio(path, max(threads), steps, warmup, batch_size, seq_len, 3)
             if telemetry == "both"
@@ -123,11 +174,11 @@ def format_bench(r: dict[str, Any]) -> str:
         f"database   {r['db']}  ({r['db_bytes'] / 2**20:.1f} MiB mapped)",
         f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs",
         "",
-        f"{'threads':>7} {'batches/s':>10} {'Mcells/s':>9} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
+        f"{'threads':>7} {'batches/s':>10} {'useful Mc/s':>11} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
     ]
     for x in r["runs"]:
         lines.append(
-            f"{x['threads']:>7} {x['batches_per_s']:>10.1f} {x['cells_per_s'] / 1e6:>9.2f} {x['fill']:>6.1%} "
+            f"{x['threads']:>7} {x['batches_per_s']:>10.1f} {x['cells_per_s'] / 1e6:>11.2f} {x['fill']:>6.1%} "
             f"{x['bfs_ms']:>8.3f} {x['assemble_ms']:>8.3f} {x['collate_ms']:>8.3f} {x['total_ms']:>9.3f}"
         )
     lines += [
@@ -146,4 +197,17 @@ def format_bench(r: dict[str, Any]) -> str:
             f"telemetry        on {tc['on_batches_per_s']:.1f} / off {tc['off_batches_per_s']:.1f} "
             f"batches/s = {tc['ratio_on_over_off']:.3f}x"
         )
+    pk = r.get("packing")
+    if pk:
+        lines += [
+            "",
+            f"{'packing':<16} {'padding':>8} {'useful Mc/s':>11} {'x':>6} {'batches/s':>10} {'x':>6} {'cut':>6}",
+        ]
+        for name, x in pk.items():
+            lines.append(
+                f"{name:<16} {x['padding']:>8.1%} {x['useful_cells_per_s'] / 1e6:>11.2f} "
+                f"{x['useful_cells_ratio']:>6.2f} {x['batches_per_s']:>10.1f} {x['batches_ratio']:>6.2f} "
+                f"{x['contexts_cut']:>6.1%}"
+            )
+    lines.append(f"load average     {' '.join(f'{v:.1f}' for v in r['load_average'])}")
     return "\n".join(lines)

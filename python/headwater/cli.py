@@ -57,7 +57,18 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from headwater.bench import format_bench, run_bench
 
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
-    r = run_bench(a.db, a.batch_size, a.seq_len, threads, a.steps, a.warmup, telemetry=a.telemetry)
+    factors = [int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
+    r = run_bench(
+        a.db,
+        a.batch_size,
+        a.seq_len,
+        threads,
+        a.steps,
+        a.warmup,
+        telemetry=a.telemetry,
+        pack_factors=factors,
+        rounds=a.rounds,
+    )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
 
@@ -247,6 +258,17 @@ def _add_bench(sub: Sub) -> None:
         choices=["on", "off", "both"],
         default="on",
         help="record step telemetry in the runs; 'both' also measures the on/off ratio",
+    )
+    pb.add_argument(
+        "--pack-factors",
+        help="comma-separated pack_factor values to compare with unpacked "
+        "(useful cells/s, batches/s, padding; interleaved runs)",
+    )
+    pb.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the packing comparison, best kept (default: %(default)s)",
     )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)

@@ -5,6 +5,7 @@ use std::hash::BuildHasherDefault;
 
 use half::f16;
 
+use super::pack::SegOut;
 use super::perm::{rcm_order, RcmScratch};
 use super::timestamp::{encode_timestamp, TIMESTAMP_DIM};
 use super::{Batch, SeqStats};
@@ -96,9 +97,10 @@ pub struct SeqOut<'b> {
 }
 
 impl Batch {
-    /// Split every tensor into per-sequence slices.
-    pub fn sequences(&mut self) -> Vec<SeqOut<'_>> {
-        let (s, r) = (self.seq_len, self.max_rows);
+    /// Split every tensor into per-sequence slices: the cell tensors and
+    /// the per-segment tensors of each sequence.
+    pub fn sequences(&mut self) -> Vec<(SeqOut<'_>, SegOut<'_>)> {
+        let (s, r, k) = (self.seq_len, self.max_rows, self.segments);
         let mut a = self.semantic_types.chunks_mut(s);
         let mut b = self.column_ids.chunks_mut(s);
         let mut c = self.seq_row_ids.chunks_mut(s);
@@ -109,28 +111,42 @@ impl Batch {
         let mut h = self.text_embed_ids.chunks_mut(s);
         let mut i = self.is_null.chunks_mut(s);
         let mut j = self.is_target.chunks_mut(s);
-        let mut k = self.is_padding.chunks_mut(s);
+        let mut kk = self.is_padding.chunks_mut(s);
         let mut l = self.fk_adj.chunks_mut((r * r).max(1));
         let mut m = self.col_perm.chunks_mut(s);
         let mut n = self.out_perm.chunks_mut(s);
         let mut o = self.in_perm.chunks_mut(s);
+        let mut sid = self.segment_ids.chunks_mut(s);
+        let mut tp = self.target_pos.chunks_mut(k);
+        let mut tc = self.target_count.iter_mut();
+        let mut ss = self.segment_seeds.chunks_mut(k);
         (0..self.batch_size)
-            .map(|_| SeqOut {
-                semantic_types: a.next().unwrap(),
-                column_ids: b.next().unwrap(),
-                seq_row_ids: c.next().unwrap(),
-                numeric_values: d.next().unwrap(),
-                timestamp_values: e.next().unwrap(),
-                bool_values: f.next().unwrap(),
-                categorical_embed_ids: g.next().unwrap(),
-                text_embed_ids: h.next().unwrap(),
-                is_null: i.next().unwrap(),
-                is_target: j.next().unwrap(),
-                is_padding: k.next().unwrap(),
-                fk_adj: if r == 0 { &mut [] } else { l.next().unwrap() },
-                col_perm: m.next().unwrap(),
-                out_perm: n.next().unwrap(),
-                in_perm: o.next().unwrap(),
+            .map(|_| {
+                (
+                    SeqOut {
+                        semantic_types: a.next().unwrap(),
+                        column_ids: b.next().unwrap(),
+                        seq_row_ids: c.next().unwrap(),
+                        numeric_values: d.next().unwrap(),
+                        timestamp_values: e.next().unwrap(),
+                        bool_values: f.next().unwrap(),
+                        categorical_embed_ids: g.next().unwrap(),
+                        text_embed_ids: h.next().unwrap(),
+                        is_null: i.next().unwrap(),
+                        is_target: j.next().unwrap(),
+                        is_padding: kk.next().unwrap(),
+                        fk_adj: if r == 0 { &mut [] } else { l.next().unwrap() },
+                        col_perm: m.next().unwrap(),
+                        out_perm: n.next().unwrap(),
+                        in_perm: o.next().unwrap(),
+                    },
+                    SegOut {
+                        segment_ids: sid.next().unwrap(),
+                        target_pos: tp.next().unwrap(),
+                        target_count: tc.next().unwrap(),
+                        segment_seeds: ss.next().unwrap(),
+                    },
+                )
             })
             .collect()
     }
@@ -343,6 +359,8 @@ pub fn assemble_sequence(
         children_capped: sub.children_capped,
         temporal_filtered: sub.temporal_filtered,
         temporal_leaks: sub.temporal_leaks,
+        segments: 1,
+        contexts_cut: 0,
     }
 }
 

@@ -10,10 +10,17 @@
 //! Text cells hold batch-local indices into `text_batch_embeddings`, which
 //! holds each distinct text value of the batch once.
 //!
+//! With `pack` a sequence holds several seeds' contexts (segments) and the
+//! rules above hold per segment: the layout, the per-segment tensors
+//! (`segment_ids`, `target_pos`, `target_count`, `segment_seeds`) and what
+//! "intact" means are the module doc of `pack.rs`. Without `pack` every
+//! sequence is one segment (`K = 1`) and the layout is the seed design's.
+//!
 //! Invariant: every tensor is freshly allocated per batch and handed over
 //! whole (to NumPy without a copy); nothing here keeps a reference to it.
 
 mod assemble;
+mod pack;
 mod perm;
 mod tensors;
 mod timestamp;
@@ -22,6 +29,7 @@ pub use assemble::{
     assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, SeqOut,
     TableCells, Target,
 };
+pub use pack::{assemble_packed_sequence, segment_budget, SegOut};
 pub use perm::rcm_order;
 pub use tensors::{batch_bytes, batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
 pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
@@ -45,6 +53,11 @@ pub struct SeqStats {
     pub temporal_filtered: u64,
     /// Included rows dated after the seed's observation time (must be 0).
     pub temporal_leaks: u64,
+    /// Segments (seeds' contexts) in the sequence.
+    pub segments: u32,
+    /// Contexts whose BFS stopped at a packing budget below `S` with rows
+    /// left over (always 0 without `pack`).
+    pub contexts_cut: u32,
 }
 
 /// One batch: every tensor as a flat row-major buffer plus its shape.
@@ -60,6 +73,8 @@ pub struct Batch {
     pub num_text: usize,
     /// D: text embedding width.
     pub text_dim: usize,
+    /// K: segments per sequence at most (`pack_factor` with `pack`, else 1).
+    pub segments: usize,
     /// `[B, S]` semantic type code per cell (-1 padding).
     pub semantic_types: Vec<i8>,
     /// `[B, S]` global column index per cell.
@@ -90,6 +105,15 @@ pub struct Batch {
     pub out_perm: Vec<u16>,
     /// `[B, S]` positions in reverse Cuthill–McKee order of the inbound row graph.
     pub in_perm: Vec<u16>,
+    /// `[B, S]` segment of each cell within its sequence (`u16::MAX` on padding).
+    pub segment_ids: Vec<u16>,
+    /// `[B, K]` position of each segment's target cell (0 past `target_count`).
+    pub target_pos: Vec<u16>,
+    /// `[B]` segments (targets) in each sequence.
+    pub target_count: Vec<u8>,
+    /// `[B, K]` each segment's seed, as a position in the task's seed list
+    /// (`u32::MAX` past `target_count`).
+    pub segment_seeds: Vec<u32>,
     /// `[U, D]` each distinct text value of the batch, once.
     pub text_batch_embeddings: Vec<f16>,
     /// Semantic type code of the task's target.
@@ -126,8 +150,14 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Zeroed tensors for `b` sequences of `s` cells with up to `r` rows.
+    /// Zeroed tensors for `b` sequences of `s` cells with up to `r` rows,
+    /// one segment each.
     pub fn zeroed(b: usize, s: usize, r: usize, text_dim: usize) -> Batch {
+        Self::zeroed_packed(b, s, r, 1, text_dim)
+    }
+
+    /// Zeroed tensors for `b` sequences of up to `k` segments.
+    pub fn zeroed_packed(b: usize, s: usize, r: usize, k: usize, text_dim: usize) -> Batch {
         let n = b * s;
         Batch {
             batch_size: b,
@@ -135,6 +165,7 @@ impl Batch {
             max_rows: r,
             num_text: 0,
             text_dim,
+            segments: k,
             semantic_types: vec![0; n],
             column_ids: vec![0; n],
             seq_row_ids: vec![0; n],
@@ -150,6 +181,10 @@ impl Batch {
             col_perm: vec![0; n],
             out_perm: vec![0; n],
             in_perm: vec![0; n],
+            segment_ids: vec![u16::MAX; n],
+            target_pos: vec![0; b * k],
+            target_count: vec![0; b],
+            segment_seeds: vec![u32::MAX; b * k],
             text_batch_embeddings: Vec::new(),
             target_stype: 0,
             task_idx: 0,

@@ -1,6 +1,6 @@
 //! The batch tensors, defined once: name, dtype and shape rule of each of
-//! the 20 tensors of seed 000 §3b plus `fingerprint` and `seq_valid`, in
-//! export order.
+//! the 20 tensors of seed 000 §3b plus `fingerprint`, `seq_valid` and the
+//! four packing tensors, in export order.
 //!
 //! The Python binding builds the batch dict by walking [`TENSORS`] over
 //! [`Batch::into_tensors`]; `BATCH_KEYS`, the stubs and the model read the
@@ -73,6 +73,8 @@ pub enum Shape {
     One,
     /// `[B]`: one value per sequence.
     B,
+    /// `[B, K]`: one value per segment slot of each sequence.
+    BK,
 }
 
 impl Shape {
@@ -86,6 +88,7 @@ impl Shape {
             Shape::UD => s(&["U", "D"]),
             Shape::One => s(&["1"]),
             Shape::B => s(&["B"]),
+            Shape::BK => s(&["B", "K"]),
         }
     }
 
@@ -98,14 +101,16 @@ impl Shape {
             Shape::UD => vec![b.num_text, b.text_dim],
             Shape::One => vec![1],
             Shape::B => vec![b.batch_size],
+            Shape::BK => vec![b.batch_size, b.segments],
         }
     }
 }
 
-/// Bytes of a batch with `b` sequences of `s` cells, `r` rows at most per
-/// sequence, `u` distinct texts and `d`-dimensional embeddings: the sum of
-/// every [`TENSORS`] row (what the RSS cap predicts a batch costs).
-pub fn batch_bytes(b: usize, s: usize, r: usize, u: usize, d: usize) -> u64 {
+/// Bytes of a batch with `b` sequences of `s` cells and up to `k` segments,
+/// `r` rows at most per sequence, `u` distinct texts and `d`-dimensional
+/// embeddings: the sum of every [`TENSORS`] row (what the RSS cap predicts
+/// a batch costs).
+pub fn batch_bytes(b: usize, s: usize, k: usize, r: usize, u: usize, d: usize) -> u64 {
     TENSORS
         .iter()
         .map(|t| {
@@ -114,6 +119,7 @@ pub fn batch_bytes(b: usize, s: usize, r: usize, u: usize, d: usize) -> u64 {
                 Shape::BST => b * s * TIMESTAMP_DIM,
                 Shape::BRR => b * r * r,
                 Shape::B => b,
+                Shape::BK => b * k,
                 Shape::UD => u * d,
                 Shape::One => 1,
             };
@@ -142,8 +148,12 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 /// the drawn seeds, so an anomalous step can be identified and replayed)
 /// and `seq_valid` (1 for a real sequence, 0 for a padded one: only the last
 /// batch of an evaluation pass has padded sequences, which repeat a seed of
-/// the pass and must not be scored).
-pub static TENSORS: [TensorSpec; 22] = [
+/// the pass and must not be scored), then the packing tensors (see
+/// `pack.rs`): `segment_ids` (each cell's segment, `u16::MAX` on padding),
+/// `target_pos` (each segment's target position), `target_count` (segments
+/// per sequence) and `segment_seeds` (each segment's seed; `u32::MAX` in
+/// unused slots). Without `pack`, `K = 1`.
+pub static TENSORS: [TensorSpec; 26] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),
     t("seq_row_ids", Dtype::U16, Shape::BS),
@@ -166,6 +176,10 @@ pub static TENSORS: [TensorSpec; 22] = [
     t("cat_emb_count", Dtype::U32, Shape::One),
     t("fingerprint", Dtype::U64, Shape::One),
     t("seq_valid", Dtype::U8, Shape::B),
+    t("segment_ids", Dtype::U16, Shape::BS),
+    t("target_pos", Dtype::U16, Shape::BK),
+    t("target_count", Dtype::U8, Shape::B),
+    t("segment_seeds", Dtype::U32, Shape::BK),
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.
@@ -264,6 +278,10 @@ impl Batch {
             TensorData::U32(vec![self.cat_emb_count]),
             TensorData::U64(vec![self.fingerprint]),
             TensorData::U8(self.seq_valid),
+            TensorData::U16(self.segment_ids),
+            TensorData::U16(self.target_pos),
+            TensorData::U8(self.target_count),
+            TensorData::U32(self.segment_seeds),
         ];
         TENSORS
             .iter()
@@ -291,6 +309,11 @@ mod tests {
         }
         assert_eq!(batch_keys().len(), 20);
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
-        assert_eq!(TENSORS.last().map(|t| t.name), Some("seq_valid"));
+        assert_eq!(TENSORS[SEED_DESIGN_TENSORS + 1].name, "seq_valid");
+        let mut p = Batch::zeroed_packed(2, 5, 3, 4, 8);
+        p.num_text = 0;
+        for (spec, shape, data) in p.into_tensors() {
+            assert_eq!(data.len(), shape.iter().product::<usize>(), "{}", spec.name);
+        }
     }
 }

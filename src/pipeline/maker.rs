@@ -17,7 +17,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::batch::{
-    assemble_sequence, collate_text, AssembleScratch, Batch, FxMap, SeqContext, TableCells, Target,
+    assemble_packed_sequence, collate_text, segment_budget, AssembleScratch, Batch, FxMap,
+    SeqContext, TableCells, Target,
 };
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
@@ -93,6 +94,7 @@ impl SplitState {
         crate::batch::batch_bytes(
             cfg.default_batch_size,
             cfg.default_sequence_length,
+            cfg.segments_per_sequence(),
             r,
             u,
             dim,
@@ -182,6 +184,18 @@ impl SamplerCore {
                 cat_emb_start: col.cat_emb_start,
                 cat_emb_count: col.cat_emb_count,
             });
+        }
+        if cfg.pack {
+            let widest = tasks.iter().map(|t| t.seed_cells).max().unwrap_or(0);
+            if cfg.pack_factor * widest > cfg.default_sequence_length {
+                return Err(crate::config::bad(
+                    "pack_factor",
+                    format!(
+                        "{} (x {widest} cells, the widest seed row of this database, exceeds default_sequence_length {})",
+                        cfg.pack_factor, cfg.default_sequence_length
+                    ),
+                ));
+            }
         }
         let weights = cfg.weights_for(&names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
@@ -310,7 +324,7 @@ impl SamplerCore {
             exhaust_events: 0,
             duplicates: 0,
         };
-        let b = self.cfg.default_batch_size;
+        let b = self.cfg.seeds_per_step();
         state.jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
         let first_slot = state.rank as u64 * b as u64;
@@ -338,7 +352,7 @@ impl SamplerCore {
         for _ in 0..n {
             Self::check_can_draw(state)?;
             let k = state.picker.pick(state.stream.step) as usize;
-            state.stream.advance(k, self.cfg.default_batch_size);
+            state.stream.advance(k, self.cfg.seeds_per_step());
         }
         Ok(())
     }
@@ -423,6 +437,7 @@ impl SamplerCore {
         let mut batch = self.build_batch(
             k,
             &state.jobs,
+            self.cfg.segments_per_sequence(),
             &mut state.subgraphs,
             &mut state.text_map,
             &batch_span,
@@ -445,7 +460,8 @@ impl SamplerCore {
     }
 
     /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
-    /// observation time, per-sequence RNG seed) of task `k` into a batch
+    /// observation time, per-context RNG seed) of task `k`, `segs` contexts
+    /// per sequence (`crate::batch::pack`; 1 = unpacked), into a batch
     /// with its stage timings (from `t0`): the part of a batch that does not
     /// depend on how its seeds were drawn, shared by the training stream and
     /// evaluation passes.
@@ -454,17 +470,19 @@ impl SamplerCore {
         &self,
         k: usize,
         jobs: &[(u32, u32, i64, u64)],
+        segs: usize,
         subgraphs: &mut Vec<Subgraph>,
         text_map: &mut FxMap<u32, u32>,
         batch_span: &tracing::Span,
         t0: Instant,
     ) -> Result<Batch> {
-        let b = jobs.len();
+        let n = jobs.len();
+        let b = n / segs;
         let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
         let task = self.db.task(k)?;
-        if subgraphs.len() != b {
-            subgraphs.resize_with(b, Subgraph::default);
+        if subgraphs.len() != n {
+            subgraphs.resize_with(n, Subgraph::default);
         }
         let graph = self.db.graph();
         // Payloads are not hashed at open: a seed row is used only if it is
@@ -481,7 +499,7 @@ impl SamplerCore {
                 ),
             ));
         }
-        let bfs_span = tracing::info_span!("bfs", seeds = b as i64).entered();
+        let bfs_span = tracing::info_span!("bfs", seeds = n as i64).entered();
         let params = BfsParams {
             max_cells: s,
             max_hops: self.cfg.max_hops,
@@ -491,26 +509,42 @@ impl SamplerCore {
         let row_cells = &self.row_cells;
         let seed_cells = plan.seed_cells;
         self.pool.install(|| {
+            // A sequence's contexts are built in segment order, each with
+            // its budget from the space the earlier ones left.
             subgraphs
-                .par_iter_mut()
-                .zip(jobs.par_iter())
-                .for_each(|(sub, &(_, row, obs, rs))| {
-                    let mut rng = Xoshiro256pp::seed_from_u64(rs);
+                .par_chunks_mut(segs)
+                .zip(jobs.par_chunks(segs))
+                .for_each(|(subs, seq_jobs)| {
                     SCRATCH.with(|sc| {
                         let sc = &mut *sc.borrow_mut();
-                        bfs(
-                            &graph, row_cells, row, seed_cells, obs, &params, &mut rng, &mut sc.0,
-                            sub,
-                        );
+                        let mut left = s;
+                        for (j, (sub, &(_, row, obs, rs))) in
+                            subs.iter_mut().zip(seq_jobs).enumerate()
+                        {
+                            let mut rng = Xoshiro256pp::seed_from_u64(rs);
+                            let p = BfsParams {
+                                max_cells: segment_budget(left, segs - j, seed_cells),
+                                ..params
+                            };
+                            bfs(
+                                &graph, row_cells, row, seed_cells, obs, &p, &mut rng, &mut sc.0,
+                                sub,
+                            );
+                            left -= sub.cells.min(left);
+                        }
                     });
                 });
         });
         drop(bfs_span);
         let t_bfs = Instant::now();
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let r = subgraphs.iter().map(|g| g.rows.len()).max().unwrap_or(0);
+        let r = subgraphs
+            .chunks(segs)
+            .map(|c| c.iter().map(|g| g.rows.len()).sum::<usize>())
+            .max()
+            .unwrap_or(0);
         let m = self.db.metadata();
-        let mut batch = Batch::zeroed(b, s, r, m.embedder.dim as usize);
+        let mut batch = Batch::zeroed_packed(b, s, r, segs, m.embedder.dim as usize);
         batch.task_idx = k as u32;
         batch.target_stype = plan.stype_code;
         batch.cat_emb_start = plan.cat_emb_start;
@@ -550,20 +584,22 @@ impl SamplerCore {
             num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
         };
         let subgraphs = &*subgraphs;
+        let batch_seeds = std::mem::take(&mut batch.seeds);
         let stats = {
             let mut outs = batch.sequences();
             self.pool.install(|| {
                 outs.par_iter_mut()
-                    .zip(subgraphs.par_iter())
-                    .zip(jobs.par_iter())
-                    .map(|((o, sub), job)| {
+                    .zip(subgraphs.par_chunks(segs))
+                    .zip(batch_seeds.par_chunks(segs))
+                    .map(|(((o, seg), subs), seeds)| {
                         SCRATCH.with(|sc| {
-                            assemble_sequence(
+                            assemble_packed_sequence(
                                 &ctx,
-                                sub,
-                                job.0 as usize,
+                                subs,
+                                seeds,
                                 r,
                                 o,
+                                seg,
                                 &mut sc.borrow_mut().1,
                             )
                         })
@@ -572,6 +608,7 @@ impl SamplerCore {
             })
         };
         batch.seq_stats = stats;
+        batch.seeds = batch_seeds;
         asm_span.record("max_rows", r as i64);
         drop(asm_span);
         let t_asm = Instant::now();
@@ -607,7 +644,7 @@ impl SamplerCore {
     #[allow(clippy::cast_precision_loss)]
     fn draw_stats(&self, state: &SplitState, step: u64, world_size: u32) -> DrawStats {
         let st = &state.stream;
-        let b = (world_size as usize * self.cfg.default_batch_size) as f64;
+        let b = (world_size as usize * self.cfg.seeds_per_step()) as f64;
         let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,

@@ -415,7 +415,7 @@ impl Sampler {
                             d.step
                         )));
                     }
-                    d.advance(b.task_idx as usize, self.core.cfg.default_batch_size);
+                    d.advance(b.task_idx as usize, self.core.cfg.seeds_per_step());
                     return Ok(Some(b));
                 }
                 Some(Err(_)) if restarted() => {} // the split was restarted: wait on the new producer

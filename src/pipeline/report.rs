@@ -13,7 +13,7 @@ use crate::telemetry::{BatchReport, Recorder, SeqReport, StepRecorder, Telemetry
 #[allow(clippy::cast_precision_loss)]
 pub fn fill_report(r: &mut BatchReport, b: &Batch, depth: usize, wait_seconds: f64) {
     r.task = b.task_idx as usize;
-    r.seeds = b.batch_size as f64;
+    r.seeds = b.seeds.len() as f64;
     r.draw.clone_from(&b.draw);
     r.exhaust_events = f64::from(b.exhaust_events);
     r.duplicate_seeds = f64::from(b.duplicate_seeds);
@@ -30,6 +30,8 @@ pub fn fill_report(r: &mut BatchReport, b: &Batch, depth: usize, wait_seconds: f
         children_capped: q.children_capped as f64,
         temporal_filtered: q.temporal_filtered as f64,
         temporal_leaks: q.temporal_leaks as f64,
+        segments: f64::from(q.segments),
+        contexts_cut: f64::from(q.contexts_cut),
     }));
 }
 

@@ -31,7 +31,8 @@
 //! `default_batch_size` (positions per rank per step), `pool_fraction` (the
 //! pool itself), and `default_sequence_length`, `bfs_child_width`,
 //! `max_hops`, `temporal_filter`: these four change no seed, only each
-//! batch's contents, and are refused because the promise is bit-identical
+//! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
+//! the layout; `pack_factor` counts only with `pack`), and are refused because the promise is bit-identical
 //! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
 //! ranks of a consistent run.
 
@@ -137,6 +138,18 @@ pub struct StreamConfig {
     pub temporal_filter: bool,
     /// Share of each global pool kept.
     pub pool_fraction: f64,
+    /// Several seeds' contexts per sequence (absent in states saved before
+    /// packing existed: false).
+    #[serde(default)]
+    pub pack: bool,
+    /// Segments per sequence in effect: `pack_factor` with `pack`, else 1
+    /// (so an unpacked stream does not depend on the ignored value).
+    #[serde(default = "one")]
+    pub pack_factor: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl StreamConfig {
@@ -155,6 +168,8 @@ impl StreamConfig {
             max_hops: cfg.max_hops,
             temporal_filter: cfg.temporal_filter,
             pool_fraction: cfg.pool_fraction,
+            pack: cfg.pack,
+            pack_factor: cfg.segments_per_sequence(),
         }
     }
 
@@ -544,7 +559,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 11, "{keys:?}");
+        assert_eq!(keys.len(), 13, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),

@@ -8,7 +8,7 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released).
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=4))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler(
     py: Python<'_>,
@@ -22,6 +22,8 @@ pub fn bench_sampler(
     bfs_child_width: usize,
     max_hops: usize,
     telemetry: bool,
+    pack: bool,
+    pack_factor: usize,
 ) -> PyResult<Bound<'_, PyAny>> {
     let cfg = SamplerConfig {
         seed,
@@ -30,6 +32,8 @@ pub fn bench_sampler(
         bfs_child_width,
         max_hops,
         telemetry,
+        pack,
+        pack_factor,
         ..SamplerConfig::default()
     };
     let run = py

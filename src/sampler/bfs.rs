@@ -27,6 +27,8 @@ pub struct Subgraph {
     pub edges: Vec<(u16, u16)>,
     /// Cells of the included rows (at most the budget).
     pub cells: usize,
+    /// The cell budget this BFS ran with (`BfsParams::max_cells`).
+    pub budget: usize,
     /// Deepest hop reached.
     pub max_depth: u8,
     /// Cells of rows that were reached but did not fit the budget.
@@ -47,6 +49,7 @@ impl Subgraph {
         self.depth.clear();
         self.edges.clear();
         self.cells = 0;
+        self.budget = 0;
         self.max_depth = 0;
         self.cells_dropped = 0;
         self.children_capped = 0;
@@ -245,6 +248,7 @@ pub fn bfs(
     out.rows.push(seed);
     out.depth.push(0);
     out.cells = seed_cells.min(p.max_cells);
+    out.budget = p.max_cells;
     let max_rows = p.max_cells.min(u16::MAX as usize - 1);
     s.frontier.clear();
     s.frontier.push(seed);

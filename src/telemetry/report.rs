@@ -24,6 +24,10 @@ pub struct SeqReport {
     pub temporal_filtered: f64,
     /// Included rows with a time after the seed's observation time.
     pub temporal_leaks: f64,
+    /// Seeds' contexts (segments) in the sequence.
+    pub segments: f64,
+    /// Contexts cut by a packing budget below `S`.
+    pub contexts_cut: f64,
 }
 
 /// One delivered batch, as telemetry sees it.
@@ -31,7 +35,7 @@ pub struct SeqReport {
 pub struct BatchReport {
     /// Task of the batch (metadata order).
     pub task: usize,
-    /// Seeds drawn (the batch size).
+    /// Seeds drawn (`B`, or `B·pack_factor` with `pack`).
     pub seeds: f64,
     /// Pool and mix state right after the batch's seeds were drawn.
     pub draw: DrawStats,

@@ -249,7 +249,7 @@ use PromType::{Counter, Gauge, Histogram as PHist};
 use Reduction::{Histogram as Hist, Max, Min, Sum};
 
 /// Every step metric, in drain order.
-pub static METRICS: [MetricDef; 26] = [
+pub static METRICS: [MetricDef; 28] = [
     row(
         "pool/remaining_min",
         Min,
@@ -370,6 +370,26 @@ pub static METRICS: [MetricDef; 26] = [
         "ratio",
         "padded share of each sequence (ratio)",
         Measure::SampleSeq(|s| s.padding),
+    ),
+    row(
+        "packing/segments_per_sequence",
+        Hist,
+        Some(B::Pow2UpToS),
+        "headwater_packing_segments_per_sequence",
+        PHist,
+        "segments",
+        "seeds' contexts (segments) per sequence: 1 without pack, pack_factor with it",
+        Measure::SampleSeq(|s| s.segments),
+    ),
+    row(
+        "packing/contexts_cut",
+        Sum,
+        None,
+        "headwater_packing_contexts_cut_total",
+        Counter,
+        "contexts",
+        "contexts whose BFS stopped at a packing budget below S with rows left over",
+        Measure::TotalSeq(|s| s.contexts_cut),
     ),
     row(
         "truncation/cells_dropped",

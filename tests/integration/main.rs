@@ -7,6 +7,7 @@ mod format;
 mod fuzz;
 mod golden_batches;
 mod oracle;
+mod packing;
 mod props;
 mod resume;
 mod sampler;

@@ -996,6 +996,11 @@ pub fn same_batch(a: &Batch, b: &Batch) -> bool {
         && f16s(&a.text_batch_embeddings) == f16s(&b.text_batch_embeddings)
         && (a.target_stype, a.task_idx, a.cat_emb_start, a.cat_emb_count)
             == (b.target_stype, b.task_idx, b.cat_emb_start, b.cat_emb_count)
+        && a.segments == b.segments
+        && a.segment_ids == b.segment_ids
+        && a.target_pos == b.target_pos
+        && a.target_count == b.target_count
+        && a.segment_seeds == b.segment_seeds
         && a.seeds == b.seeds
         && a.seq_stats == b.seq_stats
         && (a.exhaust_events, a.duplicate_seeds, a.split, a.step)

@@ -43,6 +43,7 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}mix/tv_distance": float(rng.random()),
             f"{P}truncation/cells_dropped": float(rng.integers(0, 300)),
             f"{P}padding/fraction_p50": float(rng.random()),
+            f"{P}packing/segments_per_sequence_p50": float(rng.integers(1, 5)),
             f"{P}queue/depth_min": float(rng.integers(0, 2)),
             f"{P}queue/depth_min_argmin_rank": 0.0,
             f"{P}queue/wait_seconds": float(rng.random() * 0.01),

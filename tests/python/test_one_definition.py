@@ -238,8 +238,10 @@ def test_batch_keys_are_the_native_list() -> None:
         b = s.next_train_batch()
     finally:
         s.shutdown()
-    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid"]
+    packing = ["segment_ids", "target_pos", "target_count", "segment_seeds"]
+    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", *packing]
     assert list(b) == [t["name"] for t in N.batch_tensors()]
+    assert b["target_count"].tolist() == [1, 1] and b["target_pos"].tolist() == [[0], [0]]
     assert b["seq_valid"].tolist() == [1, 1], "a training batch has no padded sequence"
     assert headwater.BATCH_KEYS == N.BATCH_KEYS and len(N.BATCH_KEYS) == 20
 

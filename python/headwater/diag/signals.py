@@ -258,6 +258,15 @@ _TABLE: tuple[Signal, ...] = (
         per_step=True,
     ),
     Signal(
+        "packing/segments_per_sequence_p50",
+        f"{P}packing/segments_per_sequence_p50",
+        median(f"{P}packing/segments_per_sequence_p50", "batch p50 per step"),
+        (1.0, 1.0),
+        "median seeds' contexts per sequence (above 1: packing is on, padding should be low)",
+        "segments",
+        per_step=True,
+    ),
+    Signal(
         "queue/depth_min",
         f"{P}queue/depth_min",
         share(f"{P}queue/depth_min", False, "share of steps so far"),

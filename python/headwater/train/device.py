@@ -2,11 +2,11 @@
 
 Owns: :func:`bucket_size` (the static size ``U`` and ``R`` are padded to, so
 ``jit`` compiles once per bucket instead of once per batch), :func:`pad_batch`
-(NumPy padding of the 20 batch tensors), :func:`batch_to_device` and
+(NumPy padding of the tensors the model reads), :func:`batch_to_device` and
 :func:`tables_to_device` (the frozen embedding tables).
 
 Must never: change a value a cell indexes (padded text rows and ``fk_adj``
-rows are zeros no cell points at), or keep keys outside ``BATCH_KEYS``.
+rows are zeros no cell points at), or keep keys outside ``MODEL_KEYS``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from headwater.train.model import BATCH_KEYS, Batch
+from headwater.train.model import MODEL_KEYS, Batch
 
 
 def bucket_size(n: int, base: int = 64) -> int:
@@ -39,17 +39,17 @@ def pad_batch(
     fk_rows: int | None = None,
     max_categories: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """The 20 batch tensors with ``U`` and ``R`` padded to static sizes (NumPy).
+    """The tensors the model reads (``MODEL_KEYS``) with ``U`` and ``R`` padded to static sizes (NumPy).
 
     ``fingerprint`` (and any other extra key) is dropped; dtypes are kept.
     ``text_rows`` / ``fk_rows`` force a size (at least the batch's own);
     otherwise :func:`bucket_size` picks it. With ``max_categories``, a batch
     whose ``cat_emb_count`` exceeds it is a ``ValueError``.
     """
-    missing = [k for k in BATCH_KEYS if k not in np_batch]
+    missing = [k for k in MODEL_KEYS if k not in np_batch]
     if missing:
         raise KeyError(f"batch is missing keys {missing}")
-    out = {k: np.asarray(np_batch[k]) for k in BATCH_KEYS}
+    out = {k: np.asarray(np_batch[k]) for k in MODEL_KEYS}
     text = out["text_batch_embeddings"]
     u = text.shape[0]
     u_to = bucket_size(u, bucket) if text_rows is None else text_rows
@@ -80,7 +80,7 @@ def batch_to_device(
 ) -> Batch:
     """:func:`pad_batch`, then ``jax.device_put`` (``device`` or the default)."""
     arrays = jax.device_put(pad_batch(np_batch, **pad_kw), device)
-    return {k: arrays[k] for k in BATCH_KEYS}
+    return {k: arrays[k] for k in MODEL_KEYS}
 
 
 def tables_to_device(

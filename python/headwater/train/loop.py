@@ -344,6 +344,10 @@ class Trainer:
         #: Steps whose metrics are still on the device; (step seconds, wait) per step.
         self._pending: list[tuple[int, Any]] = []
         self._window: list[tuple[float, float]] = []
+        #: Useful (non-padding) cells of the fetched next batch, and of each
+        #: step since the last flush (for useful cells per second).
+        self._next_useful = 0
+        self._useful: list[int] = []
         #: The next batch on the device, its sample wait and host→device seconds.
         self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
         #: A batch fetched outside the previous step: (seconds, sample wait).
@@ -414,6 +418,7 @@ class Trainer:
         t0 = time.perf_counter()
         np_batch = self.sampler.next_train_batch()
         t1 = time.perf_counter()
+        self._next_useful = int(np_batch["is_padding"].size - np.count_nonzero(np_batch["is_padding"]))
         batch = self.pad(np_batch, flag=self.stop.signum)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
@@ -430,6 +435,7 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self._next[0]
         self._last = batch
+        self._useful.append(self._next_useful)
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
@@ -480,23 +486,36 @@ class Trainer:
         # Step time and wait share per row: the window's means (the device
         # wait of the whole window lands in this flush).
         window, self._window = self._window, []
+        useful, self._useful = self._useful, []
+        useful_per_batch = sum(useful) / max(len(useful), 1)
         total = sum(w for w, _ in window) + dt
         wait_share = sum(x for _, x in window) / total if total > 0 else 0.0
         step_s = total / max(len(window), 1)
         for (step, _), values in zip(pending, fetched, strict=True):
-            self._log_trainer(step, {k: float(v) for k, v in values.items()}, step_s, wait_share)
+            self._log_trainer(
+                step, {k: float(v) for k, v in values.items()}, step_s, wait_share, useful_per_batch
+            )
         return dt
 
     def _log_trainer(
-        self, step: int, metrics: dict[str, float], step_s: float, wait_share: float
+        self,
+        step: int,
+        metrics: dict[str, float],
+        step_s: float,
+        wait_share: float,
+        useful_per_batch: float = 0.0,
     ) -> None:
         bps = self.world / step_s if step_s > 0 else 0.0
+        # Useful (non-padding) cells the model trained on per second, all
+        # ranks (this rank's mean useful cells per batch over the window).
+        ucps = bps * useful_per_batch
         verdict, culprit, reason = self._verdicts.pop(step)
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),
             "trainer/step_seconds": step_s,
             "trainer/batches_per_second": bps,
+            "trainer/useful_cells_per_second": ucps,
             "trainer/data_wait_share": wait_share,
             "trainer/step": step,
             "trainer/verdict": float(VERDICTS.index(verdict)),
@@ -516,7 +535,7 @@ class Trainer:
             self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
-        self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit)
+        self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit, ucps)
 
     def replay_rate(self, steps: int = 8) -> float:
         """Steps/s of the train step fed the last batch again and again, the

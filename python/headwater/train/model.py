@@ -28,18 +28,22 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
 * **Blocks** (``num_layers``, weights stacked, ``lax.scan`` over layers): for each kind in ``attention`` a pre-norm
   (RMSNorm) residual attention sub-layer, then a pre-norm GELU MLP. Masks
   ``[B, S, S]`` are built once per forward pass from the batch: ``column``
-  (same ``column_ids``), ``feature`` (same ``seq_row_ids``), ``outbound``
+  (same ``column_ids`` and the same packing segment, ``segment_ids``), ``feature`` (same ``seq_row_ids``), ``outbound``
   (``fk_adj[row_i, row_j]``: cell i's row references cell j's row),
   ``inbound`` (the transpose), ``neighbour`` (outbound or inbound); row pairs
   are gathered from ``fk_adj`` by ``seq_row_ids`` (no Python loops). Padding
-  is excluded as key and as query; the diagonal is always allowed.
+  is excluded as key and as query; the diagonal is always allowed. Packed
+  sequences need nothing more: rows are numbered per sequence and ``fk_adj``
+  has no edge between segments, so feature and neighbour attention already
+  stay within a segment; only column attention is masked by segment.
   Attention is QK-normalised, computed in float32 with
   ``q / max(||q||, 1e-6)`` (written as ``q * rsqrt(max(||q||², 1e-12))``,
   the same function, whose gradient is also finite at ``q = 0``), a learned
   per-head temperature, mask fill ``-1e9``, and cast back to the compute
   dtype after the weighted sum.
-* **Heads** on the final-normed hidden state of the target cell (the
-  position where ``is_target`` is 1, position 0 in the sampler's layout):
+* **Heads** on the final-normed hidden state of each target cell
+  (``target_pos [B, K]``; one per segment, ``K = 1`` unpacked, the first
+  ``target_count`` slots of a sequence are real; outputs are ``[B·K]``):
   numerical (Huber on the z-score), boolean (BCE on a logit), timestamp (MSE
   on the 15-float encoding), categorical (scores against the projected
   category embeddings ``cat_emb_table[cat_emb_start + k]`` for ``k <
@@ -47,7 +51,8 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
   recompilation per batch), and null (BCE: is the target null?).
 * **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``,
   ``one_hot(target_stype, 4) @ type_losses``,
-  ``mean(null_loss + (1 - is_null_at_target) * type_loss)``.
+  ``mean(null_loss + (1 - is_null_at_target) * type_loss)`` over the real
+  targets (every segment of every sequence, weighted equally).
 
 Numerics (§4e, §7): parameters are float32; value inputs, frozen tables and
 activations are cast to ``compute_dtype`` (bfloat16 by default) at the
@@ -96,6 +101,16 @@ ATTENTION_KINDS = ("column", "feature", "outbound", "inbound", "neighbour")
 
 #: The 20 batch tensors of seed 000 §3b, defined once in Rust.
 BATCH_KEYS: tuple[str, ...] = tuple(_native.BATCH_KEYS)
+#: The packing tensors the model also reads (rows of the same Rust list):
+#: each cell's segment, each segment's target position and the segments
+#: per sequence. Unpacked batches carry them too (one segment each).
+SEGMENT_KEYS: tuple[str, ...] = tuple(
+    t["name"]
+    for t in _native.batch_tensors()
+    if t["name"] in ("segment_ids", "target_pos", "target_count")
+)
+#: Every tensor the model reads, in the native list's order.
+MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -288,7 +303,8 @@ def attention_masks(batch: Mapping[str, jax.Array], kinds: tuple[str, ...]) -> d
     for kind in kinds:
         if kind == "column":
             col = batch["column_ids"]
-            rel = col[:, :, None] == col[:, None, :]
+            seg = batch["segment_ids"]
+            rel = (col[:, :, None] == col[:, None, :]) & (seg[:, :, None] == seg[:, None, :])
         elif kind == "feature":
             rel = rows[:, :, None] == rows[:, None, :]
         else:
@@ -390,12 +406,21 @@ def encode(
 
 
 def target_positions(batch: Mapping[str, jax.Array]) -> jax.Array:
-    """``[B]`` position of each sequence's target cell (0 in the sampler's layout)."""
-    return jnp.argmax(batch["is_target"], axis=1)
+    """``[B, K]`` position of each segment's target cell (``target_pos``)."""
+    return batch["target_pos"].astype(jnp.int32)
+
+
+def target_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
+    """``[B·K]`` 1.0 for a real target (slot below ``target_count``), else 0."""
+    k = batch["target_pos"].shape[1]
+    real = jnp.arange(k)[None, :] < batch["target_count"].astype(jnp.int32)[:, None]
+    return real.reshape(-1).astype(jnp.float32)
 
 
 def _at_target(x: jax.Array, pos: jax.Array) -> jax.Array:
-    return x[jnp.arange(x.shape[0]), pos]
+    """``x [B, S, ...]`` at ``pos [B, K]``, flattened to ``[B·K, ...]``."""
+    got = x[jnp.arange(x.shape[0])[:, None], pos]
+    return got.reshape(-1, *got.shape[2:])
 
 
 def hidden_states(
@@ -436,11 +461,13 @@ def forward(
     cat_emb: jax.Array,
     cfg: ModelConfig,
 ) -> dict[str, jax.Array]:
-    """Decoder outputs (float32) at each sequence's target cell.
+    """Decoder outputs (float32) at each target cell, ``N = B·K`` of them
+    (sequence-major; ``K = 1`` unpacked, so ``N = B``).
 
-    ``numeric [B]``, ``boolean [B]`` (logit), ``timestamp [B, 15]``,
-    ``categorical [B, max_categories]`` (logits, invalid slots ``-1e9``),
-    ``null [B]`` (logit).
+    ``numeric [N]``, ``boolean [N]`` (logit), ``timestamp [N, 15]``,
+    ``categorical [N, max_categories]`` (logits, invalid slots ``-1e9``),
+    ``null [N]`` (logit). Slots past ``target_count`` are computed and
+    must be ignored (:func:`target_weights`).
     """
     cat_table = _project_table(cat_emb, params["enc"]["emb_proj"][1], cfg.dtype)
     h = _hidden(params, batch, col_emb, cat_table, cfg)
@@ -470,7 +497,7 @@ def forward(
 def compute_loss(
     outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array], cfg: ModelConfig
 ) -> tuple[jax.Array, Metrics]:
-    """The §4g loss and per-part means, from the target cell of each sequence."""
+    """The §4g loss and per-part means over the real targets (every segment)."""
     pos = target_positions(batch)
     y_null = _at_target(batch["is_null"], pos).astype(jnp.float32)
     y_num = _at_target(batch["numeric_values"], pos).astype(jnp.float32)
@@ -495,12 +522,14 @@ def compute_loss(
     selector = jax.nn.one_hot(batch["target_stype"][0].astype(jnp.int32), NUM_TARGET_STYPES)
     type_loss = selector @ type_losses  # [B]
     per_example = null_loss + (1.0 - y_null) * type_loss
-    loss = jnp.mean(per_example)
-    non_null = jnp.maximum(jnp.sum(1.0 - y_null), 1.0)
+    w = target_weights(batch)
+    n = jnp.maximum(jnp.sum(w), 1.0)
+    loss = jnp.sum(w * per_example) / n
+    non_null = jnp.maximum(jnp.sum(w * (1.0 - y_null)), 1.0)
     metrics = {
         "loss": loss,
-        "null_loss": jnp.mean(null_loss),
-        "type_loss": jnp.sum((1.0 - y_null) * type_loss) / non_null,
+        "null_loss": jnp.sum(w * null_loss) / n,
+        "type_loss": jnp.sum(w * (1.0 - y_null) * type_loss) / non_null,
     }
     return loss, metrics
 

@@ -1,0 +1,159 @@
+"""Packing (``pack=True``): the packed batch from Python, segment isolation
+in the model (perturbing one segment leaves every other segment's hidden
+states and outputs bit-identical), the loss over real targets only, a train
+step on packed batches, and the packing telemetry.
+
+Small shapes on the CPU backend; the Rust integration tests
+(``tests/integration/packing.rs``) check the layout rules and resume/replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SmallData, build_small_db
+
+pytest.importorskip("jax")
+
+import jax
+
+from headwater import _native
+from headwater.train import device as DV
+from headwater.train import model as M
+from headwater.train.optim import OptConfig
+
+B, S, PF = 4, 128, 4
+
+
+@dataclass
+class Packed:
+    db: Path
+    np_batches: list[dict[str, np.ndarray]]
+    drained: dict[str, float]
+    cfg: M.ModelConfig
+    col: Any
+    cat: Any
+    params: Any
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> Iterator[Packed]:
+    small = build_small_db(tmp_path_factory.mktemp("packing"), small_data)
+    s = _native.Sampler(
+        small.path,
+        default_batch_size=B,
+        default_sequence_length=S,
+        pack=True,
+        pack_factor=PF,
+        task_pick="round_robin",
+        num_threads=1,
+    )
+    try:
+        np_batches = [s.next_train_batch() for _ in range(4)]
+        drained = s.drain_step_metrics()
+        col, cat = DV.tables_to_device(s.column_embeddings(), s.categorical_embeddings())
+        meta = s.database_metadata()
+    finally:
+        s.shutdown()
+    cfg = M.ModelConfig(max_categories=M.max_categories(meta))
+    params = M.init_params(jax.random.key(0), cfg, int(col.shape[1]))
+    yield Packed(small.path, np_batches, drained, cfg, col, cat, params)
+
+
+def test_every_sequence_holds_pack_factor_targets(packed: Packed) -> None:
+    for b in packed.np_batches:
+        assert b["target_count"].tolist() == [PF] * B
+        assert b["target_pos"].shape == (B, PF) and b["segment_seeds"].shape == (B, PF)
+        for q in range(B):
+            pos = np.flatnonzero(b["is_target"][q])
+            assert pos.tolist() == b["target_pos"][q].tolist()
+            seg = b["segment_ids"][q]
+            real = b["is_padding"][q] == 0
+            assert seg[pos].tolist() == list(range(PF))
+            assert (seg[~real] == np.iinfo(np.uint16).max).all()
+            assert (np.diff(seg[real].astype(int)) >= 0).all(), "segments are contiguous runs"
+
+
+def test_pack_factor_that_cannot_fit_is_a_config_error(packed: Packed) -> None:
+    import headwater
+
+    with pytest.raises(headwater.ConfigError, match="pack_factor"):
+        _native.Sampler(packed.db, default_sequence_length=8, pack=True, pack_factor=8)
+
+
+def test_packing_telemetry(packed: Packed) -> None:
+    d = packed.drained
+    assert d["sampler/packing/segments_per_sequence_p50"] == PF
+    assert d["sampler/packing/segments_per_sequence_max"] == PF
+    assert d["sampler/packing/contexts_cut"] >= 0
+    # Each sequence's seeds are counted under the task: B·pack_factor per batch.
+    assert sum(v for k, v in d.items() if k.startswith("sampler/tasks/")) == 4 * B * PF
+
+
+def _perturb_segment(b: dict[str, np.ndarray], q: int, k: int) -> dict[str, np.ndarray]:
+    """Batch ``b`` with every input value of segment ``k`` of sequence ``q`` changed."""
+    out = {name: v.copy() for name, v in b.items()}
+    cells = out["segment_ids"][q] == k
+    out["numeric_values"][q, cells] += 3.0
+    out["bool_values"][q, cells] ^= 1
+    out["timestamp_values"][q, cells] += 0.5
+    out["is_null"][q, cells] ^= 1
+    return out
+
+
+def test_perturbing_one_segment_leaves_the_others_bit_identical(packed: Packed) -> None:
+    b = packed.np_batches[0]
+    other = _perturb_segment(b, 0, 1)
+    kw = {
+        "text_rows": DV.bucket_size(b["text_batch_embeddings"].shape[0]),
+        "fk_rows": DV.bucket_size(b["fk_adj"].shape[1]),
+    }
+    x, y = DV.batch_to_device(b, **kw), DV.batch_to_device(other, **kw)
+    hidden = jax.jit(lambda p, t: M.hidden_states(p, t, packed.col, packed.cat, packed.cfg))
+    fwd = jax.jit(lambda p, t: M.forward(p, t, packed.col, packed.cat, packed.cfg))
+    hx, hy = np.asarray(hidden(packed.params, x)), np.asarray(hidden(packed.params, y))
+    seg = b["segment_ids"][0]
+    inside = seg == 1
+    assert not np.array_equal(hx[0, inside], hy[0, inside]), "the perturbation must reach its segment"
+    np.testing.assert_array_equal(hx[0, ~inside], hy[0, ~inside])
+    np.testing.assert_array_equal(hx[1:], hy[1:])
+    ox, oy = fwd(packed.params, x), fwd(packed.params, y)
+    for name in ox:
+        a, c = np.asarray(ox[name]), np.asarray(oy[name])
+        keep = np.ones(B * PF, bool)
+        keep[1] = False  # sequence 0, segment 1
+        np.testing.assert_array_equal(a[keep], c[keep], err_msg=name)
+
+
+def test_loss_counts_only_real_targets(packed: Packed) -> None:
+    b = packed.np_batches[0]
+    x = DV.batch_to_device(b)
+    out = M.forward(packed.params, x, packed.col, packed.cat, packed.cfg)
+    full, _ = M.compute_loss(out, x, packed.cfg)
+    fewer = {**x, "target_count": x["target_count"].at[0].set(1)}
+    part, _ = M.compute_loss(out, fewer, packed.cfg)
+    assert float(part) != float(full), "dropping targets must change the mean"
+    # Slots past target_count are ignored whatever they point at.
+    moved = {**fewer, "target_pos": fewer["target_pos"].at[0, 1:].set(5)}
+    again, _ = M.compute_loss(out, moved, packed.cfg)
+    assert float(again) == float(part)
+    w = np.asarray(M.target_weights(fewer))
+    assert w.sum() == B * PF - (PF - 1)
+
+
+def test_a_train_step_on_packed_batches_is_finite(packed: Packed) -> None:
+    opt = OptConfig(warmup_steps=1, total_steps=4)
+    step = M.make_train_step(packed.cfg, opt)
+    params, state = packed.params, M.init_opt_state(packed.params, opt)
+    for b in packed.np_batches[:2]:
+        params, state, metrics = step(params, state, DV.batch_to_device(b), packed.col, packed.cat)
+        assert np.isfinite(float(metrics["loss"]))
