@@ -38,6 +38,8 @@ BAD: dict[str, dict[str, Any]] = {
     "default_sequence_length": {"default_sequence_length": 65536},
     "bfs_child_width": {"bfs_child_width": 0},
     "max_hops": {"max_hops": 65},
+    "pack": {"pack": "yes"},
+    "pack_factor": {"pack_factor": 0},
     "task_weights": {"task_weights": [1.0]},
     "task_pick": {"task_pick": "bogus"},
     "num_threads": {"num_threads": 0},
