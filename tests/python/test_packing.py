@@ -157,3 +157,16 @@ def test_a_train_step_on_packed_batches_is_finite(packed: Packed) -> None:
     for b in packed.np_batches[:2]:
         params, state, metrics = step(params, state, DV.batch_to_device(b), packed.col, packed.cat)
         assert np.isfinite(float(metrics["loss"]))
+
+
+def test_bench_compares_unpacked_and_packed(packed: Packed) -> None:
+    from headwater.bench import format_bench, run_bench
+
+    r = run_bench(
+        packed.db, B, S, [1], steps=4, warmup=1, handoff_samples=2, pack_factors=[PF], rounds=1
+    )
+    pk = r["packing"]
+    assert list(pk) == ["unpacked", f"pack_factor={PF}"]
+    assert pk["unpacked"]["useful_cells_ratio"] == 1.0
+    assert pk[f"pack_factor={PF}"]["padding"] < pk["unpacked"]["padding"]
+    assert "useful Mc/s" in format_bench(r) and f"pack_factor={PF}" in format_bench(r)
