@@ -8,9 +8,9 @@
 //!
 //! - **Budget.** The contexts of a sequence are built in segment order; the
 //!   BFS of segment `k` runs with the budget [`segment_budget`] gives it:
-//!   its fair share of the space left, `⌊left / (K − k)⌋`, at least the seed
-//!   row's cells, at most what leaves every later seed its seed row. The
-//!   last segment gets all that is left. So a small context leaves its
+//!   its fair share of the space left, `⌊left / (K − k)⌋`; the last segment
+//!   gets all that is left. Since `S ≥ K ·` the widest seed row (checked
+//!   when the sampler is made), every share holds its seed row. So a small context leaves its
 //!   unused share to the segments after it, and padding remains only when
 //!   every context of the sequence ran out of rows (frontier empty or
 //!   `max_hops`) before the sequence was full.
@@ -46,19 +46,13 @@ use super::{SeqStats, TIMESTAMP_DIM};
 use crate::sampler::Subgraph;
 
 /// The BFS budget of the next segment of a sequence with `left` free cells
-/// and `seeds_left` seeds still to place (this one included), each needing
-/// at least `min_cells` (its seed row): the fair share `left / seeds_left`,
-/// raised to `min_cells`, capped so every later seed keeps `min_cells`.
-/// Needs `left >= seeds_left · min_cells` (checked when the sampler is made).
-pub fn segment_budget(left: usize, seeds_left: usize, min_cells: usize) -> usize {
-    debug_assert!(seeds_left >= 1);
-    if seeds_left <= 1 {
-        return left;
-    }
-    let reserve = (seeds_left - 1) * min_cells;
-    (left / seeds_left)
-        .max(min_cells)
-        .min(left.saturating_sub(reserve))
+/// and `seeds_left` seeds still to place (this one included): the fair
+/// share `⌊left / seeds_left⌋`. If `left >= seeds_left · m` (every seed row
+/// has at most `m` cells) then the share is at least `m` and what it leaves
+/// is at least `(seeds_left − 1) · m`: every later seed keeps room for its
+/// row, whatever the contexts before it used.
+pub fn segment_budget(left: usize, seeds_left: usize) -> usize {
+    left / seeds_left.max(1)
 }
 
 /// One sequence's slices of the per-segment tensors.
@@ -158,18 +152,23 @@ mod tests {
 
     #[test]
     fn budgets_are_fair_shares_that_leave_every_later_seed_its_row() {
-        assert_eq!(segment_budget(1024, 1, 8), 1024);
-        assert_eq!(segment_budget(1024, 4, 8), 256);
+        assert_eq!(segment_budget(1024, 1), 1024);
+        assert_eq!(segment_budget(1024, 4), 256);
         // A small first context leaves its share to the rest.
-        assert_eq!(segment_budget(1024 - 40, 3, 8), 328);
-        // Raised to the seed row, capped by the later seeds' rows.
-        assert_eq!(segment_budget(20, 4, 8), 8);
-        assert_eq!(segment_budget(24, 3, 8), 8);
-        for left in 16..200 {
-            for n in 1..=(left / 8).min(8) {
-                let b = segment_budget(left, n, 8);
-                assert!(b >= 8, "{left} {n}");
-                assert!(left - b >= (n - 1) * 8, "{left} {n}");
+        assert_eq!(segment_budget(1024 - 40, 3), 328);
+        // Whatever each context uses of its share (here: all of it, or its
+        // seed row only), every later seed still has room for its row.
+        let m = 8;
+        for s in 16..300 {
+            for k in 1..=(s / m).min(8) {
+                for greedy in [true, false] {
+                    let mut left = s;
+                    for j in 0..k {
+                        let b = segment_budget(left, k - j);
+                        assert!(b >= m, "S {s} K {k} segment {j}: budget {b}");
+                        left -= if greedy { b } else { m };
+                    }
+                }
             }
         }
     }

@@ -523,7 +523,7 @@ impl SamplerCore {
                         {
                             let mut rng = Xoshiro256pp::seed_from_u64(rs);
                             let p = BfsParams {
-                                max_cells: segment_budget(left, segs - j, seed_cells),
+                                max_cells: segment_budget(left, segs - j),
                                 ..params
                             };
                             bfs(

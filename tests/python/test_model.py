@@ -189,6 +189,8 @@ def _dispatch_case(stype: int, rng: np.random.Generator, k: int = 6) -> tuple[di
         "target_stype": np.array([stype], np.uint8),
         "cat_emb_start": np.array([10], np.uint32),
         "cat_emb_count": np.array([4], np.uint32),
+        "target_pos": np.zeros((b, 1), np.uint16),  # one segment per sequence
+        "target_count": np.ones(b, np.uint8),
     }
     batch["is_target"][:, 0] = 1
     batch["is_null"][1, 0] = 1  # one null target
@@ -409,14 +411,14 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     raw = setup.np_batches[0]
     assert "fingerprint" in raw
     dev = DV.batch_to_device(raw)
-    assert list(dev) == list(M.BATCH_KEYS) == list(_native.BATCH_KEYS)
+    assert list(dev) == list(M.MODEL_KEYS) == [*_native.BATCH_KEYS, *M.SEGMENT_KEYS]
     u, r = raw["text_batch_embeddings"].shape[0], raw["fk_adj"].shape[1]
     assert dev["text_batch_embeddings"].shape == (
         DV.bucket_size(u),
         raw["text_batch_embeddings"].shape[1],
     )
     assert dev["fk_adj"].shape == (B, DV.bucket_size(r), DV.bucket_size(r))
-    for k in M.BATCH_KEYS:
+    for k in M.MODEL_KEYS:
         assert dev[k].dtype == raw[k].dtype, k
     np.testing.assert_array_equal(
         np.asarray(dev["text_batch_embeddings"])[:u], raw["text_batch_embeddings"]
