@@ -91,7 +91,7 @@ class Progress:
         named = f" (rank {culprit})" if culprit >= 0 else ""
         line = (
             f"step {step + 1:>5}/{self.total}  loss {self.ema:8.4f}  "
-            f"{bps:7.2f} batches/s  {useful_cells_per_s / 1e6:6.3f} Mcells/s useful  data wait {100 * wait_share:5.2f}%  {verdict}{named}"
+            f"{bps:7.2f} batches/s  {useful_cells_per_s:9.0f} useful cells/s  data wait {100 * wait_share:5.2f}%  {verdict}{named}"
         )
         if self.tty:
             print("\r" + line, end="", flush=True)
