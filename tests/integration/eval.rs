@@ -153,9 +153,18 @@ fn a_pass_feeds_its_splits_drain_and_not_the_train_drain() {
     }
     let train_before = s.drain_step_metrics(Split::Train).unwrap();
     assert_eq!(value(&train_before, "sampler/batches"), 3.0);
-    let names: Vec<String> = sdb.db.metadata().tasks.iter().map(|t| t.name.clone()).collect();
+    let names: Vec<String> = sdb
+        .db
+        .metadata()
+        .tasks
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
     for split in [Split::Val, Split::Test] {
-        assert!(s.drain_step_metrics(split).unwrap().is_empty(), "nothing before a pass");
+        assert!(
+            s.drain_step_metrics(split).unwrap().is_empty(),
+            "nothing before a pass"
+        );
         let pass = s.eval_pass(split, None, Some(7)).unwrap();
         let per_task: Vec<(usize, usize)> =
             pass.tasks().iter().map(|t| (t.task, t.batches)).collect();
