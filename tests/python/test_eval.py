@@ -342,7 +342,7 @@ num_heads = 2
 [train]
 steps = 4
 checkpoint_every = 2
-val_batches = 0
+val_batches = 2
 warmup_steps = 0
 [logging]
 prometheus_port = 0
@@ -352,7 +352,14 @@ wandb_mode = "disabled"
     )
     _run(tmp_path, "train", str(cfg), "--dir", str(tmp_path / "runs"), "--run-name", "r")
     run_dir = tmp_path / "runs" / "r"
-    final = json.loads((run_dir / "rank-0.json").read_text())["eval"]["val"]
+    summary = json.loads((run_dir / "rank-0.json").read_text())
+    final = summary["eval"]["val"]
+    # The final validation drew 2 val-stream batches just before the val pass:
+    # the pass's logged telemetry counts the pass alone.
+    with headwater.Sampler(db, **{**SAMPLER, "default_batch_size": 8}) as s:
+        n_val = len(s.eval_batches("val"))
+    (row,) = [e for e in summary["eval_history"] if e["split"] == "val"]
+    assert row["eval/val/sampler/batches"] == n_val
     # The latest checkpoint (4) holds the parameters the run's own final pass scored.
     step, got = evaluate_run(run_dir, ("val",))
     assert step == 4
