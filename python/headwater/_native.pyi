@@ -170,6 +170,7 @@ class Sampler:
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         verify: str = "header",
+        page_cache: str = "lazy",
         temporal_filter: bool = True,
         telemetry: bool = True,
         prometheus_port: int | None = None,
