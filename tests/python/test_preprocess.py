@@ -1478,9 +1478,13 @@ def test_infer_stype_rules() -> None:
     from headwater.preprocessing.infer import infer_stype
 
     def inf(name: str, col: pa.Array, key: bool) -> str:
-        # The statistics DuckDB computes in the pipeline, here from Arrow.
-        stats = (len(col) - col.null_count, pc.count_distinct(col).as_py(), bool(pc.any(pc.match_substring(col, " ")).as_py()))
-        return infer_stype(name, col.type, key, lambda: stats)[0]
+        # The statistics DuckDB computes in the pipeline, here from Arrow
+        # (asked for string columns only).
+        def stats() -> tuple[int, int, bool]:
+            space = pc.any(pc.match_substring(col, " ")).as_py()
+            return len(col) - col.null_count, pc.count_distinct(col).as_py(), bool(space)
+
+        return infer_stype(name, col.type, key, stats)[0]
 
     assert inf("x", pa.array([1, 2]), True) == "identifier"
     assert inf("id", pa.array([1, 2]), False) == "identifier"
