@@ -5,7 +5,8 @@
 //! straight into `graph.bin` ([`write_forward`]), never held. P→F edges
 //! ([`build_reverse`]) are grouped by parent and sorted by (child time,
 //! child id), so the children visible at a cutoff are a prefix; building them
-//! holds 16 bytes per row (offsets and fill cursors) and 12 per edge.
+//! holds 8 bytes per row (offsets) and 4 per edge, the child times are
+//! streamed out ([`write_reverse`]).
 
 use rayon::prelude::*;
 
@@ -15,14 +16,13 @@ use crate::format::{FileWriter, Section};
 /// Values per buffered write while streaming a section.
 const CHUNK: usize = 1 << 16;
 
-/// The P→F half of the graph, ready to write.
+/// The P→F half of the graph, ready to write (the child times are streamed
+/// from it by [`write_reverse`]).
 pub struct ReverseCsr {
     /// Row `r`'s children are `rev_targets[rev_offsets[r]..rev_offsets[r + 1]]`.
     pub rev_offsets: Vec<u64>,
     /// Child rows, grouped by parent, sorted by time.
     pub rev_targets: Vec<u32>,
-    /// Time of each child in `rev_targets` (for the time filter).
-    pub rev_times: Vec<i64>,
 }
 
 /// Write the F→P sections (`fwd_offsets`, then `fwd_targets`) to `w`, two
@@ -64,6 +64,9 @@ pub fn write_forward(
 
 /// Build the P→F half. `parents(r, out)` appends the parents of row `r` to
 /// `out`; `row_time[r]` is each row's time (`i64::MIN` when it has none).
+/// Holds 8 bytes per row and 4 per edge beyond its inputs: the offsets are
+/// their own fill cursors (children placed from each segment's end, highest
+/// id first), then shifted back into place.
 pub fn build_reverse(
     num_rows: usize,
     row_time: &[i64],
@@ -81,20 +84,22 @@ pub fn build_reverse(
     for i in 0..num_rows {
         counts[i + 1] += counts[i];
     }
-    let rev_offsets = counts;
-    let e = rev_offsets[num_rows] as usize;
-    let mut cursor: Vec<u64> = rev_offsets[..num_rows].to_vec();
+    let e = counts[num_rows] as usize;
+    // counts[p + 1] is the end of parent p's segment: fill backwards.
     let mut rev_targets = vec![0u32; e];
-    for child in 0..num_rows {
+    for child in (0..num_rows).rev() {
         scratch.clear();
         parents(child, &mut scratch);
-        for &p in &scratch {
-            let slot = &mut cursor[p as usize];
-            rev_targets[*slot as usize] = child as u32;
-            *slot += 1;
+        for &p in scratch.iter().rev() {
+            let end = &mut counts[p as usize + 1];
+            *end -= 1;
+            rev_targets[*end as usize] = child as u32;
         }
     }
-    drop(cursor);
+    // Now counts[p + 1] is the start of segment p: shift back.
+    counts.remove(0);
+    counts.push(e as u64);
+    let rev_offsets = counts;
     // Children were filled in increasing id order; a stable sort by time
     // gives (time, id) order. Sort segments in parallel.
     let mut segments: Vec<&mut [u32]> = Vec::new();
@@ -111,15 +116,25 @@ pub fn build_reverse(
         .par_iter_mut()
         .for_each(|seg| seg.sort_by_key(|&c| row_time[c as usize]));
     drop(segments);
-    let rev_times = rev_targets
-        .par_iter()
-        .map(|&c| row_time[c as usize])
-        .collect();
     ReverseCsr {
         rev_offsets,
         rev_targets,
-        rev_times,
     }
+}
+
+/// Write the P→F sections (`rev_offsets`, `rev_targets`, then each child's
+/// time, computed a chunk at a time) to `w`.
+pub fn write_reverse(w: &mut FileWriter, rev: &ReverseCsr, row_time: &[i64]) -> Result<()> {
+    w.section(Section::of(&rev.rev_offsets))?;
+    w.section(Section::of(&rev.rev_targets))?;
+    w.begin_section()?;
+    let mut times: Vec<i64> = Vec::with_capacity(CHUNK);
+    for chunk in rev.rev_targets.chunks(CHUNK) {
+        times.clear();
+        times.extend(chunk.iter().map(|&c| row_time[c as usize]));
+        w.append(Section::of(&times))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -136,8 +151,7 @@ mod tests {
         assert_eq!(kids0, &[3, 5, 2]);
         let kids1 = &csr.rev_targets[csr.rev_offsets[1] as usize..csr.rev_offsets[2] as usize];
         assert_eq!(kids1, &[6, 4]);
-        let t1 = &csr.rev_times[csr.rev_offsets[1] as usize..csr.rev_offsets[2] as usize];
-        assert_eq!(t1, &[i64::MIN, 30]);
+        assert_eq!(csr.rev_offsets, vec![0, 3, 5, 5, 5, 5, 5, 5]);
     }
 
     #[test]

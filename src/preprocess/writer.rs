@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-use super::graph::{build_reverse, write_forward};
+use super::graph::{build_reverse, write_forward, write_reverse};
 use super::stats::{column_stats, RunningStats};
 use crate::error::{Error, Result};
 use crate::format::bit;
@@ -655,11 +655,7 @@ impl DatabaseWriter {
     /// [`add_column`](Self::add_column) per column,
     /// [`end_table`](Self::end_table). Same bytes as the streamed calls.
     pub fn add_table(&mut self, input: TableInput<'_>) -> Result<()> {
-        let num_stored = input
-            .columns
-            .iter()
-            .filter(|c| c.stype.is_stored())
-            .count();
+        let num_stored = input.columns.iter().filter(|c| c.stype.is_stored()).count();
         self.begin_table(TableSpec {
             name: input.name,
             num_rows: input.num_rows,
@@ -729,9 +725,10 @@ impl DatabaseWriter {
 
     /// Add the next column of the open table (source order).
     pub fn add_column(&mut self, c: ColumnInput<'_>) -> Result<()> {
-        let mut open = self.open.take().ok_or_else(|| {
-            Error::Preprocess(format!("column `{}`: no table begun", c.name))
-        })?;
+        let mut open = self
+            .open
+            .take()
+            .ok_or_else(|| Error::Preprocess(format!("column `{}`: no table begun", c.name)))?;
         let r = self.add_column_to(&mut open, c);
         self.open = Some(open);
         r
@@ -798,7 +795,11 @@ impl DatabaseWriter {
 
     /// Finish the open table: its row times and foreign keys (parent row
     /// per row), then the restart record that marks it complete.
-    pub fn end_table(&mut self, row_time: &[i64], foreign_keys: &[ForeignKeyInput<'_>]) -> Result<()> {
+    pub fn end_table(
+        &mut self,
+        row_time: &[i64],
+        foreign_keys: &[ForeignKeyInput<'_>],
+    ) -> Result<()> {
         let open = self
             .open
             .take()
@@ -826,7 +827,11 @@ impl DatabaseWriter {
                 spec.num_stored
             )));
         }
-        check_len(&format!("table `{}` row times", spec.name), row_time.len(), n)?;
+        check_len(
+            &format!("table `{}` row times", spec.name),
+            row_time.len(),
+            n,
+        )?;
         let (len, sum) = writer.finish()?;
         let mut fk_meta = Vec::new();
         let mut fk_refs = Vec::new();
@@ -1207,7 +1212,11 @@ impl DatabaseWriter {
         }
         w.section(Section::of(&self.row_time))?;
         // Global row → (table, local row), walking the tables in order.
-        let bounds: Vec<u64> = self.tables.iter().map(|t| t.row_offset + t.num_rows).collect();
+        let bounds: Vec<u64> = self
+            .tables
+            .iter()
+            .map(|t| t.row_offset + t.num_rows)
+            .collect();
         let tables = &self.tables;
         let fk_parents = &self.fk_parents;
         let parents = |r: usize, out: &mut Vec<u32>| {
@@ -1222,13 +1231,11 @@ impl DatabaseWriter {
         };
         let num_edges = write_forward(&mut w, n, parents)?;
         let rev = build_reverse(n, &self.row_time, parents);
-        self.fk_parents.clear();
-        w.section(Section::of(&rev.rev_offsets))?;
-        w.section(Section::of(&rev.rev_targets))?;
-        w.section(Section::of(&rev.rev_times))?;
+        self.fk_parents = vec![];
+        write_reverse(&mut w, &rev, &self.row_time)?;
+        drop(rev);
         let (len, sum) = w.finish()?;
         self.files.insert("graph.bin".into(), digest(len, sum));
-        drop(rev);
         let col_texts = self.column_texts();
         self.write_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
         let cat_texts = std::mem::take(&mut self.cat_strings);

@@ -244,11 +244,17 @@ fn streamed_tables_check_the_protocol_and_name_the_table() {
     let e = msg(w.add_column(numerical("y", &xs, &ok)).unwrap_err());
     assert!(e.contains("column `y`") && e.contains("1 declared"), "{e}");
     let e = msg(w.end_table(&[0], &[]).unwrap_err());
-    assert!(e.contains("table `a` row times: 1 values, expected 2"), "{e}");
+    assert!(
+        e.contains("table `a` row times: 1 values, expected 2"),
+        "{e}"
+    );
     w.begin_table(spec("c", 2, 2)).unwrap();
     w.add_column(numerical("x", &xs, &ok)).unwrap();
     let e = msg(w.end_table(&[0, 0], &[]).unwrap_err());
-    assert!(e.contains("table `c`: 1 stored columns added, 2 declared"), "{e}");
+    assert!(
+        e.contains("table `c`: 1 stored columns added, 2 declared"),
+        "{e}"
+    );
 }
 
 #[test]
