@@ -723,15 +723,29 @@ impl DatabaseWriter {
         Ok(())
     }
 
-    /// Add the next column of the open table (source order).
+    /// Add the next column of the open table (source order). An error
+    /// discards the open table.
     pub fn add_column(&mut self, c: ColumnInput<'_>) -> Result<()> {
         let mut open = self
             .open
             .take()
             .ok_or_else(|| Error::Preprocess(format!("column `{}`: no table begun", c.name)))?;
         let r = self.add_column_to(&mut open, c);
-        self.open = Some(open);
+        match r {
+            Ok(()) => self.open = Some(open),
+            Err(_) => self.discard(open),
+        }
         r
+    }
+
+    /// Forget a table whose column failed: what it allocated is released,
+    /// so the next table starts from the same indices.
+    fn discard(&mut self, open: OpenTable) {
+        self.columns.truncate(open.cols_before);
+        self.cat_strings.truncate(open.cats_before);
+        for s in self.text_strings.drain(open.text_before..) {
+            self.text_index.remove(&s);
+        }
     }
 
     fn add_column_to(&mut self, open: &mut OpenTable, c: ColumnInput<'_>) -> Result<()> {

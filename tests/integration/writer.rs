@@ -243,6 +243,11 @@ fn streamed_tables_check_the_protocol_and_name_the_table() {
     w.add_column(numerical("x", &xs, &ok)).unwrap();
     let e = msg(w.add_column(numerical("y", &xs, &ok)).unwrap_err());
     assert!(e.contains("column `y`") && e.contains("1 declared"), "{e}");
+    // The failed column discarded table `a`.
+    assert!(msg(w.end_table(&[0, 0], &[]).unwrap_err()).contains("no table begun"));
+    assert!(w.columns().is_empty());
+    w.begin_table(spec("a", 2, 1)).unwrap();
+    w.add_column(numerical("x", &xs, &ok)).unwrap();
     let e = msg(w.end_table(&[0], &[]).unwrap_err());
     assert!(
         e.contains("table `a` row times: 1 values, expected 2"),
