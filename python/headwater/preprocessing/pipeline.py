@@ -81,13 +81,19 @@ def _configure_duckdb(con: duckdb.DuckDBPyConnection, budget: int, temp_dir: Pat
     con.execute("SET preserve_insertion_order=true")
 
 
-def _rss() -> int:
-    """Resident memory of this process now, in bytes (0 where unknown)."""
+def _rss() -> tuple[int, int]:
+    """(VmRSS, RssAnon) of this process now, in bytes ((0, 0) where unknown).
+    RssAnon is private memory; VmRSS adds mapped file pages (the output
+    files the writer maps to verify them), which the kernel can drop."""
+    got = {}
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "RssAnon:")):
+                    got[line.split(":")[0]] = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        return 0
+        pass
+    return got.get("VmRSS", 0), got.get("RssAnon", 0)
 
 
 def _peak_rss() -> int:
@@ -107,12 +113,13 @@ class _Phases:
 
     @contextmanager
     def phase(self, name: str, count: int, unit: str = "rows") -> Iterator[None]:
-        peak = [_rss()]
+        peak = list(_rss())
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.02):
-                peak[0] = max(peak[0], _rss())
+                rss, anon = _rss()
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
 
         watcher = threading.Thread(target=sample, name=f"rss {name}", daemon=True)
         watcher.start()
@@ -123,11 +130,14 @@ class _Phases:
             stop.set()
             watcher.join()
         dt = max(time.perf_counter() - t0, 1e-9)
-        peak[0] = max(peak[0], _rss())
-        self.report.append({"phase": name, unit: count, "seconds": dt, "peak_rss_bytes": peak[0]})
+        rss, anon = _rss()
+        peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+        self.report.append(
+            {"phase": name, unit: count, "seconds": dt, "peak_rss_bytes": peak[0], "peak_anon_bytes": peak[1]}
+        )
         self.log(
             f"phase {name}: {count:,} {unit} in {dt:.1f} s ({count / dt:,.0f} {unit}/s), "
-            f"peak RSS {peak[0] / 2**20:,.0f} MiB"
+            f"peak RSS {peak[0] / 2**20:,.0f} MiB (private {peak[1] / 2**20:,.0f} MiB)"
         )
 
     def summary(self) -> None:
