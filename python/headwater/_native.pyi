@@ -227,7 +227,8 @@ class Sampler:
 
 @final
 class EvalPass:
-    """A finite, ordered pass over every seed of a val/test split on this rank."""
+    """A finite, ordered pass over every seed of a val/test split on this rank;
+    each batch taken is recorded in that split's telemetry."""
 
     def __iter__(self) -> EvalPass: ...
     def __next__(self) -> dict[str, npt.NDArray[Any]]: ...

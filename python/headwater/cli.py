@@ -109,13 +109,13 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
     if a.max_seeds is not None and a.max_seeds < 1:
         raise ValueError(f"--max-seeds must be >= 1, got {a.max_seeds}")
-    return eval_main(a.run_dir, a.split, a.max_seeds)
+    return eval_main(a.run_dir, a.split, a.max_seeds, a.step)
 
 
 def _add_eval(sub: Sub) -> None:
     pe = sub.add_parser(
         "eval",
-        help="evaluate a saved run (params.npz) on val/test: per-task metrics and baselines",
+        help="evaluate a run's training checkpoint on val/test: per-task metrics and baselines",
     )
     pe.add_argument("run_dir", help="a run directory written by `headwater train`")
     pe.add_argument(
@@ -123,6 +123,9 @@ def _add_eval(sub: Sub) -> None:
         choices=("val", "test", "both"),
         default="test",
         help="which split's full pass to score (default: test)",
+    )
+    pe.add_argument(
+        "--step", type=int, help="which checkpoint (default: the latest committed one)"
     )
     pe.add_argument("--max-seeds", type=int, help="seeds per task (default: the whole split)")
     pe.set_defaults(func=_cmd_eval)

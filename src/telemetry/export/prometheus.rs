@@ -7,14 +7,16 @@
 //! units, counters end in `_total`, histograms are bucketed (so PromQL can
 //! sum them across ranks); labels are only `rank`, `split` and `task`.
 //!
-//! Series per process: 2 splits × (G gauges + C counters + T task counters +
-//! Σ over the H histograms of (buckets + 2)), where buckets counts the
-//! `+Inf` bucket and the 2 are `_sum` and `_count`. Today G = 8, C = 8,
-//! H = 8: `bfs/depth` (`max_hops` + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
+//! Series per process: 3 splits (`train`; `val`, fed by the val stream and
+//! val evaluation passes; `test`, fed by test passes: the pipeline's
+//! `TELEMETRY_SPLITS`) × (G gauges + C counters + T task counters + Σ over
+//! the H histograms of (buckets + 2)), where buckets counts the `+Inf`
+//! bucket and the 2 are `_sum` and `_count`. Today G = 9, C = 8, H = 8:
+//! `bfs/depth` (`max_hops` + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
 //! `padding/fraction` (14) and five latency histograms (194 each: 8
 //! sub-buckets per octave over 2^-20..2^4 s). With `max_hops = 3` and
-//! `S = 1024` that is `2·T + 2066`; it grows with the number of tasks `T`
-//! only, never with rows, seeds or steps. Handles are registered once per
+//! `S = 1024` that is `3·T + 3102`; it grows with the number of tasks `T`
+//! only, never with rows, seeds, steps or passes. Handles are registered once per
 //! sampler and cached; recording is atomic increments, and scrapes read
 //! them on the exporter's own thread, never blocking the sampler.
 
