@@ -22,6 +22,7 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
         embedder=a.embedder,
         overwrite=a.overwrite,
         time_columns=a.time_columns,
+        **({"memory_limit": a.memory_limit} if a.memory_limit else {}),
     )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -205,6 +206,13 @@ def _add_data_commands(sub: Sub) -> None:
         default="propose",
         help="propose: a source declaring no time columns gets one proposed per table (printed "
         "as a schema line) and a loud warning where none fits; none: no proposals",
+    )
+    pp.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="preprocessing memory budget beside the interpreter (e.g. 512MiB; default: "
+        "preprocess()'s, 2GiB): DuckDB gets a third and spills past it to OUT_DIR.duckdb_tmp; "
+        "columns are streamed in chunks",
     )
     pp.set_defaults(func=_cmd_preprocess)
 

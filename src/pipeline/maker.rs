@@ -148,6 +148,7 @@ impl SamplerCore {
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
         let t0 = Instant::now();
         let db = Database::open_with(db_path, cfg.verify)?;
+        db.warm_page_cache(cfg.page_cache)?;
         let mut core = Self::with_database(Arc::new(db), cfg)?;
         core.startup_seconds = t0.elapsed().as_secs_f64();
         Ok(core)
