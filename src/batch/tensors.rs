@@ -1,5 +1,5 @@
 //! The batch tensors, defined once: name, dtype and shape rule of each of
-//! the 20 tensors of seed 000 §3b plus `fingerprint` and `seq_valid`, in
+//! the 20 tensors of seed 000 §3b plus `fingerprint`, `seq_valid` and `db_idx`, in
 //! export order.
 //!
 //! The Python binding builds the batch dict by walking [`TENSORS`] over
@@ -142,8 +142,10 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 /// the drawn seeds, so an anomalous step can be identified and replayed)
 /// and `seq_valid` (1 for a real sequence, 0 for a padded one: only the last
 /// batch of an evaluation pass has padded sequences, which repeat a seed of
-/// the pass and must not be scored).
-pub static TENSORS: [TensorSpec; 22] = [
+/// the pass and must not be scored), then `db_idx` (the batch's database:
+/// its index in the sampler's mixture, 0 for a single database; `task_idx`
+/// is the task's index among the mixture's tasks).
+pub static TENSORS: [TensorSpec; 23] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),
     t("seq_row_ids", Dtype::U16, Shape::BS),
@@ -166,6 +168,7 @@ pub static TENSORS: [TensorSpec; 22] = [
     t("cat_emb_count", Dtype::U32, Shape::One),
     t("fingerprint", Dtype::U64, Shape::One),
     t("seq_valid", Dtype::U8, Shape::B),
+    t("db_idx", Dtype::U32, Shape::One),
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.
@@ -264,6 +267,7 @@ impl Batch {
             TensorData::U32(vec![self.cat_emb_count]),
             TensorData::U64(vec![self.fingerprint]),
             TensorData::U8(self.seq_valid),
+            TensorData::U32(vec![self.db_idx]),
         ];
         TENSORS
             .iter()
@@ -291,6 +295,6 @@ mod tests {
         }
         assert_eq!(batch_keys().len(), 20);
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
-        assert_eq!(TENSORS.last().map(|t| t.name), Some("seq_valid"));
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("db_idx"));
     }
 }

@@ -59,14 +59,15 @@ pub fn eval_list(
     split: Split,
     max_seeds: Option<usize>,
 ) -> Result<Vec<u32>> {
-    let view = core.db.task(task)?;
+    let view = core.task_view(task)?;
+    let local = core.task_local(task) as u32;
     let c = &core.cfg;
     let cap = max_seeds.unwrap_or(usize::MAX);
     Ok(view
         .anchor_rows
         .iter()
         .enumerate()
-        .filter(|&(_, &row)| split_of(task as u32, row, c.split_seed, c.split_ratios) == split)
+        .filter(|&(_, &row)| split_of(local, row, c.split_seed, c.split_ratios) == split)
         .map(|(i, _)| i as u32)
         .take(cap)
         .collect())
@@ -138,7 +139,7 @@ impl EvalPass {
                 "0: expected at least 1 (or None for the whole split)",
             ));
         }
-        let n = core.db.metadata().tasks.len();
+        let n = core.task_names().len();
         let picked: Vec<usize> = match task {
             Some(k) if k >= n => {
                 return Err(Error::invalid(
@@ -190,8 +191,8 @@ impl EvalPass {
         let core = &*self.core;
         let t = &self.tasks[ti];
         let b = core.cfg.default_batch_size;
-        let view = core.db.task(t.task)?;
-        let name = core.db.metadata().tasks[t.task].name.as_str();
+        let view = core.task_view(t.task)?;
+        let name = core.task_names()[t.task].as_str();
         let span = tracing::info_span!(
             "batch",
             split = self.split.name(),

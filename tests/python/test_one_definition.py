@@ -40,6 +40,8 @@ BAD: dict[str, dict[str, Any]] = {
     "max_hops": {"max_hops": 65},
     "task_weights": {"task_weights": [1.0]},
     "task_pick": {"task_pick": "bogus"},
+    "database_weights": {"database_weights": [1.0, -1.0]},
+    "telemetry_top_databases": {"telemetry_top_databases": 1025},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
     "verify": {"verify": "payload"},

@@ -21,7 +21,7 @@ def evaluate_run(
     run_dir: Path, splits: tuple[str, ...] = ("test",), max_seeds: int | None = None
 ) -> dict[str, Any]:
     """Per split, per task: ``{"stype", "count", "metrics", "baseline"}``."""
-    from headwater import _native
+    from headwater.mixture import open_sampler
     from headwater.train.device import tables_to_device
     from headwater.train.evaluate import Evaluator
     from headwater.train.mesh import Mesh, Padder
@@ -34,7 +34,7 @@ def evaluate_run(
         kw["split_ratios"] = tuple(kw["split_ratios"])
     kw["num_prefetch"] = 1
     out: dict[str, Any] = {}
-    with _native.Sampler(doc["db"], rank=0, world_size=1, **kw) as sampler:
+    with open_sampler(doc["db"], rank=0, world_size=1, **kw) as sampler:
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
         params, model_cfg = load_params(run_dir, int(col_np.shape[1]))
         mesh = Mesh()
