@@ -240,7 +240,7 @@ def test_batch_keys_are_the_native_list() -> None:
         b = s.next_train_batch()
     finally:
         s.shutdown()
-    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid"]
+    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", "db_idx"]
     assert list(b) == [t["name"] for t in N.batch_tensors()]
     assert b["seq_valid"].tolist() == [1, 1], "a training batch has no padded sequence"
     assert headwater.BATCH_KEYS == N.BATCH_KEYS and len(N.BATCH_KEYS) == 20

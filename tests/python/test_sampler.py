@@ -73,11 +73,17 @@ def test_native_tensor_list_is_the_contract() -> None:
     binding's dict) against the hand transcription of seed 000 §3b."""
     got = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in N.batch_tensors()}
     want = {k: (shape, np.dtype(dt).name) for k, (shape, dt) in LAYOUT.items()}
-    assert got == {**want, "fingerprint": (("1",), "uint64"), "seq_valid": (("B",), "uint8")}
-    assert list(got) == [*N.BATCH_KEYS, "fingerprint", "seq_valid"] == [
+    assert got == {
+        **want,
+        "fingerprint": (("1",), "uint64"),
+        "seq_valid": (("B",), "uint8"),
+        "db_idx": (("1",), "uint32"),
+    }
+    assert list(got) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", "db_idx"] == [
         *LAYOUT,
         "fingerprint",
         "seq_valid",
+        "db_idx",
     ]
 CODES = {"numerical": 0, "boolean": 1, "timestamp": 2, "categorical": 3, "text": 4}
 DAY_US = 86_400_000_000
@@ -438,9 +444,10 @@ def test_batch_has_exactly_the_contract_keys(small: SmallDb, closing: list[Any])
     for batch in (s.next_train_batch(), s.next_val_batch()):
         # The 20 keys of seed 000 §3b in order, then the telemetry fingerprint
         # and the per-sequence validity mask (all 1 outside evaluation passes).
-        assert list(batch)[:-2] == list(LAYOUT), "keys or key order differ from seed 000 §3b"
-        assert list(batch)[:-2] == list(N.BATCH_KEYS)
-        assert list(batch)[-2:] == ["fingerprint", "seq_valid"]
+        assert list(batch)[:-3] == list(LAYOUT), "keys or key order differ from seed 000 §3b"
+        assert list(batch)[:-3] == list(N.BATCH_KEYS)
+        assert list(batch)[-3:] == ["fingerprint", "seq_valid", "db_idx"]
+        assert batch["db_idx"].tolist() == [0], "one database is database 0 of its mixture"
         assert batch["fingerprint"].dtype == np.uint64 and batch["fingerprint"].shape == (1,)
         assert batch["seq_valid"].dtype == np.uint8 and np.all(batch["seq_valid"] == 1)
 
