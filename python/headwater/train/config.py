@@ -217,7 +217,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the W&B run config and the run's summary)."""
         return {
-            "database": dataclasses.asdict(self.database),
+            "database": {
+                **dataclasses.asdict(self.database),
+                # [[database]] entries as plain data (paths as strings).
+                "mixture": [
+                    {**dataclasses.asdict(e), "path": str(e.path)} for e in self.database.mixture
+                ],
+            },
             "sampler": dict(self.sampler),
             "ranks": {str(k): dict(v) for k, v in self.ranks.items()},
             "model": dataclasses.asdict(self.model),

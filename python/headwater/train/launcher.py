@@ -61,9 +61,13 @@ def resolve_database(cfg: TrainConfig) -> Path:
         from headwater.data.default_db import cache_dir
         from headwater.mixture import write_mixture
 
-        default = Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder))
         entries = [
-            dataclasses.replace(e, path=default) if e.path == Path("") else e
+            dataclasses.replace(
+                e,
+                path=Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder)),
+            )
+            if e.path == Path("")
+            else e
             for e in cfg.database.mixture
         ]
         key = hashlib.sha256(repr(entries).encode()).hexdigest()[:16]
