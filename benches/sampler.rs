@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headwater::pipeline::SplitTelemetry;
-use headwater::pipeline::{BatchMaker, SamplerCore, SamplerState};
+use headwater::pipeline::{BatchMaker, EvalPass, SamplerCore, SamplerState};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
@@ -74,6 +74,17 @@ fn benches(c: &mut Criterion) {
     let mut rec = SplitTelemetry::new(schema, Vec::new());
     c.bench_function("telemetry_record_per_batch_b32", |b| {
         b.iter(|| rec.deliver(black_box(&batch), 2, 0.001));
+    });
+    // The same for a batch of an evaluation pass (pass pool readings, no
+    // queue): what a pass records per batch it yields.
+    let pass_batch = EvalPass::new(maker.core.clone(), Split::Val, None, None)
+        .unwrap()
+        .next()
+        .expect("the val split has seeds")
+        .unwrap();
+    let mut pass_rec = SplitTelemetry::new(schema, Vec::new());
+    c.bench_function("telemetry_record_per_eval_pass_batch_b32", |b| {
+        b.iter(|| pass_rec.deliver(black_box(&pass_batch), 0, 0.001));
     });
     let mut out = Vec::new();
     c.bench_function("telemetry_record_and_drain_per_batch_b32", |b| {

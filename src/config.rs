@@ -89,6 +89,9 @@ pub struct SamplerConfig {
     pub max_rss_bytes: Option<u64>,
     /// What opening the database checks: `header` (O(metadata)) or `full`.
     pub verify: crate::format::Verify,
+    /// How the mapped files enter the page cache at open: `lazy`,
+    /// `willneed`, `populate` or `mlock` ([`crate::format::PageCache`]).
+    pub page_cache: crate::format::PageCache,
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
@@ -139,6 +142,7 @@ impl Default for SamplerConfig {
             num_threads: None,
             max_rss_bytes: None,
             verify: crate::format::Verify::Header,
+            page_cache: crate::format::PageCache::Lazy,
             temporal_filter: true,
             telemetry: true,
             prometheus_port: None,
@@ -182,7 +186,7 @@ const fn f(
 }
 
 /// Every key of [`SamplerConfig`], in field order (a test keeps them equal).
-pub static FIELDS: [FieldDoc; 27] = [
+pub static FIELDS: [FieldDoc; 28] = [
     f("rank", "int", "an integer in 0..world_size", "this process's rank"),
     f("world_size", "int", "an integer in 1..=4294967295", "number of ranks"),
     f(
@@ -269,6 +273,12 @@ pub static FIELDS: [FieldDoc; 27] = [
         "str",
         "\"header\" or \"full\"",
         "open check: header (sizes + metadata hash, O(metadata)) or full (also every payload checksum)",
+    ),
+    f(
+        "page_cache",
+        "str",
+        "\"lazy\", \"willneed\", \"populate\" or \"mlock\"",
+        "at open: lazy (page faults), willneed (madvise read-ahead), populate (fault every page in), mlock (populate and lock; needs RLIMIT_MEMLOCK)",
     ),
     f(
         "temporal_filter",

@@ -74,16 +74,27 @@ class DatabaseWriter:
         cls, out_dir: str | os.PathLike[str], source: str, embedder: str, dim: int
     ) -> DatabaseWriter: ...
     def resume_table(self, fingerprint: str) -> bool: ...
-    def add_table(
+    def begin_table(
         self,
         name: str,
         num_rows: int,
         primary_key: str | None,
         time_column: str | None,
-        row_time: npt.NDArray[np.int64],
-        columns: list[tuple[Any, ...]],
-        foreign_keys: list[tuple[Any, ...]],
         fingerprint: str,
+        num_stored: int,
+    ) -> None: ...
+    def add_column(
+        self,
+        name: str,
+        stype: str,
+        source_type: str,
+        inferred: bool,
+        values: npt.NDArray[Any] | None = None,
+        valid: npt.NDArray[np.uint8] | None = None,
+        extra: Any = None,
+    ) -> None: ...
+    def end_table(
+        self, row_time: npt.NDArray[np.int64], foreign_keys: list[tuple[Any, ...]]
     ) -> None: ...
     def add_cell_task(
         self, name: str, table: str, column: str, description: str | None = None
@@ -174,6 +185,7 @@ class Sampler:
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         verify: str = "header",
+        page_cache: str = "lazy",
         temporal_filter: bool = True,
         telemetry: bool = True,
         prometheus_port: int | None = None,
@@ -219,7 +231,8 @@ class Sampler:
 
 @final
 class EvalPass:
-    """A finite, ordered pass over every seed of a val/test split on this rank."""
+    """A finite, ordered pass over every seed of a val/test split on this rank;
+    each batch taken is recorded in that split's telemetry."""
 
     def __iter__(self) -> EvalPass: ...
     def __next__(self) -> dict[str, npt.NDArray[Any]]: ...

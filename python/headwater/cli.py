@@ -22,6 +22,7 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
         embedder=a.embedder,
         overwrite=a.overwrite,
         time_columns=a.time_columns,
+        **({"memory_limit": a.memory_limit} if a.memory_limit else {}),
     )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -108,13 +109,13 @@ def _cmd_eval(a: argparse.Namespace) -> int:
 
     if a.max_seeds is not None and a.max_seeds < 1:
         raise ValueError(f"--max-seeds must be >= 1, got {a.max_seeds}")
-    return eval_main(a.run_dir, a.split, a.max_seeds)
+    return eval_main(a.run_dir, a.split, a.max_seeds, a.step)
 
 
 def _add_eval(sub: Sub) -> None:
     pe = sub.add_parser(
         "eval",
-        help="evaluate a saved run (params.npz) on val/test: per-task metrics and baselines",
+        help="evaluate a run's training checkpoint on val/test: per-task metrics and baselines",
     )
     pe.add_argument("run_dir", help="a run directory written by `headwater train`")
     pe.add_argument(
@@ -122,6 +123,9 @@ def _add_eval(sub: Sub) -> None:
         choices=("val", "test", "both"),
         default="test",
         help="which split's full pass to score (default: test)",
+    )
+    pe.add_argument(
+        "--step", type=int, help="which checkpoint (default: the latest committed one)"
     )
     pe.add_argument("--max-seeds", type=int, help="seeds per task (default: the whole split)")
     pe.set_defaults(func=_cmd_eval)
@@ -191,6 +195,13 @@ def _add_data_commands(sub: Sub) -> None:
         default="propose",
         help="propose: a source declaring no time columns gets one proposed per table (printed "
         "as a schema line) and a loud warning where none fits; none: no proposals",
+    )
+    pp.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="preprocessing memory budget beside the interpreter (e.g. 512MiB; default: "
+        "preprocess()'s, 2GiB): DuckDB gets a third and spills past it to OUT_DIR.duckdb_tmp; "
+        "columns are streamed in chunks",
     )
     pp.set_defaults(func=_cmd_preprocess)
 

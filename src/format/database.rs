@@ -210,6 +210,15 @@ impl Database {
         Ok(db)
     }
 
+    /// Bring every mapped file into the page cache as `mode` says
+    /// ([`PageCache`]); `Lazy` does nothing.
+    pub fn warm_page_cache(&self, mode: super::PageCache) -> Result<()> {
+        for f in self.files() {
+            super::page_cache::apply(f, mode)?;
+        }
+        Ok(())
+    }
+
     /// Every mapped file, graph first.
     pub(super) fn files(&self) -> impl Iterator<Item = &MappedFile> {
         std::iter::once(&self.graph)

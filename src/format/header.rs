@@ -215,6 +215,11 @@ impl MappedFile {
         (self.mmap.len() - self.payload_start()) as u64
     }
 
+    /// The whole mapping (header included), for page-cache advice.
+    pub(super) fn map(&self) -> &Mmap {
+        &self.mmap
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

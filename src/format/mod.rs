@@ -91,6 +91,7 @@
 mod database;
 mod header;
 mod metadata;
+mod page_cache;
 mod verify;
 mod writer;
 
@@ -102,6 +103,7 @@ pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
     TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
+pub use page_cache::PageCache;
 pub use verify::{verify_database, Verify, VerifyReport};
 pub use writer::{align_up, FileWriter, Section};
 

@@ -84,6 +84,30 @@ impl FileWriter {
         Ok(())
     }
 
+    /// Start the next section (64-byte aligned) whose bytes follow in any
+    /// number of [`append`](Self::append) calls: the same file as one
+    /// [`section`](Self::section) call with their concatenation.
+    pub fn begin_section(&mut self) -> Result<()> {
+        assert!(
+            self.table.len() < self.num_sections,
+            "more sections than declared"
+        );
+        let pad = align_up(self.pos as usize, ALIGN) - self.pos as usize;
+        self.put(&ZEROS[..pad])?;
+        self.table.push((self.pos, 0));
+        Ok(())
+    }
+
+    /// Append bytes to the section begun last.
+    pub fn append(&mut self, s: Section<'_>) -> Result<()> {
+        let last = self.table.len().checked_sub(1).expect("a section begun");
+        self.table[last].1 += s.0.len() as u64;
+        for chunk in s.0.chunks(1 << 22) {
+            self.put(chunk)?;
+        }
+        Ok(())
+    }
+
     /// Write the header and close the file; returns (file length, payload checksum).
     pub fn finish(mut self) -> Result<(u64, u64)> {
         assert_eq!(

@@ -21,6 +21,22 @@
 //! position), never from a split's stream state, so a pass never advances
 //! or perturbs training, gives the same batches on every call, and may run
 //! on the consumer's thread while the producers prefetch.
+//!
+//! **Telemetry.** A pass opened by [`Sampler::eval_pass`](super::Sampler::eval_pass)
+//! records each batch it yields in the split's recorders (the drain and the
+//! exporters, labelled `split="val"` / `"test"`), like a delivered stream
+//! batch: every table row is measured the same way, with these pass
+//! readings of the rows a stream reads from its pools and channel:
+//! `pool/remaining_*` = this rank's seeds of the batch's task not yet
+//! yielded (`_fraction` over this rank's share of the task), `pool/
+//! steps_to_exhaust_min` = the task's batches still to come, `pool/
+//! steps_since_pick_max`, `mix/tv_distance`, exhaust events and duplicate
+//! seeds 0 (a pass draws each seed once, in order), `queue/depth_min` 0 and
+//! `queue/wait_seconds` the time the batch took to build (the consumer
+//! builds it: there is no prefetch). `tasks/<task>` counts the batch's
+//! seeds including its padded sequences (the batch size, as for a stream
+//! batch); `seq_valid` says which sequences count for scoring. A val pass
+//! and the val stream feed the same `val` recorders.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,9 +45,9 @@ use crate::batch::{Batch, FxMap};
 use crate::error::{Error, Result};
 use crate::rng::mix64;
 use crate::sampler::Subgraph;
-use crate::seeds::{split_of, Split};
+use crate::seeds::{split_of, DrawStats, Split};
 
-use super::SamplerCore;
+use super::{telemetry_index, SamplerCore, Telemetry};
 
 /// Tag that separates evaluation generators from the training stream's.
 const EVAL_TAG: u64 = 0x6576_616c;
@@ -116,6 +132,8 @@ pub struct EvalPass {
     subgraphs: Vec<Subgraph>,
     text_map: FxMap<u32, u32>,
     jobs: Vec<(u32, u32, i64, u64)>,
+    /// The sampler's recorders, when the pass records its batches.
+    telemetry: Option<Telemetry>,
 }
 
 impl EvalPass {
@@ -163,7 +181,16 @@ impl EvalPass {
             subgraphs: Vec::new(),
             text_map: FxMap::default(),
             jobs: Vec::new(),
+            telemetry: None,
         })
+    }
+
+    /// Record every batch this pass yields in `telemetry`'s recorders of
+    /// the pass's split (see the module doc).
+    #[must_use]
+    pub fn recorded_in(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
+        self
     }
 
     /// The sampling core the pass reads.
@@ -231,6 +258,7 @@ impl EvalPass {
         batch.seq_valid = valid;
         batch.split = self.split;
         batch.step = self.index;
+        batch.draw = pass_draw(t, bi, b);
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&key.to_le_bytes());
         h.update(&(t.task as u32).to_le_bytes());
@@ -253,8 +281,37 @@ impl Iterator for EvalPass {
             return None;
         }
         self.at.1 += 1;
+        let t0 = Instant::now();
         let out = self.make(ti, bi);
         self.index += 1;
+        if let (Ok(b), Some(tel)) = (&out, &self.telemetry) {
+            tel[telemetry_index(self.split)]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .deliver(b, 0, t0.elapsed().as_secs_f64());
+        }
         Some(out)
+    }
+}
+
+/// The pool readings of batch `bi` of task share `t` (batch size `b`):
+/// this rank's seeds of the task still to come after it, and its batches.
+#[allow(clippy::cast_precision_loss)]
+fn pass_draw(t: &EvalTask, bi: usize, b: usize) -> DrawStats {
+    let left = t.entries.len().saturating_sub((bi + 1) * b) as f64;
+    let share = t.entries.len() as f64;
+    let fraction = if share > 0.0 { left / share } else { 0.0 };
+    DrawStats {
+        remaining_min: left,
+        remaining_max: left,
+        remaining_fraction_min: fraction,
+        remaining_fraction_max: fraction,
+        steps_since_pick_max: 0.0,
+        steps_to_exhaust_min: t.batches.saturating_sub(bi + 1) as f64,
+        tv_distance: 0.0,
+        // A pass does not follow the database mix: its seeds are never
+        // counted as `databases/other_seeds`, its database readings are 0.
+        database_reported: true,
+        ..DrawStats::default()
     }
 }

@@ -206,6 +206,8 @@ impl SamplerCore {
         let mut dbs = Vec::with_capacity(paths.len());
         for (name, path) in names.into_iter().zip(paths) {
             let db = Database::open_with(path, cfg.verify).map_err(|e| in_database(&name, e))?;
+            db.warm_page_cache(cfg.page_cache)
+                .map_err(|e| in_database(&name, e))?;
             dbs.push((name, Arc::new(db)));
         }
         let mut core = Self::with_databases(dbs, cfg)?;

@@ -1,5 +1,9 @@
 //! Producer threads, bounded channels, shutdown.
 //!
+//! Telemetry: one set of recorders per split of [`TELEMETRY_SPLITS`]
+//! (train, val, test), fed by the batches handed to the consumer: the
+//! streams' and the evaluation passes' ([`Sampler::eval_pass`]).
+//!
 //! One producer thread per split (train, val) fills a bounded channel of
 //! `num_prefetch` batches; the sampler's rayon pool parallelises the seeds of
 //! each batch. The consumer blocks on the channel; `shutdown()` wakes every
@@ -53,6 +57,24 @@ use crate::telemetry::Recorder;
 /// The splits that have a producer.
 pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
 
+/// The splits that have telemetry (a drain recorder and exporters each):
+/// the produced streams' delivered batches and the evaluation passes'
+/// batches of the same split are recorded together (a val pass feeds
+/// `val`, a test pass `test`).
+pub const TELEMETRY_SPLITS: [Split; 3] = [Split::Train, Split::Val, Split::Test];
+
+/// Per split of [`TELEMETRY_SPLITS`], its recorders; shared with the
+/// evaluation passes the sampler opens.
+pub type Telemetry = Arc<[Mutex<SplitTelemetry>]>;
+
+/// The position of `split` in [`TELEMETRY_SPLITS`].
+pub fn telemetry_index(split: Split) -> usize {
+    TELEMETRY_SPLITS
+        .iter()
+        .position(|&s| s == split)
+        .expect("every split has telemetry")
+}
+
 struct Producer {
     rx: Receiver<Result<Batch>>,
     handle: Option<JoinHandle<()>>,
@@ -79,8 +101,8 @@ pub struct Sampler {
     /// The first producer failure: (was it a resource limit?, message).
     failure: Mutex<Option<(bool, String)>>,
     pid: u32,
-    /// Per produced split: the drain recorder and the exporters.
-    telemetry: Vec<Mutex<SplitTelemetry>>,
+    /// Per split of [`TELEMETRY_SPLITS`]: the drain recorder and the exporters.
+    telemetry: Telemetry,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -218,7 +240,7 @@ impl Sampler {
         if let Some(ep) = &otlp {
             otel::install(ep, core.cfg.rank)?;
         }
-        let telemetry = PRODUCED
+        let telemetry: Telemetry = TELEMETRY_SPLITS
             .iter()
             .map(|s| {
                 let mut exporters: Vec<Box<dyn Recorder>> = Vec::new();
@@ -251,8 +273,7 @@ impl Sampler {
             });
         }
         if saved.is_some() {
-            for t in &telemetry {
-                let t: &Mutex<SplitTelemetry> = t;
+            for t in telemetry.iter() {
                 t.lock().unwrap().note_resume();
             }
         }
@@ -315,7 +336,7 @@ impl Sampler {
         for (lane, state) in self.lanes.iter().zip(states) {
             self.restart(lane, state)?;
         }
-        for t in &self.telemetry {
+        for t in self.telemetry.iter() {
             t.lock().unwrap().note_resume();
         }
         Ok(())
@@ -484,26 +505,36 @@ impl Sampler {
         if !self.core.cfg.telemetry {
             return;
         }
-        if let Some(i) = PRODUCED.iter().position(|&s| s == split) {
-            self.telemetry[i]
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .deliver(b, depth, wait_seconds);
-        }
+        self.telemetry[telemetry_index(split)]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .deliver(b, depth, wait_seconds);
+    }
+
+    /// A finite evaluation pass over `split` (see [`EvalPass::new`]) whose
+    /// batches are recorded in `split`'s telemetry as the consumer takes
+    /// them (when telemetry is on).
+    pub fn eval_pass(
+        &self,
+        split: Split,
+        task: Option<usize>,
+        max_seeds: Option<usize>,
+    ) -> Result<EvalPass> {
+        self.check_open()?;
+        let pass = EvalPass::new(self.core.clone(), split, task, max_seeds)?;
+        Ok(if self.core.cfg.telemetry {
+            pass.recorded_in(self.telemetry.clone())
+        } else {
+            pass
+        })
     }
 
     /// The step metrics of `split` since the last drain, one value per
     /// `schema.drained_keys` (empty if no batch was delivered since),
     /// clearing the accumulated counters.
     pub fn drain_step_values(&self, split: Split) -> Result<Vec<f64>> {
-        let i = PRODUCED.iter().position(|&s| s == split).ok_or_else(|| {
-            Error::invalid(
-                "split",
-                format!("{} has no producer (train and val do)", split.name()),
-            )
-        })?;
         let mut out = Vec::new();
-        self.telemetry[i]
+        self.telemetry[telemetry_index(split)]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .drain

@@ -1,59 +1,105 @@
-//! Building the bidirectional CSR from per-row parent lists.
+//! Building the bidirectional CSR from per-row parent lists, in bounded
+//! extra memory.
 //!
-//! F→P edges keep foreign-key column order per row. P→F edges are grouped by
-//! parent and sorted by (child time, child id), so the children visible at a
-//! cutoff are a prefix.
+//! F→P edges keep foreign-key column order per row; they are streamed
+//! straight into `graph.bin` ([`write_forward`]), never held. P→F edges
+//! ([`build_reverse`]) are grouped by parent and sorted by (child time,
+//! child id), so the children visible at a cutoff are a prefix; building them
+//! holds 8 bytes per row (offsets) and 4 per edge, the child times are
+//! streamed out ([`write_reverse`]).
 
 use rayon::prelude::*;
 
-/// A built graph, ready to write.
-pub struct Csr {
-    /// Row `r`'s parents are `fwd_targets[fwd_offsets[r]..fwd_offsets[r + 1]]`.
-    pub fwd_offsets: Vec<u64>,
-    /// Parent rows (child → parent edges), grouped by child.
-    pub fwd_targets: Vec<u32>,
+use crate::error::Result;
+use crate::format::{FileWriter, Section};
+
+/// Values per buffered write while streaming a section.
+const CHUNK: usize = 1 << 16;
+
+/// The P→F half of the graph, ready to write (the child times are streamed
+/// from it by [`write_reverse`]).
+pub struct ReverseCsr {
     /// Row `r`'s children are `rev_targets[rev_offsets[r]..rev_offsets[r + 1]]`.
     pub rev_offsets: Vec<u64>,
     /// Child rows, grouped by parent, sorted by time.
     pub rev_targets: Vec<u32>,
-    /// Time of each child in `rev_targets` (for the time filter).
-    pub rev_times: Vec<i64>,
 }
 
-/// Build the CSR. `parents(r, out)` appends the parents of row `r` to `out`;
-/// `row_time[r]` is each row's time (`i64::MIN` when it has none).
-pub fn build_csr(
+/// Write the F→P sections (`fwd_offsets`, then `fwd_targets`) to `w`, two
+/// passes over `parents(r, out)` (which appends row `r`'s parents to `out`).
+/// Returns the number of edges.
+pub fn write_forward(
+    w: &mut FileWriter,
+    num_rows: usize,
+    mut parents: impl FnMut(usize, &mut Vec<u32>),
+) -> Result<u64> {
+    let mut scratch = Vec::new();
+    let mut offs: Vec<u64> = Vec::with_capacity(CHUNK);
+    let mut edges = 0u64;
+    w.begin_section()?;
+    offs.push(0);
+    for r in 0..num_rows {
+        scratch.clear();
+        parents(r, &mut scratch);
+        edges += scratch.len() as u64;
+        offs.push(edges);
+        if offs.len() == CHUNK {
+            w.append(Section::of(&offs))?;
+            offs.clear();
+        }
+    }
+    w.append(Section::of(&offs))?;
+    let mut targets: Vec<u32> = Vec::with_capacity(CHUNK);
+    w.begin_section()?;
+    for r in 0..num_rows {
+        parents(r, &mut targets);
+        if targets.len() >= CHUNK {
+            w.append(Section::of(&targets))?;
+            targets.clear();
+        }
+    }
+    w.append(Section::of(&targets))?;
+    Ok(edges)
+}
+
+/// Build the P→F half. `parents(r, out)` appends the parents of row `r` to
+/// `out`; `row_time[r]` is each row's time (`i64::MIN` when it has none).
+/// Holds 8 bytes per row and 4 per edge beyond its inputs: the offsets are
+/// their own fill cursors (children placed from each segment's end, highest
+/// id first), then shifted back into place.
+pub fn build_reverse(
     num_rows: usize,
     row_time: &[i64],
     mut parents: impl FnMut(usize, &mut Vec<u32>),
-) -> Csr {
-    let mut fwd_offsets = Vec::with_capacity(num_rows + 1);
-    let mut fwd_targets = Vec::new();
-    fwd_offsets.push(0u64);
-    for r in 0..num_rows {
-        parents(r, &mut fwd_targets);
-        fwd_offsets.push(fwd_targets.len() as u64);
-    }
-    let e = fwd_targets.len();
+) -> ReverseCsr {
+    let mut scratch = Vec::new();
     let mut counts = vec![0u64; num_rows + 1];
-    for &p in &fwd_targets {
-        counts[p as usize + 1] += 1;
+    for r in 0..num_rows {
+        scratch.clear();
+        parents(r, &mut scratch);
+        for &p in &scratch {
+            counts[p as usize + 1] += 1;
+        }
     }
     for i in 0..num_rows {
         counts[i + 1] += counts[i];
     }
-    let rev_offsets = counts;
-    let mut cursor: Vec<u64> = rev_offsets[..num_rows].to_vec();
+    let e = counts[num_rows] as usize;
+    // counts[p + 1] is the end of parent p's segment: fill backwards.
     let mut rev_targets = vec![0u32; e];
-    for child in 0..num_rows {
-        let (a, b) = (fwd_offsets[child] as usize, fwd_offsets[child + 1] as usize);
-        for &p in &fwd_targets[a..b] {
-            let slot = &mut cursor[p as usize];
-            rev_targets[*slot as usize] = child as u32;
-            *slot += 1;
+    for child in (0..num_rows).rev() {
+        scratch.clear();
+        parents(child, &mut scratch);
+        for &p in scratch.iter().rev() {
+            let end = &mut counts[p as usize + 1];
+            *end -= 1;
+            rev_targets[*end as usize] = child as u32;
         }
     }
-    drop(cursor);
+    // Now counts[p + 1] is the start of segment p: shift back.
+    counts.remove(0);
+    counts.push(e as u64);
+    let rev_offsets = counts;
     // Children were filled in increasing id order; a stable sort by time
     // gives (time, id) order. Sort segments in parallel.
     let mut segments: Vec<&mut [u32]> = Vec::new();
@@ -70,17 +116,25 @@ pub fn build_csr(
         .par_iter_mut()
         .for_each(|seg| seg.sort_by_key(|&c| row_time[c as usize]));
     drop(segments);
-    let rev_times = rev_targets
-        .par_iter()
-        .map(|&c| row_time[c as usize])
-        .collect();
-    Csr {
-        fwd_offsets,
-        fwd_targets,
+    ReverseCsr {
         rev_offsets,
         rev_targets,
-        rev_times,
     }
+}
+
+/// Write the P→F sections (`rev_offsets`, `rev_targets`, then each child's
+/// time, computed a chunk at a time) to `w`.
+pub fn write_reverse(w: &mut FileWriter, rev: &ReverseCsr, row_time: &[i64]) -> Result<()> {
+    w.section(Section::of(&rev.rev_offsets))?;
+    w.section(Section::of(&rev.rev_targets))?;
+    w.begin_section()?;
+    let mut times: Vec<i64> = Vec::with_capacity(CHUNK);
+    for chunk in rev.rev_targets.chunks(CHUNK) {
+        times.clear();
+        times.extend(chunk.iter().map(|&c| row_time[c as usize]));
+        w.append(Section::of(&times))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -92,13 +146,43 @@ mod tests {
         // rows 0,1 parents; rows 2..6 children with times.
         let times = [i64::MIN, i64::MIN, 50, 10, 30, 10, i64::MIN];
         let parent_of = [None, None, Some(0u32), Some(0), Some(1), Some(0), Some(1)];
-        let csr = build_csr(7, &times, |r, out| out.extend(parent_of[r]));
-        assert_eq!(csr.fwd_targets, vec![0, 0, 1, 0, 1]);
+        let csr = build_reverse(7, &times, |r, out| out.extend(parent_of[r]));
         let kids0 = &csr.rev_targets[csr.rev_offsets[0] as usize..csr.rev_offsets[1] as usize];
         assert_eq!(kids0, &[3, 5, 2]);
         let kids1 = &csr.rev_targets[csr.rev_offsets[1] as usize..csr.rev_offsets[2] as usize];
         assert_eq!(kids1, &[6, 4]);
-        let t1 = &csr.rev_times[csr.rev_offsets[1] as usize..csr.rev_offsets[2] as usize];
-        assert_eq!(t1, &[i64::MIN, 30]);
+        assert_eq!(csr.rev_offsets, vec![0, 3, 5, 5, 5, 5, 5, 5]);
+    }
+
+    #[test]
+    fn streamed_forward_sections_are_the_bytes_of_whole_ones() {
+        use crate::format::FileKind;
+        let tmp = tempfile::tempdir().unwrap();
+        // Enough rows to cross several write chunks.
+        let n = 2 * CHUNK + 7;
+        let parents = |r: usize, out: &mut Vec<u32>| {
+            if r % 3 != 0 {
+                out.push((r / 3) as u32);
+            }
+            if r % 5 == 0 {
+                out.push(1);
+            }
+        };
+        let a = tmp.path().join("a");
+        let mut w = FileWriter::create(&a, FileKind::Graph, 2).unwrap();
+        let edges = write_forward(&mut w, n, parents).unwrap();
+        w.finish().unwrap();
+        let (mut offs, mut targets) = (vec![0u64], vec![]);
+        for r in 0..n {
+            parents(r, &mut targets);
+            offs.push(targets.len() as u64);
+        }
+        let b = tmp.path().join("b");
+        let mut w = FileWriter::create(&b, FileKind::Graph, 2).unwrap();
+        w.section(Section::of(&offs)).unwrap();
+        w.section(Section::of(&targets)).unwrap();
+        w.finish().unwrap();
+        assert_eq!(edges, targets.len() as u64);
+        assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
     }
 }

@@ -20,11 +20,12 @@ mod stats;
 mod synth;
 mod writer;
 
-pub use graph::{build_csr, Csr};
+pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr};
 pub use hash_embed::hash_embed;
 pub use stats::{column_stats, RunningStats};
 #[cfg(any(test, feature = "testing"))]
 pub use synth::{synth_database, SynthSpec};
 pub use writer::{
-    ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
+    ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TableSpec, TaskInput,
+    TaskTarget,
 };

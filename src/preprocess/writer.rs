@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-use super::graph::build_csr;
+use super::graph::{build_reverse, write_forward, write_reverse};
 use super::stats::{column_stats, RunningStats};
 use crate::error::{Error, Result};
 use crate::format::bit;
@@ -178,6 +178,41 @@ pub struct DatabaseWriter {
     cat_strings: Vec<String>,
     ts_stats: RunningStats,
     resumed: usize,
+    /// The table between `begin_table` and `end_table`.
+    open: Option<OpenTable>,
+}
+
+/// What `begin_table` needs to know before the first column arrives.
+pub struct TableSpec {
+    /// Table name.
+    pub name: String,
+    /// Rows.
+    pub num_rows: usize,
+    /// Primary key column, if any.
+    pub primary_key: Option<String>,
+    /// Time column, if any.
+    pub time_column: Option<String>,
+    /// Identifies the source and settings (see [`TableInput::fingerprint`]).
+    pub fingerprint: String,
+    /// Columns that will be stored (not identifier/ignored): the file's
+    /// section count is fixed up front.
+    pub num_stored: usize,
+}
+
+/// A table between `begin_table` and `end_table`.
+struct OpenTable {
+    spec: TableSpec,
+    t: u32,
+    row_offset: u64,
+    file: String,
+    writer: FileWriter,
+    text_before: usize,
+    cats_before: usize,
+    cols_before: usize,
+    stored: Vec<u32>,
+    unstored: Vec<crate::format::UnstoredColumn>,
+    ts_table: RunningStats,
+    seen: std::collections::HashSet<String>,
 }
 
 fn io<P: AsRef<Path>>(p: P) -> impl FnOnce(std::io::Error) -> Error {
@@ -271,6 +306,7 @@ impl DatabaseWriter {
             cat_strings: vec![],
             ts_stats: RunningStats::default(),
             resumed: 0,
+            open: None,
         })
     }
 
@@ -615,110 +651,208 @@ impl DatabaseWriter {
         Ok(true)
     }
 
-    /// Add the next table: validates it, writes `tables/<t>.bin` and its
-    /// restart record.
+    /// Add the next table in one call: [`begin_table`](Self::begin_table),
+    /// [`add_column`](Self::add_column) per column,
+    /// [`end_table`](Self::end_table). Same bytes as the streamed calls.
     pub fn add_table(&mut self, input: TableInput<'_>) -> Result<()> {
-        check_name("table", &input.name)?;
-        if self.table_index(&input.name).is_some() {
+        let num_stored = input.columns.iter().filter(|c| c.stype.is_stored()).count();
+        self.begin_table(TableSpec {
+            name: input.name,
+            num_rows: input.num_rows,
+            primary_key: input.primary_key,
+            time_column: input.time_column,
+            fingerprint: input.fingerprint,
+            num_stored,
+        })?;
+        for c in input.columns {
+            self.add_column(c)?;
+        }
+        self.end_table(input.row_time, &input.foreign_keys)
+    }
+
+    /// Start the next table; its stored columns follow one at a time
+    /// ([`add_column`](Self::add_column)), each encoded and written to
+    /// `tables/<t>.bin` at once, so only one column is ever held.
+    pub fn begin_table(&mut self, spec: TableSpec) -> Result<()> {
+        if let Some(open) = &self.open {
+            return Err(Error::Preprocess(format!(
+                "table `{}`: begun while table `{}` is not ended",
+                spec.name, open.spec.name
+            )));
+        }
+        check_name("table", &spec.name)?;
+        if self.table_index(&spec.name).is_some() {
             return Err(Error::Preprocess(format!(
                 "table `{}` added twice",
-                input.name
+                spec.name
             )));
         }
         let t = self.tables.len() as u32;
-        let n = input.num_rows;
         let row_offset = self.row_time.len() as u64;
-        if row_offset + n as u64 > u32::MAX as u64 {
+        if row_offset + spec.num_rows as u64 > u32::MAX as u64 {
             return Err(Error::Preprocess(format!(
                 "table `{}`: the database would exceed {} rows",
-                input.name,
+                spec.name,
                 u32::MAX
             )));
         }
         if self.tables.len() >= u16::MAX as usize {
             return Err(Error::Preprocess(format!(
                 "table `{}`: more than {} tables",
-                input.name,
+                spec.name,
                 u16::MAX
             )));
         }
-        check_len(
-            &format!("table `{}` row times", input.name),
-            input.row_time.len(),
-            n,
-        )?;
-        let text_before = self.text_strings.len();
-        let cats_before = self.cat_strings.len();
-        let cols_before = self.columns.len();
-        let mut stored = Vec::new();
-        let mut unstored = Vec::new();
-        let mut encoded = Vec::new();
-        let mut ts_table = RunningStats::default();
-        let mut seen = std::collections::HashSet::new();
-        for c in &input.columns {
-            check_name("column", &c.name)?;
-            if !seen.insert(c.name.as_str()) {
-                return Err(Error::Preprocess(format!(
-                    "table `{}`: column `{}` appears twice",
-                    input.name, c.name
-                )));
-            }
-            let what = format!("table `{}` column `{}`", input.name, c.name);
-            let data_kind = match &c.data {
-                ColumnData::Unstored => None,
-                ColumnData::Numerical { .. } => Some(SemanticType::Numerical),
-                ColumnData::Boolean { .. } => Some(SemanticType::Boolean),
-                ColumnData::Timestamp { .. } => Some(SemanticType::Timestamp),
-                ColumnData::Categorical { .. } => Some(SemanticType::Categorical),
-                ColumnData::Text { .. } => Some(SemanticType::Text),
-            };
-            if data_kind != c.stype.is_stored().then_some(c.stype) {
-                return Err(Error::Preprocess(format!(
-                    "{what}: data does not match semantic type {}",
-                    c.stype.name()
-                )));
-            }
-            if !c.stype.is_stored() {
-                unstored.push(metadata_unstored(c));
-                continue;
-            }
-            let enc = self.encode(&what, n, &c.data)?;
-            if let Some(ts) = &enc.ts {
-                ts_table.merge(ts);
-            }
-            let categories = match &c.data {
-                ColumnData::Categorical { categories, .. } => categories.clone(),
-                _ => vec![],
-            };
-            let slot = stored.len() as u32;
-            let idx = self.new_column(
-                t,
-                &c.name,
-                c.stype,
-                &c.source_type,
-                c.inferred,
-                Some(slot),
-                enc.stats.clone(),
-                categories,
-            );
-            stored.push(idx);
-            encoded.push(enc);
-        }
         let file = format!("tables/{t}.bin");
         let path = self.staging.join(&file);
-        let mut w = FileWriter::create(&path, FileKind::Table, 2 * encoded.len())?;
-        for e in &encoded {
-            w.section(Section(&e.values))?;
-            w.section(Section(&e.validity))?;
+        let writer = FileWriter::create(&path, FileKind::Table, 2 * spec.num_stored)?;
+        self.open = Some(OpenTable {
+            t,
+            row_offset,
+            file,
+            writer,
+            text_before: self.text_strings.len(),
+            cats_before: self.cat_strings.len(),
+            cols_before: self.columns.len(),
+            stored: vec![],
+            unstored: vec![],
+            ts_table: RunningStats::default(),
+            seen: std::collections::HashSet::new(),
+            spec,
+        });
+        Ok(())
+    }
+
+    /// Add the next column of the open table (source order). An error
+    /// discards the open table.
+    pub fn add_column(&mut self, c: ColumnInput<'_>) -> Result<()> {
+        let mut open = self
+            .open
+            .take()
+            .ok_or_else(|| Error::Preprocess(format!("column `{}`: no table begun", c.name)))?;
+        let r = self.add_column_to(&mut open, c);
+        match r {
+            Ok(()) => self.open = Some(open),
+            Err(_) => self.discard(open),
         }
-        let (len, sum) = w.finish()?;
-        drop(encoded);
+        r
+    }
+
+    /// Forget a table whose column failed: what it allocated is released,
+    /// so the next table starts from the same indices.
+    fn discard(&mut self, open: OpenTable) {
+        self.columns.truncate(open.cols_before);
+        self.cat_strings.truncate(open.cats_before);
+        for s in self.text_strings.drain(open.text_before..) {
+            self.text_index.remove(&s);
+        }
+    }
+
+    fn add_column_to(&mut self, open: &mut OpenTable, c: ColumnInput<'_>) -> Result<()> {
+        let tname = &open.spec.name;
+        check_name("column", &c.name)?;
+        if !open.seen.insert(c.name.clone()) {
+            return Err(Error::Preprocess(format!(
+                "table `{tname}`: column `{}` appears twice",
+                c.name
+            )));
+        }
+        let what = format!("table `{tname}` column `{}`", c.name);
+        let data_kind = match &c.data {
+            ColumnData::Unstored => None,
+            ColumnData::Numerical { .. } => Some(SemanticType::Numerical),
+            ColumnData::Boolean { .. } => Some(SemanticType::Boolean),
+            ColumnData::Timestamp { .. } => Some(SemanticType::Timestamp),
+            ColumnData::Categorical { .. } => Some(SemanticType::Categorical),
+            ColumnData::Text { .. } => Some(SemanticType::Text),
+        };
+        if data_kind != c.stype.is_stored().then_some(c.stype) {
+            return Err(Error::Preprocess(format!(
+                "{what}: data does not match semantic type {}",
+                c.stype.name()
+            )));
+        }
+        if !c.stype.is_stored() {
+            open.unstored.push(metadata_unstored(&c));
+            return Ok(());
+        }
+        if open.stored.len() == open.spec.num_stored {
+            return Err(Error::Preprocess(format!(
+                "{what}: more stored columns than the {} declared at begin_table",
+                open.spec.num_stored
+            )));
+        }
+        let enc = self.encode(&what, open.spec.num_rows, &c.data)?;
+        if let Some(ts) = &enc.ts {
+            open.ts_table.merge(ts);
+        }
+        let categories = match c.data {
+            ColumnData::Categorical { categories, .. } => categories,
+            _ => vec![],
+        };
+        let slot = open.stored.len() as u32;
+        let idx = self.new_column(
+            open.t,
+            &c.name,
+            c.stype,
+            &c.source_type,
+            c.inferred,
+            Some(slot),
+            enc.stats.clone(),
+            categories,
+        );
+        open.stored.push(idx);
+        open.writer.section(Section(&enc.values))?;
+        open.writer.section(Section(&enc.validity))?;
+        Ok(())
+    }
+
+    /// Finish the open table: its row times and foreign keys (parent row
+    /// per row), then the restart record that marks it complete.
+    pub fn end_table(
+        &mut self,
+        row_time: &[i64],
+        foreign_keys: &[ForeignKeyInput<'_>],
+    ) -> Result<()> {
+        let open = self
+            .open
+            .take()
+            .ok_or_else(|| Error::Preprocess("end_table: no table begun".into()))?;
+        let OpenTable {
+            t,
+            row_offset,
+            file,
+            writer,
+            text_before,
+            cats_before,
+            cols_before,
+            stored,
+            unstored,
+            ts_table,
+            spec,
+            ..
+        } = open;
+        let n = spec.num_rows;
+        if stored.len() != spec.num_stored {
+            return Err(Error::Preprocess(format!(
+                "table `{}`: {} stored columns added, {} declared at begin_table",
+                spec.name,
+                stored.len(),
+                spec.num_stored
+            )));
+        }
+        check_len(
+            &format!("table `{}` row times", spec.name),
+            row_time.len(),
+            n,
+        )?;
+        let (len, sum) = writer.finish()?;
         let mut fk_meta = Vec::new();
         let mut fk_refs = Vec::new();
         let mut fks = Vec::new();
-        for fk in &input.foreign_keys {
+        for fk in foreign_keys {
             check_len(
-                &format!("table `{}` foreign key `{}`", input.name, fk.column),
+                &format!("table `{}` foreign key `{}`", spec.name, fk.column),
                 fk.parents.len(),
                 n,
             )?;
@@ -745,12 +879,12 @@ impl DatabaseWriter {
         }
         let table = TableMeta {
             idx: t,
-            name: input.name.clone(),
+            name: spec.name.clone(),
             file: file.clone(),
             row_offset,
             num_rows: n as u64,
-            primary_key: input.primary_key.clone(),
-            time_column: input.time_column.clone(),
+            primary_key: spec.primary_key.clone(),
+            time_column: spec.time_column.clone(),
             foreign_keys: fk_meta,
             columns: stored,
             unstored_columns: unstored,
@@ -767,7 +901,7 @@ impl DatabaseWriter {
             offs.push(bytes.len() as u64);
         }
         let mut pw = FileWriter::create(&part_bin, FileKind::Graph, fks.len() + 3)?;
-        pw.section(Section::of(input.row_time))?;
+        pw.section(Section::of(row_time))?;
         for f in &fks {
             pw.section(Section::of(f))?;
         }
@@ -775,7 +909,7 @@ impl DatabaseWriter {
         pw.section(Section(&bytes))?;
         pw.finish()?;
         let part = TablePart {
-            fingerprint: input.fingerprint.clone(),
+            fingerprint: spec.fingerprint.clone(),
             table: table.clone(),
             fk_refs: fk_refs.clone(),
             columns: self.columns[cols_before..].to_vec(),
@@ -793,7 +927,7 @@ impl DatabaseWriter {
         fs::write(&json_path, serde_json::to_vec(&part).expect("serialisable"))
             .map_err(io(&json_path))?;
         self.ts_stats.merge(&ts_table);
-        self.row_time.extend_from_slice(input.row_time);
+        self.row_time.extend_from_slice(row_time);
         self.fk_parents.push(fks);
         self.fk_refs.push(fk_refs);
         self.files.insert(file, digest(len, sum));
@@ -1040,6 +1174,12 @@ impl DatabaseWriter {
         text_emb: &[f16],
         overwrite: bool,
     ) -> Result<Metadata> {
+        if let Some(open) = &self.open {
+            return Err(Error::Preprocess(format!(
+                "finish: table `{}` was begun but not ended",
+                open.spec.name
+            )));
+        }
         if self.tasks.is_empty() {
             return Err(Error::Preprocess(
                 "the database has no tasks: declare tasks or keep a column that can be masked"
@@ -1071,39 +1211,45 @@ impl DatabaseWriter {
             }
         }
         let n = self.row_time.len();
-        let row_table: Vec<u16> = self
-            .tables
-            .iter()
-            .flat_map(|t| std::iter::repeat_n(t.idx as u16, t.num_rows as usize))
-            .collect();
-        let csr = {
-            let tables = &self.tables;
-            let fk_parents = &self.fk_parents;
-            build_csr(n, &self.row_time, |r, out| {
-                let t = row_table[r] as usize;
-                let local = r - offsets[t] as usize;
-                for (j, fk) in tables[t].foreign_keys.iter().enumerate() {
-                    let p = fk_parents[t][j][local];
-                    if p != u32::MAX {
-                        out.push(p + offsets[fk.references as usize] as u32);
-                    }
-                }
-            })
-        };
-        self.fk_parents.clear();
         let path = self.staging.join("graph.bin");
         let mut w = FileWriter::create(&path, FileKind::Graph, 7)?;
-        w.section(Section::of(&row_table))?;
+        // row_table, streamed table by table.
+        w.begin_section()?;
+        for t in &self.tables {
+            let run = vec![t.idx as u16; (t.num_rows as usize).min(1 << 16)];
+            let mut left = t.num_rows as usize;
+            while left > 0 {
+                let k = left.min(run.len());
+                w.append(Section::of(&run[..k]))?;
+                left -= k;
+            }
+        }
         w.section(Section::of(&self.row_time))?;
-        w.section(Section::of(&csr.fwd_offsets))?;
-        w.section(Section::of(&csr.fwd_targets))?;
-        w.section(Section::of(&csr.rev_offsets))?;
-        w.section(Section::of(&csr.rev_targets))?;
-        w.section(Section::of(&csr.rev_times))?;
+        // Global row → (table, local row), walking the tables in order.
+        let bounds: Vec<u64> = self
+            .tables
+            .iter()
+            .map(|t| t.row_offset + t.num_rows)
+            .collect();
+        let tables = &self.tables;
+        let fk_parents = &self.fk_parents;
+        let parents = |r: usize, out: &mut Vec<u32>| {
+            let t = bounds.partition_point(|&b| b <= r as u64);
+            let local = r - offsets[t] as usize;
+            for (j, fk) in tables[t].foreign_keys.iter().enumerate() {
+                let p = fk_parents[t][j][local];
+                if p != u32::MAX {
+                    out.push(p + offsets[fk.references as usize] as u32);
+                }
+            }
+        };
+        let num_edges = write_forward(&mut w, n, parents)?;
+        let rev = build_reverse(n, &self.row_time, parents);
+        self.fk_parents = vec![];
+        write_reverse(&mut w, &rev, &self.row_time)?;
+        drop(rev);
         let (len, sum) = w.finish()?;
         self.files.insert("graph.bin".into(), digest(len, sum));
-        let num_edges = csr.fwd_targets.len() as u64;
-        drop(csr);
         let col_texts = self.column_texts();
         self.write_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
         let cat_texts = std::mem::take(&mut self.cat_strings);

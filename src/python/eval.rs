@@ -8,12 +8,14 @@ use pyo3::types::{PyDict, PyList};
 
 use super::sampler::batch_dict;
 use super::to_py;
-use crate::pipeline::{self, SamplerCore};
+use crate::pipeline;
 use crate::seeds::Split;
 
 /// An ordered pass over every seed of a val/test split on this rank (see
 /// `src/pipeline/eval.rs` for the shard rule); iterate it for batch dicts
-/// whose `seq_valid` marks the sequences to score.
+/// whose `seq_valid` marks the sequences to score. Each batch taken is
+/// recorded in the split's telemetry (`drain_step_metrics(split)`, the
+/// Prometheus series labelled with the split).
 #[pyclass(module = "headwater._native", frozen)]
 pub struct EvalPass {
     inner: Mutex<pipeline::EvalPass>,
@@ -23,7 +25,7 @@ pub struct EvalPass {
 impl EvalPass {
     /// A pass over `split` (`"val"`/`"test"`) of task `task` (a name; all when `None`).
     pub(super) fn open(
-        core: &std::sync::Arc<SamplerCore>,
+        sampler: &pipeline::Sampler,
         split: &str,
         task: Option<&str>,
         max_seeds: Option<i64>,
@@ -33,7 +35,7 @@ impl EvalPass {
                 "invalid argument `split`: {split:?}, expected \"val\" or \"test\""
             )));
         };
-        let tasks = core.task_names();
+        let tasks = sampler.core().task_names();
         let task = task
             .map(|name| {
                 tasks.iter().position(|t| t == name).ok_or_else(|| {
@@ -53,7 +55,7 @@ impl EvalPass {
                 })
             })
             .transpose()?;
-        let pass = pipeline::EvalPass::new(core.clone(), split, task, max_seeds).map_err(to_py)?;
+        let pass = sampler.eval_pass(split, task, max_seeds).map_err(to_py)?;
         let len = pass.len();
         Ok(EvalPass {
             inner: Mutex::new(pass),

@@ -17,7 +17,7 @@ use crate::seeds::Split;
 fn parse_split(split: &str) -> PyResult<Split> {
     Split::parse(split).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "invalid argument `split`: {split:?}, expected \"train\" or \"val\""
+            "invalid argument `split`: {split:?}, expected \"train\", \"val\" or \"test\""
         ))
     })
 }
@@ -267,7 +267,8 @@ impl Sampler {
     /// Step metrics of `split` since the last drain: the latest snapshot
     /// scalars plus counters and histogram buckets accumulated since the
     /// previous drain (which this clears). `{}` if no batch was delivered
-    /// since.
+    /// since. `split`: `"train"`, `"val"` (the val stream's and val
+    /// evaluation passes' batches) or `"test"` (test passes' batches).
     #[pyo3(signature = (split="train"))]
     fn drain_step_metrics<'py>(
         &self,
@@ -356,7 +357,7 @@ impl Sampler {
         task: Option<&str>,
         max_seeds: Option<i64>,
     ) -> PyResult<super::eval::EvalPass> {
-        super::eval::EvalPass::open(self.inner.core(), split, task, max_seeds)
+        super::eval::EvalPass::open(&self.inner, split, task, max_seeds)
     }
 
     /// Serve the trainer's gauges on this process's Prometheus `/metrics`

@@ -9,7 +9,7 @@ use pyo3::types::PyAny;
 use super::to_py;
 use crate::format::SemanticType;
 use crate::preprocess::{
-    self, ColumnData, ColumnInput, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
+    self, ColumnData, ColumnInput, ForeignKeyInput, TableSpec, TaskInput, TaskTarget,
 };
 
 fn stype(s: &str) -> PyResult<SemanticType> {
@@ -107,15 +107,6 @@ fn data<'a>(h: &'a Held<'_>, what: &str) -> PyResult<ColumnData<'a>> {
     })
 }
 
-type ColumnTuple<'py> = (
-    String,
-    String,
-    String,
-    bool,
-    Option<Bound<'py, PyAny>>,
-    Option<Bound<'py, PyAny>>,
-    Option<Bound<'py, PyAny>>,
-);
 type FkTuple<'py> = (String, String, PyReadonlyArray1<'py, i64>, u64, u64);
 
 /// Builds a database directory from typed column arrays.
@@ -154,39 +145,65 @@ impl DatabaseWriter {
         py.detach(|| w.resume_table(fingerprint)).map_err(to_py)
     }
 
-    #[pyo3(signature = (name, num_rows, primary_key, time_column, row_time, columns, foreign_keys, fingerprint))]
+    /// Start the next table; its columns follow one at a time.
+    #[pyo3(signature = (name, num_rows, primary_key, time_column, fingerprint, num_stored))]
     #[allow(clippy::too_many_arguments)]
-    fn add_table<'py>(
+    fn begin_table(
         &mut self,
-        py: Python<'py>,
+        py: Python<'_>,
         name: String,
         num_rows: usize,
         primary_key: Option<String>,
         time_column: Option<String>,
-        row_time: PyReadonlyArray1<'py, i64>,
-        columns: Vec<ColumnTuple<'py>>,
-        foreign_keys: Vec<FkTuple<'py>>,
         fingerprint: String,
+        num_stored: usize,
     ) -> PyResult<()> {
-        let mut held = Vec::with_capacity(columns.len());
-        let mut meta = Vec::with_capacity(columns.len());
-        for (cname, st, source_type, inferred, values, valid, extra) in columns {
-            let st = stype(&st)?;
-            let what = format!("table `{name}` column `{cname}`");
-            held.push(hold(st, values, valid, extra, &what)?);
-            meta.push((cname, st, source_type, inferred));
-        }
-        let mut cols = Vec::with_capacity(meta.len());
-        for ((cname, st, source_type, inferred), h) in meta.into_iter().zip(held.iter()) {
-            let d = data(h, &cname)?;
-            cols.push(ColumnInput {
-                name: cname,
-                stype: st,
-                source_type,
-                inferred,
-                data: d,
-            });
-        }
+        let spec = TableSpec {
+            name,
+            num_rows,
+            primary_key,
+            time_column,
+            fingerprint,
+            num_stored,
+        };
+        let w = self.w()?;
+        py.detach(|| w.begin_table(spec)).map_err(to_py)
+    }
+
+    /// Encode and write one column of the open table.
+    #[pyo3(signature = (name, stype, source_type, inferred, values=None, valid=None, extra=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_column<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: String,
+        stype: &str,
+        source_type: String,
+        inferred: bool,
+        values: Option<Bound<'py, PyAny>>,
+        valid: Option<Bound<'py, PyAny>>,
+        extra: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let st = self::stype(stype)?;
+        let h = hold(st, values, valid, extra, &name)?;
+        let input = ColumnInput {
+            data: data(&h, &name)?,
+            name,
+            stype: st,
+            source_type,
+            inferred,
+        };
+        let w = self.w()?;
+        py.detach(|| w.add_column(input)).map_err(to_py)
+    }
+
+    /// Finish the open table with its row times and foreign keys.
+    fn end_table<'py>(
+        &mut self,
+        py: Python<'py>,
+        row_time: PyReadonlyArray1<'py, i64>,
+        foreign_keys: Vec<FkTuple<'py>>,
+    ) -> PyResult<()> {
         let mut fks = Vec::with_capacity(foreign_keys.len());
         for (column, references, parents, num_null, num_dangling) in &foreign_keys {
             fks.push(ForeignKeyInput {
@@ -197,18 +214,9 @@ impl DatabaseWriter {
                 num_dangling: *num_dangling,
             });
         }
-        let input = TableInput {
-            name,
-            num_rows,
-            primary_key,
-            time_column,
-            row_time: slice(&row_time, "row_time")?,
-            columns: cols,
-            foreign_keys: fks,
-            fingerprint,
-        };
+        let row_time = slice(&row_time, "row_time")?;
         let w = self.w()?;
-        py.detach(|| w.add_table(input)).map_err(to_py)
+        py.detach(|| w.end_table(row_time, &fks)).map_err(to_py)
     }
 
     #[pyo3(signature = (name, table, column, description=None))]

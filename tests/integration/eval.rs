@@ -1,11 +1,11 @@
 //! Evaluation passes on random synthetic databases: every seed of a split
 //! once across ranks, in list order, equal batch counts per rank, padded
-//! sequences marked invalid, deterministic, and the training stream
-//! untouched by interleaved passes.
+//! sequences marked invalid, deterministic, the training stream untouched by
+//! interleaved passes, and a pass recorded in its split's drain only.
 
 use std::sync::Arc;
 
-use headwater::pipeline::{eval_list, BatchMaker, EvalPass, SamplerCore};
+use headwater::pipeline::{eval_list, BatchMaker, EvalPass, Sampler, SamplerCore};
 use headwater::{SamplerConfig, Split};
 use proptest::prelude::*;
 
@@ -115,4 +115,83 @@ fn a_pass_is_deterministic_and_leaves_the_training_stream_alone() {
     assert_eq!(got, want, "evaluation does not move the training stream");
     assert!(EvalPass::new(c.clone(), Split::Train, None, None).is_err());
     assert!(EvalPass::new(c, Split::Val, Some(99), None).is_err());
+}
+
+fn value(drain: &[(String, f64)], key: &str) -> f64 {
+    drain
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{key} not drained"))
+        .1
+}
+
+/// A pass opened by the sampler is recorded in its split's drain: exactly
+/// its batches and seeds per task (padded sequences in the batch size), the
+/// pool rows reading the pass's progress; the train drain does not move.
+#[test]
+fn a_pass_feeds_its_splits_drain_and_not_the_train_drain() {
+    let spec = headwater::preprocess::SynthSpec {
+        tables: 3,
+        rows: vec![40, 60, 80],
+        fks_per_table: 2,
+        null_fk: 0.0,
+        temporal: vec![false, true, true],
+        hub_share: 0.0,
+        seed: 11,
+    };
+    let sdb = build(&spec).expect("spec has seeds");
+    let b = 4;
+    let cfg = SamplerConfig {
+        default_batch_size: b,
+        default_sequence_length: 64,
+        num_threads: Some(1),
+        ..SamplerConfig::default()
+    };
+    let s = Sampler::new(&sdb.dir, cfg).unwrap();
+    for _ in 0..3 {
+        s.next_batch(Split::Train).unwrap();
+    }
+    let train_before = s.drain_step_metrics(Split::Train).unwrap();
+    assert_eq!(value(&train_before, "sampler/batches"), 3.0);
+    let names: Vec<String> = sdb
+        .db
+        .metadata()
+        .tasks
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    for split in [Split::Val, Split::Test] {
+        assert!(
+            s.drain_step_metrics(split).unwrap().is_empty(),
+            "nothing before a pass"
+        );
+        let pass = s.eval_pass(split, None, Some(7)).unwrap();
+        let per_task: Vec<(usize, usize)> =
+            pass.tasks().iter().map(|t| (t.task, t.batches)).collect();
+        let n = pass.len();
+        assert!(n > 0);
+        for batch in pass {
+            batch.unwrap();
+        }
+        let drain = s.drain_step_metrics(split).unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        {
+            assert_eq!(value(&drain, "sampler/batches"), n as f64, "{split:?}");
+            for &(k, batches) in &per_task {
+                let key = format!("sampler/tasks/{}", names[k]);
+                assert_eq!(value(&drain, &key), (batches * b) as f64, "{key}");
+            }
+        }
+        // The last batch ends its task's share: nothing left in the pass.
+        assert_eq!(value(&drain, "sampler/pool/remaining_min"), 0.0);
+        assert_eq!(value(&drain, "sampler/pool/steps_to_exhaust_min"), 0.0);
+        assert_eq!(value(&drain, "sampler/queue/depth_min"), 0.0);
+        assert_eq!(value(&drain, "sampler/invariants/duplicate_seeds"), 0.0);
+        assert!(value(&drain, "sampler/queue/wait_seconds") > 0.0);
+    }
+    assert!(
+        s.drain_step_metrics(Split::Train).unwrap().is_empty(),
+        "passes are not train batches"
+    );
+    assert!(s.eval_pass(Split::Train, None, None).is_err());
 }

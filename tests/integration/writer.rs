@@ -3,7 +3,8 @@
 
 use headwater::format::{Database, SemanticType};
 use headwater::preprocess::{
-    ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TaskInput, TaskTarget,
+    ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, TableInput, TableSpec, TaskInput,
+    TaskTarget,
 };
 use headwater::Error;
 
@@ -205,4 +206,85 @@ fn bad_inputs_are_named() {
             .contains("anchors row 7 of `a`, which has 3 rows"),
         "{e}"
     );
+}
+
+fn spec(name: &str, num_rows: usize, num_stored: usize) -> TableSpec {
+    TableSpec {
+        name: name.into(),
+        num_rows,
+        primary_key: None,
+        time_column: None,
+        fingerprint: format!("{name}-v1"),
+        num_stored,
+    }
+}
+
+fn numerical<'a>(name: &str, values: &'a [f64], valid: &'a [u8]) -> ColumnInput<'a> {
+    ColumnInput {
+        name: name.into(),
+        stype: SemanticType::Numerical,
+        source_type: "DOUBLE".into(),
+        inferred: false,
+        data: ColumnData::Numerical { values, valid },
+    }
+}
+
+#[test]
+fn streamed_tables_check_the_protocol_and_name_the_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = DatabaseWriter::new(tmp.path().join("db"), "unit-test", "hash", 4).unwrap();
+    let (xs, ok) = ([1.0, 2.0], [1u8, 1]);
+    let msg = |e: Error| e.to_string();
+    assert!(msg(w.add_column(numerical("x", &xs, &ok)).unwrap_err()).contains("no table begun"));
+    assert!(msg(w.end_table(&[0, 0], &[]).unwrap_err()).contains("no table begun"));
+    w.begin_table(spec("a", 2, 1)).unwrap();
+    let e = msg(w.begin_table(spec("b", 2, 1)).unwrap_err());
+    assert!(e.contains("`b`") && e.contains("`a` is not ended"), "{e}");
+    w.add_column(numerical("x", &xs, &ok)).unwrap();
+    let e = msg(w.add_column(numerical("y", &xs, &ok)).unwrap_err());
+    assert!(e.contains("column `y`") && e.contains("1 declared"), "{e}");
+    // The failed column discarded table `a`.
+    assert!(msg(w.end_table(&[0, 0], &[]).unwrap_err()).contains("no table begun"));
+    assert!(w.columns().is_empty());
+    w.begin_table(spec("a", 2, 1)).unwrap();
+    w.add_column(numerical("x", &xs, &ok)).unwrap();
+    let e = msg(w.end_table(&[0], &[]).unwrap_err());
+    assert!(
+        e.contains("table `a` row times: 1 values, expected 2"),
+        "{e}"
+    );
+    w.begin_table(spec("c", 2, 2)).unwrap();
+    w.add_column(numerical("x", &xs, &ok)).unwrap();
+    let e = msg(w.end_table(&[0, 0], &[]).unwrap_err());
+    assert!(
+        e.contains("table `c`: 1 stored columns added, 2 declared"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_streamed_table_writes_the_bytes_of_a_whole_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let none = [i64::MIN; 3];
+    let (xs, ok) = ([1.0, 2.0, 6.0], [1u8, 0, 1]);
+    let mut whole = DatabaseWriter::new(tmp.path().join("whole"), "t", "hash", 4).unwrap();
+    whole
+        .add_table(parents_table("a", 3, &none, &xs, &ok))
+        .unwrap();
+    let mut streamed = DatabaseWriter::new(tmp.path().join("streamed"), "t", "hash", 4).unwrap();
+    streamed
+        .begin_table(TableSpec {
+            primary_key: Some("id".into()),
+            ..spec("a", 3, 1)
+        })
+        .unwrap();
+    for c in parents_table("a", 3, &none, &xs, &ok).columns {
+        streamed.add_column(c).unwrap();
+    }
+    streamed.end_table(&none, &[]).unwrap();
+    for f in ["tables/0.bin", "parts/0.bin", "parts/0.json"] {
+        let a = std::fs::read(whole.staging_dir().join(f)).unwrap();
+        let b = std::fs::read(streamed.staging_dir().join(f)).unwrap();
+        assert_eq!(a, b, "{f}");
+    }
 }

@@ -138,12 +138,17 @@ def test_two_hosts_under_a_cluster_launcher_match_one_process(tmp_path: Path, tp
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-4000:]
     one = json.loads((tmp_path / "ref.json").read_text())
     assert one["devices"] == 8
-    # The losses and the final parameters to float32 rounding: gloo's
-    # all-reduce across processes sums in another order than the in-process
-    # one, so the two jobs may differ in the last bits (within one job every
-    # rank is bit-identical, above).
-    assert one["losses"] == pytest.approx(ranks[0]["losses"], rel=1e-6)
-    assert one["param_norm"] == pytest.approx(ranks[0]["param_norm"], rel=1e-6)
+    # The first loss (the same global batch through the same initial
+    # parameters, before any cross-process reduction) to float32 rounding.
+    # After it, gloo's all-reduce across processes sums the gradients in
+    # another order than the in-process one, and Adam's normalisation turns
+    # those last-bit differences into relative differences that grow step by
+    # step (1.9e-4 at the fourth step in one run at load average 12), so the
+    # later losses and the final parameters match to 1e-3. Within one job
+    # every rank is bit-identical (above).
+    assert one["losses"][0] == pytest.approx(ranks[0]["losses"][0], rel=1e-6)
+    assert one["losses"] == pytest.approx(ranks[0]["losses"], rel=1e-3)
+    assert one["param_norm"] == pytest.approx(ranks[0]["param_norm"], rel=1e-3)
 
     run = read_wandb_run(Path(ranks[0]["wandb_dir"]), child_env(tmp_path))
     steps = [row["trainer/step"] for row in run["history"] if "trainer/loss" in row]

@@ -5,8 +5,11 @@ determinism, the training stream untouched) is also checked in Rust
 (``tests/integration/eval.rs``); here: the Python API, the metric
 definitions against scikit-learn and RelBench's own metric module, and a
 two-process run whose metrics are computed on the union of the ranks'
-predictions, beat the trivial baseline on a learnable task, and are
-reproduced by ``headwater eval`` from the saved parameters.
+predictions, beat the trivial baseline on a learnable task, log each pass's
+sampler telemetry, and are reproduced by ``headwater eval`` from the final
+checkpoint; ``headwater eval`` on a one-process run's checkpoints and its
+refusals (no checkpoint, a missing step, another model config, another
+database).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -288,7 +292,19 @@ prometheus_port = 0
     )
     assert wb["metrics"]["eval/val/price_copy/mae"]["summary"] == ["last", "min"]
     assert wb["metrics"]["eval/test/hot_copy/auroc"]["summary"] == ["last", "max"]
-    # `headwater eval` on the saved parameters, one process: the same metrics.
+    # Each pass's sampler telemetry, reduced over the two ranks: exactly its
+    # batches (both ranks yield the same number) and seeds per task.
+    for e in s0["eval_history"]:
+        split, b = e["split"], 8
+        with headwater.Sampler(db, **{**SAMPLER, "default_batch_size": b}) as s:
+            cap = 16 if e["step"] == 49 and split == "val" else None
+            p = s.eval_batches(split, max_seeds=cap)
+            per_rank = {t["task"]: math.ceil(math.ceil(t["seeds"] / 2) / b) for t in p.tasks()}
+        assert e[f"eval/{split}/sampler/batches"] == 2 * sum(per_rank.values()), e
+        for task, n in per_rank.items():
+            assert e[f"eval/{split}/sampler/tasks/{task}"] == 2 * n * b, (e, task)
+        assert e[f"eval/{split}/sampler/invariants/temporal_leaks"] == 0
+    # `headwater eval` on the final checkpoint, one process: the same metrics.
     ev = _run(tmp_path, "eval", str(run_dir), "--split", "both")
     assert "hot_copy" in ev.stdout
     for split in ("val", "test"):
@@ -301,6 +317,91 @@ prometheus_port = 0
                     task,
                     m,
                 )
+
+
+def test_eval_scores_the_chosen_checkpoint_and_refuses_what_does_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headwater.errors import ConfigError
+    from headwater.train.eval_run import evaluate_run
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    db = _learnable_db(tmp_path)
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(
+        f'''[database]
+path = "{db}"
+[sampler]
+default_batch_size = 8
+default_sequence_length = 16
+num_threads = 1
+[model]
+d_model = 16
+num_layers = 1
+num_heads = 2
+[train]
+steps = 4
+checkpoint_every = 2
+val_batches = 2
+warmup_steps = 0
+[logging]
+prometheus_port = 0
+wandb_mode = "disabled"
+''',
+        encoding="utf-8",
+    )
+    _run(tmp_path, "train", str(cfg), "--dir", str(tmp_path / "runs"), "--run-name", "r")
+    run_dir = tmp_path / "runs" / "r"
+    summary = json.loads((run_dir / "rank-0.json").read_text())
+    final = summary["eval"]["val"]
+    # The final validation drew 2 val-stream batches just before the val pass:
+    # the pass's logged telemetry counts the pass alone.
+    with headwater.Sampler(db, **{**SAMPLER, "default_batch_size": 8}) as s:
+        n_val = len(s.eval_batches("val"))
+    (row,) = [e for e in summary["eval_history"] if e["split"] == "val"]
+    assert row["eval/val/sampler/batches"] == n_val
+    # The latest checkpoint (4) holds the parameters the run's own final pass scored.
+    step, got = evaluate_run(run_dir, ("val",))
+    assert step == 4
+    for task, r in final.items():
+        assert got["val"][task]["count"] == r["count"]
+        for m, v in r["metrics"].items():
+            assert got["val"][task]["metrics"][m] == pytest.approx(v, rel=1e-3, abs=1e-4)
+    # --step 2: the earlier parameters, so other predictions on the same rows.
+    step, early = evaluate_run(run_dir, ("val",), step=2)
+    assert step == 2
+    assert early["val"]["price_copy"]["count"] == final["price_copy"]["count"]
+    assert early["val"]["price_copy"]["metrics"] != got["val"]["price_copy"]["metrics"]
+
+    with pytest.raises(ConfigError, match=r"no committed checkpoint 3; committed: 2, 4"):
+        evaluate_run(run_dir, ("val",), step=3)
+    empty = tmp_path / "runs" / "empty"
+    empty.mkdir()
+    (empty / "launch.json").write_text((run_dir / "launch.json").read_text())
+    with pytest.raises(ConfigError, match=r"no committed checkpoint under .*checkpoints"):
+        evaluate_run(empty, ("val",))
+    with pytest.raises(ConfigError, match=r"not a headwater train run directory"):
+        evaluate_run(tmp_path, ("val",))
+    # The run's config now names another model: refused, naming the key.
+    launch = json.loads((run_dir / "launch.json").read_text())
+    changed = {**launch, "overrides": {**launch["overrides"], "model.d_model": 32}}
+    (run_dir / "launch.json").write_text(json.dumps(changed))
+    with pytest.raises(ConfigError, match=r"`model.d_model`: 16 in the checkpoint, 32 now"):
+        evaluate_run(run_dir, ("val",))
+    (run_dir / "launch.json").write_text(json.dumps(launch))
+    # Another database at the same path: refused by its content hash.
+    other = tmp_path / "other"
+    other.mkdir()
+    sql = [
+        "CREATE TABLE items (item_id INTEGER PRIMARY KEY, price DOUBLE, hot BOOLEAN)",
+        "INSERT INTO items SELECT i, (i * 13) % 101, i % 2 = 0 FROM range(500) t(i)",
+    ]
+    rebuilt = build_db_from_sql(other, "learn", sql, LEARNABLE_SCHEMA, ["price_copy", "hot_copy"])
+    shutil.rmtree(db)
+    shutil.move(rebuilt, db)
+    with pytest.raises(ConfigError, match=r"checkpoint 4 does not fit the database"):
+        evaluate_run(run_dir, ("val",))
+    assert not (run_dir / "eval-test.json").exists()
 
 
 # ----------------------------------------------------------------------------

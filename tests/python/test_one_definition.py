@@ -45,6 +45,7 @@ BAD: dict[str, dict[str, Any]] = {
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
     "verify": {"verify": "payload"},
+    "page_cache": {"page_cache": "eager"},
     "temporal_filter": {"temporal_filter": "yes"},
     "telemetry": {"telemetry": 3},
     "prometheus_port": {"prometheus_port": 0},

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import (
@@ -1476,9 +1477,21 @@ def test_schema_override_wins(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_infer_stype_rules() -> None:
     from headwater.preprocessing.infer import infer_stype
 
-    assert infer_stype("x", pa.array([1, 2]), True)[0] == "identifier"
-    assert infer_stype("id", pa.array([1, 2]), False)[0] == "identifier"
-    assert infer_stype("n", pa.array([1, 2]), False)[0] == "numerical"
-    assert infer_stype("s", pa.array([None, None], pa.string()), False)[0] == "ignored"
-    assert infer_stype("b", pa.array([b"x"], pa.binary()), False)[0] == "ignored"
-    assert infer_stype("t", pa.array([dt.datetime(2020, 1, 1)]), False)[0] == "timestamp"
+    def inf(name: str, col: pa.Array, key: bool) -> str:
+        # The statistics DuckDB computes in the pipeline, here from Arrow
+        # (asked for string columns only).
+        def stats() -> tuple[int, int, bool]:
+            space = pc.any(pc.match_substring(col, " ")).as_py()
+            return len(col) - col.null_count, pc.count_distinct(col).as_py(), bool(space)
+
+        return infer_stype(name, col.type, key, stats)[0]
+
+    assert inf("x", pa.array([1, 2]), True) == "identifier"
+    assert inf("id", pa.array([1, 2]), False) == "identifier"
+    assert inf("n", pa.array([1, 2]), False) == "numerical"
+    assert inf("s", pa.array([None, None], pa.string()), False) == "ignored"
+    assert inf("b", pa.array([b"x"], pa.binary()), False) == "ignored"
+    assert inf("t", pa.array([dt.datetime(2020, 1, 1)]), False) == "timestamp"
+    assert inf("c", pa.array(["a", "b", "a", "b"]), False) == "categorical"
+    assert inf("e", pa.array([f"u{i}@x.org" for i in range(40)]), False) == "identifier"
+    assert inf("d", pa.array([f"word {i}" for i in range(40)]), False) == "text"

@@ -289,8 +289,8 @@ def test_python_eval_block_runs(tiny_db: Path, tmp_path: Path) -> None:
 
 
 def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> None:
-    """``headwater eval RUN_DIR [--split test] [--max-seeds N]`` for real, on a
-    six-step run of the tiny database."""
+    """``headwater eval RUN_DIR [--split val|test|both] [--step STEP] [--max-seeds N]``
+    for real, on the final checkpoint of a three-step run of the tiny database."""
     pytest.importorskip("jax")
     (line,) = [ln for ln in synopsis_lines() if ln.startswith("headwater eval")]
     cfg = tmp_path / "t.toml"
@@ -315,7 +315,8 @@ def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> Non
         return r
 
     cli("train", str(cfg), "--dir", str(tmp_path / "runs"), "--run-name", "r")
-    subst = {"RUN_DIR": str(tmp_path / "runs" / "r"), "N": "4"}
+    # The run's last checkpoint is step 3 (steps = 3).
+    subst = {"RUN_DIR": str(tmp_path / "runs" / "r"), "N": "4", "val|test|both": "test", "STEP": "3"}
     words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]
     out = cli(*words[1:])
     assert "baseline" in out.stdout

@@ -512,6 +512,7 @@ def test_fast_consumer_empties_the_queue_and_waits(small: SmallDb, closing: list
 def test_drain_empty_before_first_batch_and_after_drain(small: SmallDb, closing: list[Any]) -> None:
     s = make(small, closing)
     assert s.drain_step_metrics() == {} and s.drain_step_metrics("val") == {}
+    assert s.drain_step_metrics("test") == {}  # test passes only
     keys = expected_keys(s.telemetry_schema())
     for _ in range(3):
         s.next_train_batch()
@@ -520,7 +521,7 @@ def test_drain_empty_before_first_batch_and_after_drain(small: SmallDb, closing:
         assert v(d, "batches") == 1
         assert s.drain_step_metrics() == {}
     with pytest.raises(ValueError, match="`split`"):
-        s.drain_step_metrics("test")
+        s.drain_step_metrics("bogus")
 
 
 def test_counters_are_deltas(small: SmallDb, closing: list[Any]) -> None:
@@ -784,6 +785,13 @@ for split, n in (("train", cfg["n_train"]), ("val", cfg["n_val"])):
     for _ in range(n):
         getattr(s, "next_%s_batch" % split)()
         out[split].append(s.drain_step_metrics(split))
+# Evaluation passes after the streams: recorded under their split only.
+out["passes"] = {}
+for split in ("val", "test"):
+    p = s.eval_batches(split, max_seeds=cfg["eval_seeds"])
+    out["passes"][split] = {"batches": len(p), "tasks": p.tasks()}
+    for _ in p:
+        out.setdefault(split, []).append(s.drain_step_metrics(split))
 with open(cfg["out"] + ".tmp", "w") as f:
     json.dump(out, f)
 os.replace(cfg["out"] + ".tmp", cfg["out"])
@@ -831,8 +839,8 @@ def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int,
         len(schema_edges(schema, k)) + 2 for k in PROM_HISTS.values()
     ]  # buckets + sum + count
     per_hist.append(len(schema_edges(schema, "stage/total_seconds")) + 2)  # queue wait
-    a = 2  # one task counter per split
-    b = 2 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + sum(per_hist))
+    a = 3  # one task counter per split with telemetry (train, val, test)
+    b = 3 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + sum(per_hist))
     return a, b, a * tasks + b
 
 
@@ -891,6 +899,8 @@ class Exported:
     text: str = ""  # /metrics after the last batch
     queried: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     fault: bool = False  # debug_repeat_seed_every: duplicate_seeds must fire
+    #: Per split, the exporter's evaluation pass: ``{"batches", "tasks"}``.
+    passes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[bytes]:
@@ -903,7 +913,14 @@ def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[byt
         **({"debug_repeat_seed_every": FAULT_EVERY} if e.fault else {}),
     }
     out = tmp_path / f"exporter{i}.json"
-    cfg = {"db": e.db, "kw": kw, "n_train": e.n_train, "n_val": e.n_val, "out": str(out)}
+    cfg = {
+        "db": e.db,
+        "kw": kw,
+        "n_train": e.n_train,
+        "n_val": e.n_val,
+        "eval_seeds": EVAL_SEEDS,
+        "out": str(out),
+    }
     with open(tmp_path / f"exporter{i}.err", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-c", EXPORTER_CHILD, json.dumps(cfg)],
@@ -914,6 +931,7 @@ def _start_exporter(tmp_path: Path, i: int, e: Exported) -> subprocess.Popen[byt
 
 
 PROM_COMMON = {"default_batch_size": 8, "default_sequence_length": 48, "max_hops": 3}
+EVAL_SEEDS = 10  # seeds per task of each exporter's val and test passes
 FAULT_EVERY = 5  # every 5th draw of a pool repeats a seed
 
 
@@ -931,7 +949,8 @@ def _collect_exporter_runs(
             assert time.monotonic() < deadline, "an exporter never finished its batches"
             time.sleep(0.05)
         res = json.loads(out.read_text())
-        e.before, e.drains = res["before"], {"train": res["train"], "val": res["val"]}
+        e.before, e.passes = res["before"], res["passes"]
+        e.drains = {split: res.get(split, []) for split in ("train", "val", "test")}
 
 
 def _wait_for_a_scrape_after(base: str, t_done: float, targets: int) -> None:
@@ -1005,6 +1024,31 @@ def test_prometheus_query_matches_drains(exported: list[Exported]) -> None:
     for e in exported:
         bad = compare_with_prometheus(e.queried, e.drains, e.tasks, e.schema)
         assert not bad, "\n".join(bad[:20])
+
+
+def test_a_pass_is_counted_in_its_splits_series_only(exported: list[Exported]) -> None:
+    """After the streams' batches, a val and a test pass: the real Prometheus
+    holds exactly the pass's batches and seeds per task (the batch size per
+    batch: padded sequences are in the batch) under its split, added to the
+    val stream's; the train series count the train batches alone."""
+    b = PROM_COMMON["default_batch_size"]
+    batches = "headwater_batches_delivered_total"
+    seeds = "headwater_task_seeds_drawn_total"
+    for e in exported:
+        passes = {k: e.passes[k]["batches"] for k in ("val", "test")}
+        assert passes["test"] > 0 and passes["val"] > 0, e.passes
+        assert e.queried[(batches, "train", "", "")] == e.n_train
+        assert e.queried[(batches, "val", "", "")] == e.n_val + passes["val"]
+        assert e.queried[(batches, "test", "", "")] == passes["test"]
+        train_seeds = sum(v(d, f"tasks/{t}") for d in e.drains["train"] for t in e.tasks)
+        assert sum(e.queried[(seeds, "train", t, "")] for t in e.tasks) == train_seeds
+        for t in e.passes["test"]["tasks"]:
+            assert e.queried[(seeds, "test", t["task"], "")] == t["batches"] * b, t
+            # The capped list, halved between the two ranks, in batches of b.
+            assert t["seeds"] <= EVAL_SEEDS
+            assert t["batches"] == math.ceil(math.ceil(t["seeds"] / 2) / b), t
+        # The pass's last batch ends its last task's share.
+        assert e.queried[("headwater_pool_remaining_min_seeds", "test", "", "")] == 0
 
 
 def test_duplicate_seeds_fault_fires_in_drain_and_prometheus(exported: list[Exported]) -> None:

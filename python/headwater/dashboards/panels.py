@@ -400,6 +400,8 @@ def _throughput() -> list[PanelBuilder]:
 def _variables() -> list[dash_b.QueryVariable | dash_b.DatasourceVariable | dash_b.CustomVariable]:
     train = dash_m.VariableOption(selected=True, text="train", value="train")
     val = dash_m.VariableOption(selected=False, text="val", value="val")
+    # test: the test evaluation passes' series (val: the val stream and passes).
+    test = dash_m.VariableOption(selected=False, text="test", value="test")
     return [
         dash_b.DatasourceVariable("datasource")
         .label("Data source")
@@ -419,7 +421,7 @@ def _variables() -> list[dash_b.QueryVariable | dash_b.DatasourceVariable | dash
         dash_b.CustomVariable("split")
         .id("split")
         .label("Split")
-        .values("train,val")
+        .values("train,val,test")
         .current(train)
-        .options([train, val]),
+        .options([train, val, test]),
     ]

@@ -11,9 +11,9 @@ spaces → identifier, otherwise → text; anything else → ignored.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 # A string column with at most this many distinct values is categorical ...
 MAX_CATEGORIES = 256
@@ -24,9 +24,15 @@ MAX_RATIO_CATEGORIES = 2048
 _ID_NAME = re.compile(r"(^id$|_id$|id$|_key$|key$)", re.IGNORECASE)
 
 
-def infer_stype(name: str, col: pa.ChunkedArray | pa.Array, is_key: bool) -> tuple[str, str]:
-    """Return ``(semantic type, reason)`` for one column."""
-    t = col.type
+def infer_stype(
+    name: str,
+    t: pa.DataType,
+    is_key: bool,
+    string_stats: Callable[[], tuple[int, int, bool]],
+) -> tuple[str, str]:
+    """Return ``(semantic type, reason)`` for one column of Arrow type ``t``.
+    ``string_stats()`` (called for string columns only) returns the column's
+    non-null count, distinct non-null count and whether any value has a space."""
     if is_key:
         return "identifier", "primary or foreign key"
     if pa.types.is_boolean(t):
@@ -38,17 +44,16 @@ def infer_stype(name: str, col: pa.ChunkedArray | pa.Array, is_key: bool) -> tup
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         return "numerical", f"{t} column"
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
-        n = len(col) - col.null_count
+        n, distinct, has_space = string_stats()
         if n == 0:
             return "ignored", "string column with no values"
-        distinct = pc.count_distinct(col).as_py()
         if distinct < n and (
             distinct <= MAX_CATEGORIES
             or (distinct <= MAX_RATIO_CATEGORIES and distinct <= CATEGORICAL_RATIO * n)
         ):
             return "categorical", f"{distinct} distinct values"
-        has_space = pc.any(pc.match_substring(col, " ")).as_py()
         if distinct >= 0.95 * n and not has_space:
             return "identifier", f"{distinct} distinct of {n}, no spaces"
         return "text", f"{distinct} distinct values"
     return "ignored", f"unsupported type {t}"
+

@@ -14,9 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import resource
+import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,107 @@ from headwater.preprocessing.timecols import propose_time_columns
 I64_MIN = np.iinfo(np.int64).min
 I64_MAX = np.iinfo(np.int64).max
 
+# Rows per record batch when a column is streamed out of DuckDB.
+CHUNK_ROWS = 1 << 20
+# `--memory-limit` default: the preprocessing budget, beside the interpreter.
+DEFAULT_MEMORY_LIMIT = "2GiB"
+# DuckDB gets this share of the budget (it spills to `temp_directory` past
+# it); the rest is for the column being encoded and the Rust writer.
+DUCKDB_SHARE = 3
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_size(size: str | int) -> int:
+    """``512MiB``, ``2GiB``, ``1.5G``, ``300MB`` or a byte count → bytes."""
+    if isinstance(size, int):
+        value, unit = float(size), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory_limit {size!r}: expected a size such as 512MiB, 2GiB or 300MB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n < 48 << 20:
+        raise ValueError(f"memory_limit {size!r}: at least 48MiB (DuckDB needs a few buffers per thread)")
+    return n
+
+
+def _configure_duckdb(con: duckdb.DuckDBPyConnection, budget: int, temp_dir: Path) -> None:
+    """Bound DuckDB to its share of the budget, spilling to ``temp_dir``."""
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    # DuckDB's thread count is left alone: results of parallel float
+    # aggregates in SQL tasks depend on it, and the output must not depend
+    # on the budget.
+    con.execute(f"SET memory_limit='{budget // DUCKDB_SHARE >> 20}MiB'")
+    con.execute(f"SET temp_directory='{str(temp_dir).replace(chr(39), chr(39) * 2)}'")
+    # Rows must come back in table order (row ids follow it).
+    con.execute("SET preserve_insertion_order=true")
+
+
+def _rss() -> tuple[int, int]:
+    """(VmRSS, RssAnon) of this process now, in bytes ((0, 0) where unknown).
+    RssAnon is private memory; VmRSS adds mapped file pages (the output
+    files the writer maps to verify them), which the kernel can drop."""
+    got = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "RssAnon:")):
+                    got[line.split(":")[0]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return got.get("VmRSS", 0), got.get("RssAnon", 0)
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process over its life, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _Phases:
+    """Per-phase wall time, throughput and peak RSS, logged as each phase
+    ends. The phase peak is sampled every 20 ms by a thread (the process
+    peak, ``ru_maxrss``, cannot be reset without touching the caller's
+    counters), so a spike shorter than that can be missed."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.report: list[dict[str, float | str]] = []
+
+    @contextmanager
+    def phase(self, name: str, count: int, unit: str = "rows") -> Iterator[None]:
+        peak = list(_rss())
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.02):
+                rss, anon = _rss()
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+
+        watcher = threading.Thread(target=sample, name=f"rss {name}", daemon=True)
+        watcher.start()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+        dt = max(time.perf_counter() - t0, 1e-9)
+        rss, anon = _rss()
+        peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
+        self.report.append(
+            {"phase": name, unit: count, "seconds": dt, "peak_rss_bytes": peak[0], "peak_anon_bytes": peak[1]}
+        )
+        self.log(
+            f"phase {name}: {count:,} {unit} in {dt:.1f} s ({count / dt:,.0f} {unit}/s), "
+            f"peak RSS {peak[0] / 2**20:,.0f} MiB (private {peak[1] / 2**20:,.0f} MiB)"
+        )
+
+    def summary(self) -> None:
+        self.log(f"peak RSS of the whole run (ru_maxrss): {_peak_rss() / 2**20:,.0f} MiB")
+
 
 @dataclass
 class TablePlan:
@@ -50,12 +156,21 @@ class TablePlan:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def _progress(iterable: Any, desc: str, total: int | None, enabled: bool) -> Any:
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _row_bar(desc: str, total: int, enabled: bool) -> Any:
+    """A progress bar counting rows (tqdm shows rows/s)."""
     if not enabled:
-        return iterable
+        return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, unit="table", file=sys.stderr)
+    return tqdm(desc=desc, total=total, unit="row", unit_scale=True, file=sys.stderr)
 
 
 def _check_declared_columns(src: Source, schema: Schema) -> None:
@@ -247,6 +362,129 @@ def _fingerprint(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def _chunks(con: duckdb.DuckDBPyConnection, table: str, col: str) -> Iterator[pa.Array]:
+    """One column of ``table`` in record batches of :data:`CHUNK_ROWS` rows,
+    in table order: never the whole column in Python memory."""
+    reader = con.execute(f"SELECT {quote(col)} FROM {quote(table)}").to_arrow_reader(CHUNK_ROWS)
+    for batch in reader:
+        yield batch.column(0)
+
+
+def _column_type(con: duckdb.DuckDBPyConnection, table: str, col: str) -> pa.DataType:
+    return con.execute(f"SELECT {quote(col)} FROM {quote(table)} LIMIT 0").to_arrow_table().schema.field(0).type
+
+
+def _string_stats(con: duckdb.DuckDBPyConnection, table: str, col: str) -> tuple[int, int, bool]:
+    """(non-null values, distinct values, any value with a space), computed by
+    DuckDB. Distinct values are counted by a GROUP BY, which spills to disk
+    past the memory limit (``count(DISTINCT ...)`` does not)."""
+    q, t = quote(col), quote(table)
+    row = con.execute(
+        f"SELECT (SELECT count({q}) FROM {t}), "
+        f"(SELECT count(*) FROM (SELECT {q} FROM {t} WHERE {q} IS NOT NULL GROUP BY {q})), "
+        f"(SELECT coalesce(bool_or(contains(CAST({q} AS VARCHAR), ' ')), false) FROM {t})"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), bool(row[2])
+
+
+Put = Callable[[np.ndarray, "np.ndarray | None"], None]
+
+
+def _into(
+    n: int, dtype: Any, where: str, with_valid: bool = True
+) -> tuple[np.ndarray, np.ndarray, Put, Callable[[], None]]:
+    """Preallocated ``(values, valid)`` of ``n`` rows (``valid`` empty unless
+    ``with_valid``), a chunk appender, and the final row-count check."""
+    values = np.empty(n, dtype=dtype)
+    valid = np.empty(n if with_valid else 0, dtype=np.uint8)
+    at = [0]
+
+    def put(v: np.ndarray, ok: np.ndarray | None) -> None:
+        a, k = at[0], len(v)
+        if a + k > n:
+            raise SchemaError(f"{where}: more than the {n} rows counted (did the source change while reading?)")
+        values[a : a + k] = v
+        if ok is not None:
+            valid[a : a + k] = ok
+        at[0] = a + k
+
+    def done() -> None:
+        if at[0] != n:
+            raise SchemaError(f"{where}: read {at[0]} rows, the table has {n}")
+
+    return values, valid, put, done
+
+
+FIXED_DTYPES = {"numerical": np.float64, "boolean": np.uint8, "timestamp": np.int64}
+
+
+def _stream_fixed(con: duckdb.DuckDBPyConnection, table: str, col: str, stype: str, n: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    values, valid, put, done = _into(n, FIXED_DTYPES[stype], where)
+    for chunk in _chunks(con, table, col):
+        v, ok, _ = encode_column(stype, chunk, where)
+        put(v, ok)
+    done()
+    return values, valid
+
+
+def _stream_categorical(con: duckdb.DuckDBPyConnection, table: str, col: str, n: int, where: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Two passes: the distinct values (sorted, as :func:`encode_column` sorts
+    them), then each chunk's codes; memory is one chunk plus the categories."""
+    try:
+        seen = [pc.unique(c.cast(pa.string())) for c in _chunks(con, table, col)]
+        uniq = pc.unique(pa.chunked_array(seen, type=pa.string())).drop_null() if seen else pa.array([], pa.string())
+        dictionary = uniq.take(pc.array_sort_indices(uniq))
+        values, valid, put, done = _into(n, np.uint32, where)
+        for chunk in _chunks(con, table, col):
+            s = chunk.cast(pa.string())
+            put(_fill(pc.index_in(s, value_set=dictionary), 0, np.uint32), _valid(s))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaError(f"{where}: cannot encode as categorical: {e}") from e
+    done()
+    return values, valid, [str(v) for v in dictionary.to_pylist()]
+
+
+def _column_stype(
+    src: Source, plan: TablePlan, c: str, is_key: bool, log: Callable[[str], None]
+) -> tuple[str, str]:
+    """The column's semantic type and why: declared, else inferred from its
+    type (and, for strings, counts DuckDB computes) without reading it here."""
+    declared = plan.declared.get(c)
+    if declared is not None and is_key and declared not in ("identifier", "ignored"):
+        raise SchemaError(f"table `{plan.name}` column `{c}` is a key; it cannot be {declared}")
+    if declared is not None:
+        return declared, "declared"
+    t = _column_type(src.con, plan.name, c)
+    st, reason = infer_stype(c, t, is_key, lambda: _string_stats(src.con, plan.name, c))
+    log(f"  {plan.name}.{c}: inferred {st} ({reason})")
+    return st, reason
+
+
+def _add_column(
+    writer: _native.DatabaseWriter, src: Source, plan: TablePlan, c: str, st: str, inferred: bool, n: int
+) -> None:
+    """Read, encode and hand over one column; the arrays die with this call."""
+    types = dict(plan.source.columns)
+    where = f"table `{plan.name}` column `{c}`"
+    if st in ("identifier", "ignored"):
+        writer.add_column(c, st, types[c], inferred)
+    elif st in FIXED_DTYPES:
+        values, valid = _stream_fixed(src.con, plan.name, c, st, n, where)
+        writer.add_column(c, st, types[c], inferred, values, valid)
+    elif st == "categorical":
+        codes, valid, cats = _stream_categorical(src.con, plan.name, c, n, where)
+        writer.add_column(c, st, types[c], inferred, codes, valid, cats)
+    else:
+        # Text: the dictionary is global and in first-appearance order, and
+        # the Rust writer keeps every distinct string for embedding anyway,
+        # so the column is read whole (its distinct bytes bound it).
+        col = _read(src.con, plan.name, [c]).column(0).combine_chunks()
+        values, valid, extra = encode_column(st, col, where)
+        del col
+        writer.add_column(c, st, types[c], inferred, values, valid, extra)
+
+
 def _add_table(
     writer: _native.DatabaseWriter,
     src: Source,
@@ -255,64 +493,54 @@ def _add_table(
     log: Callable[[str], None],
     fingerprint: str,
 ) -> None:
+    """Stream one table into the writer, one column at a time, each column in
+    chunks: peak memory is one column's encoded arrays, never the table."""
     key_cols = {c for c in [plan.primary_key, *plan.foreign_keys] if c}
-    all_cols = [c for c, _ in plan.source.columns]
-    types = dict(plan.source.columns)
     n = _read_count(src.con, plan.name)
-    columns: list[tuple[Any, ...]] = []
-    # One column at a time: peak memory is one Arrow column plus the compact
-    # encoded arrays, not the whole table.
-    for c in all_cols:
-        declared = plan.declared.get(c)
-        if declared is not None and c in key_cols and declared not in ("identifier", "ignored"):
-            raise SchemaError(f"table `{plan.name}` column `{c}` is a key; it cannot be {declared}")
-        if declared in ("identifier", "ignored"):
-            st, reason, col = declared, "declared", None
-        else:
-            col = _read(src.con, plan.name, [c]).column(0).combine_chunks()
-            if declared is not None:
-                st, reason = declared, "declared"
-            else:
-                st, reason = infer_stype(c, col, c in key_cols)
-                log(f"  {plan.name}.{c}: inferred {st} ({reason})")
-        plan.stypes[c], plan.reasons[c] = st, reason
-        inferred = reason != "declared"
-        if st in ("identifier", "ignored") or col is None:
-            columns.append((c, st, types[c], inferred, None, None, None))
-            continue
-        values, valid, extra = encode_column(st, col, f"table `{plan.name}` column `{c}`")
-        del col
-        columns.append((c, st, types[c], inferred, values, valid, extra))
+    for c, _ in plan.source.columns:
+        plan.stypes[c], plan.reasons[c] = _column_stype(src, plan, c, c in key_cols, log)
+    stored = sum(1 for st in plan.stypes.values() if st not in ("identifier", "ignored"))
+    writer.begin_table(plan.name, n, plan.primary_key, plan.time_column, fingerprint, stored)
+    for c, _ in plan.source.columns:
+        _add_column(writer, src, plan, c, plan.stypes[c], plan.reasons[c] != "declared", n)
     if plan.time_column:
-        tcol = _read(src.con, plan.name, [plan.time_column]).column(0).combine_chunks()
-        t = _to_micros(tcol, f"table `{plan.name}` time column")
-        row_time = _fill(t, I64_MIN, np.int64)
+        where = f"table `{plan.name}` time column"
+        row_time, _, put, done = _into(n, np.int64, where, with_valid=False)
+        for chunk in _chunks(src.con, plan.name, plan.time_column):
+            put(_fill(_to_micros(chunk, where), I64_MIN, np.int64), None)
+        done()
     else:
         row_time = np.full(n, I64_MIN, dtype=np.int64)
-    fks = _foreign_keys(src, plan, keys, log)
-    writer.add_table(plan.name, n, plan.primary_key, plan.time_column, row_time, columns, fks, fingerprint)
+    fks = _foreign_keys(src, plan, keys, n, log)
+    writer.end_table(row_time, fks)
 
 
 def _foreign_keys(
-    src: Source, plan: TablePlan, keys: dict[str, pa.Array], log: Callable[[str], None]
+    src: Source, plan: TablePlan, keys: dict[str, pa.Array], n: int, log: Callable[[str], None]
 ) -> list[tuple[Any, ...]]:
-    """Each foreign key of ``plan`` as row indices into its target (-1: null or dangling)."""
+    """Each foreign key of ``plan`` as row indices into its target (-1: null
+    or dangling), resolved chunk by chunk against the target's primary key."""
     fks = []
     for fk, target in plan.foreign_keys.items():
-        col = _read(src.con, plan.name, [fk]).column(0).combine_chunks()
         pk = keys[target]
         where = f"table `{plan.name}` foreign key `{fk}` → `{target}`"
-        if col.type != pk.type:
-            try:
-                col = col.cast(pk.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}") from e
-        idx = pc.index_in(col, value_set=pk)
-        num_null = col.null_count
-        num_dangling = idx.null_count - num_null
+        parents, _, put, done = _into(n, np.int64, where, with_valid=False)
+        num_null = num_missing = 0
+        for col in _chunks(src.con, plan.name, fk):
+            if col.type != pk.type:
+                try:
+                    col = col.cast(pk.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}") from e
+            idx = pc.index_in(col, value_set=pk)
+            num_null += col.null_count
+            num_missing += idx.null_count
+            put(_fill(idx.cast(pa.int64()), -1, np.int64), None)
+        done()
+        num_dangling = num_missing - num_null
         if num_dangling:
             log(f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped")
-        fks.append((fk, target, _fill(idx.cast(pa.int64()), -1, np.int64), num_null, num_dangling))
+        fks.append((fk, target, parents, num_null, num_dangling))
     return fks
 
 
@@ -506,6 +734,7 @@ def preprocess(
     overwrite: bool = False,
     progress: bool = True,
     time_columns: str = "propose",
+    memory_limit: str | int = DEFAULT_MEMORY_LIMIT,
 ) -> Path:
     """Build a headwater database in ``out_dir`` from ``source``.
 
@@ -515,12 +744,18 @@ def preprocess(
     columns, semantic types and tasks. ``embedder`` is ``minilm``, ``hash`` or
     ``auto``. ``time_columns="propose"`` proposes a time column for tables of
     a source that declares none (:mod:`headwater.preprocessing.timecols`);
-    ``"none"`` keeps the source's declarations only. The result is staged in ``<out_dir>.partial`` (kept on failure
-    so a re-run resumes finished tables) and renamed into place when complete.
+    ``"none"`` keeps the source's declarations only. ``memory_limit`` (e.g.
+    ``"512MiB"``) is the preprocessing budget beside the interpreter: DuckDB
+    gets a third and spills past it to ``<out_dir>.duckdb_tmp``, and columns
+    are streamed in chunks (the README's "How big can my database be" lists
+    what still grows with the data). The result is staged in
+    ``<out_dir>.partial`` (kept on failure so a re-run resumes finished
+    tables) and renamed into place when complete.
     """
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
+    budget = parse_size(memory_limit)
     log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     if isinstance(schema, Schema):
         sch = schema
@@ -528,37 +763,62 @@ def preprocess(
         sch = load_schema(Path(schema)) if schema is not None else Schema()
     emb = get_embedder(embedder)
     src = open_source(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spill = out.with_name(out.name + ".duckdb_tmp")
+    _configure_duckdb(src.con, budget, spill)
+    try:
+        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log)
+    finally:
+        src.con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+    log(f"wrote {out}")
+    return out
+
+
+def _preprocess(
+    src: Source, source: str | os.PathLike[str], out: Path, sch: Schema, emb: Any,
+    overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None],
+) -> None:
     for w in src.warnings:
         log(f"warning: {w}")
     plans = _plan(src, sch)
     propose_time_columns(src, plans, sch, time_columns, log)
     if not plans:
         raise SchemaError(f"source {source}: no tables to import")
-    keys = _primary_keys(src, plans)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    phases = _Phases(log)
+    counts = {p.name: _read_count(src.con, p.name) for p in plans}
+    total = sum(counts.values())
+    with phases.phase("keys", sum(counts[p.name] for p in plans if p.primary_key)):
+        keys = _primary_keys(src, plans)
     writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
     resuming = True
     by_name = {p.name: p for p in plans}
-    for i, plan in enumerate(_progress(plans, "tables", len(plans), progress)):
-        fp = _fingerprint(plan, i, by_name)
-        if resuming and writer.resume_table(fp):
-            # Re-derive stypes for task planning from the staged metadata.
-            _restore_stypes(writer, plan)
-            log(f"  {plan.name}: reused from the interrupted run")
-            continue
-        resuming = False
-        _add_table(writer, src, plan, keys, log, fp)
-    _add_tasks(writer, src, sch, plans, keys, log)
-    col_emb = _embed(emb, writer.column_texts(), "column names", progress)
-    cat_emb = _embed(emb, writer.category_texts(), "categories", progress)
-    text_emb = _embed(emb, writer.text_values(), "text values", progress)
+    with phases.phase("tables", total):
+        bar = _row_bar("tables", total, progress)
+        for i, plan in enumerate(plans):
+            fp = _fingerprint(plan, i, by_name)
+            if resuming and writer.resume_table(fp):
+                # Re-derive stypes for task planning from the staged metadata.
+                _restore_stypes(writer, plan)
+                log(f"  {plan.name}: reused from the interrupted run")
+            else:
+                resuming = False
+                _add_table(writer, src, plan, keys, log, fp)
+            bar.update(counts[plan.name])
+        bar.close()
+    with phases.phase("tasks", total):
+        _add_tasks(writer, src, sch, plans, keys, log)
+    del keys
+    texts = [writer.column_texts(), writer.category_texts(), writer.text_values()]
+    with phases.phase("embeddings", sum(len(t) for t in texts), "strings"):
+        col_emb = _embed(emb, texts[0], "column names", progress)
+        cat_emb = _embed(emb, texts[1], "categories", progress)
+        text_emb = _embed(emb, texts[2], "text values", progress)
+    del texts
     log("building the graph and writing the database ...")
-    t0 = time.perf_counter()
-    writer.finish(col_emb, cat_emb, text_emb, overwrite)
-    log(f"graph and metadata written in {time.perf_counter() - t0:.1f} s")
-    src.con.close()
-    log(f"wrote {out}")
-    return out
+    with phases.phase("graph and write", total):
+        writer.finish(col_emb, cat_emb, text_emb, overwrite)
+    phases.summary()
 
 
 def _restore_stypes(writer: _native.DatabaseWriter, plan: TablePlan) -> None:

@@ -84,11 +84,11 @@ def write_launch_record(run_dir: Path, config: Any, overrides: Mapping[str, Any]
     (run_dir / LAUNCH_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
 
 
-def read_launch_record(run_dir: Path) -> tuple[Any, dict[str, Any]]:
+def read_launch_record(run_dir: Path, command: str = "--resume") -> tuple[Any, dict[str, Any]]:
     path = run_dir / LAUNCH_RECORD
     if not path.is_file():
         raise ConfigError(
-            f"--resume {run_dir}: not a headwater train run directory (no {LAUNCH_RECORD})"
+            f"{command} {run_dir}: not a headwater train run directory (no {LAUNCH_RECORD})"
         )
     rec = json.loads(path.read_text(encoding="utf-8"))
     return rec["config"], dict(rec["overrides"])
@@ -117,14 +117,20 @@ def _flat(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}.{k}": v for k, v in d.items()}
 
 
-def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """``section.key: saved → now`` for every key a resume must keep."""
+def config_differences(
+    saved: Mapping[str, Any],
+    now: Mapping[str, Any],
+    sections: tuple[str, ...] = SECTIONS_KEPT,
+    train_keys: tuple[str, ...] = TRAIN_KEYS_KEPT,
+) -> list[str]:
+    """``section.key: saved → now`` for every key of ``sections`` and of
+    ``[train]``'s ``train_keys`` (by default: every key a resume must keep)."""
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
-    for section in SECTIONS_KEPT:
+    for section in sections:
         old.update(_flat(saved[section], section))
         new.update(_flat(now[section], section))
-    for key in TRAIN_KEYS_KEPT:
+    for key in train_keys:
         old[f"train.{key}"], new[f"train.{key}"] = saved["train"][key], now["train"][key]
     return [
         f"`{k}`: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
@@ -301,6 +307,23 @@ class Checkpointer:
             "blocked_seconds": self.blocked,
             "final_wait_seconds": self.final_wait,
         }
+
+
+def restore_params(run_dir: Path, step: int, params: Any, opt_state: Any) -> Any:
+    """The parameters of checkpoint ``step`` (shaped like ``params``; the
+    whole ``state`` item is read, ``opt_state`` gives the optimiser part's
+    shapes). Read-only: no :class:`Checkpointer` (whose manager cleans up
+    temporary directories, a save in flight among them) is opened."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    target = jax.tree_util.tree_map(
+        ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state}
+    )
+    item = (run_dir / CHECKPOINTS / str(step) / "state").resolve()
+    with ocp.StandardCheckpointer() as ckptr:
+        got = ckptr.restore(item, target)
+    return got["params"]
 
 
 # ----------------------------------------------------------------------------

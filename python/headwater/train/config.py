@@ -73,8 +73,8 @@ class TrainSection:
     eval_every: int = 0
     #: Seeds per task in the periodic evaluation (the split's fixed order).
     eval_max_seeds: int = 256
-    #: At the end of the run, evaluate val and test in full and save the
-    #: final parameters (``params.npz``) for ``headwater eval``.
+    #: At the end of the run, evaluate val and test in full (``headwater
+    #: eval`` scores any saved checkpoint later).
     eval_final: bool = True
     #: Seed of parameter init (the sampler has its own ``[sampler] seed``).
     seed: int = 0

@@ -1,42 +1,118 @@
-"""``headwater eval RUN_DIR``: evaluate a saved run without training.
+"""``headwater eval RUN_DIR [--split val|test|both] [--step N]``: score a
+training checkpoint without training.
 
-Opens the run's database with rank 0's sampler keys (one process), loads
-the final parameters (:mod:`headwater.train.saved`), runs full passes over
-the requested splits and prints the per-task table; the results are also
-written to ``RUN_DIR/eval-<split>.json``.
+Picks checkpoint ``--step`` (default: the latest committed one) of the run's
+orbax checkpoints (``RUN_DIR/checkpoints/<step>/``,
+:mod:`headwater.train.checkpoint`), rebuilds the run's config from its
+launch record (``launch.json``: the config and overrides it was started
+with), and refuses, naming what, a run directory with no committed
+checkpoint, a step that is not a committed one, a checkpoint written under
+another ``[database]`` or ``[model]`` config than the launch record gives
+now, and a checkpoint of another database (its sampler state's content
+hash, checked by the sampler). The parameters are restored read-only (the
+run's checkpoint manager is never opened, so a save in flight is not
+touched); full passes over the requested splits run on one process with
+rank 0's sampler keys and world size 1 (the eval shard rule makes that the
+union of any world size's passes); the per-task table is printed and each
+split's results are written to ``RUN_DIR/eval-<split>.json``.
 
-Must never: train, or write anything but ``eval-<split>.json``.
+Must never: train, write anything but ``eval-<split>.json``, or score
+parameters against a database or model they were not trained with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+from headwater.errors import ConfigError
 from headwater.train.scoring import format_table
+
+#: Config sections a checkpoint must share with the run's config to be scored.
+SECTIONS_CHECKED = ("database", "model")
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> int:
+    """``step`` if it is a committed checkpoint of ``run_dir`` (the latest when
+    ``None``); a :class:`ConfigError` naming the committed steps otherwise."""
+    from headwater.train import checkpoint as C
+
+    steps = C.committed_steps(run_dir)
+    if not steps:
+        raise ConfigError(
+            f"headwater eval {run_dir}: no committed checkpoint under {run_dir / C.CHECKPOINTS}/ "
+            "(a run writes one every train.checkpoint_every steps and at its end)"
+        )
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ConfigError(
+            f"headwater eval {run_dir} --step {step}: no committed checkpoint {step}; "
+            f"committed: {', '.join(map(str, steps))}"
+        )
+    return step
+
+
+def checked_config(run_dir: Path, step: int, meta: dict[str, Any]) -> Any:
+    """The run's :class:`TrainConfig` from its launch record, refused when
+    checkpoint ``step`` was written under another database or model config."""
+    from headwater.train import checkpoint as C
+    from headwater.train.config import load_config
+
+    config, overrides = C.read_launch_record(run_dir, "headwater eval")
+    cfg = load_config(config, **overrides)
+    now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples are lists
+    diffs = C.config_differences(meta["config"], now, SECTIONS_CHECKED, ())
+    if diffs:
+        raise ConfigError(
+            f"headwater eval {run_dir}: checkpoint {step} was written under another "
+            "[database]/[model] config than the run's launch record gives now: "
+            + "; ".join(diffs)
+        )
+    return cfg
 
 
 def evaluate_run(
-    run_dir: Path, splits: tuple[str, ...] = ("test",), max_seeds: int | None = None
-) -> dict[str, Any]:
-    """Per split, per task: ``{"stype", "count", "metrics", "baseline"}``."""
+    run_dir: Path,
+    splits: tuple[str, ...] = ("test",),
+    max_seeds: int | None = None,
+    step: int | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """``(step, {split: {task: {"stype", "count", "metrics", "baseline"}}})``
+    of checkpoint ``step`` (the latest when ``None``)."""
+    from headwater.errors import StateError
     from headwater.mixture import open_sampler
+    from headwater.train import checkpoint as C
+    from headwater.train import model as M
     from headwater.train.device import tables_to_device
     from headwater.train.evaluate import Evaluator
+    from headwater.train.launcher import resolve_database
     from headwater.train.mesh import Mesh, Padder
-    from headwater.train.saved import load_params, load_run
 
     run_dir = Path(run_dir)
-    doc = load_run(run_dir)
-    kw = dict(doc["sampler"])
-    if "split_ratios" in kw:
-        kw["split_ratios"] = tuple(kw["split_ratios"])
-    kw["num_prefetch"] = 1
+    C.read_launch_record(run_dir, "headwater eval")  # a run directory at all?
+    step = pick_checkpoint(run_dir, step)
+    meta = C.read_meta(run_dir, step)
+    cfg = checked_config(run_dir, step, meta)
+    db = resolve_database(cfg)
+    kw = cfg.sampler_kwargs(0)
+    kw.update(num_prefetch=1)
+    try:
+        sampler = open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw)
+    except StateError as e:
+        raise ConfigError(
+            f"headwater eval {run_dir}: checkpoint {step} does not fit the database {db}: {e}"
+        ) from None
     out: dict[str, Any] = {}
-    with open_sampler(doc["db"], rank=0, world_size=1, **kw) as sampler:
+    with sampler:
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        params, model_cfg = load_params(run_dir, int(col_np.shape[1]))
+        model_cfg = dataclasses.replace(
+            cfg.model, max_categories=int(meta["model_max_categories"])
+        )
+        local = M.init_params(cfg.train.seed, model_cfg, int(col_np.shape[1]))
+        params = C.restore_params(run_dir, step, local, M.init_opt_state(local, cfg.optim))
         mesh = Mesh()
         tables = mesh.replicate(tables_to_device(col_np, cat_np))
         ev = Evaluator(sampler, mesh, Padder(mesh, model_cfg.max_categories), model_cfg, tables)
@@ -46,11 +122,12 @@ def evaluate_run(
             (run_dir / f"eval-{split}.json").write_text(
                 json.dumps(out[split], indent=1), encoding="utf-8"
             )
-    return out
+    return step, out
 
 
-def main(run_dir: str, split: str, max_seeds: int | None) -> int:
+def main(run_dir: str, split: str, max_seeds: int | None, step: int | None = None) -> int:
     splits = ("val", "test") if split == "both" else (split,)
-    results = evaluate_run(Path(run_dir), splits, max_seeds)
+    done, results = evaluate_run(Path(run_dir), splits, max_seeds, step)
+    print(f"headwater eval: checkpoint {done} of {run_dir}", flush=True)
     print(format_table(results), flush=True)
     return 0

@@ -172,6 +172,13 @@ def flat_row(split: str, results: Mapping[str, Mapping[str, Any]]) -> dict[str, 
     return row
 
 
+def telemetry_row(split: str, reduced: Mapping[str, float]) -> dict[str, float]:
+    """A pass's reduced sampler telemetry as ``eval/<split>/sampler/<key>``
+    (the metric table's keys; histogram buckets left out: their p50/p95/max
+    are kept)."""
+    return {f"eval/{split}/{k}": float(v) for k, v in reduced.items() if "/bucket_" not in k}
+
+
 def define_eval_metrics(run: Any, split: str, results: Mapping[str, Mapping[str, Any]]) -> None:
     """W&B summaries of each model metric: its best (max or min) and last value."""
     from headwater.train.scoring import HIGHER_IS_BETTER

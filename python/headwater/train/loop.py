@@ -23,15 +23,16 @@ default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
 losses, timings, a digest of the final parameters, the evaluation
 results), ``rank-<r>.log`` (ranks > 0, multi-process runs),
 ``checkpoints/<step>/`` (every ``train.checkpoint_every`` steps, at the end
-and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoint`),
-and with
-``train.eval_final`` ``params.npz`` + ``model.json`` (rank 0: the final
-parameters, :mod:`headwater.train.saved`, read by ``headwater eval``).
+and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoint`;
+``headwater eval`` scores one: :mod:`headwater.train.eval_run`).
 
 Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
 end (``train.eval_final``) full val and test passes. Passes come from
-``sampler.eval_batches`` and never touch the training stream.
+``sampler.eval_batches`` and never touch the training stream; each pass's
+sampler telemetry (the split's recorders, cleared before the pass) is
+reduced over ranks and logged beside its metrics as
+``eval/<split>/sampler/<key>``.
 
 Must never: let ranks apply different updates; log telemetry from ranks > 0.
 """
@@ -52,10 +53,9 @@ from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
-from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row
+from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row, telemetry_row
 from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
-from headwater.train.saved import save_params
 from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
 from headwater.train.verdict import VERDICTS, VerdictTracker
 
@@ -172,10 +172,6 @@ def _train(
             run.finish(exit_code=1)
         raise
     param_digest = digest(trainer.params)
-    if rank == 0 and cfg.train.eval_final and not trainer.stopped:
-        save_params(
-            run_dir, trainer.params, trainer.model_cfg, db=db, sampler=cfg.sampler_kwargs(0)
-        )
     summary = summarise(
         trainer.log,
         warmup_steps=cfg.train.warmup_steps,
@@ -387,11 +383,26 @@ class Trainer:
 
     def evaluate(self, split: str, step: int, max_seeds: int | None = None) -> dict[str, Any]:
         """An evaluation pass over ``split`` (capped at ``max_seeds`` per task),
-        logged as ``eval/<split>/<task>/<metric>``; the per-task results."""
+        logged as ``eval/<split>/<task>/<metric>`` beside the pass's sampler
+        telemetry reduced over ranks (``eval/<split>/sampler/<key>``); the
+        per-task results."""
+        from headwater import telemetry as T
+
+        # The split's recorders also hold the val stream's batches (validate);
+        # cleared here so the logged telemetry is this pass's alone.
+        self.sampler.drain_step_metrics(split)
         results = self.evaluator.evaluate(self.params, split, max_seeds)
-        row = flat_row(split, results)
+        local = self.sampler.drain_step_metrics_packed(split)
+        sampler_row = telemetry_row(split, T.reduce(local, self.hook.schema))
+        row = {**flat_row(split, results), **sampler_row}
         self.log.evals.append(
-            {"step": step, "split": split, "full": max_seeds is None, "results": results}
+            {
+                "step": step,
+                "split": split,
+                "full": max_seeds is None,
+                "results": results,
+                "sampler": sampler_row,
+            }
         )
         if self.wb is not None:
             define_eval_metrics(self.wb, split, results)

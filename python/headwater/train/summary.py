@@ -110,7 +110,12 @@ def summarise(
         "warnings": _warnings(log, wait_share),
         "eval": {e["split"]: e["results"] for e in log.evals if e["full"]},
         "eval_history": [
-            {"step": e["step"], "split": e["split"], **flat_row(e["split"], e["results"])}
+            {
+                "step": e["step"],
+                "split": e["split"],
+                **flat_row(e["split"], e["results"]),
+                **e.get("sampler", {}),
+            }
             for e in log.evals
         ],
         **extra,

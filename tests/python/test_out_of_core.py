@@ -1,0 +1,226 @@
+"""Preprocessing in bounded memory and the sampler's page-cache knob.
+
+* DuckDB's memory limit far below the data size (a SQL task that must spill),
+  with output byte-identical to a run with the default budget;
+* ``memory_limit`` parsing and the CLI flag;
+* ``page_cache``: every mode samples the same batches, and ``mlock`` past
+  ``RLIMIT_MEMLOCK`` fails naming the key;
+* ``slow``: a generated database several times larger than a 256 MiB budget
+  preprocessed in a child process whose peak private memory (RssAnon) stays
+  under the budget plus the interpreter's (``pytest -m slow``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+
+import headwater
+from headwater.preprocessing import pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v1"
+
+TASK = """
+[tables.parent]
+primary_key = "id"
+
+[tables.child]
+primary_key = "id"
+foreign_keys = { parent_id = "parent" }
+time_column = "ts"
+
+[[tasks]]
+name = "parent_spend"
+anchor_table = "parent"
+target_stype = "numerical"
+query = "SELECT parent_id, max(ts), sum(CAST(amount * 10 AS BIGINT)) FROM child GROUP BY parent_id ORDER BY parent_id"
+"""
+
+
+def _source(path: Path, parents: int, children: int, wide: int = 0) -> Path:
+    """parent(id, grp, x, t) and child(id, parent_id, amount, note, flag, ts,
+    v0..v{wide-1}), deterministic."""
+    con = duckdb.connect(str(path))
+    con.execute(
+        f"""CREATE TABLE parent AS SELECT i AS id, 'g' || (i % 7) AS grp, (i * 0.37) % 11 AS x,
+        TIMESTAMP '2020-01-01' + to_seconds(i * 97) AS t FROM range({parents}) r(i)"""
+    )
+    extra = "".join(f", ((i * {k + 3}) % 1009) * 0.5 AS v{k}" for k in range(wide))
+    con.execute(
+        f"""CREATE TABLE child AS SELECT i AS id, (i * 7919) % {parents} AS parent_id,
+        ((i * 13) % 1000) / 10.0 AS amount, 'note ' || (i % 300) AS note, i % 3 = 0 AS flag,
+        TIMESTAMP '2020-01-01' + to_seconds(i * 61) AS ts{extra} FROM range({children}) r(i)"""
+    )
+    con.close()
+    return path
+
+
+def _hashes(d: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _source(tmp_path / "src.duckdb", parents=20_000, children=1_000_000)
+    schema = tmp_path / "schema.toml"
+    schema.write_text(TASK)
+    settings: list[tuple[Any, ...]] = []
+    configure = pipeline._configure_duckdb
+
+    def spy(con: duckdb.DuckDBPyConnection, budget: int, temp: Path) -> None:
+        configure(con, budget, temp)
+        row = con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
+        ).fetchone()
+        assert row is not None
+        settings.append(row)
+
+    monkeypatch.setattr(pipeline, "_configure_duckdb", spy)
+    # Uncompressed: 8 bytes per number/timestamp, ~9 per note, 1 per flag.
+    raw_mib = (1_000_000 * (8 * 4 + 10) + 20_000 * 34) / 2**20
+    tiny = headwater.preprocess(src, tmp_path / "tiny", schema=schema, embedder="hash", progress=False, memory_limit="48MiB")
+    default = headwater.preprocess(src, tmp_path / "default", schema=schema, embedder="hash", progress=False)
+    # DuckDB got a third of 48 MiB, far below the data, spilling beside the output.
+    assert settings[0][0] == "16.0 MiB", settings
+    assert raw_mib > 2.5 * 16, raw_mib
+    assert settings[0][1] == str(tmp_path / "tiny.duckdb_tmp")
+    assert not (tmp_path / "tiny.duckdb_tmp").exists()  # the spill directory is removed
+    assert _hashes(tiny) == _hashes(default)
+    meta = json.loads(headwater.Database(tiny).metadata_json())
+    assert meta["num_rows"] == 1_020_000
+    assert [t["num_seeds"] for t in meta["tasks"]] == [20_000]
+
+
+def test_memory_limit_sizes_and_errors() -> None:
+    assert pipeline.parse_size("512MiB") == 512 << 20
+    assert pipeline.parse_size("2GiB") == 2 << 30
+    assert pipeline.parse_size("1.5G") == 3 << 29
+    assert pipeline.parse_size("300MB") == 300 * 10**6
+    assert pipeline.parse_size(1 << 30) == 1 << 30
+    with pytest.raises(ValueError, match="memory_limit '12 parsecs'"):
+        pipeline.parse_size("12 parsecs")
+    with pytest.raises(ValueError, match="memory_limit '1MiB': at least 48MiB"):
+        pipeline.parse_size("1MiB")
+
+
+def test_cli_memory_limit_flag(tmp_path: Path) -> None:
+    src = _source(tmp_path / "src.duckdb", parents=50, children=500)
+    r = subprocess.run(
+        [sys.executable, "-m", "headwater.cli", "preprocess", str(src), str(tmp_path / "out"),
+         "--embedder", "hash", "--memory-limit", "64MiB"],
+        capture_output=True, text=True, env={**os.environ, "HEADWATER_CACHE_DIR": str(tmp_path / "c")},
+    )
+    assert r.returncode == 0, r.stderr
+    # One line per phase with its throughput and peak RSS.
+    for phase in ("keys", "tables", "tasks", "embeddings", "graph and write"):
+        assert f"phase {phase}: " in r.stderr and "/s), peak RSS " in r.stderr, r.stderr
+    assert "MiB (private " in r.stderr, r.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "headwater.cli", "preprocess", str(src), str(tmp_path / "out2"),
+         "--embedder", "hash", "--memory-limit", "lots"],
+        capture_output=True, text=True, env={**os.environ, "HEADWATER_CACHE_DIR": str(tmp_path / "c")},
+    )
+    assert bad.returncode != 0 and "memory_limit 'lots'" in bad.stderr
+
+
+def _batches(**kw: Any) -> list[dict[str, np.ndarray]]:
+    with headwater.Sampler(GOLDEN, default_batch_size=4, default_sequence_length=64, seed=3, **kw) as s:
+        return [s.next_train_batch() for _ in range(3)]
+
+
+def test_every_page_cache_mode_samples_the_same_batches() -> None:
+    want = _batches()
+    for mode in ("lazy", "willneed", "populate", "mlock"):
+        got = _batches(page_cache=mode)
+        for a, b in zip(got, want, strict=True):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), mode
+    with pytest.raises(headwater.ConfigError, match="`page_cache`"):
+        headwater.Sampler(GOLDEN, page_cache="eager")
+
+
+MLOCK_CHILD = """
+import resource, sys
+import headwater
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+try:
+    headwater.Sampler(sys.argv[1], page_cache="mlock")
+except headwater.ConfigError as e:
+    print("ConfigError:", e)
+"""
+
+
+def test_mlock_past_rlimit_memlock_is_an_error_naming_the_key(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", MLOCK_CHILD, str(GOLDEN)]
+    if os.geteuid() == 0:
+        # Root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it.
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_IPC_LOCK")
+        cmd = [setpriv, "--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "ConfigError:" in r.stdout and "`page_cache`" in r.stdout, r.stdout
+    assert "RLIMIT_MEMLOCK is 0 bytes" in r.stdout, r.stdout
+
+
+def _peak_rss_of(cmd: list[str], env: dict[str, str]) -> tuple[int, int, str]:
+    """Run ``cmd``; its peak private memory (RssAnon) and peak RSS (VmHWM),
+    in bytes, polled every 20 ms, and its stderr. VmRSS also counts the
+    mapped pages of the output the writer reads back to verify it."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    anon = hwm = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        anon = max(anon, int(line.split()[1]) * 1024)
+                    elif line.startswith("VmHWM:"):
+                        hwm = max(hwm, int(line.split()[1]) * 1024)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    return anon, hwm, err
+
+
+@pytest.mark.slow
+def test_preprocess_a_database_larger_than_the_budget_within_it(tmp_path: Path) -> None:
+    budget = 256 << 20
+    # 1.5 M wide child rows: 45 numerical columns, twice the budget.
+    src = _source(tmp_path / "big.duckdb", parents=200_000, children=1_500_000, wide=40)
+    env = {**os.environ, "HEADWATER_CACHE_DIR": str(tmp_path / "cache")}
+    # Uncompressed: 8 bytes per number/timestamp, ~9 per note, 1 per flag.
+    raw = 1_500_000 * (8 * 45 + 10) + 200_000 * 34
+    assert raw > 2 * budget, raw
+    # The interpreter with everything preprocessing imports, doing nothing.
+    base, base_hwm, _ = _peak_rss_of(
+        [sys.executable, "-c", "import duckdb, numpy, pyarrow, pyarrow.compute, headwater.preprocessing, headwater._native"],
+        env,
+    )
+    peak, hwm, err = _peak_rss_of(
+        [sys.executable, "-m", "headwater.cli", "preprocess", str(src), str(tmp_path / "out"),
+         "--embedder", "hash", "--memory-limit", "256MiB"],
+        env,
+    )
+    print(err[-3000:], f"private {peak >> 20} MiB (interpreter {base >> 20}), VmHWM {hwm >> 20} MiB (interpreter {base_hwm >> 20})")
+    assert peak < base + budget, f"private peak {peak >> 20} MiB, interpreter {base >> 20} MiB + budget {budget >> 20} MiB"
+    assert json.loads(headwater.Database(tmp_path / "out").metadata_json())["num_rows"] == 1_700_000
