@@ -127,10 +127,11 @@ fn benches(c: &mut Criterion) {
     );
     let mine = running.core().stream_config();
     let names = &running.core().schema.task_names;
+    let records = running.core().database_records();
     c.bench_function("state_parse_and_check", |b| {
         b.iter(|| {
             let st = SamplerState::from_json(black_box(&json)).unwrap();
-            st.check(db.content_hash(), &mine, names).unwrap();
+            st.check(db.content_hash(), &records, &mine, names).unwrap();
         });
     });
 }

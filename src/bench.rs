@@ -5,7 +5,7 @@
 //! the sampler's own throughput; the Python side adds handoff latency and
 //! thread scaling from several runs in the same process.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,13 +50,22 @@ pub struct BenchRun {
     pub total_ms: f64,
     /// Process RSS after the run (bytes).
     pub rss_bytes: u64,
+    /// Databases sampled (a mixture when > 1).
+    pub databases: usize,
+    /// Seconds from opening the databases to the first batch made.
+    pub first_batch_seconds: f64,
+    /// Mean microseconds per batch spent recording it and draining the
+    /// step values (0 with telemetry off).
+    pub telemetry_us: f64,
+    /// Values one drain returns (the packed vector's length).
+    pub drained_values: usize,
 }
 
 /// Produce `warmup` then `steps` train batches with `threads` worker threads.
 /// With telemetry on, every batch is also recorded and drained, as a
 /// training loop with the step hook would.
 pub fn bench_run(
-    db_path: &Path,
+    db_paths: &[PathBuf],
     mut cfg: SamplerConfig,
     threads: usize,
     warmup: u64,
@@ -65,13 +74,17 @@ pub fn bench_run(
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
     let (pack, segments) = (cfg.pack, cfg.segments_per_sequence());
-    let core = Arc::new(SamplerCore::new(db_path, cfg)?);
+    let t_open = Instant::now();
+    let core = Arc::new(SamplerCore::open_mixture(db_paths, cfg)?);
     let mut recorder = SplitTelemetry::new(&core.schema, Vec::new());
     let mut drained = Vec::new();
     let mut maker = BatchMaker::new(core, Split::Train);
-    for _ in 0..warmup {
+    maker.core.make_batch(&mut maker.state)?;
+    let first_batch_seconds = t_open.elapsed().as_secs_f64();
+    for _ in 1..warmup {
         maker.core.make_batch(&mut maker.state)?;
     }
+    let mut telemetry_ns = 0u64;
     let mut stage = [0u64; 4];
     let mut cells = 0u64;
     let mut slots = 0u64;
@@ -81,10 +94,12 @@ pub fn bench_run(
     for _ in 0..steps {
         let b = maker.core.make_batch(&mut maker.state)?;
         if telemetry {
+            let t = Instant::now();
             recorder.deliver(&b, 0, 0.0);
             recorder
                 .drain
                 .drain_values(&maker.core.schema, &mut drained);
+            telemetry_ns += t.elapsed().as_nanos() as u64;
         }
         for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
             *acc += x;
@@ -117,6 +132,10 @@ pub fn bench_run(
         collate_ms: ms(stage[2]),
         total_ms: ms(stage[3]),
         rss_bytes: current_rss_bytes().unwrap_or(0),
+        databases: maker.core.dbs.len(),
+        first_batch_seconds,
+        telemetry_us: telemetry_ns as f64 / 1e3 / steps.max(1) as f64,
+        drained_values: maker.core.schema.drained_keys.len(),
     })
 }
 

@@ -82,6 +82,13 @@ pub struct SamplerConfig {
     pub task_weights: Option<TaskWeights>,
     /// How the task of each batch is chosen.
     pub task_pick: TaskPick,
+    /// Database weights of a mixture (a list in the order the databases
+    /// were given, or `{database name: weight}`); `None` = uniform.
+    pub database_weights: Option<TaskWeights>,
+    /// Databases of a mixture with their own telemetry series (the K with
+    /// the largest weights; ties by order); the rest are folded into
+    /// aggregates and a worst-database pointer.
+    pub telemetry_top_databases: usize,
     /// Threads in the sampler's pool; `None` = available parallelism.
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
@@ -138,6 +145,8 @@ impl Default for SamplerConfig {
             pack_factor: 4,
             task_weights: None,
             task_pick: TaskPick::Weighted,
+            database_weights: None,
+            telemetry_top_databases: 8,
             num_threads: None,
             max_rss_bytes: None,
             verify: crate::format::Verify::Header,
@@ -185,7 +194,7 @@ const fn f(
 }
 
 /// Every key of [`SamplerConfig`], in field order (a test keeps them equal).
-pub static FIELDS: [FieldDoc; 28] = [
+pub static FIELDS: [FieldDoc; 30] = [
     f("rank", "int", "an integer in 0..world_size", "this process's rank"),
     f("world_size", "int", "an integer in 1..=4294967295", "number of ranks"),
     f(
@@ -235,7 +244,7 @@ pub static FIELDS: [FieldDoc; 28] = [
         "pack",
         "bool",
         "true or false",
-        "pack pack_factor seeds' contexts into each sequence (segment-masked; padding < 5% on TPC-H)",
+        "pack pack_factor seeds' contexts into each sequence (segment-masked)",
     ),
     f(
         "pack_factor",
@@ -254,6 +263,18 @@ pub static FIELDS: [FieldDoc; 28] = [
         "str",
         "\"weighted\" or \"round_robin\"",
         "how the task of each batch is chosen",
+    ),
+    f(
+        "database_weights",
+        "list[float] | dict[str, float] | None",
+        "None, one finite weight >= 0 per database (the order given), or {database name: weight} (unlisted databases keep 1); at least one > 0",
+        "share of batches per database of a mixture (None = uniform over databases)",
+    ),
+    f(
+        "telemetry_top_databases",
+        "int",
+        "an integer in 0..=1024",
+        "databases of a mixture with their own telemetry series (largest weights); the rest are folded into aggregates",
     ),
     f(
         "num_threads",
@@ -469,6 +490,21 @@ impl SamplerConfig {
         int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
         int_range("max_hops", self.max_hops, 0, 64)?;
         int_range("pack_factor", self.pack_factor, 1, 64)?;
+        int_range(
+            "telemetry_top_databases",
+            self.telemetry_top_databases,
+            0,
+            1024,
+        )?;
+        if let Some(dw) = &self.database_weights {
+            let w: Vec<f64> = match dw {
+                TaskWeights::List(w) => w.clone(),
+                TaskWeights::ByName(m) => m.values().copied().collect(),
+            };
+            if let Some(x) = w.iter().find(|x| !x.is_finite() || **x < 0.0) {
+                return Err(bad("database_weights", format!("a weight of {x}")));
+            }
+        }
         if let Some(n) = self.num_threads {
             int_range("num_threads", n, 1, 1024)?;
         }
@@ -525,6 +561,49 @@ impl SamplerConfig {
             return Err(bad("task_weights", "all weights 0"));
         }
         Ok(())
+    }
+
+    /// The effective database weights of a mixture of `db_names` (uniform
+    /// when unset): a list must have one weight per database, names must be
+    /// databases of the mixture, and at least one weight must be > 0.
+    pub fn database_weights_for(&self, db_names: &[String]) -> Result<Vec<f64>> {
+        let w = match &self.database_weights {
+            None => vec![1.0; db_names.len()],
+            Some(TaskWeights::List(w)) => {
+                if w.len() != db_names.len() {
+                    return Err(bad(
+                        "database_weights",
+                        format!(
+                            "{} weights for {} databases {db_names:?}",
+                            w.len(),
+                            db_names.len()
+                        ),
+                    ));
+                }
+                w.clone()
+            }
+            Some(TaskWeights::ByName(m)) => {
+                if let Some(k) = m.keys().find(|k| !db_names.contains(k)) {
+                    return Err(Error::Config {
+                        key: "database_weights".into(),
+                        what: format!(
+                            "unknown database {k:?}; the mixture's databases are {db_names:?}"
+                        ),
+                    });
+                }
+                db_names
+                    .iter()
+                    .map(|d| m.get(d).copied().unwrap_or(1.0))
+                    .collect()
+            }
+        };
+        if let Some(x) = w.iter().find(|x| !x.is_finite() || **x < 0.0) {
+            return Err(bad("database_weights", format!("a weight of {x}")));
+        }
+        if w.iter().all(|&x| x == 0.0) {
+            return Err(bad("database_weights", "all weights 0"));
+        }
+        Ok(w)
     }
 
     /// The exporter address for this rank, when Prometheus is on.

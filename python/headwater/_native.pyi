@@ -130,7 +130,7 @@ class DatabaseWriter:
 def hash_embed(texts: list[str], dim: int) -> npt.NDArray[np.float16]: ...
 
 def bench_sampler(
-    db_path: str | os.PathLike[str],
+    db_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     threads: int,
     steps: int,
     warmup: int = 10,
@@ -142,6 +142,7 @@ def bench_sampler(
     telemetry: bool = True,
     pack: bool = False,
     pack_factor: int = 4,
+    database_weights: list[float] | None = None,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
@@ -160,11 +161,12 @@ def validate_sampler_config(
 
 @final
 class Sampler:
-    """Prefetching sampler for the train and val splits of one database."""
+    """Prefetching sampler for the train and val splits of one database or a
+    mixture of databases (a list of database folders)."""
 
     def __new__(
         cls,
-        db_path: str | os.PathLike[str],
+        db_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         config: Mapping[str, Any] | None = None,
         state: dict[str, Any] | str | bytes | None = None,
         *,
@@ -182,6 +184,8 @@ class Sampler:
         pack_factor: int = 4,
         task_weights: list[float] | dict[str, float] | None = None,
         task_pick: str = "weighted",
+        database_weights: list[float] | dict[str, float] | None = None,
+        telemetry_top_databases: int = 8,
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         verify: str = "header",

@@ -1,5 +1,6 @@
 """``headwater bench``: sampler throughput, stage times, thread scaling,
-handoff latency and memory, all measured in one run on one database."""
+handoff latency and memory, all measured in one run on one database or on
+a mixture file (see :mod:`headwater.mixture`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from headwater import _native
 
 
-def _handoff_us(db: Path, batch_size: int, seq_len: int, samples: int) -> tuple[float, float]:
+def _handoff_us(db: str | list[str], batch_size: int, seq_len: int, samples: int) -> tuple[float, float]:
     """Median and minimum time of ``next_train_batch()`` when a batch is
     already waiting. The sampler gets one core fewer than the machine so the
     consumer is not timed while competing with the producer it just woke."""
@@ -38,7 +39,14 @@ def _handoff_us(db: Path, batch_size: int, seq_len: int, samples: int) -> tuple[
 
 
 def _telemetry_ratio(
-    path: Path, threads: int, steps: int, warmup: int, batch_size: int, seq_len: int, rounds: int
+    path: str | list[str],
+    threads: int,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    seq_len: int,
+    rounds: int,
+    weights: list[float] | None = None,
 ) -> dict[str, float]:
     """Throughput with telemetry on over off, alternating runs in this process
     (best of `rounds` each, so a noisy neighbour does not decide the ratio)."""
@@ -46,7 +54,8 @@ def _telemetry_ratio(
     for _ in range(rounds):
         for on in (True, False):
             r = _native.bench_sampler(
-                path, threads, steps, warmup, batch_size, seq_len, telemetry=on
+                path, threads, steps, warmup, batch_size, seq_len, telemetry=on,
+                database_weights=weights,
             )
             best[on] = max(best[on], r["batches_per_s"])
     return {
@@ -120,20 +129,27 @@ def run_bench(
         from headwater.data.default_db import default_database
 
         db = default_database()
-    path = Path(db)
+    from headwater.mixture import sampler_source
+
+    path, keys = sampler_source(db)
+    weights = keys.get("database_weights")
+    paths = [path] if isinstance(path, str) else path
     ncpu = os.cpu_count() or 1
     threads = threads or sorted({1, ncpu})
     on = telemetry != "off"
     runs = [
-        _native.bench_sampler(path, t, steps, warmup, batch_size, seq_len, telemetry=on)
+        _native.bench_sampler(
+            path, t, steps, warmup, batch_size, seq_len, telemetry=on, database_weights=weights
+        )
         for t in threads
     ]
     handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
     base = runs[0]
     best = max(runs, key=lambda r: r["batches_per_s"])
     return {
-        "db": str(path.resolve()),
-        "db_bytes": _native.Database(path).bytes_on_disk,
+        "db": str(Path(db).resolve()),
+        "databases": len(paths),
+        "db_bytes": sum(_native.Database(p).bytes_on_disk for p in paths),
         "conditions": {
             "batch_size": batch_size,
             "sequence_length": seq_len,
@@ -161,7 +177,7 @@ def run_bench(
         ),
         "load_average": os.getloadavg(),
         "telemetry_cost": (
-            _telemetry_ratio(path, max(threads), steps, warmup, batch_size, seq_len, 3)
+            _telemetry_ratio(path, max(threads), steps, warmup, batch_size, seq_len, 3, weights)
             if telemetry == "both"
             else None
         ),
@@ -171,7 +187,7 @@ def run_bench(
 def format_bench(r: dict[str, Any]) -> str:
     c = r["conditions"]
     lines = [
-        f"database   {r['db']}  ({r['db_bytes'] / 2**20:.1f} MiB mapped)",
+        f"database   {r['db']}  ({r.get('databases', 1)} database(s), {r['db_bytes'] / 2**20:.1f} MiB mapped)",
         f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs",
         "",
         f"{'threads':>7} {'batches/s':>10} {'useful Mc/s':>11} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
@@ -190,6 +206,11 @@ def format_bench(r: dict[str, Any]) -> str:
             f"{r['handoff_us_min']:.1f} µs min (next_train_batch with a batch ready)"
         ),
         f"peak RSS         {(r['peak_rss_bytes'] or 0) / 2**20:.1f} MiB",
+        (
+            f"first batch      {r['runs'][0]['first_batch_seconds']:.3f} s from open; telemetry "
+            f"{r['runs'][0]['telemetry_us']:.2f} µs/batch record + drain of "
+            f"{r['runs'][0]['drained_values']} values"
+        ),
     ]
     tc = r.get("telemetry_cost")
     if tc:

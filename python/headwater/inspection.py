@@ -15,7 +15,31 @@ from headwater import _native
 
 
 def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Open ``db_dir`` (headers, sizes, content hash) and summarise it as a dict."""
+    """Open ``db_dir`` (headers, sizes, content hash) and summarise it as a
+    dict; a mixture file gives ``{"mixture", "databases": [...]}``, each
+    database's summary with its name and share of batches."""
+    from headwater.mixture import is_mixture_file, read_mixture, sampler_args
+
+    if is_mixture_file(db_dir):
+        entries = read_mixture(db_dir)
+        paths, keys = sampler_args(entries)
+        weights = keys["database_weights"]
+        total = sum(weights) or 1.0
+        dbs = []
+        seen: list[str] = []
+        for p, w in zip(paths, weights, strict=True):
+            name, n = Path(p).name, 1
+            while name in seen:
+                n += 1
+                name = f"{Path(p).name}#{n}"
+            seen.append(name)
+            dbs.append({"name": name, "share": w / total, **inspect(p)})
+        embedders = {(d["embedder"]["name"], d["embedder"]["dim"]) for d in dbs}
+        return {
+            "mixture": str(Path(db_dir).resolve()),
+            "databases": dbs,
+            "one_embedder": len(embedders) == 1,
+        }
     db = _native.Database(Path(db_dir))
     meta = json.loads(db.metadata_json())
     tables = []
@@ -85,6 +109,16 @@ def _bytes(n: int) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     """A human-readable report of :func:`inspect`'s result."""
+    if "mixture" in r:
+        head = [
+            f"mixture       {r['mixture']}  ({len(r['databases'])} databases, "
+            + ("one embedder)" if r["one_embedder"] else "EMBEDDERS DIFFER: cannot be sampled together)"),
+        ]
+        head += [
+            f"  {d['name']:<24} share {d['share']:.3f}  {d['rows']:>12,} rows  {len(d['tasks'])} tasks"
+            for d in r["databases"]
+        ]
+        return "\n\n".join(["\n".join(head), *(format_report(d) for d in r["databases"])])
     lines = [
         f"database      {r['path']}",
         f"format        v{r['format_version']}   content hash {r['content_hash']}",

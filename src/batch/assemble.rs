@@ -60,6 +60,12 @@ pub struct SeqContext<'a> {
     pub num_categorical: u32,
     /// Rows of `text_embeddings.bin` (likewise).
     pub num_text: u32,
+    /// Added to every column id: the database's first column in the
+    /// mixture's concatenated column table (0 for one database).
+    pub column_offset: u32,
+    /// Added to every categorical id (the database's first category in the
+    /// concatenated categorical table).
+    pub categorical_offset: u32,
 }
 
 /// One sequence's slices of the batch tensors.
@@ -175,7 +181,7 @@ fn write_value(
     ctx: &SeqContext<'_>,
 ) {
     o.semantic_types[pos] = code;
-    o.column_ids[pos] = column_idx as i32;
+    o.column_ids[pos] = (column_idx + ctx.column_offset) as i32;
     o.seq_row_ids[pos] = row_local;
     o.is_padding[pos] = 0;
     if !valid {
@@ -192,7 +198,7 @@ fn write_value(
             &mut o.timestamp_values[pos * TIMESTAMP_DIM..(pos + 1) * TIMESTAMP_DIM],
         ),
         ColumnValues::Categorical(v) if v[idx] < ctx.num_categorical => {
-            o.categorical_embed_ids[pos] = v[idx];
+            o.categorical_embed_ids[pos] = v[idx] + ctx.categorical_offset;
         }
         ColumnValues::Text(v) if v[idx] < ctx.num_text => o.text_embed_ids[pos] = v[idx],
         ColumnValues::Categorical(_) | ColumnValues::Text(_) => o.is_null[pos] = 1,

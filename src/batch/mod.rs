@@ -120,6 +120,8 @@ pub struct Batch {
     pub target_stype: u8,
     /// The task of the batch (metadata order).
     pub task_idx: u32,
+    /// The batch's database: its index in the mixture (0 for one database).
+    pub db_idx: u32,
     /// First category embedding id of the target column.
     pub cat_emb_start: u32,
     /// Categories of the target column.
@@ -188,6 +190,7 @@ impl Batch {
             text_batch_embeddings: Vec::new(),
             target_stype: 0,
             task_idx: 0,
+            db_idx: 0,
             cat_emb_start: 0,
             cat_emb_count: 0,
             seeds: Vec::with_capacity(b),

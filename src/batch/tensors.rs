@@ -1,6 +1,6 @@
 //! The batch tensors, defined once: name, dtype and shape rule of each of
-//! the 20 tensors of seed 000 §3b plus `fingerprint`, `seq_valid` and the
-//! four packing tensors, in export order.
+//! the 20 tensors of seed 000 §3b plus `fingerprint`, `seq_valid`, the
+//! four packing tensors and `db_idx`, in export order.
 //!
 //! The Python binding builds the batch dict by walking [`TENSORS`] over
 //! [`Batch::into_tensors`]; `BATCH_KEYS`, the stubs and the model read the
@@ -152,8 +152,10 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 /// `pack.rs`): `segment_ids` (each cell's segment, `u16::MAX` on padding),
 /// `target_pos` (each segment's target position), `target_count` (segments
 /// per sequence) and `segment_seeds` (each segment's seed; `u32::MAX` in
-/// unused slots). Without `pack`, `K = 1`.
-pub static TENSORS: [TensorSpec; 26] = [
+/// unused slots; without `pack`, `K = 1`), then `db_idx` (the batch's
+/// database: its index in the sampler's mixture, 0 for a single database;
+/// `task_idx` is the task's index among the mixture's tasks).
+pub static TENSORS: [TensorSpec; 27] = [
     t("semantic_types", Dtype::I8, Shape::BS),
     t("column_ids", Dtype::I32, Shape::BS),
     t("seq_row_ids", Dtype::U16, Shape::BS),
@@ -180,6 +182,7 @@ pub static TENSORS: [TensorSpec; 26] = [
     t("target_pos", Dtype::U16, Shape::BK),
     t("target_count", Dtype::U8, Shape::B),
     t("segment_seeds", Dtype::U32, Shape::BK),
+    t("db_idx", Dtype::U32, Shape::One),
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.
@@ -282,6 +285,7 @@ impl Batch {
             TensorData::U16(self.target_pos),
             TensorData::U8(self.target_count),
             TensorData::U32(self.segment_seeds),
+            TensorData::U32(vec![self.db_idx]),
         ];
         TENSORS
             .iter()
@@ -310,6 +314,7 @@ mod tests {
         assert_eq!(batch_keys().len(), 20);
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS + 1].name, "seq_valid");
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("db_idx"));
         let mut p = Batch::zeroed_packed(2, 5, 3, 4, 8);
         p.num_text = 0;
         for (spec, shape, data) in p.into_tensors() {

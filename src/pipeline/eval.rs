@@ -75,14 +75,15 @@ pub fn eval_list(
     split: Split,
     max_seeds: Option<usize>,
 ) -> Result<Vec<u32>> {
-    let view = core.db.task(task)?;
+    let view = core.task_view(task)?;
+    let local = core.task_local(task) as u32;
     let c = &core.cfg;
     let cap = max_seeds.unwrap_or(usize::MAX);
     Ok(view
         .anchor_rows
         .iter()
         .enumerate()
-        .filter(|&(_, &row)| split_of(task as u32, row, c.split_seed, c.split_ratios) == split)
+        .filter(|&(_, &row)| split_of(local, row, c.split_seed, c.split_ratios) == split)
         .map(|(i, _)| i as u32)
         .take(cap)
         .collect())
@@ -156,7 +157,7 @@ impl EvalPass {
                 "0: expected at least 1 (or None for the whole split)",
             ));
         }
-        let n = core.db.metadata().tasks.len();
+        let n = core.task_names().len();
         let picked: Vec<usize> = match task {
             Some(k) if k >= n => {
                 return Err(Error::invalid(
@@ -217,8 +218,8 @@ impl EvalPass {
         let core = &*self.core;
         let t = &self.tasks[ti];
         let b = core.cfg.default_batch_size;
-        let view = core.db.task(t.task)?;
-        let name = core.db.metadata().tasks[t.task].name.as_str();
+        let view = core.task_view(t.task)?;
+        let name = core.task_names()[t.task].as_str();
         let span = tracing::info_span!(
             "batch",
             split = self.split.name(),
@@ -309,5 +310,9 @@ fn pass_draw(t: &EvalTask, bi: usize, b: usize) -> DrawStats {
         steps_since_pick_max: 0.0,
         steps_to_exhaust_min: t.batches.saturating_sub(bi + 1) as f64,
         tv_distance: 0.0,
+        // A pass does not follow the database mix: its seeds are never
+        // counted as `databases/other_seeds`, its database readings are 0.
+        database_reported: true,
+        ..DrawStats::default()
     }
 }

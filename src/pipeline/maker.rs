@@ -28,6 +28,7 @@ use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::seeds::{epoch_cursor, rank_slice, split_seeds, DrawStats, SeedPool, Split, TaskPicker};
 use crate::telemetry::TelemetrySchema;
 
+use super::mixture::{database_names, in_database, mixture_weights, too_many};
 use super::state::StreamState;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
@@ -41,28 +42,69 @@ enum TargetPlan {
 }
 
 #[derive(Debug, Clone)]
-struct TaskPlan {
+pub(super) struct TaskPlan {
+    /// The mixture database the task belongs to.
+    pub(super) db: usize,
+    /// The task's index in its database's metadata.
+    local: usize,
     target: TargetPlan,
     seed_cells: usize,
     stype_code: u8,
+    /// First categorical id of the target column, in the mixture's
+    /// concatenated categorical table.
     cat_emb_start: u32,
     cat_emb_count: u32,
 }
 
-/// Everything immutable a sampler needs, shared by its producers.
-pub struct SamplerCore {
+/// One database of a mixture (a single database is a mixture of one).
+pub struct MixtureDatabase {
+    /// The name batches, telemetry and errors use for it (unique in the
+    /// mixture).
+    pub name: String,
     /// The open, validated database.
     pub db: Arc<Database>,
+    /// Its share of batches (normalised database weight).
+    pub share: f64,
+    /// Its first task's index among the mixture's tasks.
+    pub first_task: usize,
+    /// Its first column's id in the mixture's concatenated column table.
+    pub column_offset: u32,
+    /// Its first category's id in the concatenated categorical table.
+    pub categorical_offset: u32,
+    row_cells: Vec<u16>,
+}
+
+/// Everything immutable a sampler needs, shared by its producers.
+///
+/// A sampler samples a **mixture** of databases; a single database is a
+/// mixture of one and takes the same path. The mixture's tasks are the
+/// databases' tasks concatenated in the order the databases were given
+/// (database 0's tasks first), and every per-task structure (pools, picker,
+/// stream counters, `task_idx`) is indexed by that mixture task index, so
+/// for one database nothing changes. The effective weight of task `t` of
+/// database `d` is `w_t · p_d / (S_d / S)`, where `w_t` is its task weight,
+/// `S_d` the sum of `d`'s task weights, `S` the sum over all databases and
+/// `p_d` the normalised database weight: database `d` then gets share `p_d`
+/// of the batches, its tasks split it in proportion to their weights, and
+/// for one database the factor is exactly 1 (bit-identical picks).
+pub struct SamplerCore {
+    /// The databases of the mixture, in the order given.
+    pub dbs: Vec<MixtureDatabase>,
     /// The validated configuration.
     pub cfg: SamplerConfig,
-    row_cells: Vec<u16>,
     tasks: Vec<TaskPlan>,
+    task_names: Vec<String>,
+    /// Per database: its slot among the databases with their own telemetry
+    /// series (`None`: folded into the aggregates).
+    reported: Vec<Option<usize>>,
     weights: Vec<f64>,
     pool: rayon::ThreadPool,
-    /// The telemetry schema of this database and config.
+    /// The telemetry schema of this mixture and config.
     pub schema: TelemetrySchema,
+    /// The concatenated embedding tables of a mixture, built on first use.
+    pub(super) concatenated: super::mixture::Concatenated,
     /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
-    /// database was opened elsewhere. `Sampler` adds the seed-pool build.
+    /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
 }
 
@@ -146,59 +188,152 @@ fn derive(seed: u64, parts: &[u64]) -> u64 {
 impl SamplerCore {
     /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
+        Self::open_mixture(&[db_path.as_ref().to_path_buf()], cfg)
+    }
+
+    /// Open every database of `paths` (named by their folder names, made
+    /// unique with `#2`, `#3`, … when two are equal) and prepare sampling
+    /// the mixture with `cfg`. An open error names the database; the
+    /// databases opened before it are closed (their maps dropped) before
+    /// the error is returned.
+    pub fn open_mixture(paths: &[std::path::PathBuf], cfg: SamplerConfig) -> Result<Self> {
         let t0 = Instant::now();
-        let db = Database::open_with(db_path, cfg.verify)?;
-        db.warm_page_cache(cfg.page_cache)?;
-        let mut core = Self::with_database(Arc::new(db), cfg)?;
+        if paths.is_empty() {
+            return Err(Error::invalid(
+                "databases",
+                "a mixture needs at least one database".to_string(),
+            ));
+        }
+        let names = database_names(paths);
+        let mut dbs = Vec::with_capacity(paths.len());
+        for (name, path) in names.into_iter().zip(paths) {
+            let db = Database::open_with(path, cfg.verify).map_err(|e| in_database(&name, e))?;
+            db.warm_page_cache(cfg.page_cache)
+                .map_err(|e| in_database(&name, e))?;
+            dbs.push((name, Arc::new(db)));
+        }
+        let mut core = Self::with_databases(dbs, cfg)?;
         core.startup_seconds = t0.elapsed().as_secs_f64();
         Ok(core)
     }
 
     /// Prepare sampling an already open database with `cfg` (validated here).
     pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
-        let m = db.metadata();
-        let names: Vec<String> = m.tasks.iter().map(|k| k.name.clone()).collect();
-        cfg.validate(Some(&names))?;
-        let row_cells: Vec<u16> = m
-            .tables
-            .iter()
-            .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
-            .collect();
-        let mut tasks = Vec::with_capacity(m.tasks.len());
-        for k in &m.tasks {
-            let col = &m.columns[k.target_column as usize];
-            let table = &m.tables[k.anchor_table as usize];
-            let target = match col.slot {
-                Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
-                    slot: slot as usize,
-                },
-                _ => TargetPlan::Virtual {
-                    column_idx: col.idx,
-                    code: k.target_stype.code().unwrap_or(0) as i8,
-                },
-            };
-            let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
-            tasks.push(TaskPlan {
-                target,
-                seed_cells: table.columns.len() + extra,
-                stype_code: k.target_stype.code().unwrap_or(0),
-                cat_emb_start: col.cat_emb_start,
-                cat_emb_count: col.cat_emb_count,
+        let name = database_names(&[db.dir().to_path_buf()]).remove(0);
+        Self::with_databases(vec![(name, db)], cfg)
+    }
+
+    /// Prepare sampling the mixture of the already open `dbs` (name,
+    /// database) with `cfg` (validated here). Every database must share the
+    /// first one's embedder (name and dimension).
+    #[allow(clippy::cast_possible_truncation, clippy::too_many_lines)]
+    pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
+        let single = dbs.len() == 1;
+        let Some((first_name, first)) = dbs.first() else {
+            return Err(Error::invalid(
+                "databases",
+                "a mixture needs at least one database".to_string(),
+            ));
+        };
+        let emb = first.metadata().embedder.clone();
+        for (name, db) in &dbs[1..] {
+            let e = &db.metadata().embedder;
+            if *e != emb {
+                return Err(Error::invalid(
+                    "databases",
+                    format!(
+                        "database `{name}` was embedded with `{}` (dimension {}) but database `{first_name}` with `{}` (dimension {}); a mixture needs one embedder",
+                        e.name, e.dim, emb.name, emb.dim
+                    ),
+                ));
+            }
+        }
+        let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
+        if let Some(i) = (1..db_names.len()).find(|&i| db_names[..i].contains(&db_names[i])) {
+            return Err(Error::invalid(
+                "databases",
+                format!("two databases are named `{}`", db_names[i]),
+            ));
+        }
+        let mut task_names = Vec::new();
+        for (name, db) in &dbs {
+            for k in &db.metadata().tasks {
+                task_names.push(if single {
+                    k.name.clone()
+                } else {
+                    format!("{name}/{}", k.name)
+                });
+            }
+        }
+        cfg.validate(Some(&task_names))?;
+        let db_weights = cfg.database_weights_for(&db_names)?;
+        let task_w = cfg.weights_for(&task_names)?;
+        let db_total: f64 = db_weights.iter().sum();
+        let mut tasks = Vec::with_capacity(task_names.len());
+        let mut mixture = Vec::with_capacity(dbs.len());
+        let (mut col_off, mut cat_off) = (0u64, 0u64);
+        for (d, (name, db)) in dbs.into_iter().enumerate() {
+            let m = db.metadata();
+            let first_task = tasks.len();
+            let row_cells: Vec<u16> = m
+                .tables
+                .iter()
+                .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
+                .collect();
+            for (local, k) in m.tasks.iter().enumerate() {
+                let col = &m.columns[k.target_column as usize];
+                let table = &m.tables[k.anchor_table as usize];
+                let target = match col.slot {
+                    Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
+                        slot: slot as usize,
+                    },
+                    _ => TargetPlan::Virtual {
+                        column_idx: col.idx,
+                        code: k.target_stype.code().unwrap_or(0) as i8,
+                    },
+                };
+                let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
+                tasks.push(TaskPlan {
+                    db: d,
+                    local,
+                    target,
+                    seed_cells: table.columns.len() + extra,
+                    stype_code: k.target_stype.code().unwrap_or(0),
+                    cat_emb_start: col.cat_emb_start + cat_off as u32,
+                    cat_emb_count: col.cat_emb_count,
+                });
+            }
+            let (column_offset, categorical_offset) = (
+                u32::try_from(col_off).map_err(|_| too_many("columns"))?,
+                u32::try_from(cat_off).map_err(|_| too_many("categories"))?,
+            );
+            col_off += m.columns.len() as u64;
+            cat_off += m.num_categorical_embeddings;
+            mixture.push(MixtureDatabase {
+                name,
+                share: db_weights[d] / db_total,
+                first_task,
+                column_offset,
+                categorical_offset,
+                row_cells,
+                db,
             });
         }
+        u32::try_from(col_off).map_err(|_| too_many("columns"))?;
+        u32::try_from(cat_off).map_err(|_| too_many("categories"))?;
         if cfg.pack {
             let widest = tasks.iter().map(|t| t.seed_cells).max().unwrap_or(0);
             if cfg.pack_factor * widest > cfg.default_sequence_length {
                 return Err(crate::config::bad(
                     "pack_factor",
                     format!(
-                        "{} (x {widest} cells, the widest seed row of this database, exceeds default_sequence_length {})",
+                        "{} (x {widest} cells, the widest seed row of these databases, exceeds default_sequence_length {})",
                         cfg.pack_factor, cfg.default_sequence_length
                     ),
                 ));
             }
         }
-        let weights = cfg.weights_for(&names)?;
+        let weights = mixture_weights(&task_w, &tasks, &mixture);
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
@@ -207,17 +342,69 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let schema = TelemetrySchema::new(&names, cfg.max_hops, cfg.default_sequence_length);
+        let (schema, reported) = mixture_schema(&cfg, &task_names, &tasks, &mixture);
         Ok(SamplerCore {
-            db,
+            reported,
+            dbs: mixture,
             cfg,
-            row_cells,
             tasks,
+            task_names,
             weights,
             pool,
             schema,
+            concatenated: super::mixture::Concatenated::default(),
             startup_seconds: 0.0,
         })
+    }
+
+    /// The mixture's task names: a single database's task names as they
+    /// are, a mixture's as `<database>/<task>`.
+    pub fn task_names(&self) -> &[String] {
+        &self.task_names
+    }
+
+    /// The database (mixture index) of mixture task `k`.
+    pub fn task_database(&self, k: usize) -> usize {
+        self.tasks[k].db
+    }
+
+    /// The index of mixture task `k` in its own database's metadata (what
+    /// its split hash takes, so splits do not depend on the mixture).
+    pub fn task_local(&self, k: usize) -> usize {
+        self.tasks[k].local
+    }
+
+    /// The view of mixture task `k` in its database.
+    pub fn task_view(&self, k: usize) -> Result<crate::format::TaskView<'_>> {
+        let p = &self.tasks[k];
+        self.dbs[p.db].db.task(p.local)
+    }
+
+    /// The metadata of mixture task `k`.
+    pub fn task_meta(&self, k: usize) -> &crate::format::TaskMeta {
+        let p = &self.tasks[k];
+        &self.dbs[p.db].db.metadata().tasks[p.local]
+    }
+
+    /// The embedding dimension every database of the mixture shares.
+    pub fn embedding_dim(&self) -> usize {
+        self.dbs[0].db.metadata().embedder.dim as usize
+    }
+
+    /// The mixture's identity: the content hash of a single database, or
+    /// xxh3 of the databases' names and content hashes in order.
+    pub fn content_hash(&self) -> String {
+        if let [one] = &self.dbs[..] {
+            return one.db.content_hash().to_string();
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for d in &self.dbs {
+            h.update(d.name.as_bytes());
+            h.update(&[0]);
+            h.update(d.db.content_hash().as_bytes());
+            h.update(&[0]);
+        }
+        format!("mixture-{:016x}", h.digest())
     }
 
     /// The effective task weights (metadata order).
@@ -232,7 +419,7 @@ impl SamplerCore {
 
     /// Fresh sampling state for `split` on this rank (step 0).
     pub fn split_state(&self, split: Split) -> SplitState {
-        let n = self.db.metadata().tasks.len();
+        let n = self.tasks.len();
         let stream = StreamState::new(n, self.cfg.world_size, MIX_WINDOW);
         self.split_state_at(split, stream, self.cfg.rank)
     }
@@ -240,14 +427,16 @@ impl SamplerCore {
     /// Sampling state for `split` on `rank`, continuing `stream`.
     pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
         let c = &self.cfg;
-        let m = self.db.metadata();
-        let mut pools = Vec::with_capacity(m.tasks.len());
-        let mut eligible = Vec::with_capacity(m.tasks.len());
-        for k in 0..m.tasks.len() {
-            let view = self.db.task(k).expect("validated at open");
+        let n = self.tasks.len();
+        let mut pools = Vec::with_capacity(n);
+        let mut eligible = Vec::with_capacity(n);
+        for k in 0..n {
+            let view = self.task_view(k).expect("validated at open");
+            // The split hash takes the task's index in its own database, so
+            // a database's splits are the same alone or in any mixture.
             let seeds = keep_fraction(
                 split_seeds(
-                    k as u32,
+                    self.tasks[k].local as u32,
                     view.anchor_rows,
                     split,
                     c.split_seed,
@@ -259,7 +448,7 @@ impl SamplerCore {
                 if self.weights[k] > 0.0 && rank == c.rank {
                     tracing_warn(&format!(
                         "task `{}` has no {} seeds; it is skipped",
-                        m.tasks[k].name,
+                        self.task_names[k],
                         split.name(),
                     ));
                 }
@@ -313,7 +502,7 @@ impl SamplerCore {
         }
         let k = state.picker.pick(step) as usize;
         let key = self.step_key(state.split, step);
-        let task = self.db.task(k)?;
+        let task = self.task_view(k)?;
         let pool = state.pools[k]
             .as_mut()
             .expect("picker only picks tasks with seeds");
@@ -384,7 +573,7 @@ impl SamplerCore {
                 format!("{world_sizes:?} is not a history of (first step, world size > 0) spans from step 0"),
             ));
         }
-        let mut stream = StreamState::new(self.db.metadata().tasks.len(), 1, MIX_WINDOW);
+        let mut stream = StreamState::new(self.tasks.len(), 1, MIX_WINDOW);
         stream.world_sizes = world_sizes.to_vec();
         let mut state = self.split_state_at(split, stream, rank);
         self.skip_batches(&mut state, step)?;
@@ -434,7 +623,7 @@ impl SamplerCore {
             exhaust_events,
             duplicates,
         } = self.draw(state)?;
-        batch_span.record("task", self.db.metadata().tasks[k].name.as_str());
+        batch_span.record("task", self.task_names[k].as_str());
         let mut batch = self.build_batch(
             k,
             &state.jobs,
@@ -446,6 +635,7 @@ impl SamplerCore {
         )?;
         if self.cfg.telemetry {
             batch.draw = self.draw_stats(state, step, world_size);
+            self.database_stats(state, k, step, &mut batch.draw);
         }
         batch.fingerprint = fingerprint(
             [key, step, state.rank as u64, world_size as u64],
@@ -481,20 +671,22 @@ impl SamplerCore {
         let b = n / segs;
         let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
-        let task = self.db.task(k)?;
+        let mdb = &self.dbs[plan.db];
+        let db = &*mdb.db;
+        let task = db.task(plan.local)?;
         if subgraphs.len() != n {
             subgraphs.resize_with(n, Subgraph::default);
         }
-        let graph = self.db.graph();
+        let graph = db.graph();
         // Payloads are not hashed at open: a seed row is used only if it is
         // a row of the task's anchor table (O(1), never out of bounds).
-        let anchor_table = self.db.metadata().tasks[k].anchor_table as usize;
+        let anchor_table = db.metadata().tasks[plan.local].anchor_table as usize;
         if let Some(&(i, row, _, _)) = jobs
             .iter()
             .find(|j| graph.table_of(j.1) != Some(anchor_table))
         {
             return Err(Error::format(
-                self.db.task_path(k).unwrap_or(self.db.dir()),
+                db.task_path(plan.local).unwrap_or(db.dir()),
                 format!(
                     "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
                 ),
@@ -507,7 +699,7 @@ impl SamplerCore {
             child_width: self.cfg.bfs_child_width,
             temporal_filter: self.cfg.temporal_filter,
         };
-        let row_cells = &self.row_cells;
+        let row_cells = &mdb.row_cells;
         let seed_cells = plan.seed_cells;
         self.pool.install(|| {
             // A sequence's contexts are built in segment order, each with
@@ -544,16 +736,17 @@ impl SamplerCore {
             .map(|c| c.iter().map(|g| g.rows.len()).sum::<usize>())
             .max()
             .unwrap_or(0);
-        let m = self.db.metadata();
+        let m = db.metadata();
         let mut batch = Batch::zeroed_packed(b, s, r, segs, m.embedder.dim as usize);
         batch.task_idx = k as u32;
+        batch.db_idx = plan.db as u32;
         batch.target_stype = plan.stype_code;
         batch.cat_emb_start = plan.cat_emb_start;
         batch.cat_emb_count = plan.cat_emb_count;
         batch.seeds.extend(jobs.iter().map(|j| j.0));
         let tables: Vec<TableCells<'_>> = (0..m.tables.len())
             .map(|t| {
-                let v = self.db.table(t)?;
+                let v = db.table(t)?;
                 let codes = v
                     .columns
                     .iter()
@@ -583,6 +776,8 @@ impl SamplerCore {
             target,
             num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
             num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
+            column_offset: mdb.column_offset,
+            categorical_offset: mdb.categorical_offset,
         };
         let subgraphs = &*subgraphs;
         let batch_seeds = std::mem::take(&mut batch.seeds);
@@ -616,7 +811,7 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let dim = m.embedder.dim as usize;
-        collate_text(&mut batch, self.db.text_embeddings()?, dim, text_map);
+        collate_text(&mut batch, db.text_embeddings()?, dim, text_map);
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
@@ -654,6 +849,7 @@ impl SamplerCore {
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
             tv_distance: st.mix.tv_distance(&self.weights),
+            ..DrawStats::default()
         };
         for (j, pool) in state.pools.iter().enumerate() {
             if self.weights[j] <= 0.0 {
@@ -679,6 +875,106 @@ impl SamplerCore {
         }
         t
     }
+}
+
+impl SamplerCore {
+    /// The per-database part of the draw stats after step `step` drew
+    /// mixture task `k` (see the `databases/…` rows of the metric table):
+    /// O(tasks + databases) per batch, on the producer.
+    #[allow(clippy::cast_precision_loss)]
+    fn database_stats(&self, state: &SplitState, k: usize, step: u64, t: &mut DrawStats) {
+        let st = &state.stream;
+        let nd = self.dbs.len();
+        let mut last: Vec<Option<u64>> = vec![None; nd];
+        let mut frac = vec![f64::INFINITY; nd];
+        let mut counts = vec![0u64; nd];
+        for (j, pool) in state.pools.iter().enumerate() {
+            let d = self.tasks[j].db;
+            counts[d] += st.mix.count(j);
+            last[d] = last[d].max(st.last_picked[j]);
+            if self.weights[j] <= 0.0 {
+                continue;
+            }
+            if let Some(pool) = pool {
+                let n = pool.len() as u64;
+                let (_, cursor) = epoch_cursor(st.drawn[j], n);
+                frac[d] = frac[d].min((n - cursor) as f64 / n as f64);
+            }
+        }
+        let n = st.mix.len() as f64;
+        t.database_tv_distance = if n > 0.0 {
+            0.5 * self
+                .dbs
+                .iter()
+                .zip(&counts)
+                .map(|(d, &c)| (c as f64 / n - d.share).abs())
+                .sum::<f64>()
+        } else {
+            0.0
+        };
+        let since = |d: usize| match last[d] {
+            Some(s) => (step - s) as f64,
+            None => (step + 1) as f64,
+        };
+        t.database_steps_since_pick_max = f64::NEG_INFINITY;
+        t.database_remaining_fraction_min = f64::INFINITY;
+        for (d, db) in self.dbs.iter().enumerate() {
+            if db.share <= 0.0 {
+                continue;
+            }
+            if since(d) > t.database_steps_since_pick_max {
+                t.database_steps_since_pick_max = since(d);
+                t.database_steps_since_pick_worst = d as f64;
+            }
+            if frac[d] < t.database_remaining_fraction_min {
+                t.database_remaining_fraction_min = frac[d];
+                t.database_remaining_fraction_worst = d as f64;
+            }
+        }
+        t.database_reported = self.reported[self.tasks[k].db].is_some();
+        t.databases.clear();
+        for &d in &self.schema.database_ids {
+            t.databases.push(crate::seeds::DatabaseDraw {
+                steps_since_pick: since(d),
+                remaining_fraction_min: frac[d],
+            });
+        }
+    }
+}
+
+/// The telemetry schema of a mixture and each database's reported slot: a
+/// single database reports all its tasks and no per-database rows; a
+/// mixture reports the `telemetry_top_databases` databases with the largest
+/// shares (ties by order) and their tasks.
+fn mixture_schema(
+    cfg: &SamplerConfig,
+    task_names: &[String],
+    tasks: &[TaskPlan],
+    dbs: &[MixtureDatabase],
+) -> (TelemetrySchema, Vec<Option<usize>>) {
+    let (h, s) = (cfg.max_hops, cfg.default_sequence_length);
+    if dbs.len() == 1 {
+        return (TelemetrySchema::new(task_names, h, s), vec![Some(0)]);
+    }
+    let mut order: Vec<usize> = (0..dbs.len()).collect();
+    order.sort_by(|&a, &b| dbs[b].share.total_cmp(&dbs[a].share).then(a.cmp(&b)));
+    order.truncate(cfg.telemetry_top_databases);
+    let mut reported = vec![None; dbs.len()];
+    for (slot, &d) in order.iter().enumerate() {
+        reported[d] = Some(slot);
+    }
+    let report_tasks: Vec<(usize, String)> = tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| reported[t.db].is_some())
+        .map(|(k, _)| (k, task_names[k].clone()))
+        .collect();
+    let report_dbs: Vec<(usize, String)> =
+        order.iter().map(|&d| (d, dbs[d].name.clone())).collect();
+    (
+        TelemetrySchema::for_mixture(&report_tasks, &report_dbs, h, s),
+        reported,
+    )
 }
 
 /// Hash of the step's identity (its key, step, rank and world size), the

@@ -25,14 +25,16 @@
 
 mod eval;
 mod maker;
+mod mixture;
 mod report;
 mod rss;
 pub mod state;
 
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
-pub use maker::{BatchMaker, SamplerCore, SplitState, MIX_WINDOW};
+pub use maker::{BatchMaker, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::{fill_report, SplitTelemetry};
 pub use rss::{current_private_bytes, current_rss_bytes};
+pub use state::DatabaseRecord;
 pub use state::{SamplerState, StreamState};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -123,7 +125,7 @@ fn over_cap(
     cap: u64,
 ) -> Option<Error> {
     let private = current_private_bytes()?;
-    let next = state.predicted_batch_bytes(&core.cfg, core.db.metadata().embedder.dim as usize);
+    let next = state.predicted_batch_bytes(&core.cfg, core.embedding_dim());
     if private.saturating_add(next) <= cap {
         return None;
     }
@@ -193,6 +195,17 @@ impl Sampler {
         state: Option<&SamplerState>,
     ) -> Result<Sampler> {
         let core = Arc::new(SamplerCore::new(db_path, cfg)?);
+        Sampler::start_at(core, state)
+    }
+
+    /// Open the mixture of the databases at `paths` (one path: a single
+    /// database) and start the producers, at `state` when given.
+    pub fn open_mixture(
+        paths: &[std::path::PathBuf],
+        cfg: SamplerConfig,
+        state: Option<&SamplerState>,
+    ) -> Result<Sampler> {
+        let core = Arc::new(SamplerCore::open_mixture(paths, cfg)?);
         Sampler::start_at(core, state)
     }
 

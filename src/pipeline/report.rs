@@ -13,6 +13,7 @@ use crate::telemetry::{BatchReport, Recorder, SeqReport, StepRecorder, Telemetry
 #[allow(clippy::cast_precision_loss)]
 pub fn fill_report(r: &mut BatchReport, b: &Batch, depth: usize, wait_seconds: f64) {
     r.task = b.task_idx as usize;
+    r.db = b.db_idx as usize;
     r.seeds = b.seeds.len() as f64;
     r.draw.clone_from(&b.draw);
     r.exhaust_events = f64::from(b.exhaust_events);

@@ -48,7 +48,7 @@ use crate::seeds::{epoch_cursor, Split};
 /// The `format` tag of a saved state.
 pub const STATE_FORMAT: &str = "headwater-sampler-state";
 /// The state version this build writes and reads.
-pub const STATE_VERSION: u32 = 1;
+pub const STATE_VERSION: u32 = 2;
 
 /// Where one split's stream stands.
 #[derive(Debug, Clone)]
@@ -122,8 +122,12 @@ pub struct StreamConfig {
     pub split_seed: u64,
     /// Seed of the orders, picks and BFS generators.
     pub seed: u64,
-    /// Effective weight per task (metadata order).
+    /// Effective weight per task (mixture order; for a mixture these
+    /// already carry the database shares).
     pub task_weights: Vec<f64>,
+    /// Effective share of batches per database (mixture order; `[1.0]`
+    /// for one database).
+    pub database_weights: Vec<f64>,
     /// How each step's task is chosen.
     pub task_pick: TaskPick,
     /// Positions per rank per step (B).
@@ -155,12 +159,13 @@ fn one() -> usize {
 impl StreamConfig {
     /// The stream keys of `cfg`, with `weights` its effective task weights
     /// (metadata order).
-    pub fn of(cfg: &SamplerConfig, weights: &[f64]) -> Self {
+    pub fn of(cfg: &SamplerConfig, weights: &[f64], database_shares: &[f64]) -> Self {
         StreamConfig {
             split_ratios: cfg.split_ratios,
             split_seed: cfg.split_seed,
             seed: cfg.seed,
             task_weights: weights.to_vec(),
+            database_weights: database_shares.to_vec(),
             task_pick: cfg.task_pick,
             default_batch_size: cfg.default_batch_size,
             default_sequence_length: cfg.default_sequence_length,
@@ -179,8 +184,8 @@ impl StreamConfig {
     /// read one global stream, so a per-rank value would make them disagree
     /// about the pools, the orders or the picks.
     pub fn keys() -> Vec<String> {
-        let v =
-            serde_json::to_value(Self::of(&SamplerConfig::default(), &[])).expect("serialisable");
+        let v = serde_json::to_value(Self::of(&SamplerConfig::default(), &[], &[]))
+            .expect("serialisable");
         v.as_object().expect("object").keys().cloned().collect()
     }
 
@@ -225,6 +230,16 @@ pub struct SplitRecord {
     pub mix_window: Vec<u32>,
 }
 
+/// One database of the mixture a state was taken on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseRecord {
+    /// Its name in the mixture.
+    pub name: String,
+    /// Its snapshot content hash.
+    pub content_hash: String,
+}
+
 /// The saved sampler state (`state_dict()`), as of delivery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -233,8 +248,11 @@ pub struct SamplerState {
     pub format: String,
     /// [`STATE_VERSION`] when written by this build.
     pub version: u32,
-    /// The snapshot's content hash (`metadata.json`).
+    /// The snapshot's content hash (`metadata.json`); for a mixture, the
+    /// mixture's hash (of its databases' names and hashes, in order).
     pub content_hash: String,
+    /// The mixture's databases, in order (one for a single database).
+    pub databases: Vec<DatabaseRecord>,
     /// [`StreamConfig::hash`] of `config`.
     pub config_hash: String,
     /// The stream keys the state was taken under.
@@ -293,6 +311,7 @@ impl SamplerState {
     /// The state of `streams` (with each split's pool sizes) under `config`.
     pub fn capture(
         content_hash: &str,
+        databases: &[DatabaseRecord],
         config: StreamConfig,
         tasks: &[String],
         streams: &[(Split, &StreamState, &[u64])],
@@ -332,6 +351,7 @@ impl SamplerState {
             format: STATE_FORMAT.into(),
             version: STATE_VERSION,
             content_hash: content_hash.into(),
+            databases: databases.to_vec(),
             config_hash: config.hash(),
             config,
             tasks: tasks.to_vec(),
@@ -341,7 +361,13 @@ impl SamplerState {
 
     /// Check this state against the snapshot and config it is restored
     /// under, naming the first field that differs.
-    pub fn check(&self, content_hash: &str, mine: &StreamConfig, tasks: &[String]) -> Result<()> {
+    pub fn check(
+        &self,
+        content_hash: &str,
+        databases: &[DatabaseRecord],
+        mine: &StreamConfig,
+        tasks: &[String],
+    ) -> Result<()> {
         if self.format != STATE_FORMAT {
             return Err(refuse(
                 "format",
@@ -356,6 +382,28 @@ impl SamplerState {
                     self.version
                 ),
             ));
+        }
+        let names = |d: &[DatabaseRecord]| d.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+        if names(&self.databases) != names(databases) {
+            return Err(refuse(
+                "databases",
+                format!(
+                    "the state was taken on the databases {:?}, this sampler has {:?}",
+                    names(&self.databases),
+                    names(databases)
+                ),
+            ));
+        }
+        for (i, (a, b)) in self.databases.iter().zip(databases).enumerate() {
+            if a.content_hash != b.content_hash {
+                return Err(refuse(
+                    &format!("databases.{i}.content_hash"),
+                    format!(
+                        "database `{}`: the state was taken on snapshot {}, this one is snapshot {}",
+                        a.name, a.content_hash, b.content_hash
+                    ),
+                ));
+            }
         }
         if self.content_hash != content_hash {
             return Err(refuse(
@@ -485,24 +533,28 @@ impl SamplerState {
 impl super::SamplerCore {
     /// The stream keys of this sampler's config (effective task weights).
     pub fn stream_config(&self) -> StreamConfig {
-        StreamConfig::of(&self.cfg, self.weights())
+        let shares: Vec<f64> = self.dbs.iter().map(|d| d.share).collect();
+        StreamConfig::of(&self.cfg, self.weights(), &shares)
     }
 
-    fn task_names(&self) -> Vec<String> {
-        self.db
-            .metadata()
-            .tasks
+    /// The mixture's databases as a state records them (name, content hash).
+    pub fn database_records(&self) -> Vec<DatabaseRecord> {
+        self.dbs
             .iter()
-            .map(|t| t.name.clone())
+            .map(|d| DatabaseRecord {
+                name: d.name.clone(),
+                content_hash: d.db.content_hash().to_string(),
+            })
             .collect()
     }
 
     /// The saved form of `streams` (split, stream, global pool sizes).
     pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
         SamplerState::capture(
-            self.db.content_hash(),
+            &self.content_hash(),
+            &self.database_records(),
             self.stream_config(),
-            &self.task_names(),
+            self.task_names(),
             streams,
         )
     }
@@ -516,9 +568,10 @@ impl super::SamplerCore {
         fresh: &[super::SplitState],
     ) -> Result<Vec<StreamState>> {
         saved.check(
-            self.db.content_hash(),
+            &self.content_hash(),
+            &self.database_records(),
             &self.stream_config(),
-            &self.task_names(),
+            self.task_names(),
         )?;
         let mut out = Vec::with_capacity(fresh.len());
         let mut notes = Vec::new();
@@ -559,7 +612,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 13, "{keys:?}");
+        assert_eq!(keys.len(), 14, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),

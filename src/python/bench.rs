@@ -8,11 +8,11 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released).
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=4))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=4, database_weights=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn bench_sampler(
-    py: Python<'_>,
-    db_path: std::path::PathBuf,
+pub fn bench_sampler<'py>(
+    py: Python<'py>,
+    db_path: &Bound<'_, PyAny>,
     threads: usize,
     steps: u64,
     warmup: u64,
@@ -24,8 +24,11 @@ pub fn bench_sampler(
     telemetry: bool,
     pack: bool,
     pack_factor: usize,
-) -> PyResult<Bound<'_, PyAny>> {
+    database_weights: Option<Vec<f64>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let paths = super::sampler::db_paths(db_path)?;
     let cfg = SamplerConfig {
+        database_weights: database_weights.map(crate::config::TaskWeights::List),
         seed,
         default_batch_size: batch_size,
         default_sequence_length: sequence_length,
@@ -37,7 +40,7 @@ pub fn bench_sampler(
         ..SamplerConfig::default()
     };
     let run = py
-        .detach(|| bench::bench_run(&db_path, cfg, threads, warmup, steps))
+        .detach(|| bench::bench_run(&paths, cfg, threads, warmup, steps))
         .map_err(to_py)?;
     let s = serde_json::to_string(&run).expect("serialisable");
     py.import("json")?.call_method1("loads", (s,))

@@ -35,11 +35,11 @@ impl EvalPass {
                 "invalid argument `split`: {split:?}, expected \"val\" or \"test\""
             )));
         };
-        let tasks = &sampler.core().db.metadata().tasks;
+        let tasks = sampler.core().task_names();
         let task = task
             .map(|name| {
-                tasks.iter().position(|t| t.name == name).ok_or_else(|| {
-                    let names: Vec<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
+                tasks.iter().position(|t| t == name).ok_or_else(|| {
+                    let names: Vec<&str> = tasks.iter().map(String::as_str).collect();
                     PyValueError::new_err(format!(
                         "invalid argument `task`: {name:?}, expected one of {names:?} or None"
                     ))
@@ -88,10 +88,10 @@ impl EvalPass {
     fn tasks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let pass = self.inner.lock().unwrap();
         let out = PyList::empty(py);
-        let meta = pass.core().db.metadata();
+        let names = pass.core().task_names();
         for t in pass.tasks() {
             let d = PyDict::new(py);
-            d.set_item("task", meta.tasks[t.task].name.as_str())?;
+            d.set_item("task", names[t.task].as_str())?;
             d.set_item("seeds", t.list_len)?;
             d.set_item("rank_seeds", t.entries.len())?;
             d.set_item("batches", t.batches)?;

@@ -22,6 +22,29 @@ fn parse_split(split: &str) -> PyResult<Split> {
     })
 }
 
+/// `db_path` as database folders: one path, or a list of them (a mixture).
+pub(super) fn db_paths(db_path: &Bound<'_, PyAny>) -> PyResult<Vec<std::path::PathBuf>> {
+    if let Ok(p) = db_path.extract::<std::path::PathBuf>() {
+        return Ok(vec![p]);
+    }
+    db_path.extract::<Vec<std::path::PathBuf>>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "invalid argument `db_path`: expected a database folder or a list of them, got {}",
+            db_path
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })
+}
+
+/// An `f16 [N, D]` array copied from `v`.
+fn emb_array<'py>(py: Python<'py>, v: &[f16], d: usize) -> PyResult<Bound<'py, PyAny>> {
+    Ok(PyArray1::from_slice(py, v)
+        .reshape([v.len() / d.max(1), d])?
+        .into_any())
+}
+
 /// A non-negative integer argument.
 fn nonneg(name: &str, v: i64) -> PyResult<u64> {
     u64::try_from(v).map_err(|_| {
@@ -134,23 +157,26 @@ impl Sampler {
 
 #[pymethods]
 impl Sampler {
-    /// Open `db_path` with the sampler keys of `config` and `kwargs`
-    /// (keywords win); unknown keys and bad values raise `ConfigError`.
+    /// Open `db_path` — one database folder, or a list of them (a
+    /// mixture: each batch from one database, by `database_weights`) —
+    /// with the sampler keys of `config` and `kwargs` (keywords win);
+    /// unknown keys and bad values raise `ConfigError`.
     #[new]
     /// `state` (a `state_dict()` value, or its JSON) continues where it
     /// left off; `StateError` names the field when it does not fit.
     #[pyo3(signature = (db_path, config=None, state=None, **kwargs))]
     fn new(
         py: Python<'_>,
-        db_path: std::path::PathBuf,
+        db_path: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyAny>>,
         state: Option<&Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let paths = db_paths(db_path)?;
         let cfg = super::config::from_py(config, kwargs)?;
         let state = state.map(parse_state).transpose()?;
         let inner = py
-            .detach(|| pipeline::Sampler::with_state(&db_path, cfg, state.as_ref()))
+            .detach(|| pipeline::Sampler::open_mixture(&paths, cfg, state.as_ref()))
             .map_err(to_py)?;
         Ok(Sampler {
             inner,
@@ -168,35 +194,35 @@ impl Sampler {
         self.next(py, Split::Val)
     }
 
-    /// Column-name embeddings `f16 [C, D]` (for a one-time device upload).
+    /// Column-name embeddings `f16 [C, D]` (for a one-time device upload);
+    /// for a mixture the databases' tables concatenated in order.
     fn column_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let db = &self.inner.core().db;
-        let d = db.metadata().embedder.dim as usize;
-        let v = db.column_embeddings().map_err(to_py)?;
-        Ok(PyArray1::from_slice(py, v)
-            .reshape([v.len() / d.max(1), d])?
-            .into_any())
+        let core = self.inner.core();
+        let v = core.column_embeddings().map_err(to_py)?;
+        emb_array(py, &v, core.embedding_dim())
     }
 
-    /// Category embeddings `f16 [Vc, D]`.
+    /// Category embeddings `f16 [Vc, D]` (a mixture's concatenated).
     fn categorical_embeddings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let db = &self.inner.core().db;
-        let d = db.metadata().embedder.dim as usize;
-        let v = db.categorical_embeddings().map_err(to_py)?;
-        Ok(PyArray1::from_slice(py, v)
-            .reshape([v.len() / d.max(1), d])?
-            .into_any())
+        let core = self.inner.core();
+        let v = core.categorical_embeddings().map_err(to_py)?;
+        emb_array(py, &v, core.embedding_dim())
     }
 
-    /// `metadata.json` as a dict.
+    /// `metadata.json` as a dict, plus `databases` (one entry per database
+    /// of the mixture: name, path, content hash, share, first task, task
+    /// count, column and category offsets, its own metadata). For a mixture
+    /// the tables, columns and tasks are the databases' concatenated, with
+    /// mixture ids and task names `<database>/<task>`.
     fn database_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = serde_json::to_string(self.inner.core().db.metadata()).expect("serialisable");
+        let s = self.inner.core().merged_metadata().to_string();
         py.import("json")?.call_method1("loads", (s,))
     }
 
+    /// The snapshot content hash (for a mixture, the mixture's hash).
     #[getter]
     fn content_hash(&self) -> String {
-        self.inner.core().db.content_hash().to_string()
+        self.inner.core().content_hash()
     }
 
     /// The effective configuration as a dict.

@@ -37,6 +37,7 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("key", m.key)?;
         d.set_item("reduction", m.reduction.name())?;
         d.set_item("per_task", m.per_task)?;
+        d.set_item("per_database", m.per_database)?;
         d.set_item("prometheus", m.prometheus)?;
         d.set_item("prometheus_type", m.prometheus_type.name())?;
         d.set_item("unit", m.unit)?;

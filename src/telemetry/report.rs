@@ -33,8 +33,10 @@ pub struct SeqReport {
 /// One delivered batch, as telemetry sees it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchReport {
-    /// Task of the batch (metadata order).
+    /// Task of the batch (mixture order).
     pub task: usize,
+    /// Database of the batch (mixture index; 0 for one database).
+    pub db: usize,
     /// Seeds drawn (`B`, or `B·pack_factor` with `pack`).
     pub seeds: f64,
     /// Pool and mix state right after the batch's seeds were drawn.

@@ -1,8 +1,16 @@
-//! The telemetry schema of one sampler: the metric table expanded for a
-//! database's tasks, `max_hops` and `S`, with the drained key order.
+//! The telemetry schema of one sampler: the metric table expanded for its
+//! reported tasks and databases, `max_hops` and `S`, with the drained key
+//! order.
 //!
 //! Depends only on the snapshot metadata and the config, so every rank packs
 //! identical shapes.
+//!
+//! Bounded for mixtures: a single database reports every task and no
+//! per-database rows; a mixture reports per-task rows only for the tasks of
+//! its K reported databases (`telemetry_top_databases`, the K largest
+//! shares) and per-database rows only for those K. With `N` the fixed rows'
+//! values, `T_K` the reported tasks and `P` the per-database rows (4), the
+//! drain has `N + T_K + P·K` values whatever the number of databases.
 
 use std::sync::Arc;
 
@@ -30,9 +38,12 @@ pub struct SchemaEntry {
     /// The table row it comes from.
     #[serde(skip)]
     pub def: &'static MetricDef,
-    /// Index of the task for per-task rows.
+    /// Index of the task (mixture order) for per-task rows.
     #[serde(skip)]
     pub task: Option<usize>,
+    /// (mixture index, reported slot) of the database for per-database rows.
+    #[serde(skip)]
+    pub database: Option<(usize, usize)>,
 }
 
 /// The keys a sampler reports, in a fixed order.
@@ -40,8 +51,14 @@ pub struct SchemaEntry {
 pub struct TelemetrySchema {
     /// One entry per drained metric, in table order.
     pub entries: Vec<SchemaEntry>,
-    /// The database's tasks (metadata order).
+    /// The reported tasks' names (mixture order).
     pub task_names: Vec<String>,
+    /// The reported tasks' mixture indices.
+    pub task_ids: Vec<usize>,
+    /// The reported databases' names (largest share first).
+    pub database_names: Vec<String>,
+    /// The reported databases' mixture indices.
+    pub database_ids: Vec<usize>,
     /// The keys a drain produces, in order: scalar keys as they are,
     /// histograms expanded into `<key>/bucket_NN`, `<key>_p50`, `_p95`, `_max`.
     pub drained_keys: Vec<String>,
@@ -55,6 +72,18 @@ impl TelemetrySchema {
     /// The schema for a database with `task_names` sampled with `max_hops`
     /// hops and sequences of `seq_len` cells.
     pub fn new(task_names: &[String], max_hops: usize, seq_len: usize) -> Self {
+        let tasks: Vec<(usize, String)> = task_names.iter().cloned().enumerate().collect();
+        Self::for_mixture(&tasks, &[], max_hops, seq_len)
+    }
+
+    /// The schema reporting `tasks` and `databases` ((mixture index, name)
+    /// pairs) per task and per database.
+    pub fn for_mixture(
+        tasks: &[(usize, String)],
+        databases: &[(usize, String)],
+        max_hops: usize,
+        seq_len: usize,
+    ) -> Self {
         let mut entries = Vec::new();
         for def in &METRICS {
             let (edges, quantile) = match (def.reduction, def.buckets) {
@@ -64,7 +93,7 @@ impl TelemetrySchema {
                 ),
                 _ => (None, None),
             };
-            let mut push = |key: String, task: Option<usize>| {
+            let mut push = |key: String, task: Option<usize>, database: Option<(usize, usize)>| {
                 entries.push(SchemaEntry {
                     key: format!("{PREFIX}{key}"),
                     reduction: def.reduction,
@@ -73,14 +102,19 @@ impl TelemetrySchema {
                     help: def.help,
                     def,
                     task,
+                    database,
                 });
             };
             if def.per_task {
-                for (i, t) in task_names.iter().enumerate() {
-                    push(def.key.replace("{task}", t), Some(i));
+                for (i, t) in tasks {
+                    push(def.key.replace("{task}", t), Some(*i), None);
+                }
+            } else if def.per_database {
+                for (slot, (d, name)) in databases.iter().enumerate() {
+                    push(def.key.replace("{database}", name), None, Some((*d, slot)));
                 }
             } else {
-                push(def.key.to_string(), None);
+                push(def.key.to_string(), None, None);
             }
         }
         let mut drained_keys = Vec::new();
@@ -96,7 +130,10 @@ impl TelemetrySchema {
         }
         TelemetrySchema {
             entries,
-            task_names: task_names.to_vec(),
+            task_names: tasks.iter().map(|t| t.1.clone()).collect(),
+            task_ids: tasks.iter().map(|t| t.0).collect(),
+            database_names: databases.iter().map(|d| d.1.clone()).collect(),
+            database_ids: databases.iter().map(|d| d.0).collect(),
             drained_keys,
             max_hops,
             seq_len,

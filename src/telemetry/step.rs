@@ -16,11 +16,15 @@ enum Slot {
     Hist(FixedHistogram),
 }
 
+/// How one entry is fed: its measure, the task it is restricted to (per-task
+/// rows) and the (database, slot) it is restricted to (per-database rows).
+type Feed = (Measure, Option<usize>, Option<(usize, usize)>);
+
 /// Accumulates delivered batches of one split between drains.
 #[derive(Debug, Clone)]
 pub struct StepRecorder {
     delivered: u64,
-    measures: Vec<(Measure, Option<usize>)>,
+    measures: Vec<Feed>,
     slots: Vec<Slot>,
 }
 
@@ -38,7 +42,7 @@ impl StepRecorder {
         let mut slots = Vec::with_capacity(schema.entries.len());
         for e in &schema.entries {
             let m = e.def.measure;
-            measures.push((m, e.task));
+            measures.push((m, e.task, e.database));
             slots.push(match (&e.edges, e.quantile) {
                 (Some(edges), Some(rule)) => Slot::Hist(FixedHistogram::new(edges.clone(), rule)),
                 _ => Slot::Scalar(initial(m)),
@@ -88,7 +92,7 @@ impl StepRecorder {
 
     fn clear(&mut self) {
         self.delivered = 0;
-        for ((m, _), slot) in self.measures.iter().zip(&mut self.slots) {
+        for ((m, _, _), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Scalar(v) => *v = initial(*m),
                 Slot::Hist(h) => h.clear(),
@@ -100,10 +104,20 @@ impl StepRecorder {
 impl Recorder for StepRecorder {
     fn record(&mut self, r: &BatchReport) {
         self.delivered += 1;
-        for (&(m, task), slot) in self.measures.iter().zip(&mut self.slots) {
+        for (&(m, task, database), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Hist(h) => m.samples(r, |v| h.record(v)),
                 Slot::Scalar(v) => match m {
+                    Measure::DatabaseSeeds | Measure::DatabaseExhausts => {
+                        if let Some(x) = database.and_then(|(d, s)| m.per_database(r, d, s)) {
+                            *v += x;
+                        }
+                    }
+                    Measure::DatabaseLast(_) => {
+                        if let Some(x) = database.and_then(|(d, s)| m.per_database(r, d, s)) {
+                            *v = x;
+                        }
+                    }
                     Measure::Last(f) => *v = f(r),
                     Measure::Least(f) => *v = v.min(f(r)),
                     Measure::TaskSeeds => {

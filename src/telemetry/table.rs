@@ -161,6 +161,13 @@ pub enum Measure {
     SampleSeq(fn(&SeqReport) -> f64),
     /// Seeds drawn, counted under the batch's task (per-task rows only).
     TaskSeeds,
+    /// Seeds drawn, counted under the batch's database (per-database rows).
+    DatabaseSeeds,
+    /// Exhaust events, counted under the batch's database (per-database).
+    DatabaseExhausts,
+    /// The reported database's own state after the batch's draw (a
+    /// snapshot; per-database rows).
+    DatabaseLast(fn(&crate::seeds::DatabaseDraw) -> f64),
 }
 
 impl std::fmt::Debug for Measure {
@@ -173,6 +180,9 @@ impl std::fmt::Debug for Measure {
             Measure::Sample(_) => "Sample",
             Measure::SampleSeq(_) => "SampleSeq",
             Measure::TaskSeeds => "TaskSeeds",
+            Measure::DatabaseSeeds => "DatabaseSeeds",
+            Measure::DatabaseExhausts => "DatabaseExhausts",
+            Measure::DatabaseLast(_) => "DatabaseLast",
         })
     }
 }
@@ -184,7 +194,21 @@ impl Measure {
         match self {
             Measure::Last(f) | Measure::Least(f) | Measure::Total(f) | Measure::Sample(f) => f(r),
             Measure::TotalSeq(f) | Measure::SampleSeq(f) => r.seqs.iter().map(f).sum(),
-            Measure::TaskSeeds => r.seeds,
+            Measure::TaskSeeds | Measure::DatabaseSeeds => r.seeds,
+            Measure::DatabaseExhausts => r.exhaust_events,
+            Measure::DatabaseLast(_) => 0.0,
+        }
+    }
+
+    /// This batch's contribution to the series of the reported database
+    /// `db` (mixture index) at `slot` (its place among the reported
+    /// databases): `None` when the batch does not change that series.
+    pub fn per_database(self, r: &BatchReport, db: usize, slot: usize) -> Option<f64> {
+        match self {
+            Measure::DatabaseSeeds => (r.db == db).then_some(r.seeds),
+            Measure::DatabaseExhausts => (r.db == db).then_some(r.exhaust_events),
+            Measure::DatabaseLast(f) => r.draw.databases.get(slot).map(f),
+            other => Some(other.per_batch(r)),
         }
     }
 
@@ -208,6 +232,10 @@ pub struct MetricDef {
     pub buckets: Option<BucketRule>,
     /// One value per task (key `tasks/<task>`, Prometheus label `task`).
     pub per_task: bool,
+    /// One value per reported database of a mixture (key
+    /// `databases/<database>/…`, Prometheus label `database`); none for a
+    /// single database.
+    pub per_database: bool,
     /// Exact Prometheus metric name.
     pub prometheus: &'static str,
     /// Prometheus type.
@@ -236,6 +264,7 @@ const fn row(
         reduction,
         buckets,
         per_task: false,
+        per_database: false,
         prometheus,
         prometheus_type,
         unit,
@@ -249,7 +278,7 @@ use PromType::{Counter, Gauge, Histogram as PHist};
 use Reduction::{Histogram as Hist, Max, Min, Sum};
 
 /// Every step metric, in drain order.
-pub static METRICS: [MetricDef; 28] = [
+pub static METRICS: [MetricDef; 38] = [
     row(
         "pool/remaining_min",
         Min,
@@ -335,6 +364,7 @@ pub static METRICS: [MetricDef; 28] = [
         reduction: Sum,
         buckets: None,
         per_task: true,
+        per_database: false,
         prometheus: "headwater_task_seeds_drawn_total",
         prometheus_type: Counter,
         unit: "seeds",
@@ -532,7 +562,127 @@ pub static METRICS: [MetricDef; 28] = [
         "time to open the database, prepare the sampler and build the seed pools (slowest rank)",
         Measure::Last(|r| r.startup_seconds),
     ),
+    row(
+        "mix/database_tv_distance",
+        Max,
+        None,
+        "headwater_mix_database_tv_distance_ratio",
+        Gauge,
+        "ratio",
+        "total-variation distance of the recent database mix from the database shares (ratio; 0 for one database)",
+        Measure::Last(|r| r.draw.database_tv_distance),
+    ),
+    row(
+        "databases/steps_since_pick_max",
+        Max,
+        None,
+        "headwater_mixture_steps_since_pick_max_batches",
+        Gauge,
+        "batches",
+        "batches since the least recently picked database with share > 0 was picked",
+        Measure::Last(|r| r.draw.database_steps_since_pick_max),
+    ),
+    row(
+        "databases/steps_since_pick_worst",
+        Max,
+        None,
+        "headwater_mixture_steps_since_pick_worst_index",
+        Gauge,
+        "index",
+        "mixture index of that database (a pointer: the same on every rank; its name is database_metadata()['databases'][i]['name'])",
+        Measure::Last(|r| r.draw.database_steps_since_pick_worst),
+    ),
+    row(
+        "databases/remaining_fraction_min",
+        Min,
+        None,
+        "headwater_mixture_remaining_fraction_min_ratio",
+        Gauge,
+        "ratio",
+        "remaining / pool size of the least full active pool of any database with share > 0 (ratio)",
+        Measure::Last(|r| r.draw.database_remaining_fraction_min),
+    ),
+    row(
+        "databases/remaining_fraction_worst",
+        Max,
+        None,
+        "headwater_mixture_remaining_fraction_worst_index",
+        Gauge,
+        "index",
+        "mixture index of that database (a pointer: the same on every rank)",
+        Measure::Last(|r| r.draw.database_remaining_fraction_worst),
+    ),
+    row(
+        "databases/other_seeds",
+        Sum,
+        None,
+        "headwater_mixture_other_seeds_drawn_total",
+        Counter,
+        "seeds",
+        "seeds drawn from databases without their own series (outside telemetry_top_databases)",
+        Measure::Total(|r| if r.draw.database_reported { 0.0 } else { r.seeds }),
+    ),
+    db_row(
+        "databases/{database}/seeds",
+        Sum,
+        "headwater_database_seeds_drawn_total",
+        Counter,
+        "seeds",
+        "seeds drawn from the database (reported databases of a mixture)",
+        Measure::DatabaseSeeds,
+    ),
+    db_row(
+        "databases/{database}/exhaust_events",
+        Sum,
+        "headwater_database_exhaust_events_total",
+        Counter,
+        "events",
+        "pools of the database that ran out and reshuffled",
+        Measure::DatabaseExhausts,
+    ),
+    db_row(
+        "databases/{database}/steps_since_pick",
+        Max,
+        "headwater_database_steps_since_pick_batches",
+        Gauge,
+        "batches",
+        "batches since the database was last picked",
+        Measure::DatabaseLast(|d| d.steps_since_pick),
+    ),
+    db_row(
+        "databases/{database}/remaining_fraction_min",
+        Min,
+        "headwater_database_remaining_fraction_min_ratio",
+        Gauge,
+        "ratio",
+        "remaining / pool size of the database's least full active pool (ratio)",
+        Measure::DatabaseLast(|d| d.remaining_fraction_min),
+    ),
 ];
+
+/// A per-database row (see [`MetricDef::per_database`]).
+const fn db_row(
+    key: &'static str,
+    reduction: Reduction,
+    prometheus: &'static str,
+    prometheus_type: PromType,
+    unit: &'static str,
+    help: &'static str,
+    measure: Measure,
+) -> MetricDef {
+    MetricDef {
+        key,
+        reduction,
+        buckets: None,
+        per_task: false,
+        per_database: true,
+        prometheus,
+        prometheus_type,
+        unit,
+        help,
+        measure,
+    }
+}
 
 /// A value the trainer computes from the reduced step and the sampler's
 /// Prometheus exporter serves (`Sampler.export_trainer`): a gauge labelled
@@ -613,6 +763,16 @@ mod tests {
                 m.key
             );
             assert_eq!(m.per_task, m.key.contains("{task}"), "{}", m.key);
+            assert_eq!(m.per_database, m.key.contains("{database}"), "{}", m.key);
+            assert_eq!(
+                m.per_database,
+                matches!(
+                    m.measure,
+                    Measure::DatabaseSeeds | Measure::DatabaseExhausts | Measure::DatabaseLast(_)
+                ),
+                "{}",
+                m.key
+            );
         }
         for g in &TRAINER_GAUGES {
             assert!(

@@ -6,6 +6,7 @@ mod eval;
 mod format;
 mod fuzz;
 mod golden_batches;
+mod mixture;
 mod oracle;
 mod packing;
 mod props;

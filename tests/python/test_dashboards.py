@@ -229,7 +229,7 @@ def test_variables(dash: dict[str, Any]) -> None:
     assert rank["allValue"] == ".*"
     split = by_name["split"]
     assert split["current"]["value"] == "train"
-    assert {o["value"] for o in split["options"]} == {"train", "val"}
+    assert {o["value"] for o in split["options"]} == {"train", "val", "test"}
     assert dash["uid"] == "headwater-sampler"
     assert dash["title"] == "headwater sampler"
 

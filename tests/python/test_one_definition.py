@@ -42,6 +42,8 @@ BAD: dict[str, dict[str, Any]] = {
     "pack_factor": {"pack_factor": 0},
     "task_weights": {"task_weights": [1.0]},
     "task_pick": {"task_pick": "bogus"},
+    "database_weights": {"database_weights": [1.0, -1.0]},
+    "telemetry_top_databases": {"telemetry_top_databases": 1025},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
     "verify": {"verify": "payload"},
@@ -242,7 +244,7 @@ def test_batch_keys_are_the_native_list() -> None:
     finally:
         s.shutdown()
     packing = ["segment_ids", "target_pos", "target_count", "segment_seeds"]
-    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", *packing]
+    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", *packing, "db_idx"]
     assert list(b) == [t["name"] for t in N.batch_tensors()]
     assert b["target_count"].tolist() == [1, 1] and b["target_pos"].tolist() == [[0], [0]]
     assert b["seq_valid"].tolist() == [1, 1], "a training batch has no padded sequence"

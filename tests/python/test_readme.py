@@ -63,16 +63,21 @@ def command_lines(text: str) -> list[str]:
     return out
 
 
+_PYTHON_KINDS = {
+    "headwater.preprocess(": "python-preprocess",
+    "headwater.Sampler(": "python-sampler",
+    "StepHook(": "python-telemetry",
+    "eval_batches(": "python-eval",
+}
+
+
 def kind(lang: str, text: str) -> str:
     if lang == "python":
-        if "headwater.preprocess(" in text:
-            return "python-preprocess"
-        if "headwater.Sampler(" in text:
-            return "python-sampler"
-        if "StepHook(" in text:
-            return "python-telemetry"
-        if "eval_batches(" in text:
-            return "python-eval"
+        for marker, name in _PYTHON_KINDS.items():
+            if marker in text:
+                return name
+    if lang == "toml" and "[[database]]" in text:
+        return "toml-mixture"
     if lang == "bash" and text.startswith("#!/bin/bash") and "#SBATCH" in text:
         return "sbatch"
     if lang == "bash":
@@ -234,6 +239,27 @@ def test_python_sampling_block_runs(tiny_db: Path) -> None:
     ns = _exec_in(tiny_db.parent, _block("python-sampler"), {"db_path": str(tiny_db)})
     assert ns["batch"]["fingerprint"].shape == (1,)
     assert ns["col_emb"].dtype.name == "float16" and ns["meta"]["tasks"]
+
+
+def test_mixture_file_block_opens_and_samples(tiny_db: Path, tmp_path: Path) -> None:
+    """The README's mixture file, its two databases linked to the tiny one and
+    its task filter naming one of the tiny database's tasks."""
+    import json
+
+    from headwater.mixture import open_sampler
+
+    task = json.loads((tiny_db / "metadata.json").read_text())["tasks"][0]["name"]
+    (tmp_path / "dbs").mkdir()
+    for name in ("tpch", "stack"):
+        (tmp_path / "dbs" / name).symlink_to(tiny_db, target_is_directory=True)
+    mix = tmp_path / "mix.toml"
+    mix.write_text(_block("toml-mixture").replace("order_status", task), encoding="utf-8")
+    with open_sampler(mix, default_batch_size=4, default_sequence_length=64) as s:
+        b = s.next_train_batch()
+        meta = s.database_metadata()
+    assert [d["name"] for d in meta["databases"]] == ["tpch", "stack"]
+    assert [d["share"] for d in meta["databases"]] == [2 / 3, 1 / 3]
+    assert int(b["db_idx"][0]) in (0, 1)
 
 
 def test_python_telemetry_block_runs(tiny_db: Path, tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ def test_native_tensor_list_is_the_contract() -> None:
         "target_pos": (("B", "K"), "uint16"),
         "target_count": (("B",), "uint8"),
         "segment_seeds": (("B", "K"), "uint32"),
+        "db_idx": (("1",), "uint32"),
     }
     assert got == {**want, **extra}
     assert list(got) == [*N.BATCH_KEYS, *extra] == [*LAYOUT, *extra]
@@ -441,11 +442,13 @@ def test_batch_has_exactly_the_contract_keys(small: SmallDb, closing: list[Any])
     closing.append(s)
     for batch in (s.next_train_batch(), s.next_val_batch()):
         # The 20 keys of seed 000 §3b in order, then the telemetry fingerprint,
-        # the per-sequence validity mask (all 1 outside evaluation passes) and
-        # the packing tensors (one segment per sequence here).
+        # the per-sequence validity mask (all 1 outside evaluation passes),
+        # the packing tensors (one segment per sequence here) and db_idx.
         assert list(batch)[:20] == list(LAYOUT), "keys or key order differ from seed 000 §3b"
         assert list(batch)[:20] == list(N.BATCH_KEYS)
         assert list(batch)[20:22] == ["fingerprint", "seq_valid"]
+        assert list(batch)[-1] == "db_idx"
+        assert batch["db_idx"].tolist() == [0], "one database is database 0 of its mixture"
         assert batch["fingerprint"].dtype == np.uint64 and batch["fingerprint"].shape == (1,)
         assert batch["seq_valid"].dtype == np.uint8 and np.all(batch["seq_valid"] == 1)
 

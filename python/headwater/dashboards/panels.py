@@ -133,6 +133,69 @@ def _task_mix() -> list[PanelBuilder]:
             ],
             unit="percentunit",
         ),
+        *_database_mix(),
+    ]
+
+
+def _database_mix() -> list[PanelBuilder]:
+    """A mixture's databases: per-database series exist for the reported
+    (top ``telemetry_top_databases``) databases only; the rest are folded
+    into ``other`` and the worst-database pointers. Empty for one database."""
+    return [
+        _timeseries(
+            "Database mix (seeds drawn/s by database)",
+            "Seeds drawn per second by reported database (top telemetry_top_databases by "
+            "weight), and by all other databases together, summed over ranks and stacked as a "
+            "percentage. Healthy: bands whose widths match the database weights. "
+            "Pathological: a band at 0 (a database starved). Empty for one database.",
+            [
+                Q(
+                    f"sum by (database) ({_rate('headwater_database_seeds_drawn_total')})",
+                    "{{database}}",
+                ),
+                Q(f"sum({_rate('headwater_mixture_other_seeds_drawn_total')})", "other databases"),
+            ],
+            unit="cps",
+            span=12,
+            stacking=common_m.StackingMode.PERCENT,
+        ),
+        _timeseries(
+            "Database waits and TV distance",
+            "Batches since the least recently picked weighted database was picked (cluster "
+            "max; the worst database's mixture index as a pointer), per reported database, and "
+            "the TV distance of the recent database mix from the weights. Healthy: bounded, "
+            "flat; TV small. Pathological: a wait that grows with the run (starved database).",
+            [
+                Q(f"max(headwater_mixture_steps_since_pick_max_batches{SEL})", "cluster max"),
+                Q(f"max(headwater_mixture_steps_since_pick_worst_index{SEL})", "worst database index"),
+                Q(
+                    f"max by (database) (headwater_database_steps_since_pick_batches{SEL})",
+                    "{{database}}",
+                ),
+                Q(f"max(headwater_mix_database_tv_distance_ratio{SEL})", "database TV distance"),
+            ],
+            span=12,
+        ),
+        _timeseries(
+            "Database pools",
+            "Remaining fraction of the least full active pool of any weighted database (cluster "
+            "min; the worst database's mixture index as a pointer), per reported database, and "
+            "its pools' exhaust events/s. Healthy: a sawtooth. Pathological: one database "
+            "pinned near 0 (its pools are tiny for its weight).",
+            [
+                Q(f"min(headwater_mixture_remaining_fraction_min_ratio{SEL})", "cluster min"),
+                Q(f"max(headwater_mixture_remaining_fraction_worst_index{SEL})", "worst database index"),
+                Q(
+                    f"min by (database) (headwater_database_remaining_fraction_min_ratio{SEL})",
+                    "{{database}}",
+                ),
+                Q(
+                    f"sum by (database) ({_rate('headwater_database_exhaust_events_total')})",
+                    "{{database}} exhausts/s",
+                ),
+            ],
+            span=24,
+        ),
     ]
 
 

@@ -230,6 +230,16 @@ _TABLE: tuple[Signal, ...] = (
         per_step=True,
     ),
     Signal(
+        "databases/steps_since_pick_max",
+        f"{P}databases/steps_since_pick_max",
+        maximum(f"{P}databases/steps_since_pick_max", "per step"),
+        (0.0, 30.0),
+        "longest wait, in batches, of a database with weight > 0 since it was last picked "
+        "(a mixture's starved database; 0 for one database)",
+        "batches",
+        per_step=True,
+    ),
+    Signal(
         "mix/tv_distance",
         f"{P}mix/tv_distance",
         median(f"{P}mix/tv_distance", "per step", late=True),

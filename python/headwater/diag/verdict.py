@@ -109,9 +109,11 @@ def evaluate(spec: DiagSpec, rows: Rows, ctx: Mapping[str, Any]) -> list[Verdict
 
 
 def context(cfg: Any, spec: DiagSpec, db: Path) -> dict[str, Any]:
-    meta = json.loads((Path(db) / "metadata.json").read_text(encoding="utf-8"))
+    from headwater.mixture import reported_task_names
+
     kw = cfg.sampler_kwargs(0)
-    weights = dict.fromkeys((t["name"] for t in meta["tasks"]), 1.0)
+    # A mixture reports per-task series for its top databases' tasks only.
+    weights = dict.fromkeys(reported_task_names(db, kw.get("telemetry_top_databases", 8)), 1.0)
     weights.update(kw.get("task_weights") or {})
     return {
         "task_weights": weights,

@@ -147,8 +147,8 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
     (content hash) and the sampler's stream keys are checked by the sampler
     itself, by opening one with the saved state.
     """
-    from headwater import _native
     from headwater.errors import StateError
+    from headwater.mixture import open_sampler
 
     steps = committed_steps(run_dir)
     if not steps:
@@ -170,7 +170,7 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
     kw = cfg.sampler_kwargs(0)
     kw.update(num_prefetch=1, num_threads=1)
     try:
-        with _native.Sampler(str(db), rank=0, world_size=1, state=meta["sampler"], **kw):
+        with open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw):
             pass
     except StateError as e:
         raise ConfigError(

@@ -33,7 +33,6 @@ training loop without the key's name in the error.
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 import types
 import typing
@@ -53,6 +52,9 @@ class DatabaseSection:
     #: TPC-H scale factor of the default database (when ``path`` is "").
     scale_factor: float = 0.01
     embedder: str = "auto"
+    #: ``[[database]]`` tables: a mixture (see :mod:`headwater.mixture`);
+    #: ``path`` is then unused.
+    mixture: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if self.scale_factor <= 0:
@@ -215,7 +217,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the W&B run config and the run's summary)."""
         return {
-            "database": dataclasses.asdict(self.database),
+            "database": {
+                **dataclasses.asdict(self.database),
+                # [[database]] entries as plain data (paths as strings).
+                "mixture": [
+                    {**dataclasses.asdict(e), "path": str(e.path)} for e in self.database.mixture
+                ],
+            },
             "sampler": dict(self.sampler),
             "ranks": {str(k): dict(v) for k, v in self.ranks.items()},
             "model": dataclasses.asdict(self.model),
@@ -227,9 +235,10 @@ class TrainConfig:
 
 
 def task_names(db: Path) -> list[str]:
-    """The database's task names, in order."""
-    meta = json.loads((Path(db) / "metadata.json").read_text(encoding="utf-8"))
-    return [t["name"] for t in meta["tasks"]]
+    """The database's (or mixture file's) task names, in order."""
+    from headwater.mixture import task_names as names
+
+    return names(db)
 
 
 _SECTIONS = ("database", "sampler", "ranks", "model", "optim", "train", "logging", "diag")
@@ -311,6 +320,8 @@ def _check_sections(raw: Mapping[str, Any], origins: Origins) -> None:
                 f"{origins.of(key)}: unknown section or key `{key}` "
                 f"(known sections: {', '.join(_SECTIONS)})"
             )
+        if key == "database" and isinstance(value, list):
+            continue  # [[database]]: a mixture, checked by load_config
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f"{origins.of(key)}: `{key}` must be a table ([{key}]), got {value!r}"
@@ -354,6 +365,22 @@ def _model_and_optim(
     return model, optim, auto_categories
 
 
+def _database_section(raw: Any, origins: Origins) -> DatabaseSection:
+    """``[database]``, or a ``[[database]]`` list (a mixture, paths relative
+    to the config file)."""
+    if not isinstance(raw, list):
+        return _dataclass_section(DatabaseSection, raw, origins, "database")
+    from headwater.mixture import parse_entries
+
+    src = Path(origins.source)
+    base = src.parent if src.is_file() else Path.cwd()
+    try:
+        entries = parse_entries(raw, base, origins.of("database"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return DatabaseSection(mixture=tuple(entries))
+
+
 def load_config(
     source: str | Path | Mapping[str, Any] | None = None, **overrides: Any
 ) -> TrainConfig:
@@ -365,6 +392,15 @@ def load_config(
     raw, origins = _read(source)
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
+        if section == "database" and isinstance(raw.get("database"), list):
+            # A mixture: --db (database.path) stands in for its `path = ""`
+            # entries (the default database); other database keys do not apply.
+            if key != "path":
+                raise ConfigError(f"`database.{key}` cannot be set for a [[database]] mixture")
+            for t in raw["database"]:
+                if isinstance(t, dict) and t.get("path") == "" and value:
+                    t["path"] = str(Path(value).resolve())
+            continue
         raw.setdefault(section, {})[key] = value
         origins.override(dotted, value)
     _check_sections(raw, origins)
@@ -378,7 +414,7 @@ def load_config(
     train = _dataclass_section(TrainSection, raw.get("train", {}), origins, "train")
     model, optim, auto_categories = _model_and_optim(raw, train, origins)
     return TrainConfig(
-        database=_dataclass_section(DatabaseSection, raw.get("database", {}), origins, "database"),
+        database=_database_section(raw.get("database", {}), origins),
         sampler=sampler,
         ranks=ranks,
         model=model,

@@ -82,8 +82,8 @@ def evaluate_run(
 ) -> tuple[int, dict[str, Any]]:
     """``(step, {split: {task: {"stype", "count", "metrics", "baseline"}}})``
     of checkpoint ``step`` (the latest when ``None``)."""
-    from headwater import _native
     from headwater.errors import StateError
+    from headwater.mixture import open_sampler
     from headwater.train import checkpoint as C
     from headwater.train import model as M
     from headwater.train.device import tables_to_device
@@ -100,7 +100,7 @@ def evaluate_run(
     kw = cfg.sampler_kwargs(0)
     kw.update(num_prefetch=1)
     try:
-        sampler = _native.Sampler(str(db), rank=0, world_size=1, state=meta["sampler"], **kw)
+        sampler = open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw)
     except StateError as e:
         raise ConfigError(
             f"headwater eval {run_dir}: checkpoint {step} does not fit the database {db}: {e}"

@@ -49,9 +49,35 @@ Config = str | Path | Mapping[str, Any] | None
 
 
 def resolve_database(cfg: TrainConfig) -> Path:
-    """``database.path``, or the embedded default database (built once, cached)."""
+    """``database.path`` (a database folder or a mixture file), a mixture file
+    written for the ``[[database]]`` list, or the embedded default database
+    (built once, cached)."""
+    from headwater.data.default_db import default_database
+
+    if cfg.database.mixture:
+        import dataclasses
+        import hashlib
+
+        from headwater.data.default_db import cache_dir
+        from headwater.mixture import write_mixture
+
+        entries = [
+            dataclasses.replace(
+                e,
+                path=Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder)),
+            )
+            if e.path == Path("")
+            else e
+            for e in cfg.database.mixture
+        ]
+        key = hashlib.sha256(repr(entries).encode()).hexdigest()[:16]
+        return write_mixture(entries, cache_dir() / "mixtures" / f"{key}.toml")
     if cfg.database.path:
+        from headwater.mixture import is_mixture_file
+
         p = Path(cfg.database.path).expanduser()
+        if is_mixture_file(p):
+            return p
         if not (p / "metadata.json").is_file():
             raise ConfigError(
                 f"{cfg.where('database', 'path')}: `database.path` = {cfg.database.path!r} is "
@@ -59,8 +85,6 @@ def resolve_database(cfg: TrainConfig) -> Path:
                 "`headwater preprocess`"
             )
         return p
-    from headwater.data.default_db import default_database
-
     return Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder))
 
 

@@ -105,6 +105,7 @@ def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 
     keys, its exporter on ``port`` (0 = none); a rejected value is a
     :class:`ConfigError` naming where it was set."""
     from headwater import _native
+    from headwater.mixture import open_sampler as open_mixture_sampler
 
     kw = cfg.sampler_kwargs(rank)
     lg = cfg.logging
@@ -113,7 +114,7 @@ def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 
     if lg.otlp_endpoint:
         kw["otlp_endpoint"] = lg.otlp_endpoint
     try:
-        return _native.Sampler(str(db), rank=rank, world_size=world, **kw)
+        return open_mixture_sampler(db, rank=rank, world_size=world, **kw)
     except (ValueError, _native.ConfigError) as e:
         raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
 

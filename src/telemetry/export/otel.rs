@@ -113,7 +113,7 @@ impl OtlpSplit {
             split,
             keys: METRICS
                 .iter()
-                .filter(|d| !d.per_task)
+                .filter(|d| !d.per_task && !d.per_database)
                 .map(|d| {
                     (
                         d,

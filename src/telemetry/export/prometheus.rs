@@ -5,18 +5,24 @@
 //! table ([`METRICS`]); this module only registers handles and implements
 //! [`Recorder`]. Names are `headwater_<subsystem>_<quantity>_<unit>` in base
 //! units, counters end in `_total`, histograms are bucketed (so PromQL can
-//! sum them across ranks); labels are only `rank`, `split` and `task`.
+//! sum them across ranks); labels are only `rank`, `split`, `task` and (for
+//! a mixture's reported databases) `database`.
 //!
 //! Series per process: 3 splits (`train`; `val`, fed by the val stream and
 //! val evaluation passes; `test`, fed by test passes: the pipeline's
 //! `TELEMETRY_SPLITS`) × (G gauges + C counters + T task counters + Σ over
 //! the H histograms of (buckets + 2)), where buckets counts the `+Inf`
-//! bucket and the 2 are `_sum` and `_count`. Today G = 9, C = 8, H = 8:
+//! bucket and the 2 are `_sum` and `_count`. Today G = 14, C = 9, H = 8:
 //! `bfs/depth` (`max_hops` + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
 //! `padding/fraction` (14) and five latency histograms (194 each: 8
 //! sub-buckets per octave over 2^-20..2^4 s). With `max_hops = 3` and
-//! `S = 1024` that is `3·T + 3102`; it grows with the number of tasks `T`
-//! only, never with rows, seeds, steps or passes. Handles are registered once per
+//! `S = 1024` that is `3·T + 3120`; it grows with the number of tasks `T`
+//! only, never with rows, seeds, steps or passes. A mixture of any number
+//! of databases registers task counters only for the `T_K` tasks of its `K`
+//! reported databases (`telemetry_top_databases`) plus 4 series per
+//! reported database (2 counters, 2 gauges); the six mixture aggregates (5
+//! gauges, 1 counter) are always there: `3·(T_K + 4·K) + 3120` per process
+//! at the same settings. Handles are registered once per
 //! sampler and cached; recording is atomic increments, and scrapes read
 //! them on the exporter's own thread, never blocking the sampler.
 
@@ -133,8 +139,12 @@ pub fn set_trainer_gauges(rank: u32, values: &[(String, f64)]) -> Result<()> {
 enum Handle {
     Gauge(Gauge),
     Counter(Counter),
-    /// One counter per task.
-    Tasks(Vec<Counter>),
+    /// One counter per reported task, indexed by mixture task index.
+    Tasks(Vec<Option<Counter>>),
+    /// One counter per reported database, by mixture index.
+    DatabaseCounters(Vec<Option<(usize, Counter)>>),
+    /// One gauge per reported database, by mixture index.
+    DatabaseGauges(Vec<Option<(usize, Gauge)>>),
     Histogram(Histogram),
 }
 
@@ -153,18 +163,39 @@ impl PromSplit {
             .map(|def| {
                 let n = def.prometheus;
                 let h = match def.prometheus_type {
+                    _ if def.per_database => {
+                        let size = schema.database_ids.iter().max().map_or(0, |m| m + 1);
+                        let l = |name: &String| {
+                            let mut l = labels();
+                            l.push(("database", name.clone()));
+                            l
+                        };
+                        let reported = schema.database_ids.iter().zip(&schema.database_names);
+                        if def.prometheus_type == PromType::Counter {
+                            let mut cs: Vec<_> = (0..size).map(|_| None).collect();
+                            for (slot, (&d, name)) in reported.enumerate() {
+                                cs[d] = Some((slot, metrics::counter!(n, &l(name))));
+                            }
+                            Handle::DatabaseCounters(cs)
+                        } else {
+                            let mut gs: Vec<_> = (0..size).map(|_| None).collect();
+                            for (slot, (&d, name)) in reported.enumerate() {
+                                gs[d] = Some((slot, metrics::gauge!(n, &l(name))));
+                            }
+                            Handle::DatabaseGauges(gs)
+                        }
+                    }
                     PromType::Gauge => Handle::Gauge(metrics::gauge!(n, &labels())),
-                    PromType::Counter if def.per_task => Handle::Tasks(
-                        schema
-                            .task_names
-                            .iter()
-                            .map(|t| {
-                                let mut l = labels();
-                                l.push(("task", t.clone()));
-                                metrics::counter!(n, &l)
-                            })
-                            .collect(),
-                    ),
+                    PromType::Counter if def.per_task => {
+                        let size = schema.task_ids.iter().max().map_or(0, |m| m + 1);
+                        let mut cs: Vec<Option<Counter>> = (0..size).map(|_| None).collect();
+                        for (&k, t) in schema.task_ids.iter().zip(&schema.task_names) {
+                            let mut l = labels();
+                            l.push(("task", t.clone()));
+                            cs[k] = Some(metrics::counter!(n, &l));
+                        }
+                        Handle::Tasks(cs)
+                    }
                     PromType::Counter => Handle::Counter(metrics::counter!(n, &labels())),
                     PromType::Histogram => Handle::Histogram(metrics::histogram!(n, &labels())),
                 };
@@ -187,8 +218,24 @@ impl Recorder for PromSplit {
                 Handle::Gauge(g) => g.set(def.measure.per_batch(r)),
                 Handle::Counter(c) => c.increment(count(def.measure.per_batch(r))),
                 Handle::Tasks(cs) => {
-                    if let Some(c) = cs.get(r.task) {
+                    if let Some(Some(c)) = cs.get(r.task) {
                         c.increment(count(def.measure.per_batch(r)));
+                    }
+                }
+                Handle::DatabaseCounters(cs) => {
+                    if let Some(Some((slot, c))) = cs.get(r.db) {
+                        if let Some(x) = def.measure.per_database(r, r.db, *slot) {
+                            c.increment(count(x));
+                        }
+                    }
+                }
+                Handle::DatabaseGauges(gs) => {
+                    for (d, g) in gs.iter().enumerate() {
+                        if let Some((slot, g)) = g {
+                            if let Some(x) = def.measure.per_database(r, d, *slot) {
+                                g.set(x);
+                            }
+                        }
                     }
                 }
                 Handle::Histogram(hist) => def.measure.samples(r, |v| hist.record(v)),

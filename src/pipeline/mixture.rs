@@ -1,0 +1,228 @@
+//! A mixture of databases: naming them, weighting their tasks, and the
+//! mixture-wide views (concatenated embedding tables, merged metadata).
+//!
+//! A single database is a mixture of one and takes the same path; for it
+//! the weights are its task weights unchanged, the embedding tables are its
+//! own and the merged metadata is its `metadata.json` plus a `databases`
+//! list of one. Ids in a mixture's batches (`column_ids`,
+//! `categorical_embed_ids`, `cat_emb_start`) index the concatenated tables:
+//! database `d`'s ids are shifted by the columns (categories) of the
+//! databases before it. Text is de-duplicated per batch as for one database.
+//! Must never copy a database's tables or payloads: only the small
+//! embedding tables are concatenated, once, on first request.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use half::f16;
+use serde_json::{json, Value};
+
+use super::maker::{MixtureDatabase, SamplerCore, TaskPlan};
+use crate::error::{Error, Result};
+
+/// The mixture's concatenated embedding tables, built on first request.
+#[derive(Default)]
+pub struct Concatenated {
+    columns: OnceLock<Vec<f16>>,
+    categories: OnceLock<Vec<f16>>,
+}
+
+impl SamplerCore {
+    /// Column-name embeddings of the mixture, `[Σ columns, D]` row-major:
+    /// a single database's table as mapped, a mixture's concatenated once.
+    pub fn column_embeddings(&self) -> Result<Cow<'_, [f16]>> {
+        self.embeddings(
+            &self.concatenated.columns,
+            crate::format::Database::column_embeddings,
+        )
+    }
+
+    /// Category embeddings of the mixture, `[Σ categories, D]`.
+    pub fn categorical_embeddings(&self) -> Result<Cow<'_, [f16]>> {
+        self.embeddings(
+            &self.concatenated.categories,
+            crate::format::Database::categorical_embeddings,
+        )
+    }
+
+    fn embeddings<'a>(
+        &'a self,
+        cache: &'a OnceLock<Vec<f16>>,
+        read: fn(&crate::format::Database) -> Result<&[f16]>,
+    ) -> Result<Cow<'a, [f16]>> {
+        if let [one] = &self.dbs[..] {
+            return Ok(Cow::Borrowed(read(&one.db)?));
+        }
+        if let Some(v) = cache.get() {
+            return Ok(Cow::Borrowed(v));
+        }
+        let mut all = Vec::new();
+        for d in &self.dbs {
+            all.extend_from_slice(read(&d.db)?);
+        }
+        Ok(Cow::Borrowed(cache.get_or_init(|| all)))
+    }
+
+    /// The mixture described as one database: every database's
+    /// `metadata.json` merged (tables, columns and tasks concatenated with
+    /// their indices shifted to mixture ids, task names as in
+    /// [`SamplerCore::task_names`], counts summed, `content_hash` the
+    /// mixture's), plus `databases`: per database its name, path, share of
+    /// batches, first task, task count, column and category offsets and
+    /// its own `metadata.json`.
+    #[allow(clippy::missing_panics_doc)]
+    pub fn merged_metadata(&self) -> Value {
+        let mut merged = serde_json::to_value(self.dbs[0].db.metadata()).expect("serialisable");
+        let (mut tables, mut columns, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sums = [0u64; 4];
+        let mut described = Vec::new();
+        for d in &self.dbs {
+            let meta = serde_json::to_value(d.db.metadata()).expect("serialisable");
+            let (t_off, c_off, cat_off) = (
+                tables.len() as u64,
+                u64::from(d.column_offset),
+                u64::from(d.categorical_offset),
+            );
+            for (i, key) in [
+                "num_rows",
+                "num_edges",
+                "num_text_embeddings",
+                "num_categorical_embeddings",
+            ]
+            .iter()
+            .enumerate()
+            {
+                sums[i] += meta[key].as_u64().unwrap_or(0);
+            }
+            for t in meta["tables"].as_array().into_iter().flatten() {
+                let mut t = t.clone();
+                shift(&mut t, "idx", t_off);
+                if let Some(cols) = t["columns"].as_array_mut() {
+                    for c in cols {
+                        *c = json!(c.as_u64().unwrap_or(0) + c_off);
+                    }
+                }
+                tables.push(t);
+            }
+            for c in meta["columns"].as_array().into_iter().flatten() {
+                let mut c = c.clone();
+                shift(&mut c, "idx", c_off);
+                shift(&mut c, "table", t_off);
+                shift(&mut c, "cat_emb_start", cat_off);
+                columns.push(c);
+            }
+            for (j, k) in meta["tasks"].as_array().into_iter().flatten().enumerate() {
+                let mut k = k.clone();
+                k["idx"] = json!(d.first_task + j);
+                k["name"] = json!(self.task_names()[d.first_task + j]);
+                shift(&mut k, "anchor_table", t_off);
+                shift(&mut k, "target_column", c_off);
+                tasks.push(k);
+            }
+            described.push(json!({
+                "name": d.name,
+                "path": d.db.dir().display().to_string(),
+                "content_hash": d.db.content_hash(),
+                "share": d.share,
+                "first_task": d.first_task,
+                "num_tasks": d.db.metadata().tasks.len(),
+                "column_offset": d.column_offset,
+                "categorical_offset": d.categorical_offset,
+                "metadata": meta,
+            }));
+        }
+        if self.dbs.len() > 1 {
+            merged["tables"] = Value::Array(tables);
+            merged["columns"] = Value::Array(columns);
+            merged["tasks"] = Value::Array(tasks);
+            for (i, key) in [
+                "num_rows",
+                "num_edges",
+                "num_text_embeddings",
+                "num_categorical_embeddings",
+            ]
+            .iter()
+            .enumerate()
+            {
+                merged[*key] = json!(sums[i]);
+            }
+            merged["content_hash"] = json!(self.content_hash());
+            merged["source"] = json!(format!("mixture of {} databases", self.dbs.len()));
+            merged["files"] = json!({});
+        }
+        merged["databases"] = Value::Array(described);
+        merged
+    }
+}
+
+fn shift(v: &mut Value, key: &str, by: u64) {
+    if let Some(x) = v[key].as_u64() {
+        v[key] = json!(x + by);
+    }
+}
+
+/// Unique names for the databases at `paths`: each folder's name (`db<i>`
+/// when it has none), `#2`, `#3`, … appended to repeats.
+pub(super) fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(paths.len());
+    for (i, p) in paths.iter().enumerate() {
+        let base = p
+            .file_name()
+            .map_or_else(|| format!("db{i}"), |n| n.to_string_lossy().into_owned());
+        let mut name = base.clone();
+        let mut n = 1;
+        while out.contains(&name) {
+            n += 1;
+            name = format!("{base}#{n}");
+        }
+        out.push(name);
+    }
+    out
+}
+
+/// `e` with the name of the database it came from in its message.
+pub(super) fn in_database(name: &str, e: Error) -> Error {
+    match e {
+        Error::Io { path, source } => Error::Io {
+            path,
+            source: std::io::Error::new(source.kind(), format!("database `{name}`: {source}")),
+        },
+        Error::Format { file, what } => Error::Format {
+            file,
+            what: format!("database `{name}`: {what}"),
+        },
+        other => other,
+    }
+}
+
+pub(super) fn too_many(what: &str) -> Error {
+    Error::invalid(
+        "databases",
+        format!("the mixture has more than 2^32 {what} (ids are u32)"),
+    )
+}
+
+/// Effective per-task weights of a mixture: `w_t · p_d / (S_d / S)` (see
+/// [`SamplerCore`]); a database whose task weights are all 0 gets 0.
+pub(super) fn mixture_weights(
+    task_w: &[f64],
+    tasks: &[TaskPlan],
+    dbs: &[MixtureDatabase],
+) -> Vec<f64> {
+    let mut per_db = vec![0.0; dbs.len()];
+    for (w, t) in task_w.iter().zip(tasks) {
+        per_db[t.db] += w;
+    }
+    let total: f64 = per_db.iter().sum();
+    task_w
+        .iter()
+        .zip(tasks)
+        .map(|(&w, t)| {
+            if per_db[t.db] > 0.0 {
+                w * (dbs[t.db].share / (per_db[t.db] / total))
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}

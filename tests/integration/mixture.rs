@@ -1,0 +1,322 @@
+//! Mixtures of databases: the realised database mix against the weights
+//! (chi-square), splits and rank shards disjoint and complete per database,
+//! ids into the concatenated tables, exact resume and the refusals, open
+//! errors naming the database, and a 500-database mixture.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use headwater::config::TaskWeights;
+use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::preprocess::{synth_database, SynthSpec};
+use headwater::seeds::split_seeds;
+use headwater::{Error, SamplerConfig, Split};
+
+use crate::oracle::scratch_dir;
+
+/// `n` tiny synthetic databases under one temporary folder, named `db<i>`.
+fn tiny_dbs(n: usize, rows: usize) -> (tempfile::TempDir, Vec<PathBuf>) {
+    let tmp = scratch_dir();
+    let paths: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let p = tmp.path().join(format!("db{i}"));
+            synth_database(&p, &SynthSpec::small(2 + i % 2, rows, 100 + i as u64)).unwrap();
+            p
+        })
+        .collect();
+    (tmp, paths)
+}
+
+fn cfg() -> SamplerConfig {
+    SamplerConfig {
+        default_batch_size: 4,
+        default_sequence_length: 48,
+        num_threads: Some(2),
+        telemetry: true,
+        ..SamplerConfig::default()
+    }
+}
+
+fn open(paths: &[PathBuf], cfg: SamplerConfig) -> Arc<SamplerCore> {
+    Arc::new(SamplerCore::open_mixture(paths, cfg).unwrap())
+}
+
+#[test]
+fn database_mix_follows_the_weights_within_a_chi_square_bound() {
+    let (_tmp, paths) = tiny_dbs(3, 30);
+    let weights = [1.0, 2.0, 5.0];
+    let core = open(
+        &paths,
+        SamplerConfig {
+            database_weights: Some(TaskWeights::List(weights.to_vec())),
+            ..cfg()
+        },
+    );
+    let state = core.split_state(Split::Train);
+    let steps = 20_000u64;
+    let mut seen = [0f64; 3];
+    for step in 0..steps {
+        seen[core.task_database(state.pick(step).unwrap())] += 1.0;
+    }
+    let total: f64 = weights.iter().sum();
+    let chi2: f64 = seen
+        .iter()
+        .zip(weights)
+        .map(|(&o, w)| {
+            let e = steps as f64 * w / total;
+            (o - e).powi(2) / e
+        })
+        .sum();
+    // 2 degrees of freedom: P(chi2 > 13.82) = 0.001.
+    assert!(chi2 < 13.82, "chi2 {chi2} for {seen:?} against {weights:?}");
+    // Batches say which database they came from, as the pick does.
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    for step in 0..12 {
+        let b = mk.next().unwrap().unwrap();
+        let k = state.pick(step).unwrap();
+        assert_eq!(
+            (b.task_idx as usize, b.db_idx as usize),
+            (k, core.task_database(k))
+        );
+    }
+}
+
+#[test]
+fn splits_and_shards_are_disjoint_and_complete_per_database() {
+    let (_tmp, paths) = tiny_dbs(2, 24);
+    let world = 2u32;
+    let cores: Vec<_> = (0..world)
+        .map(|rank| {
+            open(
+                &paths,
+                SamplerConfig {
+                    rank,
+                    world_size: world,
+                    ..cfg()
+                },
+            )
+        })
+        .collect();
+    let mut makers: Vec<_> = cores
+        .iter()
+        .map(|c| BatchMaker::new(c.clone(), Split::Train))
+        .collect();
+    let core = &cores[0];
+    let n = core.task_names().len();
+    // Mixture task -> seeds in consumption order (rank 0's slice, then 1's).
+    let mut order: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for _ in 0..400 {
+        let bs: Vec<_> = makers
+            .iter_mut()
+            .map(|m| m.next().unwrap().unwrap())
+            .collect();
+        assert_eq!(bs[0].task_idx, bs[1].task_idx, "ranks pick the same task");
+        for b in &bs {
+            order[b.task_idx as usize].extend(&b.seeds);
+        }
+    }
+    let c = cfg();
+    let mut checked = 0;
+    for (k, drawn) in order.iter().enumerate() {
+        let d = core.task_database(k);
+        let alone = headwater::Database::open(&paths[d]).unwrap();
+        let local = core.task_local(k);
+        let view = alone.task(local).unwrap();
+        // The split is the database's own, as if it were sampled alone.
+        let mut pool = split_seeds(
+            local as u32,
+            view.anchor_rows,
+            Split::Train,
+            c.split_seed,
+            c.split_ratios,
+        );
+        let others: Vec<Vec<u32>> = [Split::Val, Split::Test]
+            .iter()
+            .map(|&s| {
+                split_seeds(
+                    local as u32,
+                    view.anchor_rows,
+                    s,
+                    c.split_seed,
+                    c.split_ratios,
+                )
+            })
+            .collect();
+        let all = pool.len() + others.iter().map(Vec::len).sum::<usize>();
+        assert_eq!(all, view.anchor_rows.len(), "splits cover task {k}");
+        assert!(
+            others.iter().flatten().all(|s| !pool.contains(s)),
+            "disjoint"
+        );
+        if drawn.len() < pool.len() {
+            continue;
+        }
+        // The first epoch across both ranks is exactly the pool, once each.
+        let mut first: Vec<u32> = drawn[..pool.len()].to_vec();
+        first.sort_unstable();
+        pool.sort_unstable();
+        assert_eq!(first, pool, "task {} epoch 0", core.task_names()[k]);
+        checked += 1;
+    }
+    assert!(checked >= 2, "only {checked} tasks completed an epoch");
+}
+
+#[test]
+fn ids_index_the_concatenated_tables() {
+    let (_tmp, paths) = tiny_dbs(2, 20);
+    let core = open(&paths, cfg());
+    let cols = [0, 1].map(|d| core.dbs[d].db.metadata().columns.len() as i32);
+    assert_eq!(core.dbs[1].column_offset as i32, cols[0]);
+    let dim = core.embedding_dim();
+    assert_eq!(
+        core.column_embeddings().unwrap().len(),
+        (cols[0] + cols[1]) as usize * dim
+    );
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    let mut seen = [false; 2];
+    for _ in 0..40 {
+        let b = mk.next().unwrap().unwrap();
+        let d = b.db_idx as usize;
+        seen[d] = true;
+        let lo = core.dbs[d].column_offset as i32;
+        for (i, &c) in b.column_ids.iter().enumerate() {
+            if b.is_padding[i] == 0 {
+                assert!(
+                    (lo..lo + cols[d]).contains(&c),
+                    "column id {c} of database {d}"
+                );
+            }
+        }
+        let off = core.dbs[d].categorical_offset;
+        let n = core.dbs[d].db.metadata().num_categorical_embeddings as u32;
+        for (i, &c) in b.categorical_embed_ids.iter().enumerate() {
+            if b.is_padding[i] == 0 && b.is_null[i] == 0 && c != 0 {
+                assert!((off..off + n).contains(&c), "category {c} of database {d}");
+            }
+        }
+    }
+    assert_eq!(seen, [true, true]);
+}
+
+#[test]
+fn mixture_resume_is_exact_and_other_mixtures_are_refused() {
+    let (_tmp, paths) = tiny_dbs(3, 24);
+    let core = open(&paths, cfg());
+    let straight: Vec<u64> = BatchMaker::new(core.clone(), Split::Train)
+        .take(9)
+        .map(|b| b.unwrap().fingerprint)
+        .collect();
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    for _ in 0..5 {
+        mk.next().unwrap().unwrap();
+    }
+    let lens = mk.state.pool_lens();
+    let saved = core.capture(&[(Split::Train, &mk.state.stream, &lens)]);
+    let json = saved.to_json();
+    let back = headwater::pipeline::SamplerState::from_json(&json).unwrap();
+    assert_eq!(back.databases.len(), 3);
+    let again = open(&paths, cfg());
+    let fresh = again.split_state(Split::Train);
+    let stream = again.restore(&back, std::slice::from_ref(&fresh)).unwrap();
+    let mut state = fresh;
+    state.stream = stream.into_iter().next().unwrap();
+    let rest: Vec<u64> = (0..4)
+        .map(|_| again.make_batch(&mut state).unwrap().fingerprint)
+        .collect();
+    assert_eq!(rest, straight[5..]);
+    // Another order of the same databases, or fewer of them: refused by name.
+    let swapped = open(
+        &[paths[1].clone(), paths[0].clone(), paths[2].clone()],
+        cfg(),
+    );
+    let f = swapped.split_state(Split::Train);
+    match swapped.restore(&back, std::slice::from_ref(&f)) {
+        Err(Error::State { field, .. }) => assert_eq!(field, "databases"),
+        other => panic!("expected a databases refusal, got {:?}", other.map(|_| ())),
+    }
+    // Other database weights change the stream: refused naming the key.
+    let reweighted = open(
+        &paths,
+        SamplerConfig {
+            database_weights: Some(TaskWeights::List(vec![1.0, 1.0, 3.0])),
+            ..cfg()
+        },
+    );
+    let f = reweighted.split_state(Split::Train);
+    match reweighted.restore(&back, std::slice::from_ref(&f)) {
+        Err(Error::State { field, .. }) => assert_eq!(field, "task_weights"),
+        other => panic!("expected a weights refusal, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn open_errors_name_the_database() {
+    let (tmp, mut paths) = tiny_dbs(2, 12);
+    paths.push(tmp.path().join("missing"));
+    match SamplerCore::open_mixture(&paths, cfg()) {
+        Err(e @ Error::Io { .. }) => assert!(e.to_string().contains("database `missing`"), "{e}"),
+        other => panic!("expected an io error, got {:?}", other.map(|_| ())),
+    }
+    // The golden database was embedded at dimension 384, the synthetic ones at 8.
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_v1");
+    match SamplerCore::open_mixture(&[paths[0].clone(), golden], cfg()) {
+        Err(e @ Error::InvalidArgument { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("`golden_v1`") && m.contains("`db0`"), "{m}");
+        }
+        other => panic!("expected an embedder mismatch, got {:?}", other.map(|_| ())),
+    }
+    match SamplerCore::open_mixture(
+        &paths[..2],
+        SamplerConfig {
+            database_weights: Some(TaskWeights::ByName(BTreeMap::from([(
+                "nope".to_string(),
+                1.0,
+            )]))),
+            ..cfg()
+        },
+    ) {
+        Err(Error::Config { key, .. }) => assert_eq!(key, "database_weights"),
+        other => panic!("expected a config error, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn five_hundred_tiny_databases_open_sample_and_report_bounded_telemetry() {
+    let (_tmp, paths) = tiny_dbs(500, 6);
+    let k = 8;
+    let core = open(
+        &paths,
+        SamplerConfig {
+            telemetry_top_databases: k,
+            ..cfg()
+        },
+    );
+    assert_eq!(core.dbs.len(), 500);
+    let s = &core.schema;
+    assert_eq!(s.database_ids.len(), k);
+    // Per-task rows only for the reported databases' tasks.
+    let reported_tasks: usize = s
+        .database_ids
+        .iter()
+        .map(|&d| core.dbs[d].db.metadata().tasks.len())
+        .sum();
+    assert_eq!(s.task_ids.len(), reported_tasks);
+    let single = SamplerCore::open_mixture(&paths[..1], cfg()).unwrap();
+    let fixed = single.schema.drained_keys.len() - single.task_names().len();
+    assert_eq!(s.drained_keys.len(), fixed + reported_tasks + 4 * k);
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    let mut dbs = std::collections::HashSet::new();
+    for _ in 0..30 {
+        let b = mk.next().unwrap().unwrap();
+        dbs.insert(b.db_idx);
+        assert!(b.draw.database_steps_since_pick_max >= 0.0);
+        assert_eq!(b.draw.databases.len(), k);
+    }
+    assert!(
+        dbs.len() > 20,
+        "30 batches came from only {} databases",
+        dbs.len()
+    );
+}

@@ -1,0 +1,146 @@
+"""Mixtures from Python: the list form and mixture files, open errors that
+name the database without leaking the file handles of the ones already
+opened, states of another mixture refused, the concatenated tables, the
+bounded per-database telemetry, and `inspect` / `bench` / the trainer's
+`[[database]]` list on a mixture."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.mixture import open_sampler, read_mixture, sampler_args, task_names
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v1"
+SMALL = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_list_is_a_mixture_with_concatenated_tables_and_metadata() -> None:
+    meta1 = json.loads((GOLDEN / "metadata.json").read_text())
+    with headwater.Sampler([GOLDEN, GOLDEN], database_weights=[3, 1], **SMALL) as s:
+        b = s.next_train_batch()
+        meta = s.database_metadata()
+        cols = s.column_embeddings()
+        cats = s.categorical_embeddings()
+        content = s.content_hash
+    n_cols = len(meta1["columns"])
+    assert cols.shape == (2 * n_cols, meta1["embedder"]["dim"])
+    assert cats.shape[0] == 2 * meta1["num_categorical_embeddings"]
+    assert [d["name"] for d in meta["databases"]] == ["golden_v1", "golden_v1#2"]
+    assert [d["share"] for d in meta["databases"]] == [0.75, 0.25]
+    assert meta["databases"][1]["column_offset"] == n_cols
+    names = [t["name"] for t in meta1["tasks"]]
+    assert [t["name"] for t in meta["tasks"]] == [f"golden_v1/{t}" for t in names] + [
+        f"golden_v1#2/{t}" for t in names
+    ]
+    assert [c["idx"] for c in meta["columns"]] == list(range(2 * n_cols))
+    assert content.startswith("mixture-") and b["db_idx"].shape == (1,)
+    # One database: the metadata as it was, plus a `databases` list of one.
+    with headwater.Sampler(GOLDEN, **SMALL) as one:
+        m = one.database_metadata()
+        assert one.next_train_batch()["db_idx"][0] == 0
+    assert m.pop("databases")[0]["share"] == 1.0 and m == meta1
+
+
+def test_a_missing_database_is_named_and_the_opened_ones_are_closed(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with headwater.Sampler([GOLDEN], **SMALL):
+        pass  # warm every lazy import and the thread pools
+    before = _fds()
+    for _ in range(3):
+        with pytest.raises(FileNotFoundError, match="database `nowhere`"):
+            headwater.Sampler([GOLDEN, GOLDEN, missing], **SMALL)
+    assert _fds() == before
+
+
+def test_a_state_of_another_mixture_is_refused_naming_the_field() -> None:
+    with headwater.Sampler(GOLDEN, **SMALL) as s:
+        s.next_train_batch()
+        single = s.state_dict()
+    assert single["version"] == 2 and [d["name"] for d in single["databases"]] == ["golden_v1"]
+    with pytest.raises(headwater.StateError, match="sampler state `databases`"):
+        headwater.Sampler([GOLDEN, GOLDEN], state=single, **SMALL)
+    old = dict(single, version=1)
+    with pytest.raises(headwater.StateError, match="sampler state `version`"):
+        headwater.Sampler(GOLDEN, state=old, **SMALL)
+
+
+def test_bad_database_weights_name_the_key() -> None:
+    with pytest.raises(headwater.ConfigError, match="database_weights"):
+        headwater.Sampler([GOLDEN, GOLDEN], database_weights=[1.0], **SMALL)
+    with pytest.raises(headwater.ConfigError, match="unknown database \"nope\""):
+        headwater.Sampler([GOLDEN, GOLDEN], database_weights={"nope": 1.0}, **SMALL)
+    with pytest.raises(ValueError, match="a database folder or a list"):
+        headwater.Sampler(3, **SMALL)  # type: ignore[arg-type]
+
+
+def test_per_database_telemetry_is_bounded_by_the_top_k(tmp_path: Path) -> None:
+    dbs = [GOLDEN] * 5
+    with headwater.Sampler(dbs, telemetry_top_databases=2, **SMALL) as s:
+        for _ in range(6):
+            s.next_train_batch()
+        d = s.drain_step_metrics()
+        keys = s.telemetry_keys()
+    per_db = {k.split("/")[2] for k in keys if k.startswith("sampler/databases/golden")}
+    assert per_db == {"golden_v1", "golden_v1#2"}
+    assert sum(1 for k in keys if k.startswith("sampler/tasks/")) == 4  # 2 tasks x top 2
+    seeds = sum(d[f"sampler/databases/{n}/seeds"] for n in per_db) + d["sampler/databases/other_seeds"]
+    assert seeds == 6 * 4
+    assert 0 <= d["sampler/databases/steps_since_pick_worst"] < 5
+
+
+def test_mixture_file_inspect_bench_and_trainer_config(tmp_path: Path) -> None:
+    mix = tmp_path / "mix.toml"
+    mix.write_text(
+        f'[[database]]\npath = "{GOLDEN}"\nweight = 2\n\n'
+        f'[[database]]\npath = "{GOLDEN}"\ntasks = ["user_tier"]\n',
+        encoding="utf-8",
+    )
+    entries = read_mixture(mix)
+    _, keys = sampler_args(entries)
+    assert keys["database_weights"] == [2.0, 1.0]
+    assert keys["task_weights"] == {"golden_v1#2/user_tier": 1.0, "golden_v1#2/event_amount_next": 0.0}
+    assert task_names(mix)[-1] == "golden_v1#2/event_amount_next"
+    with open_sampler(mix, **SMALL) as s:
+        picked = {int(s.next_train_batch()["task_idx"][0]) for _ in range(12)}
+    assert 3 not in picked  # filtered out
+    from headwater.inspection import format_report, inspect
+
+    r = inspect(mix)
+    assert [d["name"] for d in r["databases"]] == ["golden_v1", "golden_v1#2"] and r["one_embedder"]
+    assert "2 databases" in format_report(r)
+    from headwater.bench import run_bench
+
+    b = run_bench(mix, batch_size=4, seq_len=64, threads=[1], steps=3, warmup=2, handoff_samples=2)
+    assert b["databases"] == 2 and b["runs"][0]["databases"] == 2
+    with pytest.raises(ValueError, match="needs `path`"):
+        mix.write_text("[[database]]\nweight = 1\n", encoding="utf-8")
+        read_mixture(mix)
+
+
+def test_trainer_config_takes_a_database_list(tmp_path: Path) -> None:
+    from headwater.train import resolve_database
+    from headwater.train.config import load_config
+
+    cfg_file = tmp_path / "t.toml"
+    cfg_file.write_text(
+        f'[[database]]\npath = "{GOLDEN}"\n\n[[database]]\npath = ""\nweight = 0.5\n',
+        encoding="utf-8",
+    )
+    cfg = load_config(cfg_file, **{"database.path": str(GOLDEN)})
+    assert len(cfg.database.mixture) == 2
+    db = resolve_database(cfg)
+    assert [e.weight for e in read_mixture(db)] == [1.0, 0.5]
+    cfg.check_tasks(db)
+    assert task_names(db)[0] == "golden_v1/user_tier"
+    with pytest.raises(headwater.ConfigError, match=r"database\.scale_factor"):
+        load_config(cfg_file, **{"database.scale_factor": 0.1})
