@@ -66,7 +66,7 @@ def _telemetry_ratio(
 
 
 def _packing_comparison(
-    path: Path,
+    path: str | list[str],
     threads: int,
     steps: int,
     warmup: int,
