@@ -24,7 +24,9 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{epoch_cursor, rank_slice, split_seeds, DrawStats, SeedPool, Split, TaskPicker};
+use crate::seeds::{
+    epoch_cursor, rank_slice, task_split_seeds, DrawStats, SeedPool, Split, TaskPicker,
+};
 use crate::telemetry::TelemetrySchema;
 
 use super::state::StreamState;
@@ -231,9 +233,10 @@ impl SamplerCore {
         for k in 0..m.tasks.len() {
             let view = self.db.task(k).expect("validated at open");
             let seeds = keep_fraction(
-                split_seeds(
+                task_split_seeds(
                     k as u32,
                     view.anchor_rows,
+                    view.splits,
                     split,
                     c.split_seed,
                     c.split_ratios,
