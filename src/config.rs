@@ -201,7 +201,7 @@ pub static FIELDS: [FieldDoc; 30] = [
         "split_ratios",
         "tuple[float, float, float]",
         "three finite numbers >= 0 that sum to 1",
-        "train / val / test shares of each task's seeds",
+        "train / val / test shares of each task's seeds (hash split; not for a task with stored splits, e.g. RelBench)",
     ),
     f(
         "split_seed",

@@ -4,7 +4,8 @@
 //! Invariants: a [`Database`] that exists has validated every file header,
 //! checked every section length against `metadata.json`, and recomputed the
 //! content hash — all in time independent of the database size (no payload
-//! byte is read at open). Payload checksums and the O(rows) content checks
+//! byte is read at open, except the one-byte stored split codes of tasks that
+//! keep their source's splits, which are bounds-checked here). Payload checksums and the O(rows) content checks
 //! run only with [`Verify::Full`] (and in `headwater verify`). So the views
 //! must be safe on garbage payloads: [`GraphView::parents`] and
 //! [`GraphView::children`] return an empty slice for out-of-range CSR
@@ -21,6 +22,7 @@ use super::header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 use super::metadata::{Metadata, SemanticType};
 use super::verify::Verify;
 use crate::error::{Error, Result};
+use crate::seeds::Split;
 
 /// Zero-copy view of `graph.bin`.
 #[derive(Clone, Copy)]
@@ -151,6 +153,9 @@ pub struct TaskView<'a> {
     pub targets: ColumnValues<'a>,
     /// Validity bitmap of the targets.
     pub target_validity: &'a [u8],
+    /// Stored split code of each seed (0 train, 1 val, 2 test), when the
+    /// task keeps its source's splits; `None`: the hash rule splits it.
+    pub splits: Option<&'a [u8]>,
 }
 
 /// An open, validated, memory-mapped database directory.
@@ -321,7 +326,8 @@ impl Database {
                     ),
                 ));
             }
-            tasks.push(open(&k.file, FileKind::Task, Some(4))?);
+            let sections = if k.stored_splits { 5 } else { 4 };
+            tasks.push(open(&k.file, FileKind::Task, Some(sections))?);
         }
         let column_emb = open("column_embeddings.bin", FileKind::Embeddings, Some(3))?;
         let categorical_emb = open("categorical_embeddings.bin", FileKind::Embeddings, Some(3))?;
@@ -343,7 +349,8 @@ impl Database {
     }
 
     /// Check every section's length against the metadata, once, so later
-    /// views cannot fail. O(metadata): reads no payload byte.
+    /// views cannot fail. O(metadata): reads no payload byte but the stored
+    /// split codes (one per seed of a task that keeps its source's splits).
     fn validate_shapes(&self) -> Result<()> {
         let m = &self.meta;
         let n = m.num_rows as usize;
@@ -360,7 +367,23 @@ impl Database {
             self.table(t.idx as usize)?;
         }
         for k in 0..m.tasks.len() {
-            self.task(k)?;
+            if let Some(codes) = self.task(k)?.splits {
+                // One byte per seed of the few tasks that store splits: a bad
+                // code is refused here, so the seed pools never meet one.
+                if let Some((i, &c)) = codes
+                    .iter()
+                    .enumerate()
+                    .find(|(_, &c)| Split::from_code(c).is_none())
+                {
+                    return Err(Error::format(
+                        self.tasks[k].path(),
+                        format!(
+                            "task `{}`: seed {i} has stored split code {c}; expected 0 (train), 1 (val) or 2 (test)",
+                            m.tasks[k].name
+                        ),
+                    ));
+                }
+            }
         }
         let d = m.embedder.dim as usize;
         for (f, count) in [
@@ -466,6 +489,11 @@ impl Database {
             obs_times: f.section(1, Some(n))?,
             targets: values(f, 2, km.target_stype, n)?,
             target_validity: f.section(3, Some(n.div_ceil(8)))?,
+            splits: if km.stored_splits {
+                Some(f.section(4, Some(n))?)
+            } else {
+                None
+            },
         })
     }
 

@@ -220,6 +220,12 @@ pub struct TaskMeta {
     pub query: Option<String>,
     /// What the task predicts.
     pub description: Option<String>,
+    /// Does each seed carry a stored split (RelBench: the label file it came
+    /// from)? Then the task file has a fifth section, one `u8` code per seed
+    /// (0 train, 1 val, 2 test), and the sampler uses it instead of the hash
+    /// rule. Absent (false) in databases written before it: hash split.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stored_splits: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

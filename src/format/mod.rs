@@ -72,7 +72,14 @@
 //!
 //! `tasks/<k>.bin`: 0. `anchor_row: u32[n]` (global row id), 1. `obs_time:
 //! i64[n]` (µs; `i64::MAX` for a non-temporal seed), 2. target values typed as
-//! for table columns of the task's target semantic type, 3. target validity.
+//! for table columns of the task's target semantic type, 3. target validity,
+//! and, only when the task's metadata says `stored_splits: true`, 4. `split:
+//! u8[n]`, each seed's split (0 train, 1 val, 2 test; any other code is
+//! refused at open). A RelBench task stores the split of the label file each
+//! row came from; every other task omits the section and is split by the hash
+//! rule. No version bump: a database without the field (all earlier ones) is
+//! still valid and means "hash split"; the field is omitted from the JSON
+//! when false, so such databases keep their content hash.
 //!
 //! `*_embeddings.bin`: 0. `f16[N·D]` row-major, 1. `u64[N+1]` string offsets,
 //! 2. UTF-8 bytes: the strings that were embedded (category labels, column

@@ -2,7 +2,8 @@
 //! test split, task by task, independent of the training stream.
 //!
 //! **The eval shard rule.** For task `k` and split `s`, the pass list is the
-//! task's seeds whose hash split is `s`, in task order (the order of
+//! task's seeds whose split is `s` (the stored split of a task that keeps
+//! one, e.g. RelBench's label files, else the hash split), in task order (the order of
 //! `tasks/<k>.bin`), cut to its first `max_seeds` when a cap is given. Rank
 //! `r` of `world_size` takes the entries at list positions `i` with
 //! `i % world_size == r`, in order. The union over ranks is the list, each
@@ -45,7 +46,7 @@ use crate::batch::{Batch, FxMap};
 use crate::error::{Error, Result};
 use crate::rng::mix64;
 use crate::sampler::Subgraph;
-use crate::seeds::{split_of, DrawStats, Split};
+use crate::seeds::{task_split_seeds, DrawStats, Split};
 
 use super::{telemetry_index, SamplerCore, Telemetry};
 
@@ -79,14 +80,16 @@ pub fn eval_list(
     let local = core.task_local(task) as u32;
     let c = &core.cfg;
     let cap = max_seeds.unwrap_or(usize::MAX);
-    Ok(view
-        .anchor_rows
-        .iter()
-        .enumerate()
-        .filter(|&(_, &row)| split_of(local, row, c.split_seed, c.split_ratios) == split)
-        .map(|(i, _)| i as u32)
-        .take(cap)
-        .collect())
+    let mut list = task_split_seeds(
+        local,
+        view.anchor_rows,
+        view.splits,
+        split,
+        c.split_seed,
+        c.split_ratios,
+    );
+    list.truncate(cap);
+    Ok(list)
 }
 
 /// This rank's share of task `task`'s pass (see the module doc for the rule).

@@ -25,7 +25,9 @@ use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
-use crate::seeds::{epoch_cursor, rank_slice, split_seeds, DrawStats, SeedPool, Split, TaskPicker};
+use crate::seeds::{
+    epoch_cursor, rank_slice, task_split_seeds, DrawStats, SeedPool, Split, TaskPicker,
+};
 use crate::telemetry::TelemetrySchema;
 
 use super::mixture::{database_names, in_database, mixture_weights, too_many};
@@ -435,9 +437,10 @@ impl SamplerCore {
             // The split hash takes the task's index in its own database, so
             // a database's splits are the same alone or in any mixture.
             let seeds = keep_fraction(
-                split_seeds(
+                task_split_seeds(
                     self.tasks[k].local as u32,
                     view.anchor_rows,
+                    view.splits,
                     split,
                     c.split_seed,
                     c.split_ratios,

@@ -254,6 +254,7 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
         },
         query: None,
         description: Some("synthetic boolean target".into()),
+        splits: None,
     })?;
     let dim = 8;
     let zeros = |k: usize| vec![f16::from_f32(0.1); k * dim];

@@ -16,6 +16,7 @@ use crate::format::{
     ForeignKeyMeta, MappedFile, Metadata, Section, SemanticType, TableMeta, TaskMeta,
     TimestampStats, FORMAT_VERSION,
 };
+use crate::seeds::Split;
 
 /// Typed values of one column (or task target), as the front end supplies them.
 /// `valid[i] != 0` marks row `i` non-null.
@@ -144,6 +145,9 @@ pub struct TaskInput<'a> {
     pub query: Option<String>,
     /// What the task predicts.
     pub description: Option<String>,
+    /// Each seed's stored split code (0 train, 1 val, 2 test), kept instead
+    /// of the hash split (RelBench: the label file each row came from).
+    pub splits: Option<&'a [u8]>,
 }
 
 /// What a staged table leaves behind so a restarted run can skip it.
@@ -942,13 +946,17 @@ impl DatabaseWriter {
         obs: &[i64],
         values: &[u8],
         validity: &[u8],
+        splits: Option<&[u8]>,
     ) -> Result<()> {
         let path = self.staging.join(&meta.file);
-        let mut w = FileWriter::create(&path, FileKind::Task, 4)?;
+        let mut w = FileWriter::create(&path, FileKind::Task, 4 + splits.is_some() as usize)?;
         w.section(Section::of(anchors))?;
         w.section(Section::of(obs))?;
         w.section(Section(values))?;
         w.section(Section(validity))?;
+        if let Some(codes) = splits {
+            w.section(Section(codes))?;
+        }
         let (len, sum) = w.finish()?;
         self.files.insert(meta.file.clone(), digest(len, sum));
         self.tasks.push(meta);
@@ -1035,9 +1043,10 @@ impl DatabaseWriter {
             temporal: obs.iter().any(|&o| o != i64::MAX),
             query: None,
             description,
+            stored_splits: false,
         };
         let all_valid = pack_bits(std::iter::repeat_n(true, rows.len()));
-        self.write_task(meta, &anchors, &obs, &values, &all_valid)
+        self.write_task(meta, &anchors, &obs, &values, &all_valid, None)
     }
 
     /// A task whose targets are supplied (SQL query or imported labels).
@@ -1072,6 +1081,18 @@ impl DatabaseWriter {
                 "task `{name}`: row {i} anchors row {r} of `{}`, which has {} rows",
                 tm.name, tm.num_rows
             )));
+        }
+        if let Some(codes) = input.splits {
+            check_len(&format!("task `{name}` stored splits"), codes.len(), n)?;
+            if let Some((i, &c)) = codes
+                .iter()
+                .enumerate()
+                .find(|(_, &c)| Split::from_code(c).is_none())
+            {
+                return Err(Error::Preprocess(format!(
+                    "task `{name}`: row {i} has split code {c}; expected 0 (train), 1 (val) or 2 (test)"
+                )));
+            }
         }
         let TaskTarget::Values { stype, data } = input.target;
         if !stype.is_target() {
@@ -1115,8 +1136,16 @@ impl DatabaseWriter {
             temporal: input.obs_time.iter().any(|&o| o != i64::MAX),
             query: input.query,
             description: input.description,
+            stored_splits: input.splits.is_some(),
         };
-        self.write_task(meta, &anchors, input.obs_time, &enc.values, &enc.validity)
+        self.write_task(
+            meta,
+            &anchors,
+            input.obs_time,
+            &enc.values,
+            &enc.validity,
+            input.splits,
+        )
     }
 
     /// Strings to embed, in table order: column names, category labels, text values.

@@ -233,7 +233,7 @@ impl DatabaseWriter {
             .map_err(to_py)
     }
 
-    #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None))]
+    #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None, splits=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_task<'py>(
         &mut self,
@@ -249,6 +249,7 @@ impl DatabaseWriter {
         categories: Option<Bound<'py, PyAny>>,
         query: Option<String>,
         description: Option<String>,
+        splits: Option<PyReadonlyArray1<'py, u8>>,
     ) -> PyResult<()> {
         let st = stype(target_stype)?;
         let what = format!("task `{name}` target");
@@ -265,6 +266,10 @@ impl DatabaseWriter {
             },
             query,
             description,
+            splits: match &splits {
+                Some(a) => Some(slice(a, "splits")?),
+                None => None,
+            },
         };
         let w = self.w()?;
         py.detach(|| w.add_task(input)).map_err(to_py)

@@ -3,6 +3,9 @@
 //! The scheme (global pools, a global cursor, rank slices):
 //! - [`split`]: `stable_hash(task_idx, anchor_row, split_seed) % 1000`
 //!   against the split ratios — independent of `seed`, `rank`, `world_size`.
+//!   A task with **stored splits** (RelBench: each label row keeps the split
+//!   of the file it came from, train/val/test) uses those instead, and the
+//!   split seed and ratios do not apply to it ([`task_split_seeds`]).
 //!   A (task, split)'s **global pool** is its seeds in that split over all
 //!   ranks ([`split_seeds`], then `pool_fraction`'s evenly spaced subset):
 //!   identical on every rank.
@@ -53,4 +56,4 @@ pub mod split;
 pub use mix::{DatabaseDraw, DrawStats, MixWindow};
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};
-pub use split::{rank_slice, split_of, split_seeds, Split};
+pub use split::{rank_slice, split_of, split_seeds, task_split_seeds, Split};

@@ -28,6 +28,16 @@ impl Split {
         self as usize
     }
 
+    /// The split a stored split code names (0 train, 1 val, 2 test), if any.
+    pub fn from_code(code: u8) -> Option<Split> {
+        match code {
+            0 => Some(Split::Train),
+            1 => Some(Split::Val),
+            2 => Some(Split::Test),
+            _ => None,
+        }
+    }
+
     /// The split named `s`, if any.
     pub fn parse(s: &str) -> Option<Split> {
         match s {
@@ -80,6 +90,32 @@ pub fn split_seeds(
         .collect()
 }
 
+/// Positions of the seeds in `split`, ascending, for a task whose seeds may
+/// carry a stored split (`stored`: one code per seed, see
+/// [`Split::from_code`]; a RelBench task keeps the split of the label file
+/// each row came from). With stored codes the split is theirs and
+/// `split_seed`/`ratios` do not apply; without, the hash rule
+/// ([`split_seeds`]). Codes are validated when the database is opened; an
+/// unknown code (not reachable through an opened database) is in no split.
+pub fn task_split_seeds(
+    task_idx: u32,
+    anchor_rows: &[u32],
+    stored: Option<&[u8]>,
+    split: Split,
+    split_seed: u64,
+    ratios: [f64; 3],
+) -> Vec<u32> {
+    match stored {
+        None => split_seeds(task_idx, anchor_rows, split, split_seed, ratios),
+        Some(codes) => codes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| Split::from_code(c) == Some(split))
+            .map(|(pos, _)| pos as u32)
+            .collect(),
+    }
+}
+
 /// The global pool positions rank `rank` draws at a step whose pool counter
 /// stands at `drawn`: `batch_size` consecutive positions starting at
 /// `drawn + rank · batch_size`. Over ranks `0..world_size` the slices are
@@ -93,6 +129,23 @@ pub fn rank_slice(drawn: u64, rank: u32, batch_size: usize) -> std::ops::Range<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_splits_override_the_hash_rule() {
+        let rows: Vec<u32> = (0..6).collect();
+        let codes = [2u8, 0, 1, 0, 2, 1];
+        let got: Vec<Vec<u32>> = [Split::Train, Split::Val, Split::Test]
+            .iter()
+            .map(|&s| task_split_seeds(0, &rows, Some(&codes), s, 9, [0.8, 0.1, 0.1]))
+            .collect();
+        assert_eq!(got, vec![vec![1, 3], vec![2, 5], vec![0, 4]]);
+        assert_eq!(
+            task_split_seeds(0, &rows, None, Split::Val, 9, [0.8, 0.1, 0.1]),
+            split_seeds(0, &rows, Split::Val, 9, [0.8, 0.1, 0.1]),
+            "no stored codes: the hash rule"
+        );
+        assert_eq!(Split::from_code(3), None);
+    }
 
     #[test]
     fn splits_partition_and_rank_slices_partition_a_step() {

@@ -452,6 +452,7 @@ fn categorical_db(dir: &std::path::Path) -> Database {
         },
         query: None,
         description: None,
+        splits: None,
     })
     .unwrap();
     let z = |k: usize| vec![half::f16::from_f32(0.25); k * 8];

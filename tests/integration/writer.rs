@@ -109,6 +109,7 @@ fn rust_built_database_round_trips_and_publishes_atomically() {
         },
         query: None,
         description: None,
+        splits: None,
     })
     .unwrap();
     assert!(!out.exists(), "nothing is published before finish");
@@ -180,6 +181,7 @@ fn bad_inputs_are_named() {
             },
             query: None,
             description: None,
+            splits: None,
         })
         .unwrap_err();
     assert!(e.to_string().contains("task `empty` has zero rows"), "{e}");
@@ -199,6 +201,7 @@ fn bad_inputs_are_named() {
             },
             query: None,
             description: None,
+            splits: None,
         })
         .unwrap_err();
     assert!(
@@ -287,4 +290,83 @@ fn a_streamed_table_writes_the_bytes_of_a_whole_one() {
         let b = std::fs::read(streamed.staging_dir().join(f)).unwrap();
         assert_eq!(a, b, "{f}");
     }
+}
+
+/// A task with stored splits round-trips its codes; the writer refuses an
+/// unknown code, and a code corrupted on disk is a named error at open.
+#[test]
+fn stored_split_codes_round_trip_and_a_bad_code_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("db");
+    let mut w = DatabaseWriter::new(&out, "unit-test", "hash", 8).unwrap();
+    let none = [i64::MIN; 3];
+    w.add_table(parents_table("a", 3, &none, &[1.0, 2.0, 3.0], &[1; 3]))
+        .unwrap();
+    let task = |name: &str, splits: &'static [u8]| TaskInput {
+        name: name.into(),
+        kind: "relbench".into(),
+        anchor_table: "a".into(),
+        anchor_rows: &[0, 1, 2],
+        obs_time: &[5, 6, 7],
+        target: TaskTarget::Values {
+            stype: SemanticType::Numerical,
+            data: ColumnData::Numerical {
+                values: &[1.0, 2.0, 3.0],
+                valid: &[1, 1, 1],
+            },
+        },
+        query: None,
+        description: None,
+        splits: Some(splits),
+    };
+    let e = w.add_task(task("bad", &[0, 3, 1])).unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "task `bad`: row 1 has split code 3; expected 0 (train), 1 (val) or 2 (test)"
+        ),
+        "{e}"
+    );
+    let e = w.add_task(task("short", &[0, 1])).unwrap_err();
+    assert!(e.to_string().contains("task `short` stored splits"), "{e}");
+    w.add_task(task("rb", &[2, 0, 1])).unwrap();
+    w.add_cell_task("a.x", "a", "x", None).unwrap();
+    let z = |n: usize| vec![half::f16::ZERO; n * 8];
+    let (c, k, t) = (
+        w.column_texts().len(),
+        w.category_texts().len(),
+        w.text_values().len(),
+    );
+    w.finish(&z(c), &z(k), &z(t), false).unwrap();
+    let db = Database::open(&out).unwrap();
+    let m = db.metadata();
+    let rb = m.task_by_name("rb").unwrap();
+    let cell = m.task_by_name("a.x").unwrap();
+    assert!(rb.stored_splits && !cell.stored_splits);
+    assert_eq!(
+        db.task(rb.idx as usize).unwrap().splits,
+        Some(&[2u8, 0, 1][..])
+    );
+    assert_eq!(db.task(cell.idx as usize).unwrap().splits, None);
+    let file = out.join(&rb.file);
+    drop(db);
+    // Section 4's (offset, length) entry of the section table: 48 + 16·4.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let off = u64::from_le_bytes(bytes[112..120].try_into().unwrap()) as usize;
+    assert_eq!(
+        &bytes[off..off + 3],
+        &[2, 0, 1],
+        "section 4 holds the codes"
+    );
+    bytes[off + 1] = 7;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = Database::open(&out)
+        .err()
+        .expect("a bad split code must not open");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(
+            "task `rb`: seed 1 has stored split code 7; expected 0 (train), 1 (val) or 2 (test)"
+        ) && msg.contains("tasks/"),
+        "{msg}"
+    );
 }

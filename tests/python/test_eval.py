@@ -14,6 +14,7 @@ database).
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import json
 import math
@@ -405,31 +406,123 @@ wandb_mode = "disabled"
 
 
 # ----------------------------------------------------------------------------
-# A RelBench forecast task: scored on exactly its labelled rows of the split
+# A RelBench task: trained and scored on exactly its own split files' rows
 # ----------------------------------------------------------------------------
 
+SCORE_TASK = "user-score"
 
-def _split_of(task: int, row: int, split_seed: int, ratios: tuple[float, float, float]) -> str:
-    """The documented split rule: ``xxh3(task_le ‖ row_le, split_seed) % 1000``."""
-    import xxhash
 
-    key = task.to_bytes(4, "little") + row.to_bytes(4, "little")
-    b = xxhash.xxh3_64_intdigest(key, seed=split_seed) % 1000
-    if b < round(ratios[0] * 1000):
-        return "train"
-    return "val" if b < round((ratios[0] + ratios[1]) * 1000) else "test"
+def _add_regression_task(root: Path) -> dict[str, list[tuple[int, dt.datetime, float]]]:
+    """A second RelBench task (regression) whose every label is distinct and
+    names its file: ``1000 · (0 train, 1 val, 2 test) + i``, so a seed's
+    label says which row of which file it is. Returns each file's rows
+    ``(user_id, timestamp, score)`` whose user exists."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import BASE_TIME, N_USERS, relbench_manifest_module
+
+    rb = relbench_manifest_module()
+    tdir = root / "tasks" / SCORE_TASK
+    rb.TaskManifest(
+        name=SCORE_TASK,
+        kind="forecast",
+        task_type="regression",
+        description="a score per user",
+        entity_table="users",
+        entity_col="user_id",
+        target_col="score",
+        time_col="timestamp",
+        timedelta="30 days",
+        remove_columns=[],
+        sql="SELECT timestamp, user_id, 0.0 AS score FROM timestamps, users",
+    ).save(tdir / "manifest.yaml")
+    files = {}
+    # val is as large as train: no hash split at the ratios used gives that.
+    for code, (split, n) in enumerate((("train", 9), ("val", 9), ("test", 7))):
+        times = [BASE_TIME + dt.timedelta(days=40 + code * 10 + i) for i in range(n)]
+        uids = [1 + (i * 5 + code) % N_USERS for i in range(n)]
+        if split == "test":
+            uids[-1] = 12345  # names no user: not a seed
+        scores = [1000.0 * code + i for i in range(n)]
+        t = pa.table(
+            {
+                "timestamp": pa.array(times, pa.timestamp("ns")),
+                "user_id": pa.array(uids, pa.int64()),
+                "score": pa.array(scores, pa.float64()),
+            }
+        )
+        pq.write_table(t, tdir / f"{split}.parquet")
+        files[split] = [r for r in zip(uids, times, scores, strict=True) if r[0] != 12345]
+    return files
+
+
+def test_relbench_task_uses_its_own_split_files(tmp_path: Path, make_relbench: Any, small_data: Any) -> None:
+    """Each seed of a RelBench task keeps the split of the label file it came
+    from: the val/test passes yield exactly that file's rows (their distinct
+    labels, anchor rows and timestamps), each once, and the train stream draws
+    only train-file rows — whatever the split ratios say."""
+    from conftest import RELBENCH_TASK
+
+    src = make_relbench(tmp_path / "relbench")
+    files = _add_regression_task(src)
+    headwater.preprocess(src, tmp_path / "db", embedder="hash", progress=False)
+    db = headwater.Database(tmp_path / "db")
+    meta = json.loads(db.metadata_json())
+    task = next(t for t in meta["tasks"] if t["name"] == SCORE_TASK)
+    assert task["stored_splits"] is True
+    k = task["idx"]
+    arr = db.task_arrays(k)
+    users = next(t for t in meta["tables"] if t["name"] == "users")
+    uids = small_data.values("users", "user_id")
+    stats = meta["columns"][task["target_column"]]["stats"]
+    std, mean = stats["std"], stats["mean"]
+    # The stored seeds (targets z-scored): label → (anchor row, obs time µs).
+    seeds = {
+        round(float(y) * std + mean): (int(r), int(t))
+        for r, t, y in zip(arr["anchor_row"], arr["obs_time"], arr["target"], strict=True)
+    }
+    epoch = dt.datetime(1970, 1, 1)
+    for split, rows in files.items():
+        for u, ts, y in rows:
+            want = (users["row_offset"] + uids.index(u), (ts - epoch) // dt.timedelta(microseconds=1))
+            assert seeds.pop(round(y)) == want, (split, y)
+    assert not seeds, "every seed is a label file's row"
+
+    def labels(batch: dict[str, Any], only_valid: bool) -> list[int]:
+        assert int(batch["task_idx"][0]) == k
+        assert np.all(batch["is_target"][:, 0] == 1), "the target is at position 0"
+        z = batch["numeric_values"][:, 0].astype(np.float64)
+        keep = batch["seq_valid"] == 1 if only_valid else np.ones(len(z), bool)
+        return [round(v) for v in (z * std + mean)[keep]]
+
+    # Ratios that would put almost everything in train under the hash rule.
+    kw = {**SAMPLER, "split_ratios": (0.98, 0.01, 0.01), "split_seed": 3,
+          "task_weights": {SCORE_TASK: 1.0, RELBENCH_TASK: 0.0}}
+    with headwater.Sampler(tmp_path / "db", **kw) as s:
+        for split in ("val", "test"):
+            p = s.eval_batches(split, task=SCORE_TASK)
+            assert [t["seeds"] for t in p.tasks()] == [len(files[split])]
+            got = [y for b in p for y in labels(b, only_valid=True)]
+            assert sorted(got) == sorted(round(y) for _, _, y in files[split]), split
+            assert len(set(got)) == len(got), "each row once"
+        drawn = [y for _ in range(12) for y in labels(s.next_train_batch(), only_valid=False)]
+        train = {round(y) for _, _, y in files["train"]}
+        assert set(drawn) == train, "the train stream draws exactly the train file's rows"
+        val = [y for _ in range(6) for y in labels(s.next_val_batch(), only_valid=False)]
+        assert set(val) == {round(y) for _, _, y in files["val"]}
 
 
 def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline(
     tmp_path: Path, make_relbench: Any, small_data: Any
 ) -> None:
     """A RelBench folder with a forecast task: each split's pass scores exactly
-    the labelled rows (from the task's label files) that the documented hash
-    split puts in it, no padding, no other row; the metrics come with the
-    constant baseline. (headwater splits RelBench labels by its hash rule,
-    not by RelBench's train/val/test files: see the README.)"""
+    the labelled rows of that split's label file (those whose entity exists),
+    no padding, no other row, whatever the split ratios; the metrics come with
+    the constant baseline, equal to scikit-learn's on the file's labels."""
     pytest.importorskip("jax")
+    import pyarrow.parquet as pq
     from conftest import RELBENCH_TASK
+    from sklearn.metrics import accuracy_score, average_precision_score
 
     from headwater.train import model as M
     from headwater.train.device import tables_to_device
@@ -455,8 +548,7 @@ def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline
         if u != 12345
     ]
     assert np.asarray(arrays["target"]).astype(int).tolist() == labels
-    ratios = (0.5, 0.25, 0.25)
-    kw = {**SAMPLER, "split_ratios": ratios, "split_seed": 0}
+    kw = {**SAMPLER, "split_ratios": (0.5, 0.25, 0.25), "split_seed": 0}
     cfg = M.ModelConfig(d_model=16, num_layers=1, num_heads=2, max_categories=8)
     with headwater.Sampler(tmp_path / "db", **kw) as s:
         col, cat = s.column_embeddings(), s.categorical_embeddings()
@@ -464,15 +556,25 @@ def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline
         ev = Evaluator(s, mesh, Padder(mesh, 8), cfg, mesh.replicate(tables_to_device(col, cat)))
         params = mesh.replicate(M.init_params(0, cfg, int(col.shape[1])))
         for split in ("val", "test"):
-            want = sorted(
-                y
-                for row, y in zip(arrays["anchor_row"].tolist(), labels, strict=True)
-                if _split_of(k, row, 0, ratios) == split
+            # The split file's labels, read independently of headwater.
+            t = pq.read_table(src / "tasks" / RELBENCH_TASK / f"{split}.parquet")
+            want = np.array(
+                [
+                    int(c)
+                    for u, c in zip(t["user_id"].to_pylist(), t["churn"].to_pylist(), strict=True)
+                    if u != 12345
+                ]
             )
             preds = ev.predictions(params, split)
-            assert sorted(preds[RELBENCH_TASK]["y_true"].astype(int).tolist()) == want, split
+            got = preds[RELBENCH_TASK]["y_true"].astype(int)
+            assert sorted(got.tolist()) == sorted(want.tolist()), split
             r = score_predictions(preds)[RELBENCH_TASK]
             assert r["count"] == len(want) > 0
             assert set(r["metrics"]) == set(r["baseline"]) == set(METRICS["boolean"])
-            if 0 < sum(want) < len(want):
+            rate = np.full(len(want), want.mean())
+            assert r["baseline"]["accuracy"] == pytest.approx(accuracy_score(want, rate >= 0.5))
+            if 0 < want.sum() < len(want):
                 assert r["baseline"]["auroc"] == 0.5
+                assert r["baseline"]["average_precision"] == pytest.approx(
+                    average_precision_score(want, rate)
+                )

@@ -568,7 +568,11 @@ def _add_value_task(
     query: str | None,
     description: str | None,
     log: Callable[[str], None],
+    splits: pa.ChunkedArray | None = None,
 ) -> None:
+    """Add a task from a 3-column (anchor key, observation time, target)
+    result; ``splits`` (one code per result row: 0 train, 1 val, 2 test)
+    stores each seed's split instead of the hash rule's."""
     if result.num_columns != 3:
         raise SchemaError(
             f"task `{name}`: the query returns {result.num_columns} columns "
@@ -593,7 +597,13 @@ def _add_value_task(
         obs = _fill(_to_micros(obs_col, f"task `{name}` observation time"), I64_MAX, np.int64)
     target = result.column(2).combine_chunks().filter(keep)
     values, valid, extra = encode_column(target_stype, target, f"task `{name}` target")
-    writer.add_task(name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description)
+    codes = None
+    if splits is not None:
+        kept = splits.combine_chunks().filter(keep)
+        codes = np.ascontiguousarray(kept.to_numpy(zero_copy_only=False), dtype=np.uint8)
+    writer.add_task(
+        name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description, splits=codes
+    )
 
 
 def _add_declared_tasks(
@@ -630,6 +640,9 @@ def _add_declared_tasks(
         )
 
 
+_RELBENCH_SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+
+
 def _add_relbench_tasks(
     writer: _native.DatabaseWriter,
     src: Source,
@@ -640,19 +653,30 @@ def _add_relbench_tasks(
     for k in src.tasks:
         if k.anchor_table not in by_name:
             raise SchemaError(f"task `{k.name}`: unknown entity table `{k.anchor_table}`")
-        files = ", ".join(f"'{str(f).replace(chr(39), chr(39) * 2)}'" for f in k.label_files)
         time_expr = quote(k.time_col) if k.time_col else "NULL"
-        q = (
-            f"SELECT {quote(k.entity_col)}, {time_expr}, {quote(k.target_col)} "
-            f"FROM read_parquet([{files}])"
-        )
+        # Each row keeps the split of the file it came from (train.parquet →
+        # 0, val → 1, test → 2): the task is trained and scored on RelBench's
+        # own row sets, not re-split by headwater's hash rule.
+        parts = []
+        for f in k.label_files:
+            code = _RELBENCH_SPLIT_CODES.get(f.stem)
+            if code is None:
+                raise SchemaError(f"task `{k.name}`: label file {f} is not train/val/test.parquet")
+            parts.append(
+                f"SELECT {quote(k.entity_col)}, {time_expr}, {quote(k.target_col)}, "
+                f"{code}::UTINYINT AS __headwater_split "
+                f"FROM read_parquet('{str(f).replace(chr(39), chr(39) * 2)}')"
+            )
+        q = " UNION ALL ".join(parts)
         try:
             result = src.con.execute(q).to_arrow_table()
         except duckdb.Error as e:
             raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
+        splits = result.column(3)
         _add_value_task(
-            writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, result=result,
-            target_stype=k.target_stype, query=None, description=k.description, log=log,
+            writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table,
+            result=result.drop_columns(["__headwater_split"]), target_stype=k.target_stype,
+            query=None, description=k.description, log=log, splits=splits,
         )
 
 
