@@ -396,8 +396,14 @@ impl SamplerState {
         }
         for (i, (a, b)) in self.databases.iter().zip(databases).enumerate() {
             if a.content_hash != b.content_hash {
+                // One database: the snapshot's own field, as before mixtures.
+                let field = if databases.len() == 1 {
+                    "content_hash".to_string()
+                } else {
+                    format!("databases.{i}.content_hash")
+                };
                 return Err(refuse(
-                    &format!("databases.{i}.content_hash"),
+                    &field,
                     format!(
                         "database `{}`: the state was taken on snapshot {}, this one is snapshot {}",
                         a.name, a.content_hash, b.content_hash

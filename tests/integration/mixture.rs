@@ -245,7 +245,7 @@ fn mixture_resume_is_exact_and_other_mixtures_are_refused() {
     );
     let f = reweighted.split_state(Split::Train);
     match reweighted.restore(&back, std::slice::from_ref(&f)) {
-        Err(Error::State { field, .. }) => assert_eq!(field, "task_weights"),
+        Err(Error::State { field, .. }) => assert_eq!(field, "database_weights"),
         other => panic!("expected a weights refusal, got {:?}", other.map(|_| ())),
     }
 }
