@@ -1133,7 +1133,12 @@ def test_metadata_accessors(small: SmallDb, closing: list[Any]) -> None:
     assert s.categorical_embeddings().shape[0] == small.built.meta["num_categorical_embeddings"]
     m = s.database_metadata()
     assert isinstance(m, dict)
+    # One database is a mixture of one: its metadata plus the mixture's
+    # record of it (name, content hash, share 1, offsets 0).
+    dbs = m.pop("databases")
     assert m == small.built.meta
+    assert len(dbs) == 1 and dbs[0]["content_hash"] == db.content_hash
+    assert dbs[0]["share"] == 1.0 and dbs[0]["column_offset"] == dbs[0]["categorical_offset"] == 0
     assert [t["name"] for t in m["tables"]] == ["events", "items", "users"]
     assert [k["name"] for k in m["tasks"]] == TASK_NAMES
     assert s.content_hash == db.content_hash == m["content_hash"]
