@@ -49,7 +49,7 @@ def test_state_dict_is_small_json_as_of_delivery(small: SmallDb) -> None:
         assert s.queue_depth() == CFG["num_prefetch"], "the producer should run ahead"
         st = s.state_dict()
     assert s.state_dict() == st, "still available after shutdown (e.g. in a SIGTERM handler)"
-    assert st["format"] == "headwater-sampler-state" and st["version"] == 1
+    assert st["format"] == "headwater-sampler-state" and st["version"] == 2
     assert st["splits"]["train"]["step"] == 2, "prefetched batches are not consumed"
     assert st["splits"]["val"]["step"] == 0
     assert st["content_hash"] == small.built.meta["content_hash"]
