@@ -660,6 +660,14 @@ EXTRA_REDUCTIONS = {
     "batches": "SUM",
     "resumes": "SUM",
     "startup_seconds": "MAX",
+    "packing/segments_per_sequence": "HISTOGRAM",
+    "packing/contexts_cut": "SUM",
+    "mix/database_tv_distance": "MAX",
+    "databases/steps_since_pick_max": "MAX",
+    "databases/steps_since_pick_worst": "MAX",
+    "databases/remaining_fraction_min": "MIN",
+    "databases/remaining_fraction_worst": "MAX",
+    "databases/other_seeds": "SUM",
 }
 
 
@@ -699,7 +707,8 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
         return {x["key"] for x, y in zip(a, b, strict=True) if x != y}
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
-    assert diff(base, seq) == {P + "bfs/rows"}
+    # Both histograms bucket up to S (a sequence holds at most S rows or segments).
+    assert diff(base, seq) == {P + "bfs/rows", P + "packing/segments_per_sequence"}
     assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
     assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
     assert schema_edges(seq, "bfs/rows") == [1, 2, 4, 8, 16, 32, 64, 128, 200, INF]
@@ -741,6 +750,11 @@ PROM_GAUGES = {
     "headwater_mix_tv_distance_ratio": "mix/tv_distance",
     "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
     "headwater_sampler_startup_seconds": "startup_seconds",
+    "headwater_mix_database_tv_distance_ratio": "mix/database_tv_distance",
+    "headwater_mixture_steps_since_pick_max_batches": "databases/steps_since_pick_max",
+    "headwater_mixture_steps_since_pick_worst_index": "databases/steps_since_pick_worst",
+    "headwater_mixture_remaining_fraction_min_ratio": "databases/remaining_fraction_min",
+    "headwater_mixture_remaining_fraction_worst_index": "databases/remaining_fraction_worst",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",
@@ -751,6 +765,8 @@ PROM_COUNTERS = {
     "headwater_invariant_temporal_leaks_total": "invariants/temporal_leaks",
     "headwater_batches_delivered_total": "batches",
     "headwater_sampler_resumes_total": "resumes",
+    "headwater_packing_contexts_cut_total": "packing/contexts_cut",
+    "headwater_mixture_other_seeds_drawn_total": "databases/other_seeds",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
@@ -761,6 +777,7 @@ PROM_HISTS = {
     "headwater_stage_assemble_seconds": "stage/assemble_seconds",
     "headwater_stage_collate_seconds": "stage/collate_seconds",
     "headwater_stage_total_seconds": "stage/total_seconds",
+    "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
 
@@ -1080,11 +1097,14 @@ def test_metric_table_agrees_with_every_surface(exported: list[Exported]) -> Non
         want_keys = [
             P + (row["key"].replace("{task}", t) if row["per_task"] else row["key"])
             for row in table
+            if not row["per_database"]  # a single database has no per-database series
             for t in (e.tasks if row["per_task"] else [""])
         ]
         assert keys == want_keys
         by_key = {x["key"]: x for x in sampler_schema}
         for row in table:
+            if row["per_database"]:
+                continue
             for t in e.tasks if row["per_task"] else [""]:
                 ent = by_key[P + row["key"].replace("{task}", t)]
                 assert ent["reduction"] == row["reduction"], row
@@ -1092,8 +1112,10 @@ def test_metric_table_agrees_with_every_surface(exported: list[Exported]) -> Non
                 assert ent["quantile"] == (row["quantile"] if row["reduction"] == "HISTOGRAM" else None)
         assert N.telemetry_schema_for(e.tasks, PROM_COMMON["max_hops"], 48) == sampler_schema
         _, helps, types = parse_exposition(e.text)
-        assert set(types) == table_prometheus_names()
+        assert set(types) == {r["prometheus"] for r in table if not r["per_database"]}
         for row in table:
+            if row["per_database"]:
+                continue
             assert types[row["prometheus"]] == row["prometheus_type"], row
             assert helps[row["prometheus"]] == row["help"], row
         reducer = T.Schema(sampler_schema)

@@ -237,6 +237,20 @@ def _bfs() -> list[PanelBuilder]:
             span=6,
         ),
         _timeseries(
+            "Packing: segments per sequence and contexts cut/s",
+            "With pack=True: median and 95th percentile of the seeds' contexts (segments) per "
+            "sequence from the cluster-merged buckets, and contexts whose BFS stopped at a "
+            "packing budget below S per second (cluster sum). Healthy: segments at "
+            "pack_factor, a small cut rate (1 segment, no cuts without pack). Pathological: most "
+            "contexts cut (pack_factor too high for the neighbourhoods reached).",
+            [
+                Q(_quantile(0.5, "headwater_packing_segments_per_sequence"), "segments p50"),
+                Q(_quantile(0.95, "headwater_packing_segments_per_sequence"), "segments p95"),
+                Q(f"sum({_rate('headwater_packing_contexts_cut_total')})", "contexts cut/s"),
+            ],
+            span=6,
+        ),
+        _timeseries(
             "Truncation cells dropped/s",
             "Cells of reached rows cut by the sequence budget, per second, cluster sum. "
             "Healthy: 0 or a small steady rate. Pathological: a large or rising rate; the "
