@@ -430,7 +430,11 @@ class Trainer:
         t0 = time.perf_counter()
         np_batch = self.sampler.next_train_batch()
         t1 = time.perf_counter()
-        self._next_useful = int(np_batch["is_padding"].size - np.count_nonzero(np_batch["is_padding"]))
+        # One batch, or one per local sampler stream (a list, see ``streams``).
+        parts = np_batch if isinstance(np_batch, list) else [np_batch]
+        self._next_useful = sum(
+            int(b["is_padding"].size - np.count_nonzero(b["is_padding"])) for b in parts
+        )
         batch = self.pad(np_batch, flag=self.stop.signum)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
