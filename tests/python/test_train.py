@@ -300,6 +300,9 @@ STREAM_KEYS = {
     "max_hops",
     "temporal_filter",
     "pool_fraction",
+    "pack",
+    "pack_factor",
+    "database_weights",
 }
 
 
@@ -325,7 +328,8 @@ def test_a_rank_cannot_override_a_stream_key(tmp_path: Path, key: str) -> None:
 
     default = next(f["default"] for f in _native.sampler_config_schema() if f["name"] == key)
     # Even the value [sampler] has is refused: the key has no per-rank meaning.
-    value = "{ order_status = 2.0 }" if key == "task_weights" else _toml_value(default)
+    special = {"task_weights": "{ order_status = 2.0 }", "database_weights": "[1.0]"}
+    value = special.get(key) or _toml_value(default)
     path = tmp_path / "c.toml"
     path.write_text(f"[train]\nsteps = 5\n\n[ranks.1]\n{key} = {value}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as e:
