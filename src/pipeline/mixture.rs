@@ -20,6 +20,14 @@ use serde_json::{json, Value};
 use super::maker::{MixtureDatabase, SamplerCore, TaskPlan};
 use crate::error::{Error, Result};
 
+/// Metadata counts a mixture reports as the sum over its databases.
+const SUMMED_COUNTS: [&str; 4] = [
+    "num_rows",
+    "num_edges",
+    "num_text_embeddings",
+    "num_categorical_embeddings",
+];
+
 /// The mixture's concatenated embedding tables, built on first request.
 #[derive(Default)]
 pub struct Concatenated {
@@ -83,15 +91,7 @@ impl SamplerCore {
                 u64::from(d.column_offset),
                 u64::from(d.categorical_offset),
             );
-            for (i, key) in [
-                "num_rows",
-                "num_edges",
-                "num_text_embeddings",
-                "num_categorical_embeddings",
-            ]
-            .iter()
-            .enumerate()
-            {
+            for (i, key) in SUMMED_COUNTS.iter().enumerate() {
                 sums[i] += meta[key].as_u64().unwrap_or(0);
             }
             for t in meta["tables"].as_array().into_iter().flatten() {
@@ -135,15 +135,7 @@ impl SamplerCore {
             merged["tables"] = Value::Array(tables);
             merged["columns"] = Value::Array(columns);
             merged["tasks"] = Value::Array(tasks);
-            for (i, key) in [
-                "num_rows",
-                "num_edges",
-                "num_text_embeddings",
-                "num_categorical_embeddings",
-            ]
-            .iter()
-            .enumerate()
-            {
+            for (i, key) in SUMMED_COUNTS.iter().enumerate() {
                 merged[*key] = json!(sums[i]);
             }
             merged["content_hash"] = json!(self.content_hash());
