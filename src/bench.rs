@@ -1,9 +1,11 @@
 //! The measurement behind `headwater bench`: steady-state batch production
 //! on one thread count, with per-stage times.
 //!
-//! Runs the synchronous [`BatchMaker`] (no prefetch thread) so the figure is
-//! the sampler's own throughput; the Python side adds handoff latency and
-//! thread scaling from several runs in the same process.
+//! Runs the producer's batch stream ([`SamplerCore::stream_batches`], as
+//! many batches in flight as the producer builds) on the calling thread, without the
+//! prefetch channel, so the figure is the sampler's own throughput; the
+//! Python side adds handoff latency and thread scaling from several runs in
+//! the same process.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::Instant;
 
 use crate::config::SamplerConfig;
 use crate::error::Result;
-use crate::pipeline::{current_rss_bytes, BatchMaker, SamplerCore, SplitTelemetry};
+use crate::pipeline::{current_rss_bytes, SamplerCore, SplitTelemetry};
 use crate::seeds::Split;
 
 /// One benchmark run's figures.
@@ -78,11 +80,11 @@ pub fn bench_run(
     let core = Arc::new(SamplerCore::open_mixture(db_paths, cfg)?);
     let mut recorder = SplitTelemetry::new(&core.schema, Vec::new());
     let mut drained = Vec::new();
-    let mut maker = BatchMaker::new(core, Split::Train);
-    maker.core.make_batch(&mut maker.state)?;
+    let mut state = core.split_state(Split::Train);
+    core.make_batch(&mut state)?;
     let first_batch_seconds = t_open.elapsed().as_secs_f64();
     for _ in 1..warmup {
-        maker.core.make_batch(&mut maker.state)?;
+        core.make_batch(&mut state)?;
     }
     let mut telemetry_ns = 0u64;
     let mut stage = [0u64; 4];
@@ -90,30 +92,50 @@ pub fn bench_run(
     let mut slots = 0u64;
     let mut seeds = 0u64;
     let mut cut = 0u64;
+    let mut made = 0u64;
+    let mut failure = None;
     let t0 = Instant::now();
-    for _ in 0..steps {
-        let b = maker.core.make_batch(&mut maker.state)?;
-        if telemetry {
-            let t = Instant::now();
-            recorder.deliver(&b, 0, 0.0);
-            recorder
-                .drain
-                .drain_values(&maker.core.schema, &mut drained);
-            telemetry_ns += t.elapsed().as_nanos() as u64;
-        }
-        for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
-            *acc += x;
-        }
-        cells += b.seq_stats.iter().map(|s| s.cells as u64).sum::<u64>();
-        slots += (b.batch_size * b.seq_len) as u64;
-        seeds += b.seeds.len() as u64;
-        cut += b
-            .seq_stats
-            .iter()
-            .map(|s| u64::from(s.contexts_cut))
-            .sum::<u64>();
+    // Timed to the last counted batch (the builds still in flight after it
+    // are finished but not counted).
+    let mut t_last = t0;
+    core.stream_batches(
+        &mut state,
+        if steps == 0 { 0 } else { core.stream_depth() },
+        |_, _| None,
+        |b| {
+            let b = match b {
+                Ok(b) => b,
+                Err(e) => {
+                    failure = Some(e);
+                    return false;
+                }
+            };
+            if telemetry {
+                let t = Instant::now();
+                recorder.deliver(&b, 0, 0.0);
+                recorder.drain.drain_values(&core.schema, &mut drained);
+                telemetry_ns += t.elapsed().as_nanos() as u64;
+            }
+            for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
+                *acc += x;
+            }
+            cells += b.seq_stats.iter().map(|s| s.cells as u64).sum::<u64>();
+            slots += (b.batch_size * b.seq_len) as u64;
+            seeds += b.seeds.len() as u64;
+            cut += b
+                .seq_stats
+                .iter()
+                .map(|s| u64::from(s.contexts_cut))
+                .sum::<u64>();
+            made += 1;
+            t_last = Instant::now();
+            made < steps
+        },
+    );
+    if let Some(e) = failure {
+        return Err(e);
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let secs = (t_last - t0).as_secs_f64();
     let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
     Ok(BenchRun {
         threads,
@@ -132,10 +154,10 @@ pub fn bench_run(
         collate_ms: ms(stage[2]),
         total_ms: ms(stage[3]),
         rss_bytes: current_rss_bytes().unwrap_or(0),
-        databases: maker.core.dbs.len(),
+        databases: core.dbs.len(),
         first_batch_seconds,
         telemetry_us: telemetry_ns as f64 / 1e3 / steps.max(1) as f64,
-        drained_values: maker.core.schema.drained_keys.len(),
+        drained_values: core.schema.drained_keys.len(),
     })
 }
 

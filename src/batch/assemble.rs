@@ -2,12 +2,15 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
 
 use half::f16;
 
 use super::pack::SegOut;
 use super::perm::{rcm_order, RcmScratch};
-use super::timestamp::{encode_timestamp, TIMESTAMP_DIM};
+use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
 use super::{Batch, SeqStats};
 use crate::format::{bit, ColumnValues, ColumnView, GraphView};
 use crate::sampler::Subgraph;
@@ -102,59 +105,196 @@ pub struct SeqOut<'b> {
     pub in_perm: &'b mut [u16],
 }
 
+/// The `[B, S]` (and `[B, S, 15]`) tensors of a batch being assembled, as
+/// uninitialised per-sequence slices: each is initialised (to the value a
+/// padding cell has) by the worker that then writes the sequence's cells,
+/// while it is in that core's cache, instead of by a serial pass over the
+/// whole batch before the parallel phase.
+struct SeqSlots<'b> {
+    semantic_types: &'b mut [MaybeUninit<i8>],
+    column_ids: &'b mut [MaybeUninit<i32>],
+    seq_row_ids: &'b mut [MaybeUninit<u16>],
+    numeric_values: &'b mut [MaybeUninit<f32>],
+    timestamp_values: &'b mut [MaybeUninit<f32>],
+    bool_values: &'b mut [MaybeUninit<u8>],
+    categorical_embed_ids: &'b mut [MaybeUninit<u32>],
+    text_embed_ids: &'b mut [MaybeUninit<u32>],
+    is_null: &'b mut [MaybeUninit<u8>],
+    is_target: &'b mut [MaybeUninit<u8>],
+    is_padding: &'b mut [MaybeUninit<u8>],
+    col_perm: &'b mut [MaybeUninit<u16>],
+    out_perm: &'b mut [MaybeUninit<u16>],
+    in_perm: &'b mut [MaybeUninit<u16>],
+    segment_ids: &'b mut [MaybeUninit<u16>],
+}
+
+/// Initialise every element of `s` to `v` and view it as initialised.
+fn init<T: Copy>(s: &mut [MaybeUninit<T>], v: T) -> &mut [T] {
+    s.fill(MaybeUninit::new(v));
+    // SAFETY: every element was written just above, and `MaybeUninit<T>`
+    // has the layout of `T`.
+    unsafe { &mut *(std::ptr::from_mut(s) as *mut [T]) }
+}
+
 impl Batch {
-    /// Split every tensor into per-sequence slices: the cell tensors and
-    /// the per-segment tensors of each sequence.
-    pub fn sequences(&mut self) -> Vec<(SeqOut<'_>, SegOut<'_>)> {
-        let (s, r, k) = (self.seq_len, self.max_rows, self.segments);
-        let mut a = self.semantic_types.chunks_mut(s);
-        let mut b = self.column_ids.chunks_mut(s);
-        let mut c = self.seq_row_ids.chunks_mut(s);
-        let mut d = self.numeric_values.chunks_mut(s);
-        let mut e = self.timestamp_values.chunks_mut(s * TIMESTAMP_DIM);
-        let mut f = self.bool_values.chunks_mut(s);
-        let mut g = self.categorical_embed_ids.chunks_mut(s);
-        let mut h = self.text_embed_ids.chunks_mut(s);
-        let mut i = self.is_null.chunks_mut(s);
-        let mut j = self.is_target.chunks_mut(s);
-        let mut kk = self.is_padding.chunks_mut(s);
+    /// A batch whose `[B, S]` tensors are allocated but not initialised
+    /// (length 0): [`fill_sequences`](Self::fill_sequences) initialises
+    /// and writes them. The other tensors are as in [`Batch::zeroed_packed`].
+    pub fn unfilled(b: usize, s: usize, r: usize, k: usize, text_dim: usize) -> Batch {
+        let mut batch = Batch::zeroed_packed(0, s, r, k, text_dim);
+        let n = b * s;
+        batch.batch_size = b;
+        batch.semantic_types = Vec::with_capacity(n);
+        batch.column_ids = Vec::with_capacity(n);
+        batch.seq_row_ids = Vec::with_capacity(n);
+        batch.numeric_values = Vec::with_capacity(n);
+        batch.timestamp_values = Vec::with_capacity(n * TIMESTAMP_DIM);
+        batch.bool_values = Vec::with_capacity(n);
+        batch.categorical_embed_ids = Vec::with_capacity(n);
+        batch.text_embed_ids = Vec::with_capacity(n);
+        batch.is_null = Vec::with_capacity(n);
+        batch.is_target = Vec::with_capacity(n);
+        batch.is_padding = Vec::with_capacity(n);
+        batch.fk_adj = vec![0; b * r * r];
+        batch.col_perm = Vec::with_capacity(n);
+        batch.out_perm = Vec::with_capacity(n);
+        batch.in_perm = Vec::with_capacity(n);
+        batch.segment_ids = Vec::with_capacity(n);
+        batch.target_pos = vec![0; b * k];
+        batch.target_count = vec![0; b];
+        batch.segment_seeds = vec![u32::MAX; b * k];
+        batch.seq_valid = vec![1; b];
+        batch
+    }
+
+    /// Initialise and write every sequence of an [`unfilled`](Self::unfilled)
+    /// batch, in parallel on the current rayon pool (`min_len` sequences per
+    /// job at least; `usize::MAX` writes them all on the calling thread):
+    /// `f(i, cells, segments)`
+    /// writes sequence `i` into its slices (initialised to padding), and
+    /// its results are returned in sequence order. The `[B, S]` tensors
+    /// have their full length afterwards.
+    pub fn fill_sequences<R: Send>(
+        &mut self,
+        min_len: usize,
+        f: impl Fn(usize, &mut SeqOut<'_>, &mut SegOut<'_>) -> R + Sync,
+    ) -> Vec<R> {
+        let (b, s, r, k) = (self.batch_size, self.seq_len, self.max_rows, self.segments);
+        let n = b * s;
+        // A batch of zero-length sequences has nothing to split.
+        let chunk = s.max(1);
+        macro_rules! slots {
+            ($v:expr, $w:expr) => {
+                $v.spare_capacity_mut()[..n * $w].chunks_mut(chunk * $w)
+            };
+        }
+        let mut a = slots!(self.semantic_types, 1);
+        let mut bb = slots!(self.column_ids, 1);
+        let mut c = slots!(self.seq_row_ids, 1);
+        let mut d = slots!(self.numeric_values, 1);
+        let mut e = slots!(self.timestamp_values, TIMESTAMP_DIM);
+        let mut ff = slots!(self.bool_values, 1);
+        let mut g = slots!(self.categorical_embed_ids, 1);
+        let mut h = slots!(self.text_embed_ids, 1);
+        let mut i = slots!(self.is_null, 1);
+        let mut j = slots!(self.is_target, 1);
+        let mut kk = slots!(self.is_padding, 1);
+        let mut m = slots!(self.col_perm, 1);
+        let mut nn = slots!(self.out_perm, 1);
+        let mut o = slots!(self.in_perm, 1);
+        let mut sid = slots!(self.segment_ids, 1);
         let mut l = self.fk_adj.chunks_mut((r * r).max(1));
-        let mut m = self.col_perm.chunks_mut(s);
-        let mut n = self.out_perm.chunks_mut(s);
-        let mut o = self.in_perm.chunks_mut(s);
-        let mut sid = self.segment_ids.chunks_mut(s);
-        let mut tp = self.target_pos.chunks_mut(k);
+        let mut tp = self.target_pos.chunks_mut(k.max(1));
         let mut tc = self.target_count.iter_mut();
-        let mut ss = self.segment_seeds.chunks_mut(k);
-        (0..self.batch_size)
+        let mut ss = self.segment_seeds.chunks_mut(k.max(1));
+        let work: Vec<_> = (0..b)
             .map(|_| {
                 (
-                    SeqOut {
-                        semantic_types: a.next().unwrap(),
-                        column_ids: b.next().unwrap(),
-                        seq_row_ids: c.next().unwrap(),
-                        numeric_values: d.next().unwrap(),
-                        timestamp_values: e.next().unwrap(),
-                        bool_values: f.next().unwrap(),
-                        categorical_embed_ids: g.next().unwrap(),
-                        text_embed_ids: h.next().unwrap(),
-                        is_null: i.next().unwrap(),
-                        is_target: j.next().unwrap(),
-                        is_padding: kk.next().unwrap(),
-                        fk_adj: if r == 0 { &mut [] } else { l.next().unwrap() },
-                        col_perm: m.next().unwrap(),
-                        out_perm: n.next().unwrap(),
-                        in_perm: o.next().unwrap(),
+                    SeqSlots {
+                        semantic_types: a.next().unwrap_or_default(),
+                        column_ids: bb.next().unwrap_or_default(),
+                        seq_row_ids: c.next().unwrap_or_default(),
+                        numeric_values: d.next().unwrap_or_default(),
+                        timestamp_values: e.next().unwrap_or_default(),
+                        bool_values: ff.next().unwrap_or_default(),
+                        categorical_embed_ids: g.next().unwrap_or_default(),
+                        text_embed_ids: h.next().unwrap_or_default(),
+                        is_null: i.next().unwrap_or_default(),
+                        is_target: j.next().unwrap_or_default(),
+                        is_padding: kk.next().unwrap_or_default(),
+                        col_perm: m.next().unwrap_or_default(),
+                        out_perm: nn.next().unwrap_or_default(),
+                        in_perm: o.next().unwrap_or_default(),
+                        segment_ids: sid.next().unwrap_or_default(),
                     },
-                    SegOut {
-                        segment_ids: sid.next().unwrap(),
-                        target_pos: tp.next().unwrap(),
-                        target_count: tc.next().unwrap(),
-                        segment_seeds: ss.next().unwrap(),
+                    if r == 0 {
+                        Default::default()
+                    } else {
+                        l.next().unwrap_or_default()
                     },
+                    tp.next().unwrap_or_default(),
+                    tc.next().expect("one target count per sequence"),
+                    ss.next().unwrap_or_default(),
                 )
             })
-            .collect()
+            .collect();
+        let results = work
+            .into_par_iter()
+            .with_min_len(min_len)
+            .enumerate()
+            .map(
+                |(idx, (x, fk_adj, target_pos, target_count, segment_seeds))| {
+                    let mut cells = SeqOut {
+                        semantic_types: init(x.semantic_types, 0),
+                        column_ids: init(x.column_ids, 0),
+                        seq_row_ids: init(x.seq_row_ids, 0),
+                        numeric_values: init(x.numeric_values, 0.0),
+                        timestamp_values: init(x.timestamp_values, 0.0),
+                        bool_values: init(x.bool_values, 0),
+                        categorical_embed_ids: init(x.categorical_embed_ids, 0),
+                        text_embed_ids: init(x.text_embed_ids, 0),
+                        is_null: init(x.is_null, 0),
+                        is_target: init(x.is_target, 0),
+                        is_padding: init(x.is_padding, 1),
+                        fk_adj,
+                        col_perm: init(x.col_perm, 0),
+                        out_perm: init(x.out_perm, 0),
+                        in_perm: init(x.in_perm, 0),
+                    };
+                    let mut segs = SegOut {
+                        segment_ids: init(x.segment_ids, u16::MAX),
+                        target_pos,
+                        target_count,
+                        segment_seeds,
+                    };
+                    f(idx, &mut cells, &mut segs)
+                },
+            )
+            .collect();
+        // SAFETY: the `[B, S]` tensors were allocated with capacity `n`
+        // (`n · 15` for the timestamps) by `unfilled`, and every element
+        // of that capacity was initialised above: the chunks cover it
+        // exactly (B chunks of S) and each was passed through `init`. A
+        // panic in `f` propagates out of the `collect` before this point,
+        // leaving the lengths at 0.
+        unsafe {
+            self.semantic_types.set_len(n);
+            self.column_ids.set_len(n);
+            self.seq_row_ids.set_len(n);
+            self.numeric_values.set_len(n);
+            self.timestamp_values.set_len(n * TIMESTAMP_DIM);
+            self.bool_values.set_len(n);
+            self.categorical_embed_ids.set_len(n);
+            self.text_embed_ids.set_len(n);
+            self.is_null.set_len(n);
+            self.is_target.set_len(n);
+            self.is_padding.set_len(n);
+            self.col_perm.set_len(n);
+            self.out_perm.set_len(n);
+            self.in_perm.set_len(n);
+            self.segment_ids.set_len(n);
+        }
+        results
     }
 }
 
@@ -163,8 +303,11 @@ impl Batch {
 pub struct AssembleScratch {
     keys: Vec<u64>,
     row_start: Vec<u32>,
+    /// Column counts of the counting sort behind `col_perm`.
+    column_counts: Vec<u32>,
     order: Vec<u16>,
     rcm: RcmScratch,
+    timestamps: TimestampMemo,
 }
 
 #[inline]
@@ -179,6 +322,7 @@ fn write_value(
     valid: bool,
     idx: usize,
     ctx: &SeqContext<'_>,
+    memo: &mut TimestampMemo,
 ) {
     o.semantic_types[pos] = code;
     o.column_ids[pos] = (column_idx + ctx.column_offset) as i32;
@@ -191,7 +335,7 @@ fn write_value(
     match values {
         ColumnValues::Numerical(v) => o.numeric_values[pos] = v[idx],
         ColumnValues::Boolean(v) => o.bool_values[pos] = v[idx],
-        ColumnValues::Timestamp(v) => encode_timestamp(
+        ColumnValues::Timestamp(v) => memo.encode(
             v[idx],
             ctx.ts_mean,
             ctx.ts_std,
@@ -276,6 +420,7 @@ pub fn assemble_sequence(
                         c.is_valid(local_row),
                         local_row,
                         ctx,
+                        &mut s.timestamps,
                     );
                     skip_slot = slot;
                 }
@@ -295,6 +440,7 @@ pub fn assemble_sequence(
                         bit(validity, seed_pos),
                         seed_pos,
                         ctx,
+                        &mut s.timestamps,
                     );
                 }
             }
@@ -318,6 +464,7 @@ pub fn assemble_sequence(
                 c.is_valid(local_row),
                 local_row,
                 ctx,
+                &mut s.timestamps,
             );
             pos += 1;
         }
@@ -328,13 +475,7 @@ pub fn assemble_sequence(
         o.fk_adj[c as usize * r + p as usize] = 1;
     }
     // col_perm: by column, then position; padding last.
-    s.keys.clear();
-    s.keys
-        .extend((0..cells).map(|p| ((o.column_ids[p] as u32 as u64) << 16) | p as u64));
-    s.keys.sort_unstable();
-    for (k, key) in s.keys.iter().enumerate() {
-        o.col_perm[k] = (*key & 0xffff) as u16;
-    }
+    column_order(&o.column_ids[..cells], &mut o.col_perm[..cells], s);
     for (p, slot) in o.col_perm.iter_mut().enumerate().skip(cells) {
         *slot = p as u16;
     }
@@ -367,6 +508,44 @@ pub fn assemble_sequence(
         temporal_leaks: sub.temporal_leaks,
         segments: 1,
         contexts_cut: 0,
+    }
+}
+
+/// Write to `perm` the positions of `column_ids` ordered by (column id,
+/// position). The ids of one sequence span a few hundred values (one
+/// database's columns), so a counting sort by id (stable: positions stay
+/// ascending within a column) replaces a comparison sort; a span too wide
+/// for a small count table falls back to sorting (column, position) keys.
+fn column_order(column_ids: &[i32], perm: &mut [u16], s: &mut AssembleScratch) {
+    const MAX_SPAN: u32 = 1 << 12;
+    let ids = || column_ids.iter().map(|&c| c as u32);
+    let (lo, hi) = ids().fold((u32::MAX, 0), |(lo, hi), c| (lo.min(c), hi.max(c)));
+    if column_ids.is_empty() || hi - lo >= MAX_SPAN {
+        s.keys.clear();
+        s.keys.extend(
+            ids()
+                .enumerate()
+                .map(|(p, c)| (u64::from(c) << 16) | p as u64),
+        );
+        s.keys.sort_unstable();
+        for (slot, key) in perm.iter_mut().zip(&s.keys) {
+            *slot = (*key & 0xffff) as u16;
+        }
+        return;
+    }
+    let start = &mut s.column_counts;
+    start.clear();
+    start.resize((hi - lo) as usize + 2, 0);
+    for c in ids() {
+        start[(c - lo) as usize + 1] += 1;
+    }
+    for i in 1..start.len() {
+        start[i] += start[i - 1];
+    }
+    for (p, c) in ids().enumerate() {
+        let slot = &mut start[(c - lo) as usize];
+        perm[*slot as usize] = p as u16;
+        *slot += 1;
     }
 }
 
@@ -426,4 +605,28 @@ pub fn collate_text(batch: &mut Batch, text_emb: &[f16], dim: usize, map: &mut F
     }
     batch.num_text = order.len();
     batch.text_batch_embeddings = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_order_is_the_column_then_position_sort() {
+        let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(8);
+        let mut s = AssembleScratch::default();
+        // Narrow spans take the counting sort, wide ones the fallback.
+        for span in [1u64, 7, 300, 4095, 4096, 1 << 20] {
+            for _ in 0..20 {
+                let n = rng.below(1024) as usize;
+                let base = rng.below(1 << 24);
+                let ids: Vec<i32> = (0..n).map(|_| (base + rng.below(span)) as i32).collect();
+                let mut perm = vec![0u16; n];
+                column_order(&ids, &mut perm, &mut s);
+                let mut want: Vec<u16> = (0..n as u16).collect();
+                want.sort_by_key(|&p| (ids[p as usize], p));
+                assert_eq!(perm, want, "span {span}");
+            }
+        }
+    }
 }

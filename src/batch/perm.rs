@@ -75,10 +75,25 @@ pub fn rcm_order(
     );
     s.seen.clear();
     s.seen.resize(n, false);
+    // Rows by (degree, row): a counting sort by degree (stable, so rows
+    // stay ascending within a degree).
+    let max_deg = s.deg.iter().copied().max().unwrap_or(0) as usize;
+    s.fill.clear();
+    s.fill.resize(max_deg + 2, 0);
+    for &d in &s.deg {
+        s.fill[d as usize + 1] += 1;
+    }
+    for i in 1..s.fill.len() {
+        s.fill[i] += s.fill[i - 1];
+    }
     s.by_degree.clear();
-    s.by_degree.extend(0..n as u16);
+    s.by_degree.resize(n, 0);
+    for (i, &d) in s.deg.iter().enumerate() {
+        let slot = &mut s.fill[d as usize];
+        s.by_degree[*slot as usize] = i as u16;
+        *slot += 1;
+    }
     let deg = &s.deg;
-    s.by_degree.sort_by_key(|&i| (deg[i as usize], i));
     order.clear();
     for k in 0..n {
         let root = s.by_degree[k];
@@ -141,6 +156,26 @@ mod tests {
                 1,
                 "component B contiguous: {order:?}"
             );
+        }
+    }
+
+    #[test]
+    fn rows_by_degree_match_a_comparison_sort() {
+        let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(4);
+        let mut s = RcmScratch::default();
+        let mut order = vec![];
+        for _ in 0..200 {
+            let n = 1 + rng.below(60) as usize;
+            let edges: Vec<(u16, u16)> = (0..rng.below(3 * n as u64))
+                .map(|_| (rng.below(n as u64) as u16, rng.below(n as u64) as u16))
+                .collect();
+            rcm_order(n, &edges, true, &mut order, &mut s);
+            let mut want: Vec<u16> = (0..n as u16).collect();
+            want.sort_by_key(|&i| (s.deg[i as usize], i));
+            assert_eq!(s.by_degree, want);
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n as u16).collect::<Vec<_>>());
         }
     }
 }

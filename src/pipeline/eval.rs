@@ -258,6 +258,7 @@ impl EvalPass {
             &mut self.text_map,
             &span,
             t0,
+            true,
         )?;
         batch.seq_valid = valid;
         batch.split = self.split;

@@ -5,13 +5,16 @@
 //! streams' and the evaluation passes' ([`Sampler::eval_pass`]).
 //!
 //! One producer thread per split (train, val) fills a bounded channel of
-//! `num_prefetch` batches; the sampler's rayon pool parallelises the seeds of
-//! each batch. The consumer blocks on the channel; `shutdown()` wakes every
+//! `num_prefetch` batches. It draws each batch's seeds serially and builds
+//! up to one batch per pool thread at once on the sampler's rayon pool
+//! (which also parallelises the seeds of each batch), delivering them in
+//! stream order ([`SamplerCore::stream_batches`]). The consumer blocks on the channel; `shutdown()` wakes every
 //! blocked producer and consumer, joins the producers and drops queued
 //! batches. A producer error or panic is delivered to the consumer as an
 //! error, never a hang. With `max_rss_bytes`, a producer checks, before it
 //! builds each batch, that the process's private memory (`RssAnon`, see
-//! [`rss`]) plus the predicted size of that batch stays under the cap, and
+//! [`rss`]) plus the predicted size of that batch and of those it is still
+//! building stays under the cap, and
 //! otherwise stops with an error that says what holds the memory.
 //!
 //! Delivery: each split keeps a **delivered** [`StreamState`] that advances
@@ -37,7 +40,6 @@ pub use rss::{current_private_bytes, current_rss_bytes};
 pub use state::DatabaseRecord;
 pub use state::{SamplerState, StreamState};
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,41 +107,36 @@ pub struct Sampler {
     telemetry: Telemetry,
 }
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
 /// The error to stop with when building the next batch would take the
 /// process's private memory past `cap` (`None`: it fits, or memory cannot
-/// be read). The batch size is predicted from this split's last batch.
+/// be read), counting the `building` batches in flight as not yet
+/// allocated. The batch size is predicted from this split's last batch.
 fn over_cap(
     core: &SamplerCore,
     state: &SplitState,
+    building: usize,
     tx: &Sender<Result<Batch>>,
     cap: u64,
 ) -> Option<Error> {
     let private = current_private_bytes()?;
     let next = state.predicted_batch_bytes(&core.cfg, core.embedding_dim());
-    if private.saturating_add(next) <= cap {
+    // The batches being built may not have allocated yet: count them too.
+    if private.saturating_add(next.saturating_mul(building as u64 + 1)) <= cap {
         return None;
     }
     let queued = tx.len() as u64;
-    let slots = core.cfg.num_prefetch as u64 * PRODUCED.len() as u64;
+    let per_split = (core.cfg.num_prefetch + core.stream_depth()) as u64;
+    let slots = per_split * PRODUCED.len() as u64;
     Some(Error::Resource(format!(
         "private memory (RssAnon) {private} bytes + the next {} batch (~{next} bytes) would exceed max_rss_bytes {cap}. \
          Prefetch queues: {queued} batches waiting in this split's queue (~{} bytes); at most {slots} batches \
-         ({} per split × {} splits, ~{} bytes) can be queued; the rest ({} bytes) is the process \
+         ({} queued + {} being built per split × {} splits, ~{} bytes) can be held; the rest ({} bytes) is the process \
          (interpreter, model, consumers' batches, sampler scratch). The mapped database is not counted. \
-         Lower num_prefetch, default_batch_size or default_sequence_length, or raise max_rss_bytes",
+         Lower num_prefetch, num_threads, default_batch_size or default_sequence_length, or raise max_rss_bytes",
         state.split.name(),
         queued * next,
         core.cfg.num_prefetch,
+        core.stream_depth(),
         PRODUCED.len(),
         slots * next,
         private.saturating_sub(queued * next),
@@ -153,32 +150,20 @@ fn produce(
     stop: Receiver<()>,
     halt: Receiver<()>,
 ) {
-    loop {
-        let msg = match core
-            .cfg
-            .max_rss_bytes
-            .and_then(|cap| over_cap(&core, &state, &tx, cap))
-        {
-            Some(e) => Err(e),
-            None => match catch_unwind(AssertUnwindSafe(|| core.make_batch(&mut state))) {
-                Ok(r) => r,
-                Err(p) => Err(Error::Worker(format!(
-                    "{} producer panicked: {}",
-                    state.split.name(),
-                    panic_message(p)
-                ))),
-            },
-        };
-        let fatal = msg.is_err();
-        select! {
-            send(tx, msg) -> sent => if sent.is_err() { return },
-            recv(stop) -> _ => return,
-            recv(halt) -> _ => return,
-        }
-        if fatal {
-            return;
-        }
-    }
+    let depth = core.stream_depth();
+    let cap = core.cfg.max_rss_bytes;
+    core.stream_batches(
+        &mut state,
+        depth,
+        |state, building| cap.and_then(|cap| over_cap(&core, state, building, &tx, cap)),
+        |msg| {
+            select! {
+                send(tx, msg) -> sent => sent.is_ok(),
+                recv(stop) -> _ => false,
+                recv(halt) -> _ => false,
+            }
+        },
+    );
 }
 
 impl Sampler {

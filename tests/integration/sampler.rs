@@ -478,3 +478,94 @@ fn rss_cap_fails_fast_with_a_resource_error() {
         second.map(|_| ())
     );
 }
+
+/// The producer's pipelined stream (several batches built at once) hands
+/// over exactly the batches `make_batch` makes one at a time, in stream
+/// order, with the same telemetry inputs; a panic while planning step 5
+/// arrives after batches 0..5, in its place, and ends the stream.
+#[test]
+fn the_pipelined_stream_is_the_sequential_stream_in_order() {
+    let sdb = fixed_db();
+    for (threads, pack) in [(1, false), (2, false), (3, true)] {
+        let cfg = SamplerConfig {
+            num_threads: Some(threads),
+            pack,
+            pack_factor: if pack { 2 } else { 1 },
+            debug_panic_at_step: Some(5),
+            ..fixed_cfg()
+        };
+        let core = Arc::new(SamplerCore::with_database(sdb.db.clone(), cfg).unwrap());
+        let mut one = BatchMaker::new(core.clone(), Split::Train);
+        let expected: Vec<Batch> = (0..5).map(|_| one.next().unwrap().unwrap()).collect();
+        for depth in [1, 2, 4] {
+            let mut state = core.split_state(Split::Train);
+            let mut got = Vec::new();
+            core.stream_batches(
+                &mut state,
+                depth,
+                |_, _| None,
+                |b| {
+                    got.push(b);
+                    true
+                },
+            );
+            assert_eq!(got.len(), 6, "threads {threads} depth {depth}");
+            for (step, (b, want)) in got[..5].iter().zip(&expected).enumerate() {
+                let b = b.as_ref().unwrap();
+                assert_eq!(b.step, step as u64);
+                assert!(
+                    same_batch(b, want),
+                    "threads {threads} depth {depth} step {step}"
+                );
+                assert_eq!(b.fingerprint, want.fingerprint);
+                assert_eq!(b.seq_stats, want.seq_stats);
+                assert_eq!(b.draw, want.draw);
+                assert_eq!(b.segment_ids, want.segment_ids);
+            }
+            match &got[5] {
+                Err(Error::Worker(m)) => assert!(m.contains("panicked"), "{m}"),
+                other => panic!(
+                    "expected the step-5 panic, got {:?}",
+                    other.as_ref().map(|b| b.step)
+                ),
+            }
+        }
+    }
+}
+
+/// A refusal from the producer's check (its memory cap) is handed on in
+/// stream order and stops the stream; a sink that stops takes no more.
+#[test]
+fn the_pipelined_stream_stops_on_a_refusal_or_when_the_sink_stops() {
+    let sdb = fixed_db();
+    let core = Arc::new(SamplerCore::with_database(sdb.db.clone(), fixed_cfg()).unwrap());
+    let mut state = core.split_state(Split::Train);
+    let (mut checks, mut got) = (0, Vec::new());
+    core.stream_batches(
+        &mut state,
+        3,
+        |_, building| {
+            assert!(building < 3, "never more than the depth in flight");
+            checks += 1;
+            (checks == 4).then(|| Error::Resource("over the cap".into()))
+        },
+        |b| {
+            got.push(b.map(|b| b.step));
+            true
+        },
+    );
+    assert!(matches!(got[..3], [Ok(0), Ok(1), Ok(2)]), "{got:?}");
+    assert!(matches!(&got[3], Err(Error::Resource(m)) if m == "over the cap"));
+    assert_eq!(got.len(), 4);
+    let mut n = 0;
+    core.stream_batches(
+        &mut state,
+        3,
+        |_, _| None,
+        |_| {
+            n += 1;
+            n < 2
+        },
+    );
+    assert_eq!(n, 2, "the sink said stop after its second batch");
+}
