@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use half::f16;
 
 use super::pack::SegOut;
-use super::perm::{rcm_order, RcmScratch};
+use super::perm::{rcm_orders, RcmScratch};
 use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
 use super::{Batch, SeqStats};
 use crate::format::{bit, ColumnValues, ColumnView, GraphView};
@@ -306,6 +306,7 @@ pub struct AssembleScratch {
     /// Column counts of the counting sort behind `col_perm`.
     column_counts: Vec<u32>,
     order: Vec<u16>,
+    order_in: Vec<u16>,
     rcm: RcmScratch,
     timestamps: TimestampMemo,
 }
@@ -369,7 +370,9 @@ fn prefetch_row(ctx: &SeqContext<'_>, row: u32) {
             // SAFETY: prefetch is a hint; both addresses are inside live slices.
             unsafe {
                 _mm_prefetch(p, _MM_HINT_T0);
-                _mm_prefetch(c.validity[r >> 3..].as_ptr().cast(), _MM_HINT_T0);
+                if !c.all_valid {
+                    _mm_prefetch(c.validity[r >> 3..].as_ptr().cast(), _MM_HINT_T0);
+                }
             }
         }
     }
@@ -479,16 +482,16 @@ pub fn assemble_sequence(
     for (p, slot) in o.col_perm.iter_mut().enumerate().skip(cells) {
         *slot = p as u16;
     }
-    for (outbound, perm) in [(true, &mut *o.out_perm), (false, &mut *o.in_perm)] {
-        rcm_order(
-            sub.rows.len(),
-            &sub.edges,
-            outbound,
-            &mut s.order,
-            &mut s.rcm,
-        );
+    rcm_orders(
+        sub.rows.len(),
+        &sub.edges,
+        &mut s.order,
+        &mut s.order_in,
+        &mut s.rcm,
+    );
+    for (order, perm) in [(&s.order, &mut *o.out_perm), (&s.order_in, &mut *o.in_perm)] {
         let mut k = 0;
-        for &row in &s.order {
+        for &row in order {
             for p in s.row_start[row as usize]..s.row_start[row as usize + 1] {
                 perm[k] = p as u16;
                 k += 1;

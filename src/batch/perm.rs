@@ -59,7 +59,26 @@ pub fn rcm_order(
     order: &mut Vec<u16>,
     scratch: &mut RcmScratch,
 ) {
-    let s = scratch;
+    prepare(n, edges, scratch);
+    rcm_from(n, outbound, order, scratch);
+}
+
+/// Both RCM orders of one row graph (outbound, inbound), building its
+/// adjacency once.
+pub fn rcm_orders(
+    n: usize,
+    edges: &[(u16, u16)],
+    out: &mut Vec<u16>,
+    inn: &mut Vec<u16>,
+    scratch: &mut RcmScratch,
+) {
+    prepare(n, edges, scratch);
+    rcm_from(n, true, out, scratch);
+    rcm_from(n, false, inn, scratch);
+}
+
+/// The adjacency both ways, the degrees and the rows by (degree, row).
+fn prepare(n: usize, edges: &[(u16, u16)], s: &mut RcmScratch) {
     csr(
         n,
         edges,
@@ -73,8 +92,6 @@ pub fn rcm_order(
     s.deg.extend(
         (0..n).map(|i| s.start_out[i + 1] - s.start_out[i] + s.start_in[i + 1] - s.start_in[i]),
     );
-    s.seen.clear();
-    s.seen.resize(n, false);
     // Rows by (degree, row): a counting sort by degree (stable, so rows
     // stay ascending within a degree).
     let max_deg = s.deg.iter().copied().max().unwrap_or(0) as usize;
@@ -93,6 +110,12 @@ pub fn rcm_order(
         s.by_degree[*slot as usize] = i as u16;
         *slot += 1;
     }
+}
+
+/// The RCM traversal over the adjacency [`prepare`] built.
+fn rcm_from(n: usize, outbound: bool, order: &mut Vec<u16>, s: &mut RcmScratch) {
+    s.seen.clear();
+    s.seen.resize(n, false);
     let deg = &s.deg;
     order.clear();
     for k in 0..n {
@@ -176,6 +199,24 @@ mod tests {
             let mut seen = order.clone();
             seen.sort_unstable();
             assert_eq!(seen, (0..n as u16).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn both_orders_at_once_are_each_order_alone() {
+        let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(6);
+        let mut s = RcmScratch::default();
+        let (mut out, mut inn, mut one) = (vec![], vec![], vec![]);
+        for _ in 0..100 {
+            let n = 1 + rng.below(40) as usize;
+            let edges: Vec<(u16, u16)> = (0..rng.below(2 * n as u64))
+                .map(|_| (rng.below(n as u64) as u16, rng.below(n as u64) as u16))
+                .collect();
+            rcm_orders(n, &edges, &mut out, &mut inn, &mut s);
+            rcm_order(n, &edges, true, &mut one, &mut s);
+            assert_eq!(out, one);
+            rcm_order(n, &edges, false, &mut one, &mut s);
+            assert_eq!(inn, one);
         }
     }
 }

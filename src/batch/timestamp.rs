@@ -117,7 +117,8 @@ pub fn encode_timestamp(us: i64, mean_us: f64, std_us: f64, out: &mut [f32]) {
 /// last timestamp seen in each of its slots. Databases repeat timestamp
 /// values (dates, whole hours), so most cells copy 56 bytes instead of
 /// computing the date and seven table lookups; the output is the same
-/// bit for bit ([`encode_timestamp`] is the definition). 72 KiB.
+/// bit for bit ([`encode_timestamp`] is the definition). 4096 slots
+/// (256 KiB): seven years of distinct dates fit with few collisions.
 #[derive(Debug, Default)]
 pub struct TimestampMemo {
     keys: Vec<i64>,
@@ -125,7 +126,7 @@ pub struct TimestampMemo {
 }
 
 impl TimestampMemo {
-    const BITS: u32 = 10;
+    const BITS: u32 = 12;
 
     /// Encode `us` into `out`, exactly as [`encode_timestamp`] does.
     #[inline]

@@ -122,13 +122,18 @@ pub struct ColumnView<'a> {
     pub values: ColumnValues<'a>,
     /// Validity bitmap (bit set = not null).
     pub validity: &'a [u8],
+    /// The metadata counts no null in the column: every value is present
+    /// and the bitmap need not be read (a cache miss per cell saved). The
+    /// metadata is hash-checked at open; a payload bitmap that disagrees
+    /// (corruption) then reads as present, a wrong but safe value.
+    pub all_valid: bool,
 }
 
 impl ColumnView<'_> {
     #[inline]
     /// Is the value of table-local `row` present?
     pub fn is_valid(&self, row: usize) -> bool {
-        super::bit(self.validity, row)
+        self.all_valid || super::bit(self.validity, row)
     }
 }
 
@@ -462,6 +467,7 @@ impl Database {
                 column_idx: c,
                 values: values(f, 2 * j, cm.stype, n)?,
                 validity: f.section(2 * j + 1, Some(n.div_ceil(8)))?,
+                all_valid: cm.stats.null_count == 0,
             });
         }
         Ok(TableView {

@@ -363,3 +363,40 @@ fn missing_and_swapped_files() {
         Err(Error::Io { .. })
     ));
 }
+
+/// The sampler skips the validity bitmap of a column whose metadata counts
+/// no null (`ColumnView::all_valid`): that is only sound if the writer's
+/// null count and its bitmap agree, bit for bit, on every column kind.
+#[test]
+fn the_null_count_is_the_bitmaps_zero_bits_on_every_column() {
+    let mut checked = (0, 0);
+    let dbs: Vec<(Option<crate::oracle::SynthDb>, Database)> =
+        vec![(None, Database::open(golden_v1()).unwrap()), {
+            let s = crate::oracle::build(&headwater::preprocess::SynthSpec::small(4, 300, 3))
+                .expect("synthesizes");
+            let db = Database::open(&s.dir).unwrap();
+            (Some(s), db)
+        }];
+    for (_keep, db) in &dbs {
+        let m = db.metadata();
+        for t in 0..m.tables.len() {
+            let view = db.table(t).unwrap();
+            for c in &view.columns {
+                let meta = &m.columns[c.column_idx as usize];
+                let n = view.num_rows as usize;
+                let zeros = (0..n).filter(|&r| !bit(c.validity, r)).count() as u64;
+                assert_eq!(zeros, meta.stats.null_count, "column `{}`", meta.name);
+                assert_eq!(c.all_valid, zeros == 0, "column `{}`", meta.name);
+                if c.all_valid {
+                    checked.0 += 1;
+                } else {
+                    checked.1 += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        checked.0 > 0 && checked.1 > 0,
+        "both kinds of column seen: {checked:?}"
+    );
+}
