@@ -189,6 +189,7 @@ impl MappedFile {
         for chunk in self.mmap[start..].chunks(CHUNK) {
             h.update(chunk);
             done += chunk.len() as u64;
+            self.release(start + done as usize - chunk.len(), chunk.len());
             progress(done);
         }
         let actual = h.digest();
@@ -203,6 +204,35 @@ impl MappedFile {
                 ),
             ))
         }
+    }
+
+    /// Drop the pages of `[offset, offset + len)` from this process's
+    /// resident set once hashed, so verifying a file (at write time, by
+    /// `headwater verify`, or at open with `verify="full"`) does not grow
+    /// the RSS by the file's size; the page cache keeps them. Advice only:
+    /// an error is ignored.
+    fn release(&self, offset: usize, len: usize) {
+        #[cfg(unix)]
+        {
+            const PAGE: usize = 4096;
+            let from = offset.next_multiple_of(PAGE);
+            let to = (offset + len) / PAGE * PAGE;
+            if to > from {
+                // SAFETY: the map is a read-only shared mapping of a file
+                // (`Mmap::map`): dropped pages are read back from the file
+                // on the next access with the same bytes, so no borrow of
+                // the mapping can observe a change.
+                let _ = unsafe {
+                    self.mmap.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        from,
+                        to - from,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (offset, len);
     }
 
     /// First payload byte: the first multiple of 64 after the section table.
