@@ -1,8 +1,10 @@
 """Mixtures from Python: the list form and mixture files, open errors that
 name the database without leaking the file handles of the ones already
 opened, states of another mixture refused, the concatenated tables, the
-bounded per-database telemetry (top K, or the listed databases), and
-`inspect` / `bench` / the trainer's `[[database]]` list on a mixture."""
+bounded per-database telemetry (top K, or the listed databases),
+`inspect` / `bench` / the trainer's `[[database]]` list on a mixture, and a
+mixture of three databases with different schemas (TPC-H, a RelBench
+folder, a SQLite library: ``three_schemas.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from conftest import SmallData, Tpch
+from three_schemas import LIBRARY_TASKS, write_three_schema_mixture
 
 import headwater
 from headwater.mixture import (
@@ -205,3 +210,75 @@ def test_trainer_config_takes_a_database_list(tmp_path: Path) -> None:
     with pytest.raises(headwater.ConfigError, match=r"database\.scale_factor"):
         load_config(cfg_file, **{"database.scale_factor": 0.1})
 
+
+# ----------------------------------------------------------------------------
+# Three databases with different schemas
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_schemas(
+    tmp_path_factory: pytest.TempPathFactory, tpch: Tpch, small_data: SmallData
+) -> Path:
+    """TPC-H, the small database in RelBench layout and a SQLite library,
+    all hash-embedded: the mixture file."""
+    root = tmp_path_factory.mktemp("three")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        return write_three_schema_mixture(root, tpch.built.path, small_data)
+    finally:
+        mp.undo()
+
+
+def _in_range(ids: np.ndarray, lo: int, n: int) -> bool:
+    return bool(((ids >= lo) & (ids < lo + n)).all())
+
+
+def test_three_schemas_sample_with_ids_in_each_databases_range(three_schemas: Path) -> None:
+    with open_sampler(three_schemas, **SMALL) as s:
+        meta = s.database_metadata()
+        cols = s.column_embeddings()
+        cats = s.categorical_embeddings()
+        batches = [s.next_train_batch() for _ in range(30)]
+    dbs = meta["databases"]
+    own = [d["metadata"] for d in dbs]
+    # Three different schemas: table names, and tasks of each kind of source.
+    tables = [sorted(t["name"] for t in m["tables"]) for m in own]
+    assert tables[1] == ["events", "items", "users"]
+    assert tables[2] == ["books", "loans", "members"]
+    assert "lineitem" in tables[0] and len({tuple(t) for t in tables}) == 3
+    assert [t["name"] for t in own[1]["tasks"]] == ["user_churn"]
+    assert [t["name"] for t in own[2]["tasks"]] == LIBRARY_TASKS
+    n_cols = [len(m["columns"]) for m in own]
+    n_cats = [m["num_categorical_embeddings"] for m in own]
+    assert cols.shape[0] == sum(n_cols) == len(meta["columns"])
+    assert cats.shape[0] == sum(n_cats)
+    assert [d["column_offset"] for d in dbs] == [0, n_cols[0], n_cols[0] + n_cols[1]]
+    assert [d["categorical_offset"] for d in dbs] == [0, n_cats[0], n_cats[0] + n_cats[1]]
+    assert len({own[i]["embedder"]["name"] for i in range(3)}) == 1
+    seen = set()
+    for b in batches:
+        d = int(b["db_idx"][0])
+        seen.add(d)
+        live = b["is_padding"] == 0
+        assert _in_range(b["column_ids"][live], dbs[d]["column_offset"], n_cols[d]), d
+        cat = live & (b["is_null"] == 0) & (b["semantic_types"] == 3)
+        ids = b["categorical_embed_ids"][cat]
+        assert _in_range(ids, dbs[d]["categorical_offset"], n_cats[d]), d
+        task = meta["tasks"][int(b["task_idx"][0])]["name"]
+        assert task.split("/")[0] == dbs[d]["name"], (task, d)
+    assert seen == {0, 1, 2}
+
+
+def test_three_schemas_resume_continues_bit_identically(three_schemas: Path) -> None:
+    with open_sampler(three_schemas, **SMALL) as s:
+        for _ in range(7):
+            s.next_train_batch()
+        state = s.state_dict()
+        want = [s.next_train_batch() for _ in range(12)]
+    with open_sampler(three_schemas, state=state, **SMALL) as r:
+        got = [r.next_train_batch() for _ in range(12)]
+    assert {int(b["db_idx"][0]) for b in want} == {0, 1, 2}
+    assert [int(b["fingerprint"][0]) for b in got] == [int(b["fingerprint"][0]) for b in want]
+    assert all(np.array_equal(a["column_ids"], b["column_ids"]) for a, b in zip(got, want, strict=True))
