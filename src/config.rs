@@ -87,8 +87,13 @@ pub struct SamplerConfig {
     pub database_weights: Option<TaskWeights>,
     /// Databases of a mixture with their own telemetry series (the K with
     /// the largest weights; ties by order); the rest are folded into
-    /// aggregates and a worst-database pointer.
+    /// aggregates and a worst-database pointer. Ignored when
+    /// `telemetry_databases` lists databases.
     pub telemetry_top_databases: usize,
+    /// Databases of a mixture with their own telemetry series, by name and
+    /// in this order; when non-empty the list replaces
+    /// `telemetry_top_databases` (K = its length). Empty = the top K.
+    pub telemetry_databases: Vec<String>,
     /// Threads in the sampler's pool; `None` = available parallelism.
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
@@ -147,6 +152,7 @@ impl Default for SamplerConfig {
             task_pick: TaskPick::Weighted,
             database_weights: None,
             telemetry_top_databases: 8,
+            telemetry_databases: Vec::new(),
             num_threads: None,
             max_rss_bytes: None,
             verify: crate::format::Verify::Header,
@@ -194,7 +200,7 @@ const fn f(
 }
 
 /// Every key of [`SamplerConfig`], in field order (a test keeps them equal).
-pub static FIELDS: [FieldDoc; 30] = [
+pub static FIELDS: [FieldDoc; 31] = [
     f("rank", "int", "an integer in 0..world_size", "this process's rank"),
     f("world_size", "int", "an integer in 1..=4294967295", "number of ranks"),
     f(
@@ -274,7 +280,13 @@ pub static FIELDS: [FieldDoc; 30] = [
         "telemetry_top_databases",
         "int",
         "an integer in 0..=1024",
-        "databases of a mixture with their own telemetry series (largest weights); the rest are folded into aggregates",
+        "databases of a mixture with their own telemetry series (largest weights; ignored when telemetry_databases is set); the rest are folded into aggregates",
+    ),
+    f(
+        "telemetry_databases",
+        "list[str]",
+        "a list of at most 1024 distinct database names of the mixture ([] = the telemetry_top_databases largest weights)",
+        "databases of a mixture with their own telemetry series, in this order (replaces telemetry_top_databases when not empty); the rest are folded into aggregates",
     ),
     f(
         "num_threads",
@@ -496,6 +508,7 @@ impl SamplerConfig {
             0,
             1024,
         )?;
+        self.validate_telemetry_databases()?;
         if let Some(dw) = &self.database_weights {
             let w: Vec<f64> = match dw {
                 TaskWeights::List(w) => w.clone(),
@@ -532,6 +545,23 @@ impl SamplerConfig {
         }
         if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
             return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
+        }
+        Ok(())
+    }
+
+    fn validate_telemetry_databases(&self) -> Result<()> {
+        let names = &self.telemetry_databases;
+        if names.len() > 1024 {
+            return Err(bad(
+                "telemetry_databases",
+                format!("a list of {} names", names.len()),
+            ));
+        }
+        if let Some(i) = (1..names.len()).find(|&i| names[..i].contains(&names[i])) {
+            return Err(bad(
+                "telemetry_databases",
+                format!("{:?} listed twice in {names:?}", names[i]),
+            ));
         }
         Ok(())
     }
@@ -604,6 +634,32 @@ impl SamplerConfig {
             return Err(bad("database_weights", "all weights 0"));
         }
         Ok(w)
+    }
+
+    /// The mixture indices of the `telemetry_databases` of a mixture of
+    /// `db_names`, in the order listed; `None` when the list is empty (the
+    /// top `telemetry_top_databases` by weight report instead). A name that
+    /// is not a database of the mixture is a config error naming it and
+    /// the mixture's databases.
+    pub fn telemetry_databases_for(&self, db_names: &[String]) -> Result<Option<Vec<usize>>> {
+        if self.telemetry_databases.is_empty() {
+            return Ok(None);
+        }
+        self.telemetry_databases
+            .iter()
+            .map(|name| {
+                db_names
+                    .iter()
+                    .position(|d| d == name)
+                    .ok_or_else(|| Error::Config {
+                        key: "telemetry_databases".into(),
+                        what: format!(
+                            "unknown database {name:?}; the mixture's databases are {db_names:?}"
+                        ),
+                    })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// The exporter address for this rank, when Prometheus is on.
@@ -730,5 +786,48 @@ mod tests {
             SamplerConfig::from_json(&serde_json::json!({"task_weights": {"nope": 3.0}})).unwrap();
         let e = c.validate(Some(&names(2))).unwrap_err().to_string();
         assert!(e.contains("nope") && e.contains("task_weights"), "{e}");
+    }
+
+    #[test]
+    fn telemetry_databases_are_distinct_bounded_and_names_of_the_mixture() {
+        let dbs: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let listed = |names: &[&str]| SamplerConfig {
+            telemetry_databases: names.iter().map(|n| (*n).to_string()).collect(),
+            ..SamplerConfig::default()
+        };
+        let c = listed(&["c", "a"]);
+        c.validate(None).unwrap();
+        assert_eq!(c.telemetry_databases_for(&dbs).unwrap(), Some(vec![2, 0]));
+        let none = SamplerConfig::default();
+        assert_eq!(none.telemetry_databases_for(&dbs).unwrap(), None);
+        let range = field("telemetry_databases").unwrap().range;
+        let e = listed(&["a", "b", "a"])
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`telemetry_databases`")
+                && e.contains("\"a\" listed twice")
+                && e.contains(range),
+            "{e}"
+        );
+        let many: Vec<String> = (0..1025).map(|i| format!("d{i}")).collect();
+        let names: Vec<&str> = many.iter().map(String::as_str).collect();
+        let e = listed(&names).validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("a list of 1025 names") && e.contains(range),
+            "{e}"
+        );
+        listed(&names[..1024]).validate(None).unwrap();
+        let e = listed(&["b", "nope"])
+            .telemetry_databases_for(&dbs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`telemetry_databases`")
+                && e.contains("unknown database \"nope\"")
+                && e.contains(r#"["a", "b", "c"]"#),
+            "{e}"
+        );
     }
 }

@@ -187,6 +187,7 @@ class Sampler:
         task_pick: str = "weighted",
         database_weights: list[float] | dict[str, float] | None = None,
         telemetry_top_databases: int = 8,
+        telemetry_databases: list[str] | tuple[str, ...] = (),
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         verify: str = "header",

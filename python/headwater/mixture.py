@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,18 +94,30 @@ def _task_names(path: Path) -> list[str]:
     return [t["name"] for t in meta["tasks"]]
 
 
-def reported_task_names(db: str | os.PathLike[str], top: int) -> list[str]:
+def reported_task_names(
+    db: str | os.PathLike[str], top: int, listed: Sequence[str] = ()
+) -> list[str]:
     """The task names with their own telemetry series when sampling ``db``
-    with ``telemetry_top_databases = top``: every task of a single database,
-    else the tasks of the ``top`` databases with the largest weights (ties
-    by order), as the sampler picks them."""
+    with ``telemetry_top_databases = top`` and ``telemetry_databases =
+    listed``: every task of a single database, else the tasks of the
+    ``listed`` databases when any are listed, else of the ``top`` databases
+    with the largest weights (ties by order), as the sampler picks them."""
     if not is_mixture_file(db):
         return _task_names(Path(db))
     entries = read_mixture(db)
     if len(entries) == 1:
         return _task_names(entries[0].path)
-    order = sorted(range(len(entries)), key=lambda i: (-entries[i].weight, i))[:top]
     names = _names(entries)
+    unknown = [n for n in listed if n not in names]
+    if unknown:
+        raise ValueError(
+            f"telemetry_databases: unknown database {unknown[0]!r}; the mixture's databases are {names}"
+        )
+    order = (
+        [names.index(n) for n in listed]
+        if listed
+        else sorted(range(len(entries)), key=lambda i: (-entries[i].weight, i))[:top]
+    )
     return [f"{names[i]}/{t}" for i in sorted(order) for t in _task_names(entries[i].path)]
 
 

@@ -268,6 +268,7 @@ impl SamplerCore {
         }
         cfg.validate(Some(&task_names))?;
         let db_weights = cfg.database_weights_for(&db_names)?;
+        let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;
         let db_total: f64 = db_weights.iter().sum();
         let mut tasks = Vec::with_capacity(task_names.len());
@@ -343,7 +344,7 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let (schema, reported) = mixture_schema(&cfg, &task_names, &tasks, &mixture);
+        let (schema, reported) = mixture_schema(&cfg, listed, &task_names, &tasks, &mixture);
         Ok(SamplerCore {
             reported,
             dbs: mixture,
@@ -1077,10 +1078,13 @@ impl SamplerCore {
 
 /// The telemetry schema of a mixture and each database's reported slot: a
 /// single database reports all its tasks and no per-database rows; a
-/// mixture reports the `telemetry_top_databases` databases with the largest
-/// shares (ties by order) and their tasks.
+/// mixture reports the `listed` databases (`telemetry_databases`, mixture
+/// indices in the order listed) when there is a list, else the
+/// `telemetry_top_databases` databases with the largest shares (ties by
+/// order), and their tasks.
 fn mixture_schema(
     cfg: &SamplerConfig,
+    listed: Option<Vec<usize>>,
     task_names: &[String],
     tasks: &[TaskPlan],
     dbs: &[MixtureDatabase],
@@ -1089,9 +1093,12 @@ fn mixture_schema(
     if dbs.len() == 1 {
         return (TelemetrySchema::new(task_names, h, s), vec![Some(0)]);
     }
-    let mut order: Vec<usize> = (0..dbs.len()).collect();
-    order.sort_by(|&a, &b| dbs[b].share.total_cmp(&dbs[a].share).then(a.cmp(&b)));
-    order.truncate(cfg.telemetry_top_databases);
+    let order = listed.unwrap_or_else(|| {
+        let mut order: Vec<usize> = (0..dbs.len()).collect();
+        order.sort_by(|&a, &b| dbs[b].share.total_cmp(&dbs[a].share).then(a.cmp(&b)));
+        order.truncate(cfg.telemetry_top_databases);
+        order
+    });
     let mut reported = vec![None; dbs.len()];
     for (slot, &d) in order.iter().enumerate() {
         reported[d] = Some(slot);

@@ -34,8 +34,9 @@ pub struct DrawStats {
     pub database_remaining_fraction_min: f64,
     /// Mixture index of that database.
     pub database_remaining_fraction_worst: f64,
-    /// The batch's database has its own telemetry series (one of the
-    /// top `telemetry_top_databases`); else its seeds count as `other`.
+    /// The batch's database has its own telemetry series (listed in
+    /// `telemetry_databases`, or else one of the top
+    /// `telemetry_top_databases`); else its seeds count as `other`.
     pub database_reported: bool,
     /// Per reported database (schema order): its own pool and pick state.
     pub databases: Vec<DatabaseDraw>,

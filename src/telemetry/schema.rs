@@ -7,8 +7,9 @@
 //!
 //! Bounded for mixtures: a single database reports every task and no
 //! per-database rows; a mixture reports per-task rows only for the tasks of
-//! its K reported databases (`telemetry_top_databases`, the K largest
-//! shares) and per-database rows only for those K. With `N` the fixed rows'
+//! its K reported databases (the `telemetry_databases` list when set,
+//! else `telemetry_top_databases`, the K largest shares) and per-database
+//! rows only for those K. With `N` the fixed rows'
 //! values, `T_K` the reported tasks and `P` the per-database rows (4), the
 //! drain has `N + T_K + P·K` values whatever the number of databases.
 
@@ -55,7 +56,8 @@ pub struct TelemetrySchema {
     pub task_names: Vec<String>,
     /// The reported tasks' mixture indices.
     pub task_ids: Vec<usize>,
-    /// The reported databases' names (largest share first).
+    /// The reported databases' names (the `telemetry_databases` order,
+    /// else largest share first).
     pub database_names: Vec<String>,
     /// The reported databases' mixture indices.
     pub database_ids: Vec<usize>,

@@ -619,7 +619,7 @@ pub static METRICS: [MetricDef; 38] = [
         "headwater_mixture_other_seeds_drawn_total",
         Counter,
         "seeds",
-        "seeds drawn from databases without their own series (outside telemetry_top_databases)",
+        "seeds drawn from databases without their own series (not in telemetry_databases, or outside telemetry_top_databases)",
         Measure::Total(|r| if r.draw.database_reported { 0.0 } else { r.seeds }),
     ),
     db_row(

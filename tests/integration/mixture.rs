@@ -320,3 +320,109 @@ fn five_hundred_tiny_databases_open_sample_and_report_bounded_telemetry() {
         dbs.len()
     );
 }
+
+/// `telemetry_databases` gives exactly the listed databases their own
+/// series, in the order listed, even the smallest share (which the top-K
+/// rule would never pick); the other databases' seeds are folded into
+/// `databases/other_seeds`. Unknown and repeated names are refused naming
+/// the key.
+#[test]
+fn listed_databases_get_their_own_series_and_the_rest_are_folded() {
+    let (_tmp, paths) = tiny_dbs(4, 30);
+    let listed = ["db3".to_string(), "db1".to_string()];
+    let b = 4;
+    let listed_cfg = || SamplerConfig {
+        database_weights: Some(TaskWeights::List(vec![4.0, 3.0, 2.0, 1.0])),
+        telemetry_top_databases: 2,
+        telemetry_databases: listed.to_vec(),
+        num_threads: Some(1),
+        ..cfg()
+    };
+    let s = headwater::pipeline::Sampler::open_mixture(&paths, listed_cfg(), None).unwrap();
+    let core = s.core().clone();
+    let schema = &core.schema;
+    assert_eq!(schema.database_names, listed);
+    assert_eq!(schema.database_ids, vec![3, 1]);
+    let listed_tasks: Vec<usize> = (0..core.task_names().len())
+        .filter(|&k| [1, 3].contains(&core.task_database(k)))
+        .collect();
+    assert_eq!(schema.task_ids, listed_tasks);
+    // The top 2 by weight (db0, db1) would have been reported without the list.
+    let top = SamplerCore::open_mixture(
+        &paths,
+        SamplerConfig {
+            telemetry_databases: Vec::new(),
+            ..listed_cfg()
+        },
+    )
+    .unwrap();
+    assert_eq!(top.schema.database_ids, vec![0, 1]);
+    // K = the list's length: the same drain size formula as top-K.
+    let k = listed.len();
+    let fixed = top.schema.drained_keys.len() - top.schema.task_ids.len() - 4 * k;
+    assert_eq!(
+        schema.drained_keys.len(),
+        fixed + listed_tasks.len() + 4 * k
+    );
+
+    let steps = 60;
+    let mut from = [0usize; 4];
+    for _ in 0..steps {
+        from[s.next_batch(Split::Train).unwrap().db_idx as usize] += 1;
+    }
+    assert!(
+        from.iter().all(|&n| n > 0),
+        "every database drawn: {from:?}"
+    );
+    let drain = s.drain_step_metrics(Split::Train).unwrap();
+    let value = |key: &str| {
+        drain
+            .iter()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("{key} not drained"))
+            .1
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let seeds = |n: usize| (n * b) as f64;
+    assert_eq!(value("sampler/databases/db3/seeds"), seeds(from[3]));
+    assert_eq!(value("sampler/databases/db1/seeds"), seeds(from[1]));
+    assert_eq!(
+        value("sampler/databases/other_seeds"),
+        seeds(from[0] + from[2])
+    );
+    for folded in ["db0", "db2"] {
+        assert!(
+            !drain
+                .iter()
+                .any(|(k, _)| k.contains(&format!("/{folded}/"))),
+            "{folded} has no series of its own"
+        );
+    }
+    s.shutdown();
+
+    let refused = |names: &[&str]| -> String {
+        let cfg = SamplerConfig {
+            telemetry_databases: names.iter().map(|n| (*n).to_string()).collect(),
+            ..listed_cfg()
+        };
+        match SamplerCore::open_mixture(&paths, cfg) {
+            Err(e @ Error::Config { .. }) => e.to_string(),
+            other => panic!(
+                "{names:?}: expected a config error, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    };
+    let m = refused(&["db1", "nope"]);
+    assert!(
+        m.contains("`telemetry_databases`")
+            && m.contains("unknown database \"nope\"")
+            && m.contains(r#"["db0", "db1", "db2", "db3"]"#),
+        "{m}"
+    );
+    let m = refused(&["db1", "db2", "db1"]);
+    assert!(
+        m.contains("`telemetry_databases`") && m.contains("\"db1\" listed twice"),
+        "{m}"
+    );
+}

@@ -1,19 +1,33 @@
 """Mixtures from Python: the list form and mixture files, open errors that
 name the database without leaking the file handles of the ones already
 opened, states of another mixture refused, the concatenated tables, the
-bounded per-database telemetry, and `inspect` / `bench` / the trainer's
-`[[database]]` list on a mixture."""
+bounded per-database telemetry (top K, or the listed databases),
+`inspect` / `bench` / the trainer's `[[database]]` list on a mixture, and a
+mixture of three databases with different schemas (TPC-H, a RelBench
+folder, a SQLite library: ``three_schemas.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from conftest import SmallData, Tpch
+from three_schemas import LIBRARY_TASKS, write_three_schema_mixture
 
 import headwater
-from headwater.mixture import open_sampler, read_mixture, sampler_args, task_names
+from headwater.mixture import (
+    MixtureEntry,
+    open_sampler,
+    read_mixture,
+    reported_task_names,
+    sampler_args,
+    task_names,
+    write_mixture,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
@@ -98,6 +112,57 @@ def test_per_database_telemetry_is_bounded_by_the_top_k(tmp_path: Path) -> None:
     assert 0 <= d["sampler/databases/steps_since_pick_worst"] < 5
 
 
+def test_listed_databases_get_their_own_series_and_the_rest_are_folded(tmp_path: Path) -> None:
+    """`telemetry_databases` replaces the top K: exactly the listed databases
+    report, in the order listed, even the smallest share (which the top 2
+    would never pick); the other databases' seeds are folded into
+    `other_seeds`."""
+    dbs = [GOLDEN] * 4
+    listed = ["golden_v1#4", "golden_v1#2"]
+    weights = [4.0, 3.0, 2.0, 1.0]
+    kw: dict[str, Any] = {"database_weights": weights, "telemetry_top_databases": 2, **SMALL}
+    with headwater.Sampler(dbs, telemetry_databases=listed, **kw) as s:
+        picked = [int(s.next_train_batch()["db_idx"][0]) for _ in range(60)]
+        d = s.drain_step_metrics()
+        keys = s.telemetry_keys()
+        assert s.config()["telemetry_databases"] == listed
+    assert set(picked) == {0, 1, 2, 3}, picked
+    seeds = [k.split("/")[2] for k in keys if k.startswith("sampler/databases/golden")]
+    assert seeds[: len(listed)] == listed and set(seeds) == set(listed)
+    b = SMALL["default_batch_size"]
+    assert d["sampler/databases/golden_v1#4/seeds"] == b * picked.count(3)
+    assert d["sampler/databases/golden_v1#2/seeds"] == b * picked.count(1)
+    assert d["sampler/databases/other_seeds"] == b * (picked.count(0) + picked.count(2))
+    tasks = [k.removeprefix("sampler/tasks/") for k in keys if k.startswith("sampler/tasks/")]
+    assert {t.split("/")[0] for t in tasks} == set(listed)
+    # Without the list, the top 2 by weight report.
+    with headwater.Sampler(dbs, **kw) as top:
+        top_keys = top.telemetry_keys()
+    assert {k.split("/")[2] for k in top_keys if k.startswith("sampler/databases/golden")} == {
+        "golden_v1",
+        "golden_v1#2",
+    }
+    # The diagnostics' reading of a mixture file agrees with the sampler.
+    mix = write_mixture([MixtureEntry(GOLDEN, w) for w in weights], tmp_path / "mix.toml")
+    assert reported_task_names(mix, 2, listed) == tasks
+
+
+def test_bad_telemetry_databases_name_the_key_and_the_databases() -> None:
+    dbs = [GOLDEN] * 3
+    names = '["golden_v1", "golden_v1#2", "golden_v1#3"]'
+    with pytest.raises(headwater.ConfigError) as e:
+        headwater.Sampler(dbs, telemetry_databases=["golden_v1#2", "nope"], **SMALL)
+    msg = str(e.value)
+    assert "`telemetry_databases`" in msg and 'unknown database "nope"' in msg, msg
+    assert names in msg, msg
+    with pytest.raises(headwater.ConfigError) as e:
+        headwater.Sampler(dbs, telemetry_databases=["golden_v1", "golden_v1"], **SMALL)
+    msg = str(e.value)
+    assert "`telemetry_databases`" in msg and '"golden_v1" listed twice' in msg, msg
+    with pytest.raises(headwater.ConfigError, match="`telemetry_databases`"):
+        headwater.Sampler(dbs, telemetry_databases="golden_v1", **SMALL)  # type: ignore[arg-type]
+
+
 def test_mixture_file_inspect_bench_and_trainer_config(tmp_path: Path) -> None:
     mix = tmp_path / "mix.toml"
     mix.write_text(
@@ -144,3 +209,76 @@ def test_trainer_config_takes_a_database_list(tmp_path: Path) -> None:
     assert task_names(db)[0] == "golden_v1/user_tier"
     with pytest.raises(headwater.ConfigError, match=r"database\.scale_factor"):
         load_config(cfg_file, **{"database.scale_factor": 0.1})
+
+
+# ----------------------------------------------------------------------------
+# Three databases with different schemas
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_schemas(
+    tmp_path_factory: pytest.TempPathFactory, tpch: Tpch, small_data: SmallData
+) -> Path:
+    """TPC-H, the small database in RelBench layout and a SQLite library,
+    all hash-embedded: the mixture file."""
+    root = tmp_path_factory.mktemp("three")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADWATER_CACHE_DIR", str(root / "cache"))
+    try:
+        return write_three_schema_mixture(root, tpch.built.path, small_data)
+    finally:
+        mp.undo()
+
+
+def _in_range(ids: np.ndarray, lo: int, n: int) -> bool:
+    return bool(((ids >= lo) & (ids < lo + n)).all())
+
+
+def test_three_schemas_sample_with_ids_in_each_databases_range(three_schemas: Path) -> None:
+    with open_sampler(three_schemas, **SMALL) as s:
+        meta = s.database_metadata()
+        cols = s.column_embeddings()
+        cats = s.categorical_embeddings()
+        batches = [s.next_train_batch() for _ in range(30)]
+    dbs = meta["databases"]
+    own = [d["metadata"] for d in dbs]
+    # Three different schemas: table names, and tasks of each kind of source.
+    tables = [sorted(t["name"] for t in m["tables"]) for m in own]
+    assert tables[1] == ["events", "items", "users"]
+    assert tables[2] == ["books", "loans", "members"]
+    assert "lineitem" in tables[0] and len({tuple(t) for t in tables}) == 3
+    assert [t["name"] for t in own[1]["tasks"]] == ["user_churn"]
+    assert [t["name"] for t in own[2]["tasks"]] == LIBRARY_TASKS
+    n_cols = [len(m["columns"]) for m in own]
+    n_cats = [m["num_categorical_embeddings"] for m in own]
+    assert cols.shape[0] == sum(n_cols) == len(meta["columns"])
+    assert cats.shape[0] == sum(n_cats)
+    assert [d["column_offset"] for d in dbs] == [0, n_cols[0], n_cols[0] + n_cols[1]]
+    assert [d["categorical_offset"] for d in dbs] == [0, n_cats[0], n_cats[0] + n_cats[1]]
+    assert len({own[i]["embedder"]["name"] for i in range(3)}) == 1
+    seen = set()
+    for b in batches:
+        d = int(b["db_idx"][0])
+        seen.add(d)
+        live = b["is_padding"] == 0
+        assert _in_range(b["column_ids"][live], dbs[d]["column_offset"], n_cols[d]), d
+        cat = live & (b["is_null"] == 0) & (b["semantic_types"] == 3)
+        ids = b["categorical_embed_ids"][cat]
+        assert _in_range(ids, dbs[d]["categorical_offset"], n_cats[d]), d
+        task = meta["tasks"][int(b["task_idx"][0])]["name"]
+        assert task.split("/")[0] == dbs[d]["name"], (task, d)
+    assert seen == {0, 1, 2}
+
+
+def test_three_schemas_resume_continues_bit_identically(three_schemas: Path) -> None:
+    with open_sampler(three_schemas, **SMALL) as s:
+        for _ in range(7):
+            s.next_train_batch()
+        state = s.state_dict()
+        want = [s.next_train_batch() for _ in range(12)]
+    with open_sampler(three_schemas, state=state, **SMALL) as r:
+        got = [r.next_train_batch() for _ in range(12)]
+    assert {int(b["db_idx"][0]) for b in want} == {0, 1, 2}
+    assert [int(b["fingerprint"][0]) for b in got] == [int(b["fingerprint"][0]) for b in want]
+    assert all(np.array_equal(a["column_ids"], b["column_ids"]) for a, b in zip(got, want, strict=True))

@@ -44,6 +44,7 @@ BAD: dict[str, dict[str, Any]] = {
     "task_pick": {"task_pick": "bogus"},
     "database_weights": {"database_weights": [1.0, -1.0]},
     "telemetry_top_databases": {"telemetry_top_databases": 1025},
+    "telemetry_databases": {"telemetry_databases": ["a", "a"]},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
     "verify": {"verify": "payload"},

@@ -139,13 +139,15 @@ def _task_mix() -> list[PanelBuilder]:
 
 def _database_mix() -> list[PanelBuilder]:
     """A mixture's databases: per-database series exist for the reported
-    (top ``telemetry_top_databases``) databases only; the rest are folded
+    (``telemetry_databases``, else the top ``telemetry_top_databases``)
+    databases only; the rest are folded
     into ``other`` and the worst-database pointers. Empty for one database."""
     return [
         _timeseries(
             "Database mix (seeds drawn/s by database)",
-            "Seeds drawn per second by reported database (top telemetry_top_databases by "
-            "weight), and by all other databases together, summed over ranks and stacked as a "
+            "Seeds drawn per second by reported database (the telemetry_databases list, else "
+            "the top telemetry_top_databases by weight), and by all other databases together, "
+            "summed over ranks and stacked as a "
             "percentage. Healthy: bands whose widths match the database weights. "
             "Pathological: a band at 0 (a database starved). Empty for one database.",
             [

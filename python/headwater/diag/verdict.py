@@ -112,8 +112,11 @@ def context(cfg: Any, spec: DiagSpec, db: Path) -> dict[str, Any]:
     from headwater.mixture import reported_task_names
 
     kw = cfg.sampler_kwargs(0)
-    # A mixture reports per-task series for its top databases' tasks only.
-    weights = dict.fromkeys(reported_task_names(db, kw.get("telemetry_top_databases", 8)), 1.0)
+    # A mixture reports per-task series for its reported databases' tasks only.
+    reported = reported_task_names(
+        db, kw.get("telemetry_top_databases", 8), kw.get("telemetry_databases", ())
+    )
+    weights = dict.fromkeys(reported, 1.0)
     weights.update(kw.get("task_weights") or {})
     return {
         "task_weights": weights,

@@ -19,7 +19,7 @@
 //! `S = 1024` that is `3·T + 3120`; it grows with the number of tasks `T`
 //! only, never with rows, seeds, steps or passes. A mixture of any number
 //! of databases registers task counters only for the `T_K` tasks of its `K`
-//! reported databases (`telemetry_top_databases`) plus 4 series per
+//! reported databases (`telemetry_databases`, else `telemetry_top_databases`) plus 4 series per
 //! reported database (2 counters, 2 gauges); the six mixture aggregates (5
 //! gauges, 1 counter) are always there: `3·(T_K + 4·K) + 3120` per process
 //! at the same settings. Handles are registered once per
