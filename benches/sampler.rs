@@ -136,5 +136,61 @@ fn benches(c: &mut Criterion) {
     });
 }
 
-criterion_group!(sampler, benches);
+/// A mixture of 500 tiny synthetic databases (issue 17's scale target):
+/// time to open it (every database's headers and metadata, warm page
+/// cache) and to make its first batch, its RSS, and the per-step cost of
+/// recording a batch and draining the bounded telemetry vector.
+fn mixture_500(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = (0..500)
+        .map(|i| {
+            let p = tmp.path().join(format!("db{i}"));
+            synth_database(&p, &SynthSpec::small(2 + i % 2, 6, 100 + i as u64)).unwrap();
+            p
+        })
+        .collect();
+    let cfg = SamplerConfig {
+        num_threads: Some(1),
+        default_batch_size: 32,
+        default_sequence_length: 1024,
+        ..SamplerConfig::default()
+    };
+    let rss0 = headwater::pipeline::current_rss_bytes().unwrap_or(0);
+    let t0 = std::time::Instant::now();
+    let core = Arc::new(SamplerCore::open_mixture(&paths, cfg.clone()).unwrap());
+    let opened = t0.elapsed();
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    let batch = mk.next().unwrap().unwrap();
+    let first = t0.elapsed();
+    let rss1 = headwater::pipeline::current_rss_bytes().unwrap_or(0);
+    let tasks = core.task_names().len();
+    println!(
+        "mixture of 500: {tasks} tasks; open {:.1} ms, first batch {:.1} ms from open; RSS +{:.1} MiB; {} drained values",
+        opened.as_secs_f64() * 1e3,
+        first.as_secs_f64() * 1e3,
+        (rss1.saturating_sub(rss0)) as f64 / f64::from(1 << 20),
+        core.schema.drained_keys.len()
+    );
+    c.bench_function("mixture_500_open", |b| {
+        b.iter(|| {
+            black_box(
+                SamplerCore::open_mixture(&paths, cfg.clone())
+                    .unwrap()
+                    .dbs
+                    .len(),
+            )
+        });
+    });
+    let mut rec = SplitTelemetry::new(&core.schema, Vec::new());
+    let mut values = Vec::new();
+    c.bench_function("mixture_500_record_and_drain_values_per_batch_b32", |b| {
+        b.iter(|| {
+            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.drain.drain_values(&core.schema, &mut values);
+            black_box(values.len())
+        });
+    });
+}
+
+criterion_group!(sampler, benches, mixture_500);
 criterion_main!(sampler);
