@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use headwater::format::Verify;
+use headwater::format::{PageCache, Verify};
 use headwater::pipeline::{current_private_bytes, current_rss_bytes};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::{Error, Sampler, SamplerConfig, Split};
@@ -47,14 +47,16 @@ fn cap_counts_private_memory_not_mapped_data_and_trips_on_a_queue_that_cannot_fi
         "database too small to tell: {db_bytes}"
     );
 
-    // 1. Mapped data alone: `verify = full` reads every payload byte through
-    //    the sampler's own maps, so VmRSS holds the whole database, yet a cap
-    //    far below VmRSS is not tripped.
+    // 1. Mapped data alone: `page_cache = populate` faults every page of the
+    //    sampler's own maps in, so VmRSS holds the whole database, yet a cap
+    //    far below VmRSS is not tripped. (`verify = full` reads every byte
+    //    too, but drops what it has hashed from the resident set.)
     let cap = current_private_bytes().unwrap() + 64 * MIB;
     let s = Sampler::new(
         &db,
         SamplerConfig {
             verify: Verify::Full,
+            page_cache: PageCache::Populate,
             ..config(cap)
         },
     )
