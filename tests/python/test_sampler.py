@@ -959,8 +959,11 @@ CTRL_C_CHILD = """
 import sys, time
 from headwater import _native as N
 w = [0.0] * int(sys.argv[3]); w[int(sys.argv[2])] = 1.0
-s = N.Sampler(sys.argv[1], default_batch_size=2048, default_sequence_length=1024,
-              num_threads=1, num_prefetch=1, split_ratios=(1.0, 0.0, 0.0), task_weights=w)
+# The producer sleeps 3 s before each batch (fault injection), so the wait
+# below is still blocked when the signal arrives however fast batches are.
+s = N.Sampler(sys.argv[1], default_batch_size=8, default_sequence_length=64,
+              num_threads=1, num_prefetch=1, split_ratios=(1.0, 0.0, 0.0), task_weights=w,
+              debug_batch_delay_ms=3000.0)
 print("READY", flush=True)
 try:
     s.next_train_batch()
