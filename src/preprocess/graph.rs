@@ -1,28 +1,99 @@
 //! Building the bidirectional CSR from per-row parent lists, in bounded
-//! extra memory.
+//! private memory.
 //!
 //! F→P edges keep foreign-key column order per row; they are streamed
 //! straight into `graph.bin` ([`write_forward`]), never held. P→F edges
 //! ([`build_reverse`]) are grouped by parent and sorted by (child time,
 //! child id), so the children visible at a cutoff are a prefix; building them
-//! holds 8 bytes per row (offsets) and 4 per edge, the child times are
-//! streamed out ([`write_reverse`]).
+//! needs 8 bytes per row (offsets) and 4 per edge, held in [`SpillArray`]s
+//! (file-backed, so the page cache, not the process, holds them), and the
+//! child times are streamed out ([`write_reverse`]).
 
+use std::fs::{File, OpenOptions};
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{FileWriter, Section};
+
+/// A zero-initialised array of `T` in a shared, writable map of a scratch
+/// file (deleted on drop). Its pages are page-cache pages: the kernel writes
+/// them back and drops them under memory pressure, so an array of any size
+/// costs the process no private (anonymous) memory — the preprocessor's
+/// out-of-core arrays for the O(rows + edges) parts of building the graph.
+pub struct SpillArray<T> {
+    map: MmapMut,
+    len: usize,
+    path: PathBuf,
+    _file: File,
+    _t: PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> SpillArray<T> {
+    /// `len` zeros in a new file at `path` (created sparse; replaced if it
+    /// exists).
+    pub fn zeroed(path: &Path, len: usize) -> Result<Self> {
+        let io = |e| Error::io(path, e);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io)?;
+        // At least one element, so the map is never empty.
+        let bytes = len.max(1) * std::mem::size_of::<T>();
+        file.set_len(bytes as u64).map_err(io)?;
+        // SAFETY: the file is this process's private scratch file, created
+        // above and removed on drop; nothing else maps or truncates it.
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
+        Ok(SpillArray {
+            map,
+            len,
+            path: path.to_path_buf(),
+            _file: file,
+            _t: PhantomData,
+        })
+    }
+}
+
+impl<T: bytemuck::Pod> Deref for SpillArray<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // The map is page-aligned, so the cast cannot fail on alignment.
+        &bytemuck::cast_slice(&self.map[..])[..self.len]
+    }
+}
+
+impl<T: bytemuck::Pod> DerefMut for SpillArray<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut bytemuck::cast_slice_mut(&mut self.map[..])[..self.len]
+    }
+}
+
+impl<T> Drop for SpillArray<T> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// Values per buffered write while streaming a section.
 const CHUNK: usize = 1 << 16;
+
+/// Parents per parallel sorting task in [`build_reverse`].
+const SORT_BLOCK: usize = 1 << 14;
 
 /// The P→F half of the graph, ready to write (the child times are streamed
 /// from it by [`write_reverse`]).
 pub struct ReverseCsr {
     /// Row `r`'s children are `rev_targets[rev_offsets[r]..rev_offsets[r + 1]]`.
-    pub rev_offsets: Vec<u64>,
+    pub rev_offsets: SpillArray<u64>,
     /// Child rows, grouped by parent, sorted by time.
-    pub rev_targets: Vec<u32>,
+    pub rev_targets: SpillArray<u32>,
 }
 
 /// Write the F→P sections (`fwd_offsets`, then `fwd_targets`) to `w`, two
@@ -62,18 +133,20 @@ pub fn write_forward(
     Ok(edges)
 }
 
-/// Build the P→F half. `parents(r, out)` appends the parents of row `r` to
-/// `out`; `row_time[r]` is each row's time (`i64::MIN` when it has none).
-/// Holds 8 bytes per row and 4 per edge beyond its inputs: the offsets are
-/// their own fill cursors (children placed from each segment's end, highest
-/// id first), then shifted back into place.
+/// Build the P→F half in two spill files in `dir`. `parents(r, out)` appends
+/// the parents of row `r` to `out`; `row_time[r]` is each row's time
+/// (`i64::MIN` when it has none). Needs 8 bytes per row and 4 per edge beyond
+/// its inputs, all spilled: the offsets are their own fill cursors (children
+/// placed from each segment's end, highest id first), then shifted back into
+/// place.
 pub fn build_reverse(
+    dir: &Path,
     num_rows: usize,
     row_time: &[i64],
     mut parents: impl FnMut(usize, &mut Vec<u32>),
-) -> ReverseCsr {
+) -> Result<ReverseCsr> {
     let mut scratch = Vec::new();
-    let mut counts = vec![0u64; num_rows + 1];
+    let mut counts = SpillArray::<u64>::zeroed(&dir.join("rev_offsets.spill"), num_rows + 1)?;
     for r in 0..num_rows {
         scratch.clear();
         parents(r, &mut scratch);
@@ -86,7 +159,7 @@ pub fn build_reverse(
     }
     let e = counts[num_rows] as usize;
     // counts[p + 1] is the end of parent p's segment: fill backwards.
-    let mut rev_targets = vec![0u32; e];
+    let mut rev_targets = SpillArray::<u32>::zeroed(&dir.join("rev_targets.spill"), e)?;
     for child in (0..num_rows).rev() {
         scratch.clear();
         parents(child, &mut scratch);
@@ -97,36 +170,45 @@ pub fn build_reverse(
         }
     }
     // Now counts[p + 1] is the start of segment p: shift back.
-    counts.remove(0);
-    counts.push(e as u64);
+    counts.copy_within(1.., 0);
+    counts[num_rows] = e as u64;
     let rev_offsets = counts;
     // Children were filled in increasing id order; a stable sort by time
-    // gives (time, id) order. Sort segments in parallel.
-    let mut segments: Vec<&mut [u32]> = Vec::new();
+    // gives (time, id) order. Sort blocks of parents in parallel (a block's
+    // segments are one contiguous run of `rev_targets`), holding one slice
+    // per block, not one per parent.
+    let mut blocks: Vec<(usize, &mut [u32])> = Vec::new();
     let mut rest: &mut [u32] = &mut rev_targets;
-    for p in 0..num_rows {
-        let len = (rev_offsets[p + 1] - rev_offsets[p]) as usize;
-        let (seg, tail) = rest.split_at_mut(len);
-        if len > 1 {
-            segments.push(seg);
-        }
+    for start in (0..num_rows).step_by(SORT_BLOCK) {
+        let end = (start + SORT_BLOCK).min(num_rows);
+        let len = (rev_offsets[end] - rev_offsets[start]) as usize;
+        let (block, tail) = rest.split_at_mut(len);
+        blocks.push((start, block));
         rest = tail;
     }
-    segments
-        .par_iter_mut()
-        .for_each(|seg| seg.sort_by_key(|&c| row_time[c as usize]));
-    drop(segments);
-    ReverseCsr {
+    let offsets = &rev_offsets[..];
+    blocks.par_iter_mut().for_each(|(start, block)| {
+        let base = offsets[*start];
+        let end = (*start + SORT_BLOCK).min(num_rows);
+        for p in *start..end {
+            let seg = &mut block[(offsets[p] - base) as usize..(offsets[p + 1] - base) as usize];
+            if seg.len() > 1 {
+                seg.sort_by_key(|&c| row_time[c as usize]);
+            }
+        }
+    });
+    drop(blocks);
+    Ok(ReverseCsr {
         rev_offsets,
         rev_targets,
-    }
+    })
 }
 
 /// Write the P→F sections (`rev_offsets`, `rev_targets`, then each child's
 /// time, computed a chunk at a time) to `w`.
 pub fn write_reverse(w: &mut FileWriter, rev: &ReverseCsr, row_time: &[i64]) -> Result<()> {
-    w.section(Section::of(&rev.rev_offsets))?;
-    w.section(Section::of(&rev.rev_targets))?;
+    w.section(Section::of(&rev.rev_offsets[..]))?;
+    w.section(Section::of(&rev.rev_targets[..]))?;
     w.begin_section()?;
     let mut times: Vec<i64> = Vec::with_capacity(CHUNK);
     for chunk in rev.rev_targets.chunks(CHUNK) {
@@ -146,12 +228,16 @@ mod tests {
         // rows 0,1 parents; rows 2..6 children with times.
         let times = [i64::MIN, i64::MIN, 50, 10, 30, 10, i64::MIN];
         let parent_of = [None, None, Some(0u32), Some(0), Some(1), Some(0), Some(1)];
-        let csr = build_reverse(7, &times, |r, out| out.extend(parent_of[r]));
+        let tmp = tempfile::tempdir().unwrap();
+        let csr = build_reverse(tmp.path(), 7, &times, |r, out| out.extend(parent_of[r])).unwrap();
         let kids0 = &csr.rev_targets[csr.rev_offsets[0] as usize..csr.rev_offsets[1] as usize];
         assert_eq!(kids0, &[3, 5, 2]);
         let kids1 = &csr.rev_targets[csr.rev_offsets[1] as usize..csr.rev_offsets[2] as usize];
         assert_eq!(kids1, &[6, 4]);
-        assert_eq!(csr.rev_offsets, vec![0, 3, 5, 5, 5, 5, 5, 5]);
+        assert_eq!(&csr.rev_offsets[..], &[0, 3, 5, 5, 5, 5, 5, 5]);
+        // The scratch files go with the arrays.
+        drop(csr);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-use super::graph::{build_reverse, write_forward, write_reverse};
+use super::graph::{build_reverse, write_forward, write_reverse, SpillArray};
 use super::stats::{column_stats, RunningStats};
 use crate::error::{Error, Result};
 use crate::format::bit;
@@ -173,10 +173,12 @@ pub struct DatabaseWriter {
     columns: Vec<ColumnMeta>,
     tasks: Vec<TaskMeta>,
     files: BTreeMap<String, FileDigest>,
-    row_time: Vec<i64>,
-    /// Per table, per foreign key: parent row within the referenced table
-    /// (`u32::MAX` = none).
-    fk_parents: Vec<Vec<Vec<u32>>>,
+    /// Rows of the tables added so far.
+    num_rows: u64,
+    /// Per table, its staged graph inputs (`parts/<t>.bin`, mapped): row
+    /// times, then per foreign key the parent row within the referenced
+    /// table (`u32::MAX` = none). Read from the page cache, never held.
+    graph_parts: Vec<MappedFile>,
     text_index: HashMap<String, u32>,
     text_strings: Vec<String>,
     cat_strings: Vec<String>,
@@ -303,8 +305,8 @@ impl DatabaseWriter {
             columns: vec![],
             tasks: vec![],
             files: BTreeMap::new(),
-            row_time: vec![],
-            fk_parents: vec![],
+            num_rows: 0,
+            graph_parts: vec![],
             text_index: HashMap::new(),
             text_strings: vec![],
             cat_strings: vec![],
@@ -559,6 +561,19 @@ impl DatabaseWriter {
         }
     }
 
+    /// Table `t`'s row times (from its staged part).
+    fn table_row_time(&self, t: usize) -> Result<&[i64]> {
+        let n = self.tables[t].num_rows as usize;
+        self.graph_parts[t].section(0, Some(n))
+    }
+
+    /// Table `t`'s parent rows through its foreign key `j` (from its staged
+    /// part), local to the referenced table, `u32::MAX` for none.
+    fn table_parents(&self, t: usize, j: usize) -> Result<&[u32]> {
+        let n = self.tables[t].num_rows as usize;
+        self.graph_parts[t].section(1 + j, Some(n))
+    }
+
     fn discard_parts_from(&self, t: usize) -> Result<()> {
         let parts = self.staging.join("parts");
         for entry in fs::read_dir(&parts).map_err(io(&parts))? {
@@ -588,7 +603,7 @@ impl DatabaseWriter {
             serde_json::from_slice(&raw).map_err(|e| Error::format(&json_path, e.to_string()))?;
         if part.fingerprint != fingerprint
             || part.table.idx as usize != t
-            || part.table.row_offset != self.row_time.len() as u64
+            || part.table.row_offset != self.num_rows
         {
             return Ok(false);
         }
@@ -623,10 +638,9 @@ impl DatabaseWriter {
         {
             return Ok(false);
         }
-        let row_time: &[i64] = graph_part.section(0, Some(n))?;
-        let mut fks = Vec::with_capacity(k);
+        graph_part.section::<i64>(0, Some(n))?;
         for j in 0..k {
-            fks.push(graph_part.section::<u32>(1 + j, Some(n))?.to_vec());
+            graph_part.section::<u32>(1 + j, Some(n))?;
         }
         let offs: &[u64] = graph_part.section(k + 1, None)?;
         let bytes: &[u8] = graph_part.section(k + 2, None)?;
@@ -637,8 +651,8 @@ impl DatabaseWriter {
             self.text_index.insert(s.to_string(), id);
             self.text_strings.push(s.to_string());
         }
-        self.row_time.extend_from_slice(row_time);
-        self.fk_parents.push(fks);
+        self.num_rows += n as u64;
+        self.graph_parts.push(graph_part);
         self.fk_refs.push(part.fk_refs);
         self.cat_strings.extend(part.categories_added);
         self.columns.extend(part.columns);
@@ -692,7 +706,7 @@ impl DatabaseWriter {
             )));
         }
         let t = self.tables.len() as u32;
-        let row_offset = self.row_time.len() as u64;
+        let row_offset = self.num_rows;
         if row_offset + spec.num_rows as u64 > u32::MAX as u64 {
             return Err(Error::Preprocess(format!(
                 "table `{}`: the database would exceed {} rows",
@@ -912,6 +926,8 @@ impl DatabaseWriter {
         pw.section(Section::of(&offs))?;
         pw.section(Section(&bytes))?;
         pw.finish()?;
+        drop(fks);
+        let graph_part = MappedFile::open(&part_bin, FileKind::Graph, Some(fk_refs.len() + 3))?;
         let part = TablePart {
             fingerprint: spec.fingerprint.clone(),
             table: table.clone(),
@@ -931,8 +947,8 @@ impl DatabaseWriter {
         fs::write(&json_path, serde_json::to_vec(&part).expect("serialisable"))
             .map_err(io(&json_path))?;
         self.ts_stats.merge(&ts_table);
-        self.row_time.extend_from_slice(row_time);
-        self.fk_parents.push(fks);
+        self.num_rows += n as u64;
+        self.graph_parts.push(graph_part);
         self.fk_refs.push(fk_refs);
         self.files.insert(file, digest(len, sum));
         self.tables.push(table);
@@ -1020,10 +1036,10 @@ impl DatabaseWriter {
         for &r in &rows {
             values.extend_from_slice(&raw[r as usize * size..(r as usize + 1) * size]);
         }
-        let base = tm.row_offset as usize;
+        let row_time = self.table_row_time(t)?;
         let obs: Vec<i64> = rows
             .iter()
-            .map(|&r| match self.row_time[base + r as usize] {
+            .map(|&r| match row_time[r as usize] {
                 i64::MIN => i64::MAX,
                 t => t,
             })
@@ -1227,7 +1243,8 @@ impl DatabaseWriter {
                         self.tables[t].name, self.tables[t].foreign_keys[j].column
                     ))
                 })?;
-                if let Some(&bad) = self.fk_parents[t][j]
+                if let Some(&bad) = self
+                    .table_parents(t, j)?
                     .iter()
                     .find(|&&p| p != u32::MAX && p as u64 >= sizes[r])
                 {
@@ -1239,7 +1256,7 @@ impl DatabaseWriter {
                 self.tables[t].foreign_keys[j].references = r as u32;
             }
         }
-        let n = self.row_time.len();
+        let n = self.num_rows as usize;
         let path = self.staging.join("graph.bin");
         let mut w = FileWriter::create(&path, FileKind::Graph, 7)?;
         // row_table, streamed table by table.
@@ -1253,15 +1270,30 @@ impl DatabaseWriter {
                 left -= k;
             }
         }
-        w.section(Section::of(&self.row_time))?;
+        // Every row's time, concatenated into a spill file (read at random
+        // while sorting children), and streamed out.
+        let mut row_time = SpillArray::<i64>::zeroed(&self.staging.join("row_time.spill"), n)?;
+        w.begin_section()?;
+        for t in 0..self.tables.len() {
+            let times = self.table_row_time(t)?;
+            let at = self.tables[t].row_offset as usize;
+            row_time[at..at + times.len()].copy_from_slice(times);
+            w.append(Section::of(times))?;
+        }
         // Global row → (table, local row), walking the tables in order.
         let bounds: Vec<u64> = self
             .tables
             .iter()
             .map(|t| t.row_offset + t.num_rows)
             .collect();
+        let fk_parents = (0..self.tables.len())
+            .map(|t| {
+                (0..self.tables[t].foreign_keys.len())
+                    .map(|j| self.table_parents(t, j))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
         let tables = &self.tables;
-        let fk_parents = &self.fk_parents;
         let parents = |r: usize, out: &mut Vec<u32>| {
             let t = bounds.partition_point(|&b| b <= r as u64);
             let local = r - offsets[t] as usize;
@@ -1273,10 +1305,10 @@ impl DatabaseWriter {
             }
         };
         let num_edges = write_forward(&mut w, n, parents)?;
-        let rev = build_reverse(n, &self.row_time, parents);
-        self.fk_parents = vec![];
-        write_reverse(&mut w, &rev, &self.row_time)?;
+        let rev = build_reverse(&self.staging, n, &row_time, parents)?;
+        write_reverse(&mut w, &rev, &row_time)?;
         drop(rev);
+        drop(row_time);
         let (len, sum) = w.finish()?;
         self.files.insert("graph.bin".into(), digest(len, sum));
         let col_texts = self.column_texts();
