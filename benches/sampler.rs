@@ -140,6 +140,21 @@ fn benches(c: &mut Criterion) {
 /// time to open it (every database's headers and metadata, warm page
 /// cache) and to make its first batch, its RSS, and the per-step cost of
 /// recording a batch and draining the bounded telemetry vector.
+/// With `HEADWATER_BENCH_COLD=1`, write the dirty pages and drop the page
+/// cache (needs root: `/proc/sys/vm/drop_caches`), so the next open reads
+/// from disk. Returns which cache the first open will meet.
+fn page_cache_for_first_open() -> &'static str {
+    if std::env::var("HEADWATER_BENCH_COLD").as_deref() != Ok("1") {
+        return "warm";
+    }
+    let synced = std::process::Command::new("sync").status().is_ok_and(|s| s.success());
+    match std::fs::write("/proc/sys/vm/drop_caches", "3") {
+        Ok(()) if synced => "cold",
+        Ok(()) => panic!("HEADWATER_BENCH_COLD=1: sync failed, the dropped cache kept dirty pages"),
+        Err(e) => panic!("HEADWATER_BENCH_COLD=1: cannot drop the page cache (root needed): {e}"),
+    }
+}
+
 fn mixture_500(c: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();
     let paths: Vec<PathBuf> = (0..500)
@@ -149,6 +164,7 @@ fn mixture_500(c: &mut Criterion) {
             p
         })
         .collect();
+    let cache = page_cache_for_first_open();
     let cfg = SamplerConfig {
         num_threads: Some(1),
         default_batch_size: 32,
@@ -165,7 +181,7 @@ fn mixture_500(c: &mut Criterion) {
     let rss1 = headwater::pipeline::current_rss_bytes().unwrap_or(0);
     let tasks = core.task_names().len();
     println!(
-        "mixture of 500: {tasks} tasks; open {:.1} ms, first batch {:.1} ms from open; RSS +{:.1} MiB; {} drained values",
+        "mixture of 500: {tasks} tasks; {cache} page cache: open {:.1} ms, first batch {:.1} ms from open; RSS +{:.1} MiB; {} drained values",
         opened.as_secs_f64() * 1e3,
         first.as_secs_f64() * 1e3,
         (rss1.saturating_sub(rss0)) as f64 / f64::from(1 << 20),

@@ -723,13 +723,21 @@ def _add_tasks(
         _add_cell_tasks(writer, plans, log)
 
 
-def _embed(embedder: Any, texts: list[str], what: str, enabled: bool) -> np.ndarray:
+def _embed(embedder: Any, texts: list[str], what: str, enabled: bool, spill_to: Path | None = None) -> np.ndarray:
     """Embed in chunks so a long run shows progress (and the cache fills as
-    it goes, so an interrupted run resumes where it stopped)."""
+    it goes, so an interrupted run resumes where it stopped). With
+    ``spill_to`` the matrix is a file-backed map there (``2·dim`` bytes per
+    text: 2.8 GB for TPC-H SF10's 3.6 M texts at dim 384), held by the page
+    cache rather than the process."""
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float16)
     chunk = 4096
-    out = np.empty((len(texts), embedder.dim), dtype=np.float16)
+    shape = (len(texts), embedder.dim)
+    if spill_to is not None:
+        spill_to.parent.mkdir(parents=True, exist_ok=True)
+        out: np.ndarray = np.memmap(spill_to, dtype=np.float16, mode="w+", shape=shape)
+    else:
+        out = np.empty(shape, dtype=np.float16)
     starts = range(0, len(texts), chunk)
     if enabled:
         from tqdm.auto import tqdm
@@ -791,7 +799,7 @@ def preprocess(
     spill = out.with_name(out.name + ".duckdb_tmp")
     _configure_duckdb(src.con, budget, spill)
     try:
-        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log)
+        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill)
     finally:
         src.con.close()
         shutil.rmtree(spill, ignore_errors=True)
@@ -801,7 +809,7 @@ def preprocess(
 
 def _preprocess(
     src: Source, source: str | os.PathLike[str], out: Path, sch: Schema, emb: Any,
-    overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None],
+    overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None], spill: Path,
 ) -> None:
     for w in src.warnings:
         log(f"warning: {w}")
@@ -837,11 +845,12 @@ def _preprocess(
     with phases.phase("embeddings", sum(len(t) for t in texts), "strings"):
         col_emb = _embed(emb, texts[0], "column names", progress)
         cat_emb = _embed(emb, texts[1], "categories", progress)
-        text_emb = _embed(emb, texts[2], "text values", progress)
+        text_emb = _embed(emb, texts[2], "text values", progress, spill / "text_embeddings.f16")
     del texts
     log("building the graph and writing the database ...")
     with phases.phase("graph and write", total):
         writer.finish(col_emb, cat_emb, text_emb, overwrite)
+    del text_emb  # unmaps the spill file (removed with `spill`)
     phases.summary()
 
 
