@@ -147,7 +147,9 @@ fn page_cache_for_first_open() -> &'static str {
     if std::env::var("HEADWATER_BENCH_COLD").as_deref() != Ok("1") {
         return "warm";
     }
-    let synced = std::process::Command::new("sync").status().is_ok_and(|s| s.success());
+    let synced = std::process::Command::new("sync")
+        .status()
+        .is_ok_and(|s| s.success());
     match std::fs::write("/proc/sys/vm/drop_caches", "3") {
         Ok(()) if synced => "cold",
         Ok(()) => panic!("HEADWATER_BENCH_COLD=1: sync failed, the dropped cache kept dirty pages"),

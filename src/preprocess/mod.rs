@@ -20,7 +20,7 @@ mod stats;
 mod synth;
 mod writer;
 
-pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr};
+pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr, SpillArray};
 pub use hash_embed::hash_embed;
 pub use stats::{column_stats, RunningStats};
 #[cfg(any(test, feature = "testing"))]
