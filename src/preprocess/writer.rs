@@ -244,6 +244,15 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Values per buffered write of a staged part's foreign-key section.
+const PART_CHUNK: usize = 1 << 16;
+
+/// A parent row as the front end gives it (`-1` for none) as a stored row
+/// id, `None` when it has no parent (or no representable one).
+fn parent_row(p: i64) -> Option<u32> {
+    u32::try_from(p).ok().filter(|&p| p != u32::MAX)
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(Error::Preprocess(format!(
@@ -867,33 +876,20 @@ impl DatabaseWriter {
         let (len, sum) = writer.finish()?;
         let mut fk_meta = Vec::new();
         let mut fk_refs = Vec::new();
-        let mut fks = Vec::new();
         for fk in foreign_keys {
             check_len(
                 &format!("table `{}` foreign key `{}`", spec.name, fk.column),
                 fk.parents.len(),
                 n,
             )?;
-            let parents: Vec<u32> = fk
-                .parents
-                .iter()
-                .map(|&p| {
-                    if p < 0 || p >= u32::MAX as i64 {
-                        u32::MAX
-                    } else {
-                        p as u32
-                    }
-                })
-                .collect();
             fk_meta.push(ForeignKeyMeta {
                 column: fk.column.clone(),
                 references: u32::MAX, // resolved in finish()
-                num_edges: parents.iter().filter(|&&p| p != u32::MAX).count() as u64,
+                num_edges: fk.parents.iter().filter(|&&p| parent_row(p).is_some()).count() as u64,
                 num_null: fk.num_null,
                 num_dangling: fk.num_dangling,
             });
             fk_refs.push(fk.references.clone());
-            fks.push(parents);
         }
         let table = TableMeta {
             idx: t,
@@ -918,15 +914,22 @@ impl DatabaseWriter {
             bytes.extend_from_slice(s.as_bytes());
             offs.push(bytes.len() as u64);
         }
-        let mut pw = FileWriter::create(&part_bin, FileKind::Graph, fks.len() + 3)?;
+        let mut pw = FileWriter::create(&part_bin, FileKind::Graph, foreign_keys.len() + 3)?;
         pw.section(Section::of(row_time))?;
-        for f in &fks {
-            pw.section(Section::of(f))?;
+        // Each foreign key's parents as u32 (`u32::MAX` = none), converted a
+        // chunk at a time: never a whole column's copy.
+        let mut chunk: Vec<u32> = Vec::with_capacity(PART_CHUNK);
+        for fk in foreign_keys {
+            pw.begin_section()?;
+            for part in fk.parents.chunks(PART_CHUNK) {
+                chunk.clear();
+                chunk.extend(part.iter().map(|&p| parent_row(p).unwrap_or(u32::MAX)));
+                pw.append(Section::of(&chunk))?;
+            }
         }
         pw.section(Section::of(&offs))?;
         pw.section(Section(&bytes))?;
         pw.finish()?;
-        drop(fks);
         let graph_part = MappedFile::open(&part_bin, FileKind::Graph, Some(fk_refs.len() + 3))?;
         let part = TablePart {
             fingerprint: spec.fingerprint.clone(),

@@ -95,8 +95,26 @@ def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
     monkeypatch.setattr(pipeline, "_configure_duckdb", spy)
     # Uncompressed: 8 bytes per number/timestamp, ~9 per note, 1 per flag.
     raw_mib = (1_000_000 * (8 * 4 + 10) + 20_000 * 34) / 2**20
+    # The tiny run also spills every column array, row times and foreign
+    # keys included, to file-backed maps (the default run: none at this size).
+    spilled: list[bool] = []
+    column_array = pipeline._column_array
+
+    def spy_array(n: int, dtype: Any) -> np.ndarray:
+        a = column_array(n, dtype)
+        if n:
+            spilled.append(isinstance(a, np.memmap))
+        return a
+
+    monkeypatch.setattr(pipeline, "_column_array", spy_array)
+    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1)
     tiny = headwater.preprocess(src, tmp_path / "tiny", schema=schema, embedder="hash", progress=False, memory_limit="48MiB")
+    tiny_spilled = list(spilled)
+    spilled.clear()
+    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1 << 20)
     default = headwater.preprocess(src, tmp_path / "default", schema=schema, embedder="hash", progress=False)
+    assert len(tiny_spilled) > 10 and all(tiny_spilled), tiny_spilled
+    assert spilled and not any(spilled), spilled
     # DuckDB got a third of 48 MiB, far below the data, spilling beside the output.
     assert settings[0][0] == "16.0 MiB", settings
     assert raw_mib > 2.5 * 16, raw_mib

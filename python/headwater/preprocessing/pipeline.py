@@ -18,10 +18,12 @@ import re
 import resource
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,13 +393,37 @@ def _string_stats(con: duckdb.DuckDBPyConnection, table: str, col: str) -> tuple
 Put = Callable[[np.ndarray, "np.ndarray | None"], None]
 
 
+#: Where whole-column arrays of a run are spilled (the run's
+#: ``OUT_DIR.duckdb_tmp``); ``None`` outside :func:`preprocess`.
+_SPILL_DIR: ContextVar[Path | None] = ContextVar("headwater_spill_dir", default=None)
+
+#: Columns of at least this many rows are spilled.
+SPILL_MIN_ROWS = 1 << 20
+
+
+def _column_array(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialised array of ``n`` values. A large one, during a run, is a
+    file-backed map in the run's spill directory whose file is unlinked at
+    once: its pages are page cache (written back and dropped under memory
+    pressure, freed with the array), not the process's private memory, so a
+    table's columns, row times and foreign keys cost the process nothing per
+    row while they wait for the writer."""
+    spill = _SPILL_DIR.get()
+    if spill is None or n < SPILL_MIN_ROWS:
+        return np.empty(n, dtype=dtype)
+    spill.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=spill, suffix=".col") as f:
+        return np.memmap(f, dtype=dtype, mode="w+", shape=(n,))
+
+
 def _into(
     n: int, dtype: Any, where: str, with_valid: bool = True
 ) -> tuple[np.ndarray, np.ndarray, Put, Callable[[], None]]:
     """Preallocated ``(values, valid)`` of ``n`` rows (``valid`` empty unless
-    ``with_valid``), a chunk appender, and the final row-count check."""
-    values = np.empty(n, dtype=dtype)
-    valid = np.empty(n if with_valid else 0, dtype=np.uint8)
+    ``with_valid``; both spilled when large, see :func:`_column_array`), a
+    chunk appender, and the final row-count check."""
+    values = _column_array(n, dtype)
+    valid = _column_array(n if with_valid else 0, np.uint8)
     at = [0]
 
     def put(v: np.ndarray, ok: np.ndarray | None) -> None:
@@ -510,7 +536,8 @@ def _add_table(
             put(_fill(_to_micros(chunk, where), I64_MIN, np.int64), None)
         done()
     else:
-        row_time = np.full(n, I64_MIN, dtype=np.int64)
+        row_time = _column_array(n, np.int64)
+        row_time.fill(I64_MIN)
     fks = _foreign_keys(src, plan, keys, n, log)
     writer.end_table(row_time, fks)
 
@@ -798,9 +825,11 @@ def preprocess(
     out.parent.mkdir(parents=True, exist_ok=True)
     spill = out.with_name(out.name + ".duckdb_tmp")
     _configure_duckdb(src.con, budget, spill)
+    token = _SPILL_DIR.set(spill)
     try:
         _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill)
     finally:
+        _SPILL_DIR.reset(token)
         src.con.close()
         shutil.rmtree(spill, ignore_errors=True)
     log(f"wrote {out}")
