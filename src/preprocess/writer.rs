@@ -1025,47 +1025,83 @@ impl DatabaseWriter {
         let slot = col.slot.expect("stored column") as usize;
         let n = tm.num_rows as usize;
         let validity: &[u8] = f.section(2 * slot + 1, Some(n.div_ceil(8)))?;
-        let rows: Vec<u32> = (0..n as u32)
-            .filter(|&r| bit(validity, r as usize))
-            .collect();
-        if rows.is_empty() {
+        // The seeds are the rows with a value; each section is streamed a
+        // chunk of seeds at a time (a pass over the validity bits per
+        // section), so no per-seed array is held.
+        let num_seeds = (0..n).filter(|&r| bit(validity, r)).count();
+        if num_seeds == 0 {
             return Err(Error::Preprocess(format!(
                 "task `{name}`: column `{table}.{column}` has no non-null values (zero seeds)"
             )));
         }
         let size = col.stype.value_size();
         let raw: &[u8] = f.section(2 * slot, Some(n * size))?;
-        let mut values = Vec::with_capacity(rows.len() * size);
-        for &r in &rows {
-            values.extend_from_slice(&raw[r as usize * size..(r as usize + 1) * size]);
-        }
         let row_time = self.table_row_time(t)?;
-        let obs: Vec<i64> = rows
-            .iter()
-            .map(|&r| match row_time[r as usize] {
+        let base = tm.row_offset as u32;
+        let k = self.tasks.len();
+        let file = format!("tasks/{k}.bin");
+        let path = self.staging.join(&file);
+        let mut w = FileWriter::create(&path, FileKind::Task, 4)?;
+        let mut temporal = false;
+        let seeds = || (0..n).filter(|&r| bit(validity, r));
+        let mut anchors: Vec<u32> = Vec::with_capacity(PART_CHUNK);
+        w.begin_section()?;
+        for r in seeds() {
+            anchors.push(base + r as u32);
+            if anchors.len() == PART_CHUNK {
+                w.append(Section::of(&anchors))?;
+                anchors.clear();
+            }
+        }
+        w.append(Section::of(&anchors))?;
+        drop(anchors);
+        let mut obs: Vec<i64> = Vec::with_capacity(PART_CHUNK);
+        w.begin_section()?;
+        for r in seeds() {
+            let o = match row_time[r] {
                 i64::MIN => i64::MAX,
                 t => t,
-            })
-            .collect();
-        let anchors: Vec<u32> = rows.iter().map(|&r| r + tm.row_offset as u32).collect();
-        let k = self.tasks.len();
+            };
+            temporal |= o != i64::MAX;
+            obs.push(o);
+            if obs.len() == PART_CHUNK {
+                w.append(Section::of(&obs))?;
+                obs.clear();
+            }
+        }
+        w.append(Section::of(&obs))?;
+        drop(obs);
+        let mut values: Vec<u8> = Vec::with_capacity(PART_CHUNK * size);
+        w.begin_section()?;
+        for r in seeds() {
+            values.extend_from_slice(&raw[r * size..(r + 1) * size]);
+            if values.len() >= PART_CHUNK * size {
+                w.append(Section(&values))?;
+                values.clear();
+            }
+        }
+        w.append(Section(&values))?;
+        drop(values);
+        w.section(Section(&pack_bits(std::iter::repeat_n(true, num_seeds))))?;
+        let (len, sum) = w.finish()?;
         let meta = TaskMeta {
             idx: k as u32,
             name: name.to_string(),
             kind: "cell".into(),
-            file: format!("tasks/{k}.bin"),
+            file: file.clone(),
             anchor_table: t as u32,
             target_column: col.idx,
             target_stype: col.stype,
-            num_seeds: rows.len() as u64,
+            num_seeds: num_seeds as u64,
             num_null_targets: 0,
-            temporal: obs.iter().any(|&o| o != i64::MAX),
+            temporal,
             query: None,
             description,
             stored_splits: false,
         };
-        let all_valid = pack_bits(std::iter::repeat_n(true, rows.len()));
-        self.write_task(meta, &anchors, &obs, &values, &all_valid, None)
+        self.files.insert(file, digest(len, sum));
+        self.tasks.push(meta);
+        Ok(())
     }
 
     /// A task whose targets are supplied (SQL query or imported labels).
