@@ -908,7 +908,11 @@ impl DatabaseWriter {
             fk_meta.push(ForeignKeyMeta {
                 column: fk.column.clone(),
                 references: u32::MAX, // resolved in finish()
-                num_edges: fk.parents.iter().filter(|&&p| parent_row(p).is_some()).count() as u64,
+                num_edges: fk
+                    .parents
+                    .iter()
+                    .filter(|&&p| parent_row(p).is_some())
+                    .count() as u64,
                 num_null: fk.num_null,
                 num_dangling: fk.num_dangling,
             });
