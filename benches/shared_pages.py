@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any
 
 CHILD = """
 import sys, time
@@ -40,7 +41,7 @@ def rollup(pid: int) -> dict[str, int]:
     return out
 
 
-def measure(db: str, processes: int, batches: int) -> dict[str, object]:
+def measure(db: str, processes: int, batches: int) -> dict[str, Any]:
     import headwater._native as n
 
     data = n.Database(db).bytes_on_disk
@@ -72,12 +73,14 @@ def measure(db: str, processes: int, batches: int) -> dict[str, object]:
     rss = [s["Rss"] for s in stats]
     pss = [s["Pss"] for s in stats]
     file_pss = [s.get("Pss_File", 0) for s in stats]
+    anon = [s.get("Anonymous", 0) for s in stats]
     return {
         "db_bytes": data,
         "processes": processes,
         "rss_per_process": rss,
         "pss_per_process": pss,
         "pss_file_per_process": file_pss,
+        "anonymous_per_process": anon,
         "sum_rss": sum(rss),
         "sum_pss": sum(pss),
         "sum_pss_file": sum(file_pss),
@@ -100,6 +103,7 @@ def main() -> None:
     print(f"RSS per process  {[round(x / mib) for x in r['rss_per_process']]} MiB (sum {r['sum_rss'] / mib:.0f})")
     print(f"PSS per process  {[round(x / mib) for x in r['pss_per_process']]} MiB (sum {r['sum_pss'] / mib:.0f})")
     print(f"file-backed PSS  sum {r['sum_pss_file'] / mib:.0f} MiB (one copy of the mapped data would be {r['db_bytes'] / mib:.0f})")
+    print(f"private (Anonymous) per process  {[round(x / mib) for x in r['anonymous_per_process']]} MiB")
 
 
 if __name__ == "__main__":
