@@ -24,6 +24,8 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import headwater
@@ -124,6 +126,51 @@ def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
     meta = json.loads(headwater.Database(tiny).metadata_json())
     assert meta["num_rows"] == 1_020_000
     assert [t["num_seeds"] for t in meta["tasks"]] == [20_000]
+
+
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
+    """Foreign keys and task anchors are resolved by binary search over the
+    primary key (ascending keys in place, other orders through a spilled
+    sorted copy): every row equals Arrow's hash lookup, nulls and values
+    that match no key give -1 and are counted apart."""
+    rng = np.random.default_rng(7)
+    n = (1 << 20) + 3  # spilled when shuffled (SPILL_MIN_ROWS)
+    keys = np.sort(rng.choice(1 << 40, size=n, replace=False)).astype(np.int64) - (1 << 39)
+    if order == "shuffled":
+        rng.shuffle(keys)
+    pk = pa.array(keys)
+    token = pipeline._SPILL_DIR.set(tmp_path)
+    try:
+        index = pipeline._KeyIndex(pk)
+    finally:
+        pipeline._SPILL_DIR.reset(token)
+    assert index.sorted is not None
+    assert (index.order is None) == (order == "ascending")
+    assert isinstance(index.sorted, np.memmap) == (order == "shuffled")
+    hits = rng.choice(keys, size=5000)
+    misses = rng.integers(-(1 << 41), 1 << 41, size=5000)
+    values = np.concatenate([hits, misses, [keys.min() - 1, keys.max() + 1]])
+    nulls = rng.random(len(values)) < 0.1
+    col = pa.array(values.astype(np.int64), mask=nulls)
+    for c in (col, col.cast(pa.decimal128(20, 0))):
+        rows, unmatched = index.rows(c, "here")
+        want = pc.index_in(col, value_set=pk)
+        np.testing.assert_array_equal(rows, pc.fill_null(want, -1).to_numpy(zero_copy_only=False))
+        assert unmatched == want.null_count - col.null_count > 0
+    # Narrower integer types are cast to the key's type first.
+    small = pa.array([int(keys[0]) & 0x7FFF, None], type=pa.int64()).cast(pa.int16())
+    assert index.rows(small, "here")[0][1] == -1
+    with pytest.raises(headwater.SchemaError, match="here: string values cannot match primary key of type int64"):
+        index.rows(pa.array(["x"]), "here")
+    # Non-integer keys go through Arrow's index_in; an empty key matches nothing.
+    text = pipeline._KeyIndex(pa.array(["b", "a", "c"]))
+    assert text.sorted is None
+    rows, unmatched = text.rows(pa.array(["c", None, "z", "a"]), "here")
+    assert rows.tolist() == [2, -1, -1, 1] and unmatched == 1
+    empty = pipeline._KeyIndex(pa.array([], type=pa.int64()))
+    rows, unmatched = empty.rows(pa.array([1, None, 3]), "here")
+    assert rows.tolist() == [-1, -1, -1] and unmatched == 2
 
 
 def test_memory_limit_sizes_and_errors() -> None:

@@ -256,9 +256,61 @@ def _release_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, pa.Array]:
+class _KeyIndex:
+    """A table's primary key, looked up by value → row. Integer keys (the
+    common case) are binary-searched in ascending order: the key array itself
+    when it is already ascending (no copy), else a sorted copy and its order
+    (12 bytes per key, spilled like a large column). Other key types go
+    through Arrow's ``index_in``, which builds a hash table of every key on
+    each call (about 50 bytes per key: 0.75 GiB of private memory for TPC-H
+    SF10's 15 M order keys, rebuilt for each of lineitem's chunks)."""
+
+    def __init__(self, col: pa.Array) -> None:
+        self.arrow = col
+        self.type = col.type
+        self.sorted: np.ndarray | None = None
+        self.order: np.ndarray | None = None
+        if not pa.types.is_integer(col.type) or col.null_count:
+            return
+        keys = col.to_numpy(zero_copy_only=True)
+        if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
+            self.sorted = keys
+            return
+        order = np.argsort(keys, kind="stable")
+        self.sorted = _column_array(len(keys), keys.dtype)
+        np.take(keys, order, out=self.sorted)
+        self.order = _column_array(len(keys), np.uint32)
+        self.order[:] = order
+        del order
+
+    def rows(self, col: pa.Array, where: str) -> tuple[np.ndarray, int]:
+        """The row (int64; -1 for a null or unmatched value) of each value of
+        ``col``, and how many non-null values match no key."""
+        if col.type != self.type:
+            try:
+                col = col.cast(self.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {self.type}: {e}") from e
+        if self.sorted is None:
+            idx = pc.index_in(col, value_set=self.arrow)
+            return _fill(idx.cast(pa.int64()), -1, np.int64), idx.null_count - col.null_count
+        out = np.full(len(col), -1, dtype=np.int64)
+        if len(self.sorted) == 0 or len(col) == 0:
+            return out, len(col) - col.null_count
+        v = _fill(col, 0, self.sorted.dtype)
+        pos = np.searchsorted(self.sorted, v)
+        np.minimum(pos, len(self.sorted) - 1, out=pos)
+        hit = self.sorted[pos] == v
+        if col.null_count:
+            hit &= _valid(col).astype(bool)
+        rows = pos if self.order is None else self.order[pos]
+        np.copyto(out, rows, where=hit)
+        return out, len(col) - col.null_count - int(np.count_nonzero(hit))
+
+
+def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, _KeyIndex]:
     """The primary key column of every referenced or anchor table, checked unique."""
-    keys: dict[str, pa.Array] = {}
+    keys: dict[str, _KeyIndex] = {}
     for p in plans:
         if p.primary_key is None:
             continue
@@ -280,7 +332,7 @@ def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, pa.Array]:
                 f"table `{p.name}`: primary key `{p.primary_key}` has {num_dup} duplicated "
                 f"value(s), e.g. {example!r} appears {times} times"
             )
-        keys[p.name] = col
+        keys[p.name] = _KeyIndex(col)
         _release_arrow_memory()
     return keys
 
@@ -529,7 +581,7 @@ def _add_table(
     writer: _native.DatabaseWriter,
     src: Source,
     plan: TablePlan,
-    keys: dict[str, pa.Array],
+    keys: dict[str, _KeyIndex],
     log: Callable[[str], None],
     fingerprint: str,
 ) -> None:
@@ -558,94 +610,160 @@ def _add_table(
 
 
 def _foreign_keys(
-    src: Source, plan: TablePlan, keys: dict[str, pa.Array], n: int, log: Callable[[str], None]
+    src: Source, plan: TablePlan, keys: dict[str, _KeyIndex], n: int, log: Callable[[str], None]
 ) -> list[tuple[Any, ...]]:
     """Each foreign key of ``plan`` as row indices into its target (-1: null
     or dangling), resolved chunk by chunk against the target's primary key."""
     fks = []
     for fk, target in plan.foreign_keys.items():
-        pk = keys[target]
         where = f"table `{plan.name}` foreign key `{fk}` → `{target}`"
         parents, _, put, done = _into(n, np.int64, where, with_valid=False)
-        num_null = num_missing = 0
+        num_null = num_dangling = 0
         for col in _chunks(src.con, plan.name, fk):
-            if col.type != pk.type:
-                try:
-                    col = col.cast(pk.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {pk.type}: {e}") from e
-            idx = pc.index_in(col, value_set=pk)
+            rows, unmatched = keys[target].rows(col, where)
             num_null += col.null_count
-            num_missing += idx.null_count
-            put(_fill(idx.cast(pa.int64()), -1, np.int64), None)
+            num_dangling += unmatched
+            put(rows, None)
         done()
-        num_dangling = num_missing - num_null
         if num_dangling:
             log(f"  warning: {where}: {num_dangling} value(s) match no row of `{target}`; edges dropped")
         fks.append((fk, target, parents, num_null, num_dangling))
-        _release_arrow_memory()  # the chunks' hash tables of `target`'s keys
+        _release_arrow_memory()
     return fks
 
 
-def _anchor_rows(keys: dict[str, pa.Array], table: str, anchors: pa.Array, task: str) -> pa.Array:
-    if table not in keys:
-        raise SchemaError(f"task `{task}`: anchor table `{table}` has no primary key to match anchors against")
-    pk = keys[table]
-    if anchors.type != pk.type:
+class _Spool:
+    """Values of a count not known in advance, appended chunk by chunk: during
+    a run, to an unlinked file in the run's spill directory, mapped whole when
+    complete (page cache, not private memory); outside a run, in memory."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = np.dtype(dtype)
+        self.n = 0
+        self.parts: list[np.ndarray] = []
+        spill = _SPILL_DIR.get()
+        self.file: Any = None
+        if spill is not None:
+            spill.mkdir(parents=True, exist_ok=True)
+            # Closed by array(), whose map then keeps the pages alive.
+            self.file = tempfile.TemporaryFile(dir=spill, suffix=".spool")  # noqa: SIM115
+
+    def append(self, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        self.n += len(a)
+        if self.file is None:
+            self.parts.append(a)
+        else:
+            a.tofile(self.file)
+
+    def array(self) -> np.ndarray:
+        if self.file is None:
+            return np.concatenate(self.parts) if self.parts else np.empty(0, self.dtype)
+        self.file.flush()
+        out = np.memmap(self.file, dtype=self.dtype, mode="r+", shape=(self.n,)) if self.n else np.empty(0, self.dtype)
+        self.file.close()  # the map keeps the unlinked file's pages
+        return out
+
+
+def _task_batches(reader: Any, name: str, what: str) -> Iterator[pa.RecordBatch]:
+    """``reader``'s record batches; DuckDB errors raised while the result
+    streams name the task."""
+    while True:
         try:
-            anchors = anchors.cast(pk.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise SchemaError(f"task `{task}`: anchor values of type {anchors.type} cannot match primary key type {pk.type}: {e}") from e
-    return pc.index_in(anchors, value_set=pk)
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (duckdb.Error, pa.ArrowException) as e:
+            raise SchemaError(f"task `{name}`: {what}: {e}") from e
+        yield batch
+
+
+class _TaskResult:
+    """A value task's (anchor key, observation time, target[, split code])
+    result, taken in record batch by record batch: the anchors' rows,
+    observation times, targets (encoded per chunk, except categorical ones,
+    whose dictionary needs the whole column) and split codes go to spools."""
+
+    def __init__(self, index: _KeyIndex, name: str, target_stype: str, with_splits: bool) -> None:
+        self.index, self.name, self.stype, self.with_splits = index, name, target_stype, with_splits
+        self.rows, self.obs, self.splits = _Spool(np.uint32), _Spool(np.int64), _Spool(np.uint8)
+        self.values = _Spool(FIXED_DTYPES[target_stype]) if target_stype in FIXED_DTYPES else None
+        self.valid = _Spool(np.uint8)
+        self.targets: list[pa.Array] = []
+        self.total = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.total += batch.num_rows
+        idx = self.index.rows(batch.column(0), f"task `{self.name}`: anchor values")[0]
+        kept = idx >= 0
+        mask = None if kept.all() else pa.array(kept)
+        self.rows.append(idx if mask is None else idx[kept])
+        del idx
+        cols = [c if mask is None else c.filter(mask) for c in batch.columns[1:]]
+        o = cols[0]
+        # A bare `NULL` comes back typed (DuckDB: INTEGER): null = non-temporal.
+        if pa.types.is_null(o.type) or o.null_count == len(o):
+            self.obs.append(np.full(len(o), I64_MAX, dtype=np.int64))
+        else:
+            self.obs.append(_fill(_to_micros(o, f"task `{self.name}` observation time"), I64_MAX, np.int64))
+        if self.values is not None:
+            v, ok, _ = encode_column(self.stype, cols[1], f"task `{self.name}` target")
+            self.values.append(v)
+            self.valid.append(ok)
+        else:
+            self.targets.append(cols[1])
+        if self.with_splits:
+            self.splits.append(cols[2].to_numpy(zero_copy_only=False))
+
+    def target(self, dtype: pa.DataType) -> tuple[Any, Any, Any]:
+        if self.values is not None:
+            return self.values.array(), self.valid.array(), None
+        col = pa.chunked_array(self.targets, dtype).combine_chunks()
+        self.targets = []
+        return encode_column(self.stype, col, f"task `{self.name}` target")
 
 
 def _add_value_task(
     writer: _native.DatabaseWriter,
-    keys: dict[str, pa.Array],
+    keys: dict[str, _KeyIndex],
     *,
     name: str,
     kind: str,
     anchor_table: str,
-    result: pa.Table,
+    reader: Any,
     target_stype: str,
     query: str | None,
     description: str | None,
     log: Callable[[str], None],
-    splits: pa.ChunkedArray | None = None,
+    what: str,
+    with_splits: bool = False,
 ) -> None:
-    """Add a task from a 3-column (anchor key, observation time, target)
-    result; ``splits`` (one code per result row: 0 train, 1 val, 2 test)
-    stores each seed's split instead of the hash rule's."""
-    if result.num_columns != 3:
+    """Add a task from a streamed (anchor key, observation time, target)
+    result (:class:`_TaskResult`), never the whole result in memory;
+    ``with_splits``: a fourth column holds each seed's stored split
+    (0 train, 1 val, 2 test) instead of the hash rule's."""
+    names = reader.schema.names
+    if len(names) != 3 + with_splits:
         raise SchemaError(
-            f"task `{name}`: the query returns {result.num_columns} columns "
-            f"({', '.join(result.column_names)}); expected 3: anchor key, observation time, target"
+            f"task `{name}`: the query returns {len(names)} columns "
+            f"({', '.join(names)}); expected 3: anchor key, observation time, target"
         )
-    if result.num_rows == 0:
+    if anchor_table not in keys:
+        raise SchemaError(f"task `{name}`: anchor table `{anchor_table}` has no primary key to match anchors against")
+    res = _TaskResult(keys[anchor_table], name, target_stype, with_splits)
+    for batch in _task_batches(reader, name, what):
+        res.add(batch)
+    if res.total == 0:
         raise SchemaError(f"task `{name}` has zero rows (no seeds)")
-    anchors = result.column(0).combine_chunks()
-    idx = _anchor_rows(keys, anchor_table, anchors, name)
-    keep = pc.is_valid(idx)
-    dropped = len(idx) - pc.sum(keep.cast(pa.int64())).as_py()
+    dropped = res.total - res.rows.n
     if dropped:
         log(f"  warning: task `{name}`: {dropped} row(s) whose anchor matches no row of `{anchor_table}` dropped")
-    if dropped == len(idx):
+    if dropped == res.total:
         raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
-    rows = np.ascontiguousarray(idx.filter(keep).to_numpy(zero_copy_only=False), dtype=np.uint32)
-    obs_col = result.column(1).combine_chunks().filter(keep)
-    # A bare `NULL` comes back typed (DuckDB: INTEGER): all-null = non-temporal.
-    if pa.types.is_null(obs_col.type) or obs_col.null_count == len(obs_col):
-        obs = np.full(len(rows), I64_MAX, dtype=np.int64)
-    else:
-        obs = _fill(_to_micros(obs_col, f"task `{name}` observation time"), I64_MAX, np.int64)
-    target = result.column(2).combine_chunks().filter(keep)
-    values, valid, extra = encode_column(target_stype, target, f"task `{name}` target")
-    codes = None
-    if splits is not None:
-        kept = splits.combine_chunks().filter(keep)
-        codes = np.ascontiguousarray(kept.to_numpy(zero_copy_only=False), dtype=np.uint8)
+    values, valid, extra = res.target(reader.schema.field(2).type)
     writer.add_task(
-        name, kind, anchor_table, rows, obs, target_stype, values, valid, extra, query, description, splits=codes
+        name, kind, anchor_table, res.rows.array(), res.obs.array(), target_stype, values, valid, extra,
+        query, description, splits=res.splits.array() if with_splits else None,
     )
     _release_arrow_memory()
 
@@ -655,7 +773,7 @@ def _add_declared_tasks(
     src: Source,
     schema: Schema,
     by_name: dict[str, TablePlan],
-    keys: dict[str, pa.Array],
+    keys: dict[str, _KeyIndex],
     log: Callable[[str], None],
 ) -> None:
     for t in schema.tasks:
@@ -674,13 +792,14 @@ def _add_declared_tasks(
             writer.add_cell_task(t.name, t.anchor_table, t.column, t.description)
             continue
         assert t.query is not None
+        what = "SQL error from DuckDB"
         try:
-            result = src.con.execute(t.query).to_arrow_table()
+            reader = src.con.execute(t.query).to_arrow_reader(CHUNK_ROWS)
         except duckdb.Error as e:
-            raise SchemaError(f"task `{t.name}`: SQL error from DuckDB: {e}") from e
+            raise SchemaError(f"task `{t.name}`: {what}: {e}") from e
         _add_value_task(
-            writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, result=result,
-            target_stype=t.target_stype, query=t.query, description=t.description, log=log,
+            writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, reader=reader,
+            target_stype=t.target_stype, query=t.query, description=t.description, log=log, what=what,
         )
 
 
@@ -691,7 +810,7 @@ def _add_relbench_tasks(
     writer: _native.DatabaseWriter,
     src: Source,
     by_name: dict[str, TablePlan],
-    keys: dict[str, pa.Array],
+    keys: dict[str, _KeyIndex],
     log: Callable[[str], None],
 ) -> None:
     for k in src.tasks:
@@ -712,15 +831,15 @@ def _add_relbench_tasks(
                 f"FROM read_parquet('{str(f).replace(chr(39), chr(39) * 2)}')"
             )
         q = " UNION ALL ".join(parts)
+        what = "cannot read its label files"
         try:
-            result = src.con.execute(q).to_arrow_table()
+            reader = src.con.execute(q).to_arrow_reader(CHUNK_ROWS)
         except duckdb.Error as e:
-            raise SchemaError(f"task `{k.name}`: cannot read its label files: {e}") from e
-        splits = result.column(3)
+            raise SchemaError(f"task `{k.name}`: {what}: {e}") from e
         _add_value_task(
-            writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table,
-            result=result.drop_columns(["__headwater_split"]), target_stype=k.target_stype,
-            query=None, description=k.description, log=log, splits=splits,
+            writer, keys, name=k.name, kind="relbench", anchor_table=k.anchor_table, reader=reader,
+            target_stype=k.target_stype, query=None, description=k.description, log=log, what=what,
+            with_splits=True,
         )
 
 
@@ -754,7 +873,7 @@ def _add_tasks(
     src: Source,
     schema: Schema,
     plans: list[TablePlan],
-    keys: dict[str, pa.Array],
+    keys: dict[str, _KeyIndex],
     log: Callable[[str], None],
 ) -> None:
     """The schema's tasks, else the source's (RelBench), else cell-masking tasks."""
