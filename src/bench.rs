@@ -35,7 +35,7 @@ pub struct BenchRun {
     pub seeds_per_s: f64,
     /// Whether several seeds' contexts were packed per sequence.
     pub pack: bool,
-    /// Segments per sequence (`pack_factor` with `pack`, else 1).
+    /// Seeds' contexts per sequence on average (`pack_factor` with `pack`, else 1).
     pub segments: usize,
     /// Share of contexts cut by a packing budget below `S`.
     pub contexts_cut: f64,

@@ -256,7 +256,7 @@ pub static FIELDS: [FieldDoc; 31] = [
         "pack_factor",
         "int",
         "an integer in 1..=64, with pack: pack_factor x the largest seed row <= default_sequence_length",
-        "with pack: seeds (segments) per sequence; each context's BFS budget is its fair share of the space left",
+        "with pack: seeds (segments) per sequence; contexts are balanced over the sequences and only those above a water level are cut",
     ),
     f(
         "task_weights",
@@ -457,13 +457,25 @@ impl SamplerConfig {
         self.default_batch_size * if self.pack { self.pack_factor } else { 1 }
     }
 
-    /// Segments per sequence: `pack_factor` with `pack`, else 1 (the `K` of
-    /// the per-segment tensors).
+    /// Seeds' contexts per sequence on average: `pack_factor` with `pack`,
+    /// else 1.
     pub fn segments_per_sequence(&self) -> usize {
         if self.pack {
             self.pack_factor
         } else {
             1
+        }
+    }
+
+    /// Segment slots per sequence, the `K` of the `[B, K]` tensors: a
+    /// packed sequence holds 1 to `K` contexts (`B·pack_factor` in the
+    /// batch), so small contexts can fill the room large ones leave.
+    /// `2·pack_factor` with `pack`; 1 without it or with `pack_factor = 1`
+    /// (one context per sequence: the unpacked layout).
+    pub fn max_segments(&self) -> usize {
+        match self.segments_per_sequence() {
+            1 => 1,
+            k => 2 * k,
         }
     }
 

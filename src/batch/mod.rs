@@ -29,7 +29,7 @@ pub use assemble::{
     assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, SeqOut,
     TableCells, Target,
 };
-pub use pack::{assemble_packed_sequence, segment_budget, SegOut};
+pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan, SegOut};
 pub use perm::rcm_order;
 pub use tensors::{batch_bytes, batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
 pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
@@ -73,7 +73,7 @@ pub struct Batch {
     pub num_text: usize,
     /// D: text embedding width.
     pub text_dim: usize,
-    /// K: segments per sequence at most (`pack_factor` with `pack`, else 1).
+    /// K: segments per sequence at most (`SamplerConfig::max_segments`).
     pub segments: usize,
     /// `[B, S]` semantic type code per cell (-1 padding).
     pub semantic_types: Vec<i8>,

@@ -1,29 +1,30 @@
 //! Packing: the contexts of several seeds (segments) in one sequence.
 //!
-//! With `pack`, sequence `b` of a batch holds the contexts of its
-//! `K = pack_factor` seeds (the rank's draws `b·K .. (b+1)·K` of the step),
-//! one after another: segment `k` occupies a contiguous run of positions,
+//! With `pack`, a batch of `B` sequences holds the contexts of the rank's
+//! `B · pack_factor` draws of the step, 1 to `K = 2 · pack_factor` per
+//! sequence (`SamplerConfig::max_segments`), one after another: segment `k` occupies a contiguous run of positions,
 //! seed row first and led by its target cell, exactly as an unpacked
 //! sequence lays out its one context. What stays true per segment:
 //!
-//! - **Budget.** The contexts of a sequence are built in segment order; the
-//!   BFS of segment `k` runs with the budget [`segment_budget`] gives it:
-//!   its fair share of the space left, `⌊left / (K − k)⌋`; the last segment
-//!   gets all that is left. Since `S ≥ K ·` the widest seed row (checked
-//!   when the sampler is made), every share holds its seed row. So a small context leaves its
-//!   unused share to the segments after it, and padding remains only when
-//!   every context of the sequence ran out of rows (frontier empty or
-//!   `max_hops`) before the sequence was full.
-//! - **Intact** (the definition this module keeps): a context is the whole
-//!   output of one BFS from its seed under its budget — the same rule an
-//!   unpacked sequence applies with budget `S` (closest hop first, rows that
-//!   do not fit are counted in `truncation/cells_dropped`). It lies in one
+//! - **Placement.** Every context is first built as its unpacked self (a
+//!   BFS with budget `S`); [`pack_contexts`] then chooses each one's
+//!   sequence, balancing the sequences' cells (largest context first, into
+//!   the least-filled sequence with a free segment slot: a large context
+//!   gets few companions, small ones fill the rest), and, when the contexts
+//!   do not all fit whole, a water level: only contexts larger than the
+//!   largest level that fits are cut, to that level plus whatever cells
+//!   their sequence has left. A sequence's segments are its contexts in
+//!   draw order. Since `S ≥ pack_factor ·` the widest seed row (checked
+//!   when the sampler is made), every context keeps at least its seed row.
+//! - **Intact** (the definition this module keeps): a context is either
+//!   its unpacked context, cell for cell, or, if cut, the whole output of
+//!   one BFS from its seed under its budget — the same rule an unpacked
+//!   sequence applies with budget `S` (closest hop first, rows that do not
+//!   fit are counted in `truncation/cells_dropped`). It lies in one
 //!   sequence, in one contiguous run, and no cell of it is dropped or moved
-//!   after the BFS; no context is split across sequences, no drawn seed is
-//!   left out, and no BFS result is thrown away. A context whose BFS
-//!   stopped at a packing budget below `S` with rows left over is counted
-//!   in `packing/contexts_cut` (it is smaller than an unpacked sequence
-//!   would have made it).
+//!   after the BFS; no context is split across sequences and no drawn seed
+//!   is left out. A cut context (its BFS stopped at a budget below `S` with
+//!   rows left over) is counted in `packing/contexts_cut`.
 //! - **Isolation.** Rows are numbered per sequence (segment `k`'s rows
 //!   follow segment `k − 1`'s), `fk_adj` has no edge between segments,
 //!   `col_perm` orders positions by (segment, column, position) and
@@ -38,21 +39,105 @@
 //! Without `pack`, `K = 1` and the single segment's budget is `S`: the same
 //! BFS and layout as the seed design, byte for byte.
 //!
-//! Must never: let a cell, edge or ordering of one segment reach another, or
-//! reorder segments (segment `k` is the sequence's `k`-th draw).
+//! Must never: let a cell, edge or ordering of one segment reach another,
+//! leave a drawn seed out, or cut a context no larger than the water level.
 
 use super::assemble::{assemble_sequence, AssembleScratch, SeqContext, SeqOut};
 use super::{SeqStats, TIMESTAMP_DIM};
 use crate::sampler::Subgraph;
 
-/// The BFS budget of the next segment of a sequence with `left` free cells
-/// and `seeds_left` seeds still to place (this one included): the fair
-/// share `⌊left / seeds_left⌋`. If `left >= seeds_left · m` (every seed row
-/// has at most `m` cells) then the share is at least `m` and what it leaves
-/// is at least `(seeds_left − 1) · m`: every later seed keeps room for its
-/// row, whatever the contexts before it used.
-pub fn segment_budget(left: usize, seeds_left: usize) -> usize {
-    left / seeds_left.max(1)
+/// Where a packed batch's contexts go: `bins` sequences of `s` cells, each
+/// holding at most `per_bin` of the contexts (`sizes.len() ≤ bins · per_bin`),
+/// whose unpacked sizes (cells, BFS budget `s`) are `sizes`. Returns each
+/// context's sequence and its budget: a context whose budget is at least its
+/// size is placed whole (it is its unpacked context); the others are *cut*
+/// (rebuilt by a BFS with that budget, which keeps its closest hops), and
+/// the level (below).
+///
+/// The rule, longest-processing-time first with a water level:
+/// - contexts are taken largest first (ties: draw order), each into the
+///   sequence with the fewest cells so far that still has a free segment
+///   slot (ties: the lowest index), which balances the sequences' loads:
+///   large contexts get sequences of their own or few companions, small
+///   ones fill the rest;
+/// - if the contexts do not all fit whole, every size is capped at the
+///   largest level `T` (binary search over `floor ..= max size`) at which
+///   that placement fits: only contexts larger than `T` are cut, never a
+///   small one; `T = floor` always fits if `⌈n / bins⌉ · floor ≤ s` (at
+///   equal sizes the placement is round robin; `floor` is the seed row's
+///   cells, and `pack_factor ·` the widest seed row `≤ S` is checked when
+///   the sampler is made);
+/// - a sequence's cells left under `s` then go back to its cut contexts,
+///   in draw order, up to their unpacked sizes.
+pub fn pack_contexts(
+    sizes: &[usize],
+    bins: usize,
+    per_bin: usize,
+    s: usize,
+    floor: usize,
+) -> PackPlan {
+    let n = sizes.len();
+    debug_assert!(n <= bins * per_bin);
+    debug_assert!(n.div_ceil(bins.max(1)) * floor <= s);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(sizes[i]), i));
+    let mut bin = vec![0usize; n];
+    let mut load = vec![0usize; bins];
+    let mut count = vec![0usize; bins];
+    let mut place = |cap: usize, bin: &mut [usize], load: &mut [usize]| -> bool {
+        load.fill(0);
+        count.fill(0);
+        for &i in &order {
+            let mut best = usize::MAX;
+            for q in 0..bins {
+                if count[q] < per_bin && (best == usize::MAX || load[q] < load[best]) {
+                    best = q;
+                }
+            }
+            bin[i] = best;
+            load[best] += sizes[i].min(cap);
+            count[best] += 1;
+        }
+        load.iter().all(|&l| l <= s)
+    };
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let level = if place(max, &mut bin, &mut load) {
+        max
+    } else {
+        // Largest feasible level in floor ..= max - 1: `lo` always fits.
+        let (mut lo, mut hi) = (floor.min(max), max);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if place(mid, &mut bin, &mut load) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let fits = place(lo, &mut bin, &mut load);
+        debug_assert!(fits, "the floor level always fits");
+        lo
+    };
+    let mut budget: Vec<usize> = sizes.iter().map(|&c| c.min(level)).collect();
+    let mut free: Vec<usize> = load.iter().map(|&l| s.saturating_sub(l)).collect();
+    for i in 0..n {
+        let q = bin[i];
+        let extra = (sizes[i] - budget[i]).min(free[q]);
+        budget[i] += extra;
+        free[q] -= extra;
+    }
+    PackPlan { bin, budget, level }
+}
+
+/// What [`pack_contexts`] decided for each context of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackPlan {
+    /// The sequence of each context.
+    pub bin: Vec<usize>,
+    /// The BFS budget of each context (at least its size: placed whole).
+    pub budget: Vec<usize>,
+    /// The water level: contexts of at most this many cells are whole.
+    pub level: usize,
 }
 
 /// One sequence's slices of the per-segment tensors.
@@ -148,28 +233,89 @@ pub fn assemble_packed_sequence(
 
 #[cfg(test)]
 mod tests {
-    use super::segment_budget;
+    use super::pack_contexts;
+    use proptest::prelude::*;
+
+    /// Check one plan against the rules of [`pack_contexts`]; returns the
+    /// number of contexts cut.
+    fn check(sizes: &[usize], bins: usize, k: usize, s: usize, floor: usize) -> usize {
+        assert!(
+            sizes.len() >= bins,
+            "test inputs give every sequence a context"
+        );
+        let plan = pack_contexts(sizes, bins, k, s, floor);
+        let (bin, budget) = (&plan.bin, &plan.budget);
+        let mut load = vec![0; bins];
+        let mut count = vec![0; bins];
+        for i in 0..sizes.len() {
+            load[bin[i]] += budget[i].min(sizes[i]);
+            count[bin[i]] += 1;
+            assert!(
+                budget[i] >= floor.min(sizes[i]),
+                "budget below the seed row"
+            );
+        }
+        assert!(
+            count.iter().all(|&c| (1..=k).contains(&c)),
+            "{count:?}: 1 to k contexts per sequence"
+        );
+        assert!(
+            load.iter().all(|&l| l <= s),
+            "{load:?}: a sequence overflows"
+        );
+        let mut cut = 0;
+        for i in 0..sizes.len() {
+            if sizes[i] <= plan.level {
+                assert!(budget[i] >= sizes[i], "a context under the level is cut");
+            }
+            if budget[i] < sizes[i] {
+                cut += 1;
+                assert!(budget[i] >= plan.level, "a cut context below the level");
+                assert_eq!(load[bin[i]], s, "a cut context's sequence has cells left");
+            }
+        }
+        cut
+    }
 
     #[test]
-    fn budgets_are_fair_shares_that_leave_every_later_seed_its_row() {
-        assert_eq!(segment_budget(1024, 1), 1024);
-        assert_eq!(segment_budget(1024, 4), 256);
-        // A small first context leaves its share to the rest.
-        assert_eq!(segment_budget(1024 - 40, 3), 328);
-        // Whatever each context uses of its share (here: all of it, or its
-        // seed row only), every later seed still has room for its row.
-        let m = 8;
-        for s in 16..300 {
-            for k in 1..=(s / m).min(8) {
-                for greedy in [true, false] {
-                    let mut left = s;
-                    for j in 0..k {
-                        let b = segment_budget(left, k - j);
-                        assert!(b >= m, "S {s} K {k} segment {j}: budget {b}");
-                        left -= if greedy { b } else { m };
-                    }
-                }
-            }
+    fn contexts_that_fit_are_never_cut_and_large_ones_are_cut_to_a_level() {
+        // Pairs that fit whole once large is matched with small.
+        assert_eq!(
+            check(&[900, 100, 800, 200, 700, 300, 600, 400], 4, 2, 1024, 8),
+            0
+        );
+        // With spare slots a large context gets a sequence to itself and
+        // small ones share the other: nothing is cut.
+        let plan = pack_contexts(&[1000, 100, 100, 100], 2, 4, 1024, 8);
+        assert_eq!(plan.bin, [0, 1, 1, 1]);
+        assert_eq!(plan.budget, [1000, 100, 100, 100]);
+        // Too much for the sequences: only the largest are cut.
+        let sizes = [1024, 1024, 100, 90, 80, 70, 60, 50];
+        let plan = pack_contexts(&sizes, 2, 8, 1024, 8);
+        assert_eq!(
+            &plan.budget[2..],
+            &sizes[2..],
+            "the small contexts stay whole"
+        );
+        assert!(plan.budget[0] < 1024 && plan.budget[1] < 1024);
+        assert_eq!(check(&sizes, 2, 8, 1024, 8), 2);
+        // Everything at the seed row's size: the floor always fits.
+        assert_eq!(check(&[256; 8], 2, 4, 1024, 256), 0);
+        assert_eq!(check(&[1024; 8], 2, 8, 1024, 256), 8);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn plans_fit_and_place_every_context(
+            bins in 1usize..=8, k in 1usize..=6, floor in 1usize..=16,
+            extra in 0usize..=600, raw in prop::collection::vec(0usize..=1000, 48),
+        ) {
+            // `k` contexts per sequence on average, up to `2k` in one.
+            let s = k * floor + extra;
+            let sizes: Vec<usize> = raw.iter().take(bins * k).map(|&x| floor + x % (s - floor + 1)).collect();
+            prop_assume!(sizes.len() == bins * k);
+            check(&sizes, bins, if k == 1 { 1 } else { 2 * k }, s, floor);
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::batch::{
-    assemble_packed_sequence, collate_text, segment_budget, AssembleScratch, Batch, FxMap,
+    assemble_packed_sequence, collate_text, pack_contexts, AssembleScratch, Batch, FxMap,
     SeqContext, TableCells, Target,
 };
 use crate::config::SamplerConfig;
@@ -137,7 +137,7 @@ impl SplitState {
         crate::batch::batch_bytes(
             cfg.default_batch_size,
             cfg.default_sequence_length,
-            cfg.segments_per_sequence(),
+            cfg.max_segments(),
             r,
             u,
             dim,
@@ -813,6 +813,7 @@ impl SamplerCore {
         let min_len = if split_up { 1 } else { usize::MAX };
         let n = jobs.len();
         let b = n / segs;
+        let slots = if segs > 1 { self.cfg.max_segments() } else { 1 };
         let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
@@ -845,44 +846,82 @@ impl SamplerCore {
         };
         let row_cells = &mdb.row_cells;
         let seed_cells = plan.seed_cells;
+        let build = |sub: &mut Subgraph, job: &(u32, u32, i64, u64), budget: usize| {
+            SCRATCH.with(|sc| {
+                let mut rng = Xoshiro256pp::seed_from_u64(job.3);
+                let p = BfsParams {
+                    max_cells: budget,
+                    ..params
+                };
+                bfs(
+                    &graph,
+                    row_cells,
+                    job.1,
+                    seed_cells,
+                    job.2,
+                    &p,
+                    &mut rng,
+                    &mut sc.borrow_mut().0,
+                    sub,
+                );
+            });
+        };
+        // Every context is first built as its unpacked self (budget S).
         self.pool.install(|| {
-            // A sequence's contexts are built in segment order, each with
-            // its budget from the space the earlier ones left.
             subgraphs
-                .par_chunks_mut(segs)
-                .zip(jobs.par_chunks(segs))
+                .par_iter_mut()
+                .zip(jobs.par_iter())
                 .with_min_len(min_len)
-                .for_each(|(subs, seq_jobs)| {
-                    SCRATCH.with(|sc| {
-                        let sc = &mut *sc.borrow_mut();
-                        let mut left = s;
-                        for (j, (sub, &(_, row, obs, rs))) in
-                            subs.iter_mut().zip(seq_jobs).enumerate()
-                        {
-                            let mut rng = Xoshiro256pp::seed_from_u64(rs);
-                            let p = BfsParams {
-                                max_cells: segment_budget(left, segs - j),
-                                ..params
-                            };
-                            bfs(
-                                &graph, row_cells, row, seed_cells, obs, &p, &mut rng, &mut sc.0,
-                                sub,
-                            );
-                            left -= sub.cells.min(left);
-                        }
-                    });
-                });
+                .for_each(|(sub, job)| build(sub, job, s));
         });
+        // With `pack`: place them (crate::batch::pack), rebuild the cut ones
+        // with their budgets, and lay them out sequence after sequence, each
+        // sequence's contexts in draw order (`start[q]..start[q + 1]`).
+        let mut seq_seeds: Vec<u32> = jobs.iter().map(|j| j.0).collect();
+        let mut start: Vec<usize> = (0..=b).collect();
+        if segs > 1 {
+            let sizes: Vec<usize> = subgraphs.iter().map(|g| g.cells).collect();
+            let plan = pack_contexts(&sizes, b, slots, s, seed_cells);
+            self.pool.install(|| {
+                subgraphs
+                    .par_iter_mut()
+                    .zip(jobs.par_iter())
+                    .zip(plan.budget.par_iter())
+                    .zip(sizes.par_iter())
+                    .filter(|(((_, _), &budget), &size)| budget < size)
+                    .for_each(|(((sub, job), &budget), _)| build(sub, job, budget));
+            });
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by_key(|&i| (plan.bin[i], i));
+            let mut taken: Vec<Subgraph> = order
+                .iter()
+                .map(|&i| std::mem::take(&mut subgraphs[i]))
+                .collect();
+            std::mem::swap(subgraphs, &mut taken);
+            seq_seeds = order.iter().map(|&i| jobs[i].0).collect();
+            start.fill(0);
+            for &q in &plan.bin {
+                start[q + 1] += 1;
+            }
+            for q in 0..b {
+                start[q + 1] += start[q];
+            }
+        }
         drop(bfs_span);
         let t_bfs = Instant::now();
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let r = subgraphs
-            .chunks(segs)
-            .map(|c| c.iter().map(|g| g.rows.len()).sum::<usize>())
+        let r = start
+            .windows(2)
+            .map(|w| {
+                subgraphs[w[0]..w[1]]
+                    .iter()
+                    .map(|g| g.rows.len())
+                    .sum::<usize>()
+            })
             .max()
             .unwrap_or(0);
         let m = db.metadata();
-        let mut batch = Batch::unfilled(b, s, r, segs, m.embedder.dim as usize);
+        let mut batch = Batch::unfilled(b, s, r, slots, m.embedder.dim as usize);
         batch.task_idx = k as u32;
         batch.db_idx = plan.db as u32;
         batch.target_stype = plan.stype_code;
@@ -925,20 +964,16 @@ impl SamplerCore {
             categorical_offset: mdb.categorical_offset,
         };
         let subgraphs = &*subgraphs;
-        let batch_seeds = std::mem::take(&mut batch.seeds);
         let stats = self.pool.install(|| {
             batch.fill_sequences(min_len, |i, o, seg| {
-                let (subs, seeds) = (
-                    &subgraphs[i * segs..(i + 1) * segs],
-                    &batch_seeds[i * segs..(i + 1) * segs],
-                );
+                let range = start[i]..start[i + 1];
+                let (subs, seeds) = (&subgraphs[range.clone()], &seq_seeds[range]);
                 SCRATCH.with(|sc| {
                     assemble_packed_sequence(&ctx, subs, seeds, r, o, seg, &mut sc.borrow_mut().1)
                 })
             })
         });
         batch.seq_stats = stats;
-        batch.seeds = batch_seeds;
         asm_span.record("max_rows", r as i64);
         drop(asm_span);
         let t_asm = Instant::now();

@@ -32,6 +32,7 @@ from headwater.train import model as M
 from headwater.train.optim import OptConfig
 
 B, S, PF = 4, 128, 4
+K = 2 * PF  # segment slots per sequence: 1 to K contexts, B·PF in a batch
 
 
 @dataclass
@@ -69,16 +70,19 @@ def packed(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> I
     yield Packed(small.path, np_batches, drained, cfg, col, cat, params)
 
 
-def test_every_sequence_holds_pack_factor_targets(packed: Packed) -> None:
+def test_every_drawn_seed_is_one_sequence_target(packed: Packed) -> None:
     for b in packed.np_batches:
-        assert b["target_count"].tolist() == [PF] * B
-        assert b["target_pos"].shape == (B, PF) and b["segment_seeds"].shape == (B, PF)
+        counts = b["target_count"].astype(int)
+        assert counts.sum() == B * PF and counts.min() >= 1 and counts.max() <= K
+        assert b["target_pos"].shape == (B, K) and b["segment_seeds"].shape == (B, K)
         for q in range(B):
+            n = counts[q]
             pos = np.flatnonzero(b["is_target"][q])
-            assert pos.tolist() == b["target_pos"][q].tolist()
+            assert pos.tolist() == b["target_pos"][q][:n].tolist()
+            assert (b["segment_seeds"][q][n:] == np.iinfo(np.uint32).max).all()
             seg = b["segment_ids"][q]
             real = b["is_padding"][q] == 0
-            assert seg[pos].tolist() == list(range(PF))
+            assert seg[pos].tolist() == list(range(n))
             assert (seg[~real] == np.iinfo(np.uint16).max).all()
             assert (np.diff(seg[real].astype(int)) >= 0).all(), "segments are contiguous runs"
 
@@ -92,8 +96,8 @@ def test_pack_factor_that_cannot_fit_is_a_config_error(packed: Packed) -> None:
 
 def test_packing_telemetry(packed: Packed) -> None:
     d = packed.drained
-    assert d["sampler/packing/segments_per_sequence_p50"] == PF
-    assert d["sampler/packing/segments_per_sequence_max"] == PF
+    assert 1 <= d["sampler/packing/segments_per_sequence_p50"] <= K
+    assert d["sampler/packing/segments_per_sequence_max"] <= K
     assert d["sampler/packing/contexts_cut"] >= 0
     # Each sequence's seeds are counted under the task: B·pack_factor per batch.
     assert sum(v for k, v in d.items() if k.startswith("sampler/tasks/")) == 4 * B * PF
@@ -111,7 +115,7 @@ def _perturb_segment(b: dict[str, np.ndarray], q: int, k: int) -> dict[str, np.n
 
 
 def test_perturbing_one_segment_leaves_the_others_bit_identical(packed: Packed) -> None:
-    b = packed.np_batches[0]
+    b = next(b for b in packed.np_batches if b["target_count"][0] >= 2)
     other = _perturb_segment(b, 0, 1)
     kw = {
         "text_rows": DV.bucket_size(b["text_batch_embeddings"].shape[0]),
@@ -129,13 +133,13 @@ def test_perturbing_one_segment_leaves_the_others_bit_identical(packed: Packed) 
     ox, oy = fwd(packed.params, x), fwd(packed.params, y)
     for name in ox:
         a, c = np.asarray(ox[name]), np.asarray(oy[name])
-        keep = np.ones(B * PF, bool)
+        keep = np.ones(B * K, bool)
         keep[1] = False  # sequence 0, segment 1
         np.testing.assert_array_equal(a[keep], c[keep], err_msg=name)
 
 
 def test_loss_counts_only_real_targets(packed: Packed) -> None:
-    b = packed.np_batches[0]
+    b = next(b for b in packed.np_batches if b["target_count"][0] >= 2)
     x = DV.batch_to_device(b)
     out = M.forward(packed.params, x, packed.col, packed.cat, packed.cfg)
     full, _ = M.compute_loss(out, x, packed.cfg)
@@ -147,7 +151,7 @@ def test_loss_counts_only_real_targets(packed: Packed) -> None:
     again, _ = M.compute_loss(out, moved, packed.cfg)
     assert float(again) == float(part)
     w = np.asarray(M.target_weights(fewer))
-    assert w.sum() == B * PF - (PF - 1)
+    assert w.sum() == B * PF - (int(b["target_count"][0]) - 1)
 
 
 def test_a_train_step_on_packed_batches_is_finite(packed: Packed) -> None:
