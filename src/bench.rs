@@ -35,7 +35,8 @@ pub struct BenchRun {
     pub seeds_per_s: f64,
     /// Whether several seeds' contexts were packed per sequence.
     pub pack: bool,
-    /// Seeds' contexts per sequence on average (`pack_factor` with `pack`, else 1).
+    /// `pack_factor` with `pack` (0: per task; `seeds_per_s / batches_per_s / B`
+    /// is the measured mean), else 1.
     pub segments: usize,
     /// Share of contexts cut by a packing budget below `S`.
     pub contexts_cut: f64,

@@ -75,8 +75,10 @@ pub struct SamplerConfig {
     /// Pack several seeds' contexts into each sequence (segments; see
     /// `crate::batch::pack`). Off: one seed per sequence, the seed layout.
     pub pack: bool,
-    /// With `pack`: seeds (segments) per sequence, so `B·pack_factor` seeds
-    /// per rank per step. Ignored without `pack`.
+    /// With `pack`: seeds (segments) per sequence on average, so
+    /// `B·pack_factor` seeds per rank per step; 0: per task, as many as
+    /// fill `S` on average (`SamplerCore::seeds_per_step`). Ignored without
+    /// `pack`.
     pub pack_factor: usize,
     /// Task weights; `None` = uniform.
     pub task_weights: Option<TaskWeights>,
@@ -147,7 +149,7 @@ impl Default for SamplerConfig {
             bfs_child_width: 16,
             max_hops: 3,
             pack: false,
-            pack_factor: 4,
+            pack_factor: 0,
             task_weights: None,
             task_pick: TaskPick::Weighted,
             database_weights: None,
@@ -255,8 +257,8 @@ pub static FIELDS: [FieldDoc; 31] = [
     f(
         "pack_factor",
         "int",
-        "an integer in 1..=64, with pack: pack_factor x the largest seed row <= default_sequence_length",
-        "with pack: seeds (segments) per sequence; contexts are balanced over the sequences and only those above a water level are cut",
+        "an integer in 0..=64, with pack: pack_factor x the largest seed row <= default_sequence_length",
+        "with pack: seeds (segments) per sequence on average; 0 = per task, as many as fill S on average (mean context size measured on a probe of the task's seeds at start-up); contexts are balanced over the sequences and only those above a water level are cut",
     ),
     f(
         "task_weights",
@@ -451,31 +453,14 @@ impl SamplerConfig {
         }
     }
 
-    /// Seeds each rank draws per step: `B`, or `B·pack_factor` with `pack`
-    /// (the global cursor of a task advances by `world_size` times this).
-    pub fn seeds_per_step(&self) -> usize {
-        self.default_batch_size * if self.pack { self.pack_factor } else { 1 }
-    }
-
-    /// Seeds' contexts per sequence on average: `pack_factor` with `pack`,
-    /// else 1.
+    /// Seeds' contexts per sequence on average: `pack_factor` with `pack`
+    /// (0: per task, measured when the sampler is made; see
+    /// `SamplerCore::seeds_per_step`), else 1.
     pub fn segments_per_sequence(&self) -> usize {
         if self.pack {
             self.pack_factor
         } else {
             1
-        }
-    }
-
-    /// Segment slots per sequence, the `K` of the `[B, K]` tensors: a
-    /// packed sequence holds 1 to `K` contexts (`B·pack_factor` in the
-    /// batch), so small contexts can fill the room large ones leave.
-    /// `2·pack_factor` with `pack`; 1 without it or with `pack_factor = 1`
-    /// (one context per sequence: the unpacked layout).
-    pub fn max_segments(&self) -> usize {
-        match self.segments_per_sequence() {
-            1 => 1,
-            k => 2 * k,
         }
     }
 
@@ -513,7 +498,7 @@ impl SamplerConfig {
         )?;
         int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
         int_range("max_hops", self.max_hops, 0, 64)?;
-        int_range("pack_factor", self.pack_factor, 1, 64)?;
+        int_range("pack_factor", self.pack_factor, 0, 64)?;
         int_range(
             "telemetry_top_databases",
             self.telemetry_top_databases,

@@ -142,7 +142,7 @@ def bench_sampler(
     max_hops: int = 3,
     telemetry: bool = True,
     pack: bool = False,
-    pack_factor: int = 4,
+    pack_factor: int = 0,
     database_weights: list[float] | None = None,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
@@ -182,7 +182,7 @@ class Sampler:
         bfs_child_width: int = 16,
         max_hops: int = 3,
         pack: bool = False,
-        pack_factor: int = 4,
+        pack_factor: int = 0,
         task_weights: list[float] | dict[str, float] | None = None,
         task_pick: str = "weighted",
         database_weights: list[float] | dict[str, float] | None = None,

@@ -79,7 +79,7 @@ def _packing_comparison(
     in this process (best of ``rounds`` each, so load drift hits every
     configuration alike); ratios are against the unpacked run."""
     configs: list[tuple[str, bool, int]] = [("unpacked", False, 1)]
-    configs += [(f"pack_factor={f}", True, f) for f in factors]
+    configs += [(f"pack_factor={f or 'auto'}", True, f) for f in factors]
     best: dict[str, dict[str, Any]] = {}
     for _ in range(rounds):
         for name, pack, factor in configs:
@@ -96,6 +96,7 @@ def _packing_comparison(
             "batches_per_s": r["batches_per_s"],
             "seeds_per_s": r["seeds_per_s"],
             "contexts_cut": r["contexts_cut"],
+            "seeds_per_sequence": r["seeds_per_s"] / r["batches_per_s"] / batch_size,
             "useful_cells_ratio": r["cells_per_s"] / base["cells_per_s"],
             "batches_ratio": r["batches_per_s"] / base["batches_per_s"],
         }
@@ -222,13 +223,14 @@ def format_bench(r: dict[str, Any]) -> str:
     if pk:
         lines += [
             "",
-            f"{'packing':<16} {'padding':>8} {'useful Mc/s':>11} {'x':>6} {'batches/s':>10} {'x':>6} {'cut':>6}",
+            f"{'packing':<17} {'padding':>8} {'useful Mc/s':>11} {'x':>6} {'batches/s':>10} {'x':>6} {'cut':>6} "
+            f"{'seeds/seq':>9}",
         ]
         for name, x in pk.items():
             lines.append(
-                f"{name:<16} {x['padding']:>8.1%} {x['useful_cells_per_s'] / 1e6:>11.2f} "
+                f"{name:<17} {x['padding']:>8.1%} {x['useful_cells_per_s'] / 1e6:>11.2f} "
                 f"{x['useful_cells_ratio']:>6.2f} {x['batches_per_s']:>10.1f} {x['batches_ratio']:>6.2f} "
-                f"{x['contexts_cut']:>6.1%}"
+                f"{x['contexts_cut']:>6.1%} {x['seeds_per_sequence']:>9.2f}"
             )
     lines.append(f"load average     {' '.join(f'{v:.1f}' for v in r['load_average'])}")
     return "\n".join(lines)

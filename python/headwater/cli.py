@@ -58,7 +58,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from headwater.bench import format_bench, run_bench
 
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
-    factors = [int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
+    factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
     r = run_bench(
         a.db,
         a.batch_size,
@@ -272,7 +272,7 @@ def _add_bench(sub: Sub) -> None:
     )
     pb.add_argument(
         "--pack-factors",
-        help="comma-separated pack_factor values to compare with unpacked "
+        help="comma-separated pack_factor values ('auto' or 0: per task) to compare with unpacked "
         "(useful cells/s, batches/s, padding; interleaved runs)",
     )
     pb.add_argument(

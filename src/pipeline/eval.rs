@@ -253,7 +253,7 @@ impl EvalPass {
         let mut batch = core.build_batch(
             t.task,
             &self.jobs,
-            1,
+            false,
             &mut self.subgraphs,
             &mut self.text_map,
             &span,

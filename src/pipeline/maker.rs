@@ -37,6 +37,10 @@ use super::state::StreamState;
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
 
+/// Seeds whose contexts are built to measure a task's mean context size
+/// for `pack_factor = 0`.
+pub const PACK_PROBE: usize = 64;
+
 /// How a task's target cell is found.
 #[derive(Debug, Clone, Copy)]
 enum TargetPlan {
@@ -109,6 +113,10 @@ pub struct SamplerCore {
     /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
     /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
+    /// Seeds per rank per step of each task (`seeds_per_step`).
+    seeds_per_step: Vec<usize>,
+    /// The `K` of the `[B, K]` tensors (`segment_slots`).
+    segment_slots: usize,
 }
 
 /// One split's sampling state on one rank: the stream position
@@ -132,12 +140,12 @@ pub struct SplitState {
 impl SplitState {
     /// Predicted bytes of this split's next batch: `B·S` tensors exactly,
     /// row adjacency and text embeddings as large as in the last batch.
-    pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, dim: usize) -> u64 {
+    pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, slots: usize, dim: usize) -> u64 {
         let (r, u) = self.last_shape;
         crate::batch::batch_bytes(
             cfg.default_batch_size,
             cfg.default_sequence_length,
-            cfg.max_segments(),
+            slots,
             r,
             u,
             dim,
@@ -345,7 +353,7 @@ impl SamplerCore {
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
         let (schema, reported) = mixture_schema(&cfg, listed, &task_names, &tasks, &mixture);
-        Ok(SamplerCore {
+        let mut core = SamplerCore {
             reported,
             dbs: mixture,
             cfg,
@@ -356,7 +364,121 @@ impl SamplerCore {
             schema,
             concatenated: super::mixture::Concatenated::default(),
             startup_seconds: 0.0,
-        })
+            seeds_per_step: Vec::new(),
+            segment_slots: 1,
+        };
+        core.plan_packing();
+        Ok(core)
+    }
+
+    /// Seeds per step and segment slots of every task (see
+    /// [`seeds_per_step`](Self::seeds_per_step)).
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    fn plan_packing(&mut self) {
+        let (b, s) = (
+            self.cfg.default_batch_size,
+            self.cfg.default_sequence_length,
+        );
+        self.seeds_per_step = (0..self.tasks.len())
+            .map(|k| match (self.cfg.pack, self.cfg.pack_factor) {
+                (false, _) => b,
+                (true, 0) => {
+                    let fit = (s / self.tasks[k].seed_cells.max(1)).clamp(1, 64);
+                    let per_seq = (s as f64 / self.probe_context_cells(k)).clamp(1.0, fit as f64);
+                    ((b as f64 * per_seq).round() as usize).clamp(b, b * fit)
+                }
+                (true, pf) => b * pf,
+            })
+            .collect();
+        let most = self
+            .seeds_per_step
+            .iter()
+            .map(|&n| n.div_ceil(b.max(1)))
+            .max()
+            .unwrap_or(1);
+        self.segment_slots = if most <= 1 { 1 } else { (2 * most).min(255) };
+    }
+
+    /// The mean unpacked context size (cells, BFS budget `S`) of up to
+    /// [`PACK_PROBE`] seeds spread over task `k`'s seed list (all splits:
+    /// only their sizes are read), each BFS with a fixed key: deterministic,
+    /// the same on every rank and after a resume.
+    #[allow(clippy::cast_precision_loss)]
+    fn probe_context_cells(&self, k: usize) -> f64 {
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        let Ok(task) = mdb.db.task(plan.local) else {
+            return self.cfg.default_sequence_length as f64;
+        };
+        let graph = mdb.db.graph();
+        let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
+        let n = task.anchor_rows.len();
+        let probes = n.min(PACK_PROBE);
+        let params = BfsParams {
+            max_cells: self.cfg.default_sequence_length,
+            max_hops: self.cfg.max_hops,
+            child_width: self.cfg.bfs_child_width,
+            temporal_filter: self.cfg.temporal_filter,
+        };
+        let cells: Vec<usize> = self.pool.install(|| {
+            (0..probes)
+                .into_par_iter()
+                .filter_map(|j| {
+                    let i = j * n / probes;
+                    let row = task.anchor_rows[i];
+                    // A corrupt anchor is reported when a batch draws it.
+                    (graph.table_of(row) == Some(anchor_table)).then(|| {
+                        SCRATCH.with(|sc| {
+                            let mut sub = Subgraph::default();
+                            let mut rng = Xoshiro256pp::seed_from_u64(derive(
+                                self.cfg.seed,
+                                &[k as u64, i as u64, 3],
+                            ));
+                            bfs(
+                                &graph,
+                                &mdb.row_cells,
+                                row,
+                                plan.seed_cells,
+                                task.obs_times[i],
+                                &params,
+                                &mut rng,
+                                &mut sc.borrow_mut().0,
+                                &mut sub,
+                            );
+                            sub.cells
+                        })
+                    })
+                })
+                .collect()
+        });
+        if cells.is_empty() {
+            return self.cfg.default_sequence_length as f64;
+        }
+        cells.iter().sum::<usize>() as f64 / cells.len() as f64
+    }
+
+    /// Seeds each rank draws per step of task `k` (the global cursor of the
+    /// task advances by `world_size` times this): `B` unpacked,
+    /// `B·pack_factor` packed, and with `pack_factor = 0` per task
+    /// `B · S / c̄` rounded (at least `B`, at most what the seed rows allow
+    /// and 64 per sequence), `c̄` the mean context size of a probe of the
+    /// task's seeds measured when the sampler was made: as many contexts
+    /// as fill the sequences on average.
+    pub fn seeds_per_step(&self, k: usize) -> usize {
+        self.seeds_per_step[k]
+    }
+
+    /// Segment slots per sequence, the `K` of the `[B, K]` tensors: a
+    /// packed sequence holds 1 to `K` contexts, so small contexts fill the
+    /// room large ones leave. Twice the most seeds per sequence on average
+    /// of any task; 1 when every task draws `B` (unpacked, or
+    /// `pack_factor = 1`: the unpacked layout).
+    pub fn segment_slots(&self) -> usize {
+        self.segment_slots
     }
 
     /// The mixture's task names: a single database's task names as they
@@ -525,7 +647,7 @@ impl SamplerCore {
             exhaust_events: 0,
             duplicates: 0,
         };
-        let b = self.cfg.seeds_per_step();
+        let b = self.seeds_per_step[k];
         jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
         let first_slot = state.rank as u64 * b as u64;
@@ -553,7 +675,7 @@ impl SamplerCore {
         for _ in 0..n {
             Self::check_can_draw(state)?;
             let k = state.picker.pick(state.stream.step) as usize;
-            state.stream.advance(k, self.cfg.seeds_per_step());
+            state.stream.advance(k, self.seeds_per_step[k]);
         }
         Ok(())
     }
@@ -631,7 +753,7 @@ impl SamplerCore {
                 self.cfg.debug_batch_delay_ms / 1e3,
             ));
         }
-        let mut jobs = Vec::with_capacity(self.cfg.seeds_per_step());
+        let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
         let draws = self.draw(state, &mut jobs)?;
         let draw = self.cfg.telemetry.then(|| {
             let mut d = self.draw_stats(state, draws.step, draws.world_size);
@@ -684,7 +806,7 @@ impl SamplerCore {
         let mut batch = self.build_batch(
             k,
             &jobs,
-            self.cfg.segments_per_sequence(),
+            self.cfg.pack,
             &mut buffers.subgraphs,
             &mut buffers.text_map,
             &batch_span,
@@ -790,8 +912,9 @@ impl SamplerCore {
     }
 
     /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
-    /// observation time, per-context RNG seed) of task `k`, `segs` contexts
-    /// per sequence (`crate::batch::pack`; 1 = unpacked), into a batch
+    /// observation time, per-context RNG seed) of task `k`, `packed` into
+    /// `B` sequences of up to [`segment_slots`](Self::segment_slots)
+    /// contexts (`crate::batch::pack`) or one sequence per job, into a batch
     /// with its stage timings (from `t0`): the part of a batch that does not
     /// depend on how its seeds were drawn, shared by the training stream and
     /// evaluation passes. `split_up`: spread the batch's sequences over the
@@ -803,7 +926,7 @@ impl SamplerCore {
         &self,
         k: usize,
         jobs: &[(u32, u32, i64, u64)],
-        segs: usize,
+        packed: bool,
         subgraphs: &mut Vec<Subgraph>,
         text_map: &mut FxMap<u32, u32>,
         batch_span: &tracing::Span,
@@ -812,8 +935,11 @@ impl SamplerCore {
     ) -> Result<Batch> {
         let min_len = if split_up { 1 } else { usize::MAX };
         let n = jobs.len();
-        let b = n / segs;
-        let slots = if segs > 1 { self.cfg.max_segments() } else { 1 };
+        let (b, slots) = if packed {
+            (self.cfg.default_batch_size, self.segment_slots)
+        } else {
+            (n, 1)
+        };
         let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
@@ -879,7 +1005,7 @@ impl SamplerCore {
         // sequence's contexts in draw order (`start[q]..start[q + 1]`).
         let mut seq_seeds: Vec<u32> = jobs.iter().map(|j| j.0).collect();
         let mut start: Vec<usize> = (0..=b).collect();
-        if segs > 1 {
+        if slots > 1 {
             let sizes: Vec<usize> = subgraphs.iter().map(|g| g.cells).collect();
             let plan = pack_contexts(&sizes, b, slots, s, seed_cells);
             self.pool.install(|| {
@@ -1009,7 +1135,7 @@ impl SamplerCore {
     #[allow(clippy::cast_precision_loss)]
     fn draw_stats(&self, state: &SplitState, step: u64, world_size: u32) -> DrawStats {
         let st = &state.stream;
-        let b = (world_size as usize * self.cfg.seeds_per_step()) as f64;
+
         let mut t = DrawStats {
             remaining_min: f64::INFINITY,
             remaining_max: f64::NEG_INFINITY,
@@ -1037,6 +1163,7 @@ impl SamplerCore {
             t.remaining_max = t.remaining_max.max(rem);
             t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
             t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
+            let b = (world_size as usize * self.seeds_per_step[j]) as f64;
             let rate = st.mix.count(j) as f64 / st.mix.len().max(1) as f64 * b;
             if rate > 0.0 {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);

@@ -119,7 +119,7 @@ fn over_cap(
     cap: u64,
 ) -> Option<Error> {
     let private = current_private_bytes()?;
-    let next = state.predicted_batch_bytes(&core.cfg, core.embedding_dim());
+    let next = state.predicted_batch_bytes(&core.cfg, core.segment_slots(), core.embedding_dim());
     // The batches being built may not have allocated yet: count them too.
     if private.saturating_add(next.saturating_mul(building as u64 + 1)) <= cap {
         return None;
@@ -434,7 +434,10 @@ impl Sampler {
                             d.step
                         )));
                     }
-                    d.advance(b.task_idx as usize, self.core.cfg.seeds_per_step());
+                    d.advance(
+                        b.task_idx as usize,
+                        self.core.seeds_per_step(b.task_idx as usize),
+                    );
                     return Ok(Some(b));
                 }
                 Some(Err(_)) if restarted() => {} // the split was restarted: wait on the new producer

@@ -8,7 +8,7 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released).
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=4, database_weights=None))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,

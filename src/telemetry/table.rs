@@ -408,7 +408,7 @@ pub static METRICS: [MetricDef; 38] = [
         "headwater_packing_segments_per_sequence",
         PHist,
         "segments",
-        "seeds' contexts (segments) per sequence: 1 without pack, pack_factor with it",
+        "seeds' contexts (segments) per sequence: 1 without pack; with it 1 to 2 x the task's seeds per sequence on average (pack_factor, or measured per task with pack_factor = 0)",
         Measure::SampleSeq(|s| s.segments),
     ),
     row(

@@ -15,14 +15,18 @@ use crate::oracle::{arb_spec, build, config, same_batch};
 
 /// Check one packed batch's layout against the rules of `batch/pack.rs`.
 #[allow(clippy::too_many_lines)]
-fn check_packed(b: &Batch, pf: usize) -> Result<(), TestCaseError> {
+fn check_packed(b: &Batch, core: &SamplerCore) -> Result<(), TestCaseError> {
     let (s, k, r) = (b.seq_len, b.segments, b.max_rows);
-    prop_assert_eq!(k, if pf == 1 { 1 } else { 2 * pf }, "segment slots");
-    prop_assert_eq!(
-        b.seeds.len(),
-        b.batch_size * pf,
-        "B·pack_factor seeds drawn"
-    );
+    let per_task = core.seeds_per_step(b.task_idx as usize);
+    let pf = core.cfg.pack_factor;
+    prop_assert_eq!(k, core.segment_slots(), "segment slots");
+    if pf > 0 {
+        prop_assert_eq!(k, if pf == 1 { 1 } else { 2 * pf }, "2·pack_factor slots");
+        prop_assert_eq!(per_task, b.batch_size * pf, "B·pack_factor seeds");
+    } else {
+        prop_assert!(per_task >= b.batch_size && per_task.div_ceil(b.batch_size) * 2 <= k.max(2));
+    }
+    prop_assert_eq!(b.seeds.len(), per_task, "the task's seeds per step drawn");
     // Every draw is placed once; a sequence's segments are its contexts in
     // draw order (checked where the batch drew no seed twice).
     let count = |q: usize| usize::from(b.target_count[q]);
@@ -160,7 +164,7 @@ proptest! {
     fn packed_batches_place_every_seed_and_keep_segments_apart(
         spec in arb_spec(),
         b in 1usize..=3,
-        pf in 1usize..=4,
+        pf in 0usize..=4,
         hops in 0usize..=3,
         seed in any::<u64>(),
     ) {
@@ -177,10 +181,10 @@ proptest! {
             ..SamplerConfig::default()
         };
         let Some(core) = core(&sdb, cfg) else { return Ok(()) };
-        let mut maker = BatchMaker::new(core, Split::Train);
+        let mut maker = BatchMaker::new(core.clone(), Split::Train);
         for _ in 0..3 {
             let Ok(batch) = maker.next().unwrap() else { return Ok(()) };
-            check_packed(&batch, pf)?;
+            check_packed(&batch, &core)?;
         }
     }
 
@@ -225,7 +229,7 @@ proptest! {
         world_size in 1u32..=2,
         (n, k) in (1u64..=6).prop_flat_map(|n| (Just(n), 0..=n)),
         b in 1usize..=3,
-        pf in 2usize..=3,
+        pf in prop_oneof![Just(0usize), 2usize..=3],
         seed in any::<u64>(),
     ) {
         let Some(sdb) = build(&spec) else { return Ok(()) };
@@ -245,13 +249,13 @@ proptest! {
                 ..SamplerConfig::default()
             };
             let Some(c) = core(&sdb, cfg.clone()) else { return Ok(()) };
-            if BatchMaker::new(c, Split::Train).next().unwrap().is_err() {
+            if BatchMaker::new(c.clone(), Split::Train).next().unwrap().is_err() {
                 return Ok(());
             }
             let whole = Sampler::new(&sdb.dir, cfg.clone()).unwrap();
             let want: Vec<Batch> = (0..n).map(|_| whole.next_batch(Split::Train).unwrap()).collect();
             for w in &want {
-                check_packed(w, pf)?;
+                check_packed(w, &c)?;
                 let again = whole.replay_batch(Split::Train, w.step, None).unwrap();
                 prop_assert!(same_batch(w, &again), "replay of step {} differs", w.step);
                 prop_assert_eq!(w.fingerprint, again.fingerprint);

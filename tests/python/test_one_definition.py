@@ -39,7 +39,7 @@ BAD: dict[str, dict[str, Any]] = {
     "bfs_child_width": {"bfs_child_width": 0},
     "max_hops": {"max_hops": 65},
     "pack": {"pack": "yes"},
-    "pack_factor": {"pack_factor": 0},
+    "pack_factor": {"pack_factor": 65},
     "task_weights": {"task_weights": [1.0]},
     "task_pick": {"task_pick": "bogus"},
     "database_weights": {"database_weights": [1.0, -1.0]},

@@ -87,6 +87,37 @@ def test_every_drawn_seed_is_one_sequence_target(packed: Packed) -> None:
             assert (np.diff(seg[real].astype(int)) >= 0).all(), "segments are contiguous runs"
 
 
+def test_auto_pack_factor_draws_per_task_seeds_that_fill_the_sequences(packed: Packed) -> None:
+    """``pack_factor = 0``: each task draws a fixed number of seeds per step
+    (at least B), measured from its mean context size at start-up, and the
+    sequences fill better than with one seed per sequence."""
+
+    def run(pf: int) -> list[dict[str, np.ndarray]]:
+        s = _native.Sampler(
+            packed.db, default_batch_size=B, default_sequence_length=S, pack=True,
+            pack_factor=pf, task_pick="round_robin", num_threads=1,
+        )
+        try:
+            return [s.next_train_batch() for _ in range(12)]
+        finally:
+            s.shutdown()
+
+    auto, one = run(0), run(1)
+    per_task: dict[int, set[int]] = {}
+    for b in auto:
+        per_task.setdefault(int(b["task_idx"].item()), set()).add(int(b["target_count"].sum()))
+    assert len(per_task) > 1
+    assert all(len(v) == 1 and min(v) >= B for v in per_task.values()), per_task
+    assert max(min(v) for v in per_task.values()) > B, "some task packs several seeds per sequence"
+    slots = auto[0]["target_pos"].shape[1]
+    assert slots == 2 * max(-(-min(v) // B) for v in per_task.values())
+
+    def padding(bs: list[dict[str, np.ndarray]]) -> float:
+        return float(np.mean([b["is_padding"].mean() for b in bs]))
+
+    assert padding(auto) < padding(one)
+
+
 def test_pack_factor_that_cannot_fit_is_a_config_error(packed: Packed) -> None:
     import headwater
 

@@ -242,9 +242,10 @@ def _bfs() -> list[PanelBuilder]:
             "Packing: segments per sequence and contexts cut/s",
             "With pack=True: median and 95th percentile of the seeds' contexts (segments) per "
             "sequence from the cluster-merged buckets, and contexts whose BFS stopped at a "
-            "packing budget below S per second (cluster sum). Healthy: segments at "
-            "pack_factor, a small cut rate (1 segment, no cuts without pack). Pathological: most "
-            "contexts cut (pack_factor too high for the neighbourhoods reached).",
+            "packing budget below S per second (cluster sum). Healthy: segments around the "
+            "seeds per sequence of the tasks (pack_factor, or measured per task with "
+            "pack_factor = 0), a small cut rate (1 segment, no cuts without pack). Pathological: "
+            "most contexts cut (pack_factor too high for the neighbourhoods reached).",
             [
                 Q(_quantile(0.5, "headwater_packing_segments_per_sequence"), "segments p50"),
                 Q(_quantile(0.95, "headwater_packing_segments_per_sequence"), "segments p95"),
