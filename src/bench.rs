@@ -164,7 +164,5 @@ pub fn bench_run(
 
 /// Peak resident set size of this process (Linux `VmHWM`), bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    crate::pipeline::status_bytes("VmHWM:")
 }

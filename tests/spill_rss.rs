@@ -9,14 +9,7 @@ use headwater::preprocess::{build_reverse, SpillArray};
 
 /// This process's resident anonymous pages (`RssAnon`), bytes.
 fn rss_anon() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
+    headwater::pipeline::current_private_bytes().expect("/proc/self/status RssAnon")
 }
 
 #[test]

@@ -9,14 +9,7 @@ use headwater::format::{FileKind, FileWriter, MappedFile, Section};
 
 /// This process's resident file-backed pages (`RssFile`), bytes.
 fn rss_file() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
+    headwater::pipeline::status_bytes("RssFile:").expect("/proc/self/status RssFile")
 }
 
 #[test]

@@ -36,7 +36,7 @@ pub mod state;
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use maker::{BatchMaker, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::{fill_report, SplitTelemetry};
-pub use rss::{current_private_bytes, current_rss_bytes};
+pub use rss::{current_private_bytes, current_rss_bytes, status_bytes};
 pub use state::DatabaseRecord;
 pub use state::{SamplerState, StreamState};
 

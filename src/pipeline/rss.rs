@@ -7,7 +7,9 @@
 //! `RssShmem`. `VmRSS` (= all three) would trip the cap on data the page
 //! cache could drop; PSS would still charge a share of the mapped pages.
 
-fn status_kib(field: &str) -> Option<u64> {
+/// A memory field of `/proc/self/status` (e.g. `"RssFile:"`), in bytes, or
+/// `None` where the file or the field is unavailable.
+pub fn status_bytes(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -17,11 +19,11 @@ fn status_kib(field: &str) -> Option<u64> {
 /// Current RSS in bytes (`VmRSS`: private and mapped), or `None` where
 /// `/proc/self/status` is unavailable.
 pub fn current_rss_bytes() -> Option<u64> {
-    status_kib("VmRSS:")
+    status_bytes("VmRSS:")
 }
 
 /// Resident private anonymous memory in bytes (`RssAnon`): what
 /// `max_rss_bytes` caps. `None` where `/proc/self/status` is unavailable.
 pub fn current_private_bytes() -> Option<u64> {
-    status_kib("RssAnon:")
+    status_bytes("RssAnon:")
 }
