@@ -11,7 +11,9 @@ tiny model of ``test_train.py``:
   the uninterrupted run's losses (no seam);
 * SIGTERM to the launcher: both ranks stop after the same step, checkpoint
   it, write their summaries, and the exact resume command is printed; that
-  command continues on another number of processes;
+  command continues on another number of processes, is stopped again during
+  the final evaluation (the last checkpoint precedes it), and resumed once
+  more reruns only the final passes (once each in ``metrics.jsonl``);
 * a resume under a changed stream key or model key, or a new run into a
   directory with checkpoints, is refused naming what differs.
 """
@@ -222,15 +224,44 @@ def test_sigterm_checkpoints_summarises_and_says_how_to_resume(
     assert bad.returncode == 2 and "already holds checkpoints" in bad.stderr, bad.stderr[-3000:]
 
     # The printed command, on one process instead of two (the sampler
-    # continues the global cursors; parameters are replicated).
-    r = run(tmp_path, *hint.split()[2:-2])
-    assert r.returncode == 0, r.stderr[-4000:]
+    # continues the global cursors; parameters are replicated), stopped
+    # again during the final evaluation: the last checkpoint is committed
+    # before it starts, and the stop does not wait for its passes.
+    proc = start(tmp_path, *hint.split()[2:-2])
+    wait_until(proc, lambda: committed(run_dir)[-1:] == [steps], f"checkpoint {steps}")
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-4000:]
+    assert "stopping during the final evaluation: SIGTERM" in out, out[-3000:]
+    assert f"after step {steps}, before the final evaluation ended" in err, err[-3000:]
     (s,) = summaries(run_dir, 1)
     assert (s["start_step"], s["steps"], s["world"], s["interrupted"]) == (
         done,
         steps - done,
         1,
-        None,
+        "SIGTERM",
     )
     assert [x["step"] for x in rows(run_dir, "trainer/loss")] == list(range(steps))
+    assert not (run_dir / "final_phase.json").exists()
+    # The final validation (one batch) may have ended before the stop.
+    stopped_val = [x["val/loss"] for x in rows(run_dir, "val/loss") if x["step"] == steps - 1]
+
+    # The resume reruns the final validation and evaluation alone.
+    r = run(tmp_path, *hint.split()[2:-2])
+    assert r.returncode == 0, r.stderr[-4000:]
+    (s,) = summaries(run_dir, 1)
+    assert (s["start_step"], s["steps"], s["interrupted"]) == (steps, 0, None)
     assert committed(run_dir)[-1] == steps
+    assert [x["step"] for x in rows(run_dir, "trainer/loss")] == list(range(steps))
+    assert [x["step"] for x in rows(run_dir, "val/loss")] == [4, 9, 14, 19, 24, 29, 34, steps - 1]
+    # Rerun from the same sampler state: the same validation batch and loss.
+    assert stopped_val in ([], [s["final_val_loss"]]), (stopped_val, s["final_val_loss"])
+    for split in ("val", "test"):
+        (row,) = rows(run_dir, f"eval/{split}/order_status/accuracy")
+        assert row["step"] == steps - 1
+        assert row[f"eval/{split}/order_status/accuracy"] == pytest.approx(
+            s["eval"][split]["order_status"]["metrics"]["accuracy"]
+        )
+    # A run whose final phase ended has nothing left to resume.
+    again = run(tmp_path, *hint.split()[2:-2])
+    assert again.returncode == 2 and "nothing to resume" in again.stderr, again.stderr[-3000:]

@@ -35,6 +35,12 @@ agreement (:class:`~headwater.train.mesh.Padder`), so all ranks stop after
 the same step, save the same checkpoint and write their summaries. The
 launcher forwards SIGTERM/SIGINT to its workers.
 
+The last checkpoint (``k = train.steps``) is taken before the final
+validation and evaluation and its meta says ``final_phase = "pending"``; the
+lead rank writes ``final_phase.json`` when they have ended. A stop during
+them (agreed by the ranks like a step's, at the same batch) exits with that
+checkpoint, and ``--resume`` reruns only them, from the same sampler state.
+
 Resume: ``metrics.jsonl`` rows of steps ``>= k`` are dropped (they will be
 written again); W&B resumes the same run id (``resume="allow"``; offline: a
 new ``.wandb`` file of the same run) and rows the previous attempts already
@@ -64,6 +70,8 @@ from headwater.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 LAUNCH_RECORD = "launch.json"
+#: Written by the lead rank when the final validation and evaluation end.
+FINAL_PHASE_DONE = "final_phase.json"
 #: ``[train]`` keys a resume must keep (the rest of ``[train]`` may change).
 TRAIN_KEYS_KEPT = ("seed",)
 #: Config sections a resume must keep whole (the parameters' shapes and the
@@ -113,6 +121,25 @@ def read_meta(run_dir: Path, step: int) -> dict[str, Any]:
     return meta
 
 
+def final_phase_pending(run_dir: Path, meta: Mapping[str, Any]) -> bool:
+    """Whether checkpoint ``meta`` was taken before a final validation and
+    evaluation that have not ended (a stop or a crash during them)."""
+    if meta.get("final_phase") != "pending":
+        return False
+    done = run_dir / FINAL_PHASE_DONE
+    try:
+        return int(json.loads(done.read_text(encoding="utf-8"))["step"]) != int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+
+
+def mark_final_phase_done(run_dir: Path, step: int) -> None:
+    """Record that the final validation and evaluation after ``step`` ended."""
+    tmp = run_dir / (FINAL_PHASE_DONE + ".tmp")
+    tmp.write_text(json.dumps({"step": step}) + "\n", encoding="utf-8")
+    tmp.replace(run_dir / FINAL_PHASE_DONE)
+
+
 def _flat(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}.{k}": v for k, v in d.items()}
 
@@ -156,7 +183,9 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
     step = steps[-1]
     meta = read_meta(run_dir, step)
     now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples are lists
-    if step >= cfg.train.steps:
+    if step > cfg.train.steps or (
+        step == cfg.train.steps and not final_phase_pending(run_dir, meta)
+    ):
         raise ConfigError(
             f"--resume {run_dir}: checkpoint {step} is already at train.steps = "
             f"{cfg.train.steps}: nothing to resume"
@@ -331,8 +360,10 @@ def restore_params(run_dir: Path, step: int, params: Any, opt_state: Any) -> Any
 # ----------------------------------------------------------------------------
 
 
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Drop the rows of steps ``>= step`` (and a torn last line) from ``path``."""
+def truncate_jsonl(path: Path, step: int, final_phase: bool = False) -> None:
+    """Drop the rows of steps ``>= step`` (and a torn last line) from ``path``;
+    ``final_phase``: also the validation and evaluation rows logged at
+    ``step - 1`` (an interrupted final phase's, which the resume reruns)."""
     if not path.is_file():
         return
     keep = []
@@ -341,7 +372,10 @@ def truncate_jsonl(path: Path, step: int) -> None:
             row = json.loads(line)
         except json.JSONDecodeError:
             break  # the last line of a killed run
-        if row.get("step", step) < step:
+        at = row.get("step", step)
+        if final_phase and at == step - 1 and _row_kind(row.keys()) not in _STEP_KINDS:
+            continue
+        if at < step:
             keep.append(line + "\n")
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(keep), encoding="utf-8")
@@ -370,9 +404,23 @@ def _wandb_records(data: bytes) -> Iterator[bytes]:
             yield parts
 
 
+#: Row kinds a training step logs (the others come from validation and
+#: evaluation passes).
+_STEP_KINDS = ("trainer", "telemetry")
+
+
 def _row_kind(keys: Any) -> str:
+    """``val``, ``trainer``, ``eval/<split>`` or ``telemetry``: rows of one kind
+    are logged once per step at most, in step order."""
     keys = set(keys)
-    return "val" if "val/loss" in keys else "trainer" if "trainer/loss" in keys else "telemetry"
+    if "val/loss" in keys:
+        return "val"
+    if "trainer/loss" in keys:
+        return "trainer"
+    split = next(
+        (k.split("/")[1] for k in keys if k.startswith("eval/") and k.count("/") > 1), None
+    )
+    return f"eval/{split}" if split else "telemetry"
 
 
 def logged_steps(run_dir: Path, run_id: str) -> dict[str, int]:

@@ -82,6 +82,15 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
     return step
 
 
+class PassInterrupted(Exception):
+    """A stop request (the signal number, agreed by every rank at the same
+    batch) ended a validation or evaluation pass before its end."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"pass interrupted by signal {signum}")
+        self.signum = signum
+
+
 class Evaluator:
     """Runs passes with the trainer's mesh, padder and frozen tables."""
 
@@ -108,9 +117,11 @@ class Evaluator:
         return 1.0, 0.0
 
     def predictions(
-        self, params: Any, split: str, max_seeds: int | None = None
+        self, params: Any, split: str, max_seeds: int | None = None, stop: Any = None
     ) -> dict[str, dict[str, Any]]:
-        """Per task: ``{"stype", "y_true", "y_pred"}`` over the union of ranks."""
+        """Per task: ``{"stype", "y_true", "y_pred"}`` over the union of ranks.
+        ``stop`` (a :class:`.checkpoint.StopFlag`): its signal, agreed by the
+        ranks with each batch's shapes, ends the pass (:class:`PassInterrupted`)."""
         from headwater.train.mesh import host
 
         pass_ = self.sampler.eval_batches(split, max_seeds=max_seeds)
@@ -121,7 +132,10 @@ class Evaluator:
             if stype is None:
                 continue  # text targets have no metric
             valid = self.mesh.shard({"v": np.asarray(np_batch["seq_valid"])})["v"]
-            out = self.fn(params, self.pad(np_batch), self.col, self.cat, valid)
+            batch = self.pad(np_batch, flag=stop.signum if stop is not None else 0)
+            if self.pad.flag:
+                raise PassInterrupted(self.pad.flag)
+            out = self.fn(params, batch, self.col, self.cat, valid)
             mask = host(out["mask"]) > 0
             entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
             entry["y_true"].append(host(out["label"])[mask])
@@ -139,10 +153,10 @@ class Evaluator:
         raise ValueError(f"batch task_idx {idx} is not a task of the database")
 
     def evaluate(
-        self, params: Any, split: str, max_seeds: int | None = None
+        self, params: Any, split: str, max_seeds: int | None = None, stop: Any = None
     ) -> dict[str, dict[str, Any]]:
         """Per task: ``{"stype", "count", "metrics", "baseline"}``."""
-        return score_predictions(self.predictions(params, split, max_seeds))
+        return score_predictions(self.predictions(params, split, max_seeds, stop))
 
 
 def score_predictions(preds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

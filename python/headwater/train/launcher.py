@@ -210,8 +210,14 @@ def _in_run_dir(
         raise
     s = summaries[0]
     if lead and s.get("interrupted"):
+        done = s["start_step"] + s["steps"]
+        when = (
+            f"after step {done}, before the final evaluation ended"
+            if done == int(s["config"]["train"]["steps"])
+            else f"after step {done}"
+        )
         print(
-            f"interrupted by {s['interrupted']} after step {s['start_step'] + s['steps']}; "
+            f"interrupted by {s['interrupted']} {when}; "
             f"checkpoint saved. Resume with:\n  {C.resume_command(run_dir, world)}",
             file=sys.stderr,
             flush=True,

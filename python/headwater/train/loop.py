@@ -53,7 +53,13 @@ from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
-from headwater.train.evaluate import Evaluator, define_eval_metrics, flat_row, telemetry_row
+from headwater.train.evaluate import (
+    Evaluator,
+    PassInterrupted,
+    define_eval_metrics,
+    flat_row,
+    telemetry_row,
+)
 from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
 from headwater.train.records import DrainRecorder, JsonlSink, Progress
 from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
@@ -313,7 +319,11 @@ class Trainer:
         self.run_dir = run_dir
         lg, lead = cfg.logging, rank == 0
         if lead and lg.jsonl and checkpoint is not None:
-            C.truncate_jsonl(run_dir / "metrics.jsonl", self.start_step)
+            C.truncate_jsonl(
+                run_dir / "metrics.jsonl",
+                self.start_step,
+                final_phase=self.start_step == cfg.train.steps,
+            )
         self.jsonl = (
             JsonlSink(run_dir / "metrics.jsonl", append=checkpoint is not None)
             if lead and lg.jsonl
@@ -370,10 +380,14 @@ class Trainer:
         if self.wb is not None:
             print(f"W&B run ({lg.wandb_mode}): {Path(self.wb.dir).parent}", flush=True)
 
-    def validate(self, step: int) -> float:
+    def validate(self, step: int, final: bool = False) -> float:
+        """``val_batches`` batches of the val stream: their mean loss. ``final``:
+        a stop request agreed by the ranks ends it (:class:`PassInterrupted`)."""
         vals = []
         for _ in range(self.cfg.train.val_batches):
-            vb = self.pad(self.sampler.next_val_batch())
+            vb = self.pad(self.sampler.next_val_batch(), flag=self.stop.signum if final else 0)
+            if final and self.pad.flag:
+                raise PassInterrupted(self.pad.flag)
             m = self.eval_fn(self.params, vb, self.col, self.cat)
             vals.append(float(host(m["loss"])))
         v = float(np.mean(vals)) if vals else math.nan
@@ -385,17 +399,21 @@ class Trainer:
         self.progress.message(f"validation at step {step + 1}: loss {v:.4f}")
         return v
 
-    def evaluate(self, split: str, step: int, max_seeds: int | None = None) -> dict[str, Any]:
+    def evaluate(
+        self, split: str, step: int, max_seeds: int | None = None, final: bool = False
+    ) -> dict[str, Any]:
         """An evaluation pass over ``split`` (capped at ``max_seeds`` per task),
         logged as ``eval/<split>/<task>/<metric>`` beside the pass's sampler
         telemetry reduced over ranks (``eval/<split>/sampler/<key>``); the
-        per-task results."""
+        per-task results. ``final``: a stop request agreed by the ranks ends
+        the pass unlogged (:class:`PassInterrupted`)."""
         from headwater import telemetry as T
 
         # The split's recorders also hold the val stream's batches (validate);
         # cleared here so the logged telemetry is this pass's alone.
         self.sampler.drain_step_metrics(split)
-        results = self.evaluator.evaluate(self.params, split, max_seeds)
+        stop = self.stop if final else None
+        results = self.evaluator.evaluate(self.params, split, max_seeds, stop=stop)
         local = self.sampler.drain_step_metrics_packed(split)
         sampler_row = telemetry_row(split, T.reduce(local, self.hook.schema))
         row = {**flat_row(split, results), **sampler_row}
@@ -571,8 +589,10 @@ class Trainer:
         jax.block_until_ready((p, o, m))
         return steps / (time.perf_counter() - t0)
 
-    def save(self, done: int) -> None:
-        """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`)."""
+    def save(self, done: int, final_phase: str | None = None) -> None:
+        """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`);
+        ``final_phase="pending"`` marks the last one, taken before the final
+        validation and evaluation (see :func:`.checkpoint.check_resume`)."""
         meta = {
             "format": "headwater-train-checkpoint",
             "version": 1,
@@ -585,8 +605,38 @@ class Trainer:
             # No trainer RNG besides the init seed: the stream's RNGs are in
             # the sampler state.
             "rng": {"param_init_seed": self.cfg.train.seed},
+            **({"final_phase": final_phase} if final_phase else {}),
         }
         self.ckpt.save(done, self.params, self.opt_state, meta)
+
+    def final_phase(self) -> float:
+        """The final validation and evaluation passes: the val loss (NaN
+        without val batches or when a stop ended them).
+
+        The trained model is checkpointed before them, since they change
+        nothing it holds: a stop during them (agreed by the ranks at the same
+        batch) loses no training, and ``--resume`` reruns them alone from the
+        same sampler state (the same batches, the same figures)."""
+        tc = self.cfg.train
+        if self.start_step < tc.steps:
+            self.save(tc.steps, final_phase="pending")
+        final_val = math.nan
+        try:
+            if tc.val_batches:
+                final_val = self.validate(tc.steps - 1, final=True)
+            if tc.eval_final:
+                for split in ("val", "test"):
+                    self.evaluate(split, tc.steps - 1, final=True)
+        except PassInterrupted:
+            self.stopped = True
+            self.progress.message(
+                f"stopping during the final evaluation: {self.stop.name} "
+                f"(checkpoint {tc.steps} holds the trained model)"
+            )
+            return math.nan
+        if self.rank == 0:
+            C.mark_final_phase_done(self.run_dir, tc.steps)
+        return final_val
 
     def run_steps(self) -> tuple[float, float]:
         """Every step (from the checkpoint's, on resume), checkpoints, then
@@ -609,17 +659,14 @@ class Trainer:
             if stopping:
                 self.stopped = True
                 self.progress.message(f"stopping after step {done}: {self.stop.name}")
-                self.save(done)
+                # After the last step, the final phase is still to run.
+                self.save(done, final_phase="pending" if done == tc.steps else None)
                 break
             if due_save and done < tc.steps:
                 self.save(done)
         if not self.stopped:
             self.replayed_rate = self.replay_rate()
-            final_val = self.validate(tc.steps - 1) if tc.val_batches else math.nan
-            if tc.eval_final:
-                for split in ("val", "test"):
-                    self.evaluate(split, tc.steps - 1)
-            self.save(tc.steps)
+            final_val = self.final_phase()
         self.hook.close()
         if self.drains is not None:
             self.drains.close()
