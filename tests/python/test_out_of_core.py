@@ -289,3 +289,34 @@ def test_preprocess_a_database_larger_than_the_budget_within_it(tmp_path: Path) 
     print(err[-3000:], f"private {peak >> 20} MiB (interpreter {base >> 20}), VmHWM {hwm >> 20} MiB (interpreter {base_hwm >> 20})")
     assert peak < base + budget, f"private peak {peak >> 20} MiB, interpreter {base >> 20} MiB + budget {budget >> 20} MiB"
     assert json.loads(headwater.Database(tmp_path / "out").metadata_json())["num_rows"] == 1_700_000
+
+
+def test_spool_spills_what_it_is_given_and_opens_nothing_when_empty(tmp_path: Path) -> None:
+    """A task result's spool: appended chunks come back whole and in order,
+    mapped from a file in the spill directory (not private memory); a spool
+    that stays empty (a task without a split column) opens no file."""
+    rng = np.random.default_rng(3)
+    chunks = [rng.integers(0, 1 << 30, size=n).astype(np.uint32) for n in (5, 0, 70_000, 1)]
+    spill = tmp_path / "spill"
+    token = pipeline._SPILL_DIR.set(spill)
+    try:
+        full, empty = pipeline._Spool(np.uint32), pipeline._Spool(np.uint8)
+        for c in chunks:
+            full.append(c)
+            empty.append(np.empty(0, np.uint8))
+        opened = {p.name for p in Path("/proc/self/fd").iterdir() if "spool" in _fd_target(p)}
+    finally:
+        pipeline._SPILL_DIR.reset(token)
+    assert len(opened) == 1, opened
+    got = full.array()
+    assert isinstance(got, np.memmap)
+    np.testing.assert_array_equal(got, np.concatenate(chunks))
+    out = empty.array()
+    assert out.dtype == np.uint8 and len(out) == 0
+
+
+def _fd_target(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:
+        return ""

@@ -635,26 +635,30 @@ def _foreign_keys(
 class _Spool:
     """Values of a count not known in advance, appended chunk by chunk: during
     a run, to an unlinked file in the run's spill directory, mapped whole when
-    complete (page cache, not private memory); outside a run, in memory."""
+    complete (page cache, not private memory); outside a run, in memory. The
+    file is opened by the first non-empty append (a spool that stays empty,
+    such as a task's split codes without a split column, opens none)."""
 
     def __init__(self, dtype: Any) -> None:
         self.dtype = np.dtype(dtype)
         self.n = 0
         self.parts: list[np.ndarray] = []
-        spill = _SPILL_DIR.get()
+        self.spill = _SPILL_DIR.get()
         self.file: Any = None
-        if spill is not None:
-            spill.mkdir(parents=True, exist_ok=True)
-            # Closed by array(), whose map then keeps the pages alive.
-            self.file = tempfile.TemporaryFile(dir=spill, suffix=".spool")  # noqa: SIM115
 
     def append(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a, dtype=self.dtype)
+        if not len(a):
+            return
         self.n += len(a)
-        if self.file is None:
+        if self.spill is None:
             self.parts.append(a)
-        else:
-            a.tofile(self.file)
+            return
+        if self.file is None:
+            self.spill.mkdir(parents=True, exist_ok=True)
+            # Closed by array(), whose map then keeps the pages alive.
+            self.file = tempfile.TemporaryFile(dir=self.spill, suffix=".spool")  # noqa: SIM115
+        a.tofile(self.file)
 
     def array(self) -> np.ndarray:
         if self.file is None:
