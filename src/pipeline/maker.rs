@@ -23,7 +23,7 @@ use crate::batch::{
 };
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
-use crate::format::Database;
+use crate::format::{Database, GraphView};
 use crate::rng::{mix64, Xoshiro256pp};
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::seeds::{
@@ -184,6 +184,40 @@ impl SplitState {
 
 thread_local! {
     static SCRATCH: RefCell<(BfsScratch, AssembleScratch)> = RefCell::new(Default::default());
+}
+
+/// Builds task contexts: one BFS from a seed row, with this thread's
+/// scratch (the probe of `pack_factor = 0` and every batch use it).
+struct ContextBuilder<'a> {
+    graph: GraphView<'a>,
+    row_cells: &'a [u16],
+    seed_cells: usize,
+    params: BfsParams,
+}
+
+impl ContextBuilder<'_> {
+    /// The context of anchor `row` observed at `obs_time` under `budget`
+    /// cells, its RNG keyed by `rng_seed`, into `sub`.
+    fn build(&self, row: u32, obs_time: i64, rng_seed: u64, budget: usize, sub: &mut Subgraph) {
+        SCRATCH.with(|sc| {
+            let mut rng = Xoshiro256pp::seed_from_u64(rng_seed);
+            let p = BfsParams {
+                max_cells: budget,
+                ..self.params
+            };
+            bfs(
+                &self.graph,
+                self.row_cells,
+                row,
+                self.seed_cells,
+                obs_time,
+                &p,
+                &mut rng,
+                &mut sc.borrow_mut().0,
+                sub,
+            );
+        });
+    }
 }
 
 fn derive(seed: u64, parts: &[u64]) -> u64 {
@@ -403,6 +437,23 @@ impl SamplerCore {
         self.segment_slots = if most <= 1 { 1 } else { (2 * most).min(255) };
     }
 
+    /// The [`ContextBuilder`] of task `k` (budget `S` unless given).
+    fn context_builder(&self, k: usize) -> ContextBuilder<'_> {
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        ContextBuilder {
+            graph: mdb.db.graph(),
+            row_cells: &mdb.row_cells,
+            seed_cells: plan.seed_cells,
+            params: BfsParams {
+                max_cells: self.cfg.default_sequence_length,
+                max_hops: self.cfg.max_hops,
+                child_width: self.cfg.bfs_child_width,
+                temporal_filter: self.cfg.temporal_filter,
+            },
+        }
+    }
+
     /// The mean unpacked context size (cells, BFS budget `S`) of up to
     /// [`PACK_PROBE`] seeds spread over task `k`'s seed list (all splits:
     /// only their sizes are read), each BFS with a fixed key: deterministic,
@@ -414,16 +465,11 @@ impl SamplerCore {
         let Ok(task) = mdb.db.task(plan.local) else {
             return self.cfg.default_sequence_length as f64;
         };
-        let graph = mdb.db.graph();
         let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
         let n = task.anchor_rows.len();
         let probes = n.min(PACK_PROBE);
-        let params = BfsParams {
-            max_cells: self.cfg.default_sequence_length,
-            max_hops: self.cfg.max_hops,
-            child_width: self.cfg.bfs_child_width,
-            temporal_filter: self.cfg.temporal_filter,
-        };
+        let builder = self.context_builder(k);
+        let s = self.cfg.default_sequence_length;
         let cells: Vec<usize> = self.pool.install(|| {
             (0..probes)
                 .into_par_iter()
@@ -431,26 +477,11 @@ impl SamplerCore {
                     let i = j * n / probes;
                     let row = task.anchor_rows[i];
                     // A corrupt anchor is reported when a batch draws it.
-                    (graph.table_of(row) == Some(anchor_table)).then(|| {
-                        SCRATCH.with(|sc| {
-                            let mut sub = Subgraph::default();
-                            let mut rng = Xoshiro256pp::seed_from_u64(derive(
-                                self.cfg.seed,
-                                &[k as u64, i as u64, 3],
-                            ));
-                            bfs(
-                                &graph,
-                                &mdb.row_cells,
-                                row,
-                                plan.seed_cells,
-                                task.obs_times[i],
-                                &params,
-                                &mut rng,
-                                &mut sc.borrow_mut().0,
-                                &mut sub,
-                            );
-                            sub.cells
-                        })
+                    (builder.graph.table_of(row) == Some(anchor_table)).then(|| {
+                        let mut sub = Subgraph::default();
+                        let key = derive(self.cfg.seed, &[k as u64, i as u64, 3]);
+                        builder.build(row, task.obs_times[i], key, s, &mut sub);
+                        sub.cells
                     })
                 })
                 .collect()
@@ -964,33 +995,10 @@ impl SamplerCore {
             ));
         }
         let bfs_span = tracing::info_span!("bfs", seeds = n as i64).entered();
-        let params = BfsParams {
-            max_cells: s,
-            max_hops: self.cfg.max_hops,
-            child_width: self.cfg.bfs_child_width,
-            temporal_filter: self.cfg.temporal_filter,
-        };
-        let row_cells = &mdb.row_cells;
+        let builder = self.context_builder(k);
         let seed_cells = plan.seed_cells;
         let build = |sub: &mut Subgraph, job: &(u32, u32, i64, u64), budget: usize| {
-            SCRATCH.with(|sc| {
-                let mut rng = Xoshiro256pp::seed_from_u64(job.3);
-                let p = BfsParams {
-                    max_cells: budget,
-                    ..params
-                };
-                bfs(
-                    &graph,
-                    row_cells,
-                    job.1,
-                    seed_cells,
-                    job.2,
-                    &p,
-                    &mut rng,
-                    &mut sc.borrow_mut().0,
-                    sub,
-                );
-            });
+            builder.build(job.1, job.2, job.3, budget, sub);
         };
         // Every context is first built as its unpacked self (budget S).
         self.pool.install(|| {
