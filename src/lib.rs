@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod format;
 pub mod pipeline;
+pub mod prefetch;
 pub mod preprocess;
 pub mod rng;
 pub mod sampler;

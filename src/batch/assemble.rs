@@ -13,6 +13,7 @@ use super::perm::{rcm_orders, RcmScratch};
 use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
 use super::{Batch, SeqStats};
 use crate::format::{bit, ColumnValues, ColumnView, GraphView};
+use crate::prefetch::prefetch;
 use crate::sampler::Subgraph;
 
 /// The stored columns of one table with their cell type codes.
@@ -355,29 +356,26 @@ fn write_value(
 /// without this every cell is a cache miss taken one after another.
 #[inline]
 fn prefetch_row(ctx: &SeqContext<'_>, row: u32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let tc = &ctx.tables[ctx.graph.row_table[row as usize] as usize];
-        let r = (row - tc.row_offset) as usize;
-        for c in &tc.columns {
-            let p: *const i8 = match c.values {
-                ColumnValues::Numerical(v) => v[r..].as_ptr().cast(),
-                ColumnValues::Boolean(v) => v[r..].as_ptr().cast(),
-                ColumnValues::Timestamp(v) => v[r..].as_ptr().cast(),
-                ColumnValues::Categorical(v) | ColumnValues::Text(v) => v[r..].as_ptr().cast(),
-            };
-            // SAFETY: prefetch is a hint; both addresses are inside live slices.
-            unsafe {
-                _mm_prefetch(p, _MM_HINT_T0);
-                if !c.all_valid {
-                    _mm_prefetch(c.validity[r >> 3..].as_ptr().cast(), _MM_HINT_T0);
-                }
-            }
+    let Some(tc) = ctx
+        .graph
+        .row_table
+        .get(row as usize)
+        .and_then(|&t| ctx.tables.get(t as usize))
+    else {
+        return;
+    };
+    let r = row.wrapping_sub(tc.row_offset) as usize;
+    for c in &tc.columns {
+        match c.values {
+            ColumnValues::Numerical(v) => prefetch(v, r),
+            ColumnValues::Boolean(v) => prefetch(v, r),
+            ColumnValues::Timestamp(v) => prefetch(v, r),
+            ColumnValues::Categorical(v) | ColumnValues::Text(v) => prefetch(v, r),
+        }
+        if !c.all_valid {
+            prefetch(c.validity, r >> 3);
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ctx, row);
 }
 
 /// Write one sequence: cells of `sub` (seed row first, target cell first),

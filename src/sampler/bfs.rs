@@ -1,6 +1,7 @@
 //! The BFS itself and its scratch space.
 
 use crate::format::GraphView;
+use crate::prefetch::prefetch;
 use crate::rng::Xoshiro256pp;
 
 /// What one BFS may do.
@@ -184,6 +185,23 @@ impl Visited {
     }
 }
 
+/// Frontier rows whose parent and child lists are prefetched ahead.
+const AHEAD: usize = 2;
+
+/// Prefetch the first parent and child entries of frontier row `u`.
+#[inline]
+fn prefetch_lists(g: &GraphView<'_>, u: Option<&u32>) {
+    if let Some(&u) = u {
+        if let Some(&a) = g.fwd_offsets.get(u as usize) {
+            prefetch(g.fwd_targets, a as usize);
+        }
+        if let Some(&a) = g.rev_offsets.get(u as usize) {
+            prefetch(g.rev_times, a as usize);
+            prefetch(g.rev_targets, a as usize);
+        }
+    }
+}
+
 fn shuffle(v: &mut [u32], rng: &mut Xoshiro256pp) {
     for i in (1..v.len()).rev() {
         let j = rng.below(i as u64 + 1) as usize;
@@ -263,23 +281,30 @@ pub fn bfs(
         }
         s.parents.clear();
         s.children.clear();
+        for u in s.frontier.iter().take(AHEAD) {
+            prefetch_lists(g, Some(u));
+        }
         for i in 0..s.frontier.len() {
             let u = s.frontier[i];
+            prefetch_lists(g, s.frontier.get(i + AHEAD));
             for &par in g.parents(u) {
                 if s.visited.insert(par) {
-                    // A parent dated after the cutoff is future data (it can
-                    // only be reached through a row without a time); parents
-                    // are otherwise taken unconditionally. (An out-of-range
-                    // id from a corrupt payload is dropped at inclusion.)
-                    let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
-                    if t != i64::MIN && t > cutoff {
-                        out.temporal_filtered += 1;
-                    } else {
-                        s.parents.push(par);
-                    }
+                    prefetch(g.row_time, par as usize);
+                    prefetch(g.row_table, par as usize);
+                    s.parents.push(par);
                 }
             }
         }
+        // A parent dated after the cutoff is future data (it can only be
+        // reached through a row without a time); parents are otherwise
+        // taken unconditionally. (An out-of-range id from a corrupt payload
+        // is dropped at inclusion.)
+        let before = s.parents.len();
+        s.parents.retain(|&par| {
+            let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
+            t == i64::MIN || t <= cutoff
+        });
+        out.temporal_filtered += (before - s.parents.len()) as u64;
         for i in 0..s.frontier.len() {
             let u = s.frontier[i];
             let (ids, times) = g.children(u);
@@ -296,6 +321,8 @@ pub fn bfs(
             for r in start..s.children.len() {
                 let c = s.children[r];
                 if s.visited.insert(c) {
+                    prefetch(g.row_time, c as usize);
+                    prefetch(g.row_table, c as usize);
                     s.children[w] = c;
                     w += 1;
                 }
@@ -328,6 +355,9 @@ pub fn bfs(
                     out.cells_dropped += c as u64;
                     continue;
                 }
+                // The next hop (and the edge list) reads its CSR offsets.
+                prefetch(g.fwd_offsets, r as usize);
+                prefetch(g.rev_offsets, r as usize);
                 s.visited.set_local(r, out.rows.len() as u16);
                 out.rows.push(r);
                 out.depth.push(hop as u8);
