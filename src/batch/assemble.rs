@@ -355,13 +355,8 @@ fn write_value(
 /// and its validity bitmap): rows are scattered over column-major tables, so
 /// without this every cell is a cache miss taken one after another.
 #[inline]
-fn prefetch_row(ctx: &SeqContext<'_>, row: u32) {
-    let Some(tc) = ctx
-        .graph
-        .row_table
-        .get(row as usize)
-        .and_then(|&t| ctx.tables.get(t as usize))
-    else {
+fn prefetch_row(ctx: &SeqContext<'_>, table: u16, row: u32) {
+    let Some(tc) = ctx.tables.get(table as usize) else {
         return;
     };
     let r = row.wrapping_sub(tc.row_offset) as usize;
@@ -391,18 +386,17 @@ pub fn assemble_sequence(
 ) -> SeqStats {
     const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
-    let g = &ctx.graph;
     let mut pos = 0usize;
     s.row_start.clear();
-    for &row in sub.rows.iter().take(AHEAD) {
-        prefetch_row(ctx, row);
+    for (&row, &t) in sub.rows.iter().zip(&sub.tables).take(AHEAD) {
+        prefetch_row(ctx, t, row);
     }
-    for (i, &row) in sub.rows.iter().enumerate() {
-        if let Some(&next) = sub.rows.get(i + AHEAD) {
-            prefetch_row(ctx, next);
+    for (i, (&row, &t)) in sub.rows.iter().zip(&sub.tables).enumerate() {
+        if let (Some(&next), Some(&tn)) = (sub.rows.get(i + AHEAD), sub.tables.get(i + AHEAD)) {
+            prefetch_row(ctx, tn, next);
         }
         s.row_start.push(pos as u32);
-        let t = g.row_table[row as usize] as usize;
+        let t = t as usize;
         let tc = &ctx.tables[t];
         let local_row = (row - tc.row_offset) as usize;
         let mut skip_slot = usize::MAX;

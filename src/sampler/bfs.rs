@@ -24,6 +24,9 @@ pub struct Subgraph {
     pub rows: Vec<u32>,
     /// Hop of each included row.
     pub depth: Vec<u8>,
+    /// Table of each included row (as the BFS checked it: assembly reads
+    /// it here instead of from the graph's `row_table` again).
+    pub tables: Vec<u16>,
     /// `(child, parent)` local indices of every FK edge between included rows.
     pub edges: Vec<(u16, u16)>,
     /// Cells of the included rows (at most the budget).
@@ -48,6 +51,7 @@ impl Subgraph {
     fn clear(&mut self) {
         self.rows.clear();
         self.depth.clear();
+        self.tables.clear();
         self.edges.clear();
         self.cells = 0;
         self.budget = 0;
@@ -265,6 +269,9 @@ pub fn bfs(
     s.visited.set_local(seed, 0);
     out.rows.push(seed);
     out.depth.push(0);
+    // The caller checked the seed's table (the task's anchor table).
+    out.tables
+        .push(g.row_table.get(seed as usize).copied().unwrap_or(0));
     out.cells = seed_cells.min(p.max_cells);
     out.budget = p.max_cells;
     let max_rows = p.max_cells.min(u16::MAX as usize - 1);
@@ -347,10 +354,10 @@ pub fn bfs(
                 };
                 // Only rows whose table checks out are read (corrupt payloads
                 // give a smaller subgraph, never an out-of-bounds read).
-                let Some(c) = g.table_of(r).and_then(|t| row_cells.get(t)) else {
+                let Some((t, &c)) = g.table_of(r).and_then(|t| Some((t, row_cells.get(t)?))) else {
                     continue;
                 };
-                let c = *c as usize;
+                let c = c as usize;
                 if out.cells + c > p.max_cells || out.rows.len() >= max_rows {
                     out.cells_dropped += c as u64;
                     continue;
@@ -361,6 +368,7 @@ pub fn bfs(
                 s.visited.set_local(r, out.rows.len() as u16);
                 out.rows.push(r);
                 out.depth.push(hop as u8);
+                out.tables.push(t as u16);
                 out.cells += c;
                 out.max_depth = hop as u8;
                 s.frontier.push(r);
