@@ -1,5 +1,6 @@
 //! A software prefetch hint: the sampler's reads are scattered over
-//! memory-mapped arrays (graph rows, column cells, text embeddings), and
+//! memory-mapped arrays (the graph's CSR and per-row arrays in the BFS,
+//! column cells in assembly), and
 //! issuing the loads of the next items before they are needed overlaps
 //! their cache misses instead of taking them one after another.
 

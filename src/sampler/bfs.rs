@@ -194,15 +194,13 @@ const AHEAD: usize = 2;
 
 /// Prefetch the first parent and child entries of frontier row `u`.
 #[inline]
-fn prefetch_lists(g: &GraphView<'_>, u: Option<&u32>) {
-    if let Some(&u) = u {
-        if let Some(&a) = g.fwd_offsets.get(u as usize) {
-            prefetch(g.fwd_targets, a as usize);
-        }
-        if let Some(&a) = g.rev_offsets.get(u as usize) {
-            prefetch(g.rev_times, a as usize);
-            prefetch(g.rev_targets, a as usize);
-        }
+fn prefetch_lists(g: &GraphView<'_>, u: u32) {
+    if let Some(&a) = g.fwd_offsets.get(u as usize) {
+        prefetch(g.fwd_targets, a as usize);
+    }
+    if let Some(&a) = g.rev_offsets.get(u as usize) {
+        prefetch(g.rev_times, a as usize);
+        prefetch(g.rev_targets, a as usize);
     }
 }
 
@@ -288,12 +286,14 @@ pub fn bfs(
         }
         s.parents.clear();
         s.children.clear();
-        for u in s.frontier.iter().take(AHEAD) {
-            prefetch_lists(g, Some(u));
+        for &u in s.frontier.iter().take(AHEAD) {
+            prefetch_lists(g, u);
         }
         for i in 0..s.frontier.len() {
             let u = s.frontier[i];
-            prefetch_lists(g, s.frontier.get(i + AHEAD));
+            if let Some(&next) = s.frontier.get(i + AHEAD) {
+                prefetch_lists(g, next);
+            }
             for &par in g.parents(u) {
                 if s.visited.insert(par) {
                     prefetch(g.row_time, par as usize);

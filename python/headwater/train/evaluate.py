@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from headwater.train.scoring import STYPES, baseline, score
+
+if TYPE_CHECKING:
+    from headwater.train.checkpoint import StopFlag
 
 
 @functools.cache
@@ -117,11 +120,11 @@ class Evaluator:
         return 1.0, 0.0
 
     def predictions(
-        self, params: Any, split: str, max_seeds: int | None = None, stop: Any = None
+        self, params: Any, split: str, max_seeds: int | None = None, stop: StopFlag | None = None
     ) -> dict[str, dict[str, Any]]:
         """Per task: ``{"stype", "y_true", "y_pred"}`` over the union of ranks.
-        ``stop`` (a :class:`.checkpoint.StopFlag`): its signal, agreed by the
-        ranks with each batch's shapes, ends the pass (:class:`PassInterrupted`)."""
+        ``stop``'s signal, agreed by the ranks with each batch's shapes, ends
+        the pass (:class:`PassInterrupted`)."""
         from headwater.train.mesh import host
 
         pass_ = self.sampler.eval_batches(split, max_seeds=max_seeds)
@@ -153,7 +156,7 @@ class Evaluator:
         raise ValueError(f"batch task_idx {idx} is not a task of the database")
 
     def evaluate(
-        self, params: Any, split: str, max_seeds: int | None = None, stop: Any = None
+        self, params: Any, split: str, max_seeds: int | None = None, stop: StopFlag | None = None
     ) -> dict[str, dict[str, Any]]:
         """Per task: ``{"stype", "count", "metrics", "baseline"}``."""
         return score_predictions(self.predictions(params, split, max_seeds, stop))
