@@ -979,7 +979,8 @@ impl SamplerCore {
         if subgraphs.len() != n {
             subgraphs.resize_with(n, Subgraph::default);
         }
-        let graph = db.graph();
+        let builder = self.context_builder(k);
+        let graph = builder.graph;
         // Payloads are not hashed at open: a seed row is used only if it is
         // a row of the task's anchor table (O(1), never out of bounds).
         let anchor_table = db.metadata().tasks[plan.local].anchor_table as usize;
@@ -995,7 +996,6 @@ impl SamplerCore {
             ));
         }
         let bfs_span = tracing::info_span!("bfs", seeds = n as i64).entered();
-        let builder = self.context_builder(k);
         let seed_cells = plan.seed_cells;
         let build = |sub: &mut Subgraph, job: &(u32, u32, i64, u64), budget: usize| {
             builder.build(job.1, job.2, job.3, budget, sub);
