@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import multiprocessing
+import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -251,8 +253,6 @@ def test_cache_many_keys_chunked(cache_root: Path) -> None:
 
 
 def test_cache_stores_sha256_and_length(cache_root: Path) -> None:
-    import sqlite3
-
     CachedEmbedder(ToyEmbedder()).embed(["héllo"])
     path = EmbeddingCache("toy", 8).path
     assert path == cache_root / "embeddings" / "toy.sqlite"
@@ -278,6 +278,43 @@ def test_cache_concurrent_processes(tmp_path: Path) -> None:
     toy = ToyEmbedder()
     CachedEmbedder(toy, root=tmp_path).embed([f"own {s} 0" for s in range(8)])
     assert toy.seen == []
+
+
+def _open_fresh(args: tuple[str, int, float]) -> str:
+    root, seed, start = args
+    while time.time() < start:  # all workers open the new file at the same moment
+        pass
+    cache = EmbeddingCache("toy", 8, root=root)
+    try:
+        cache.get_many([text_key("absent")])
+        cache.put_many([(text_key(f"own {seed}"), 5, np.full(8, seed, dtype=np.float16))])
+    except sqlite3.OperationalError as err:
+        return f"{type(err).__name__}: {err}"
+    return "ok"
+
+
+def test_cache_first_open_races_between_processes(tmp_path: Path) -> None:
+    """Processes that create one cache file at the same instant all succeed.
+
+    SQLite refuses a second simultaneous switch of a fresh file to WAL with an
+    immediate "database is locked" (no busy wait); before the set-up was
+    serialised, about a third of these rounds failed on this machine.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    rounds, workers = 30, 4
+    with ctx.Pool(workers) as pool:
+        pool.map(abs, range(workers))  # all workers started before the first round
+        for r in range(rounds):
+            root = tmp_path / f"round{r}"
+            start = time.time() + 0.05
+            outcomes = pool.map(
+                _open_fresh, [(str(root), s, start) for s in range(workers)], chunksize=1
+            )
+            assert outcomes == ["ok"] * workers, f"round {r}: {outcomes}"
+            stored = EmbeddingCache("toy", 8, root=root).get_many(
+                [text_key(f"own {s}") for s in range(workers)]
+            )
+            assert len(stored) == workers
 
 
 # --------------------------------------------------------------------------- #

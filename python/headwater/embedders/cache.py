@@ -10,11 +10,16 @@ vector bytes.
 :class:`CachedEmbedder` wraps any embedder: it looks all texts up in bulk,
 embeds only the distinct misses and writes them back in one transaction.  The
 database runs in WAL mode with a busy timeout, so several processes can share
-one cache directory.
+one cache directory.  Each connection is set up (WAL switch, schema) under an
+exclusive ``flock`` on ``<model>.sqlite.lock``: SQLite answers two connections
+that switch a fresh file to WAL at once with an immediate "database is locked"
+(its deadlock avoidance skips the busy handler there), so the set-up is
+serialised instead of retried.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -78,6 +83,7 @@ class EmbeddingCache:
         self.dim = dim
         base = Path(root) if root is not None else cache_dir()
         self.path = base / "embeddings" / f"{model}.sqlite"
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -87,9 +93,14 @@ class EmbeddingCache:
             sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         ) as conn:
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(_SCHEMA)
+            with open(self.lock_path, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    conn.execute(_SCHEMA)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
             yield conn
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, npt.NDArray[np.float16]]:
