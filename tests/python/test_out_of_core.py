@@ -173,6 +173,72 @@ def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
     assert rows.tolist() == [-1, -1, -1] and unmatched == 2
 
 
+@pytest.mark.parametrize("order", ["ascending", "shuffled", "shuffled-duckdb-sort"])
+def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's primary keys are streamed out of DuckDB into a spilled array,
+    never held whole in private memory; a sort larger than the run's share
+    for it is DuckDB's (NumPy's argsort is not called). Every path resolves
+    exactly as Arrow's hash lookup over the whole key column does."""
+    rng = np.random.default_rng(11)
+    n = (1 << 20) + 5
+    keys = np.sort(rng.choice(1 << 40, size=n, replace=False)).astype(np.int64)
+    if order != "ascending":
+        rng.shuffle(keys)
+    con = duckdb.connect()
+    con.register("k_src", pa.table({"id": keys}))
+    con.execute("CREATE TABLE t AS SELECT id FROM k_src")
+    con.unregister("k_src")
+    con.execute("SET memory_limit='64MiB'")
+    con.execute(f"SET temp_directory='{tmp_path / 'duck'}'")
+    if order == "shuffled-duckdb-sort":
+        def no_argsort(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("argsort called for a sort past the budget")
+
+        monkeypatch.setattr(np, "argsort", no_argsort)
+    spill = pipeline._SPILL_DIR.set(tmp_path)
+    budget = pipeline._SORT_BUDGET.set(1 << 20 if order == "shuffled-duckdb-sort" else None)
+    try:
+        index = pipeline._KeyIndex.stream(con, "t", "id", n, "table `t`: primary key `id`")
+    finally:
+        pipeline._SORT_BUDGET.reset(budget)
+        pipeline._SPILL_DIR.reset(spill)
+    monkeypatch.undo()
+    assert index.arrow is None and isinstance(index.sorted, np.memmap)
+    assert (index.order is None) == (order == "ascending")
+    if index.order is not None:
+        assert isinstance(index.order, np.memmap)
+        np.testing.assert_array_equal(index.sorted, np.sort(keys))
+        np.testing.assert_array_equal(keys[index.order], index.sorted)
+    values = np.concatenate([rng.choice(keys, size=4000), rng.integers(0, 1 << 41, size=4000)])
+    nulls = rng.random(len(values)) < 0.1
+    col = pa.array(values, mask=nulls)
+    rows, unmatched = index.rows(col, "here")
+    want = pc.index_in(col, value_set=pa.array(keys))
+    np.testing.assert_array_equal(rows, pc.fill_null(want, -1).to_numpy(zero_copy_only=False))
+    assert unmatched == want.null_count - col.null_count > 0
+    # A null key is named with its count; string keys are read whole.
+    con.execute("CREATE TABLE bad AS SELECT * FROM (VALUES (1), (NULL), (3), (NULL)) v(id)")
+    with pytest.raises(headwater.SchemaError, match=r"table `bad`: primary key `id` has 2 null value\(s\)"):
+        pipeline._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
+    con.execute("CREATE TABLE s AS SELECT * FROM (VALUES ('b'), ('a')) v(id)")
+    text = pipeline._KeyIndex.stream(con, "s", "id", 2, "table `s`: primary key `id`")
+    assert text.sorted is None and text.rows(pa.array(["a", "z"]), "here")[0].tolist() == [1, -1]
+
+
+def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Duplicated integer keys are found on the sorted keys chunk by chunk
+    (runs that straddle a chunk boundary counted once), matching a count
+    over the whole array."""
+    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 7)
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        keys = np.sort(rng.integers(0, 60, size=int(rng.integers(0, 80))))
+        values, counts = np.unique(keys, return_counts=True)
+        dup = values[counts > 1]
+        want = (len(dup), int(dup[0]), int(counts[counts > 1][0])) if len(dup) else (0, None, 0)
+        assert pipeline._duplicates(keys) == want, (trial, keys.tolist())
+
+
 def test_memory_limit_sizes_and_errors() -> None:
     assert pipeline.parse_size("512MiB") == 512 << 20
     assert pipeline.parse_size("2GiB") == 2 << 30

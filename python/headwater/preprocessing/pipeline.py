@@ -263,25 +263,59 @@ class _KeyIndex:
     (12 bytes per key, spilled like a large column). Other key types go
     through Arrow's ``index_in``, which builds a hash table of every key on
     each call (about 50 bytes per key: 0.75 GiB of private memory for TPC-H
-    SF10's 15 M order keys, rebuilt for each of lineitem's chunks)."""
+    SF10's 15 M order keys, rebuilt for each of lineitem's chunks).
+
+    :meth:`stream` builds it from a source table in chunks: integer keys
+    never sit whole in private memory (spilled array; a sort too large for
+    the run's budget is DuckDB's, which spills too); other key types are read
+    whole, their values held privately."""
 
     def __init__(self, col: pa.Array) -> None:
-        self.arrow = col
+        self.arrow: pa.Array | None = col
         self.type = col.type
         self.sorted: np.ndarray | None = None
         self.order: np.ndarray | None = None
         if not pa.types.is_integer(col.type) or col.null_count:
             return
+        self.arrow = None
         keys = col.to_numpy(zero_copy_only=True)
         if len(keys) < 2 or bool(np.all(keys[1:] > keys[:-1])):
             self.sorted = keys
             return
-        order = np.argsort(keys, kind="stable")
-        self.sorted = _column_array(len(keys), keys.dtype)
-        np.take(keys, order, out=self.sorted)
-        self.order = _column_array(len(keys), np.uint32)
-        self.order[:] = order
-        del order
+        self.sorted, self.order = _sort_keys(keys)
+
+    @classmethod
+    def stream(cls, con: duckdb.DuckDBPyConnection, table: str, key: str, n: int, where: str) -> _KeyIndex:
+        """The index of ``table``'s key column ``key`` (``n`` rows), read in
+        chunks; a null key is a :class:`SchemaError` naming ``where``."""
+        t = _column_type(con, table, key)
+        if not pa.types.is_integer(t):
+            col = _read(con, table, [key]).column(0).combine_chunks()
+            if col.null_count:
+                raise SchemaError(f"{where} has {col.null_count} null value(s)")
+            return cls(col)
+        dtype = np.dtype(t.to_pandas_dtype())
+        keys, _, put, done = _into(n, dtype, where, with_valid=False)
+        nulls, ascending, last = 0, True, None
+        for chunk in _chunks(con, table, key):
+            nulls += chunk.null_count
+            if nulls:
+                continue
+            v = chunk.cast(t).to_numpy(zero_copy_only=False)
+            if ascending and len(v):
+                ascending = bool(np.all(v[1:] > v[:-1])) and (last is None or bool(v[0] > last))
+                last = v[-1]
+            put(v, None)
+        if nulls:
+            raise SchemaError(f"{where} has {nulls} null value(s)")
+        done()
+        index = cls.__new__(cls)
+        index.arrow, index.type, index.order = None, t, None
+        if ascending:
+            index.sorted = keys
+        else:
+            index.sorted, index.order = _sort_keys(keys, con)
+        return index
 
     def rows(self, col: pa.Array, where: str) -> tuple[np.ndarray, int]:
         """The row (int64; -1 for a null or unmatched value) of each value of
@@ -292,6 +326,7 @@ class _KeyIndex:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise SchemaError(f"{where}: {col.type} values cannot match primary key of type {self.type}: {e}") from e
         if self.sorted is None:
+            assert self.arrow is not None
             idx = pc.index_in(col, value_set=self.arrow)
             return _fill(idx.cast(pa.int64()), -1, np.int64), idx.null_count - col.null_count
         out = np.full(len(col), -1, dtype=np.int64)
@@ -308,31 +343,85 @@ class _KeyIndex:
         return out, len(col) - col.null_count - int(np.count_nonzero(hit))
 
 
+def _sort_keys(keys: np.ndarray, con: duckdb.DuckDBPyConnection | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``keys`` in ascending order and the row of each (uint32), both spilled
+    when large. A sort whose NumPy scratch (about 24 bytes per key, private)
+    would exceed the run's share for it (:data:`_SORT_BUDGET`) is DuckDB's
+    ``ORDER BY`` over the keys streamed with their rows in chunks, which
+    spills to the run's temp directory past DuckDB's memory limit."""
+    n = len(keys)
+    budget = _SORT_BUDGET.get()
+    sorted_keys = _column_array(n, keys.dtype)
+    order = _column_array(n, np.uint32)
+    if con is None or budget is None or n * 24 <= budget:
+        rows = np.argsort(keys, kind="stable")
+        np.take(keys, rows, out=sorted_keys)
+        order[:] = rows
+        return sorted_keys, order
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for a in range(0, n, CHUNK_ROWS):
+            b = min(a + CHUNK_ROWS, n)
+            yield pa.record_batch([pa.array(keys[a:b]), pa.array(np.arange(a, b, dtype=np.uint32))], names=["k", "i"])
+
+    schema = pa.schema([("k", pa.from_numpy_dtype(keys.dtype)), ("i", pa.uint32())])
+    name = f"__headwater_keys_{os.getpid()}_{id(keys):x}"
+    con.register(name, pa.RecordBatchReader.from_batches(schema, batches()))
+    try:
+        at = 0
+        for batch in con.execute(f"SELECT k, i FROM {quote(name)} ORDER BY k").to_arrow_reader(CHUNK_ROWS):
+            m = batch.num_rows
+            sorted_keys[at : at + m] = batch.column(0).to_numpy()
+            order[at : at + m] = batch.column(1).to_numpy()
+            at += m
+    finally:
+        con.unregister(name)
+    if at != n:
+        raise RuntimeError(f"DuckDB sorted {at} of {n} keys")
+    return sorted_keys, order
+
+
+def _duplicates(sorted_keys: np.ndarray) -> tuple[int, Any, int]:
+    """(how many distinct values appear more than once, the smallest of them,
+    how many times it appears) in ascending ``sorted_keys``, chunk by chunk."""
+    n = len(sorted_keys)
+    num, first, prev_eq = 0, None, False
+    for a in range(0, max(n - 1, 0), CHUNK_ROWS):
+        s = np.asarray(sorted_keys[a : min(a + CHUNK_ROWS + 1, n)])
+        eq = s[1:] == s[:-1]
+        starts = eq & ~np.concatenate([[prev_eq], eq[:-1]])
+        if first is None and starts.any():
+            first = s[int(np.argmax(starts))]
+        num += int(np.count_nonzero(starts))
+        prev_eq = bool(eq[-1])
+    if first is None:
+        return 0, None, 0
+    times = int(np.searchsorted(sorted_keys, first, "right") - np.searchsorted(sorted_keys, first, "left"))
+    return num, first.item(), times
+
+
 def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, _KeyIndex]:
-    """The primary key column of every referenced or anchor table, checked unique."""
+    """The primary key column of every referenced or anchor table, checked
+    unique, streamed from the source (:meth:`_KeyIndex.stream`)."""
     keys: dict[str, _KeyIndex] = {}
     for p in plans:
         if p.primary_key is None:
             continue
-        col = _read(src.con, p.name, [p.primary_key]).column(0).combine_chunks()
-        if col.null_count:
-            raise SchemaError(
-                f"table `{p.name}`: primary key `{p.primary_key}` has {col.null_count} null value(s)"
-            )
-        # Uniqueness is checked by DuckDB, inside its share of the budget
-        # (Arrow's value_counts held a hash table of every key: 1.2 GiB of
-        # private memory for TPC-H SF10's 15 M order keys).
-        k, t = quote(p.primary_key), quote(p.name)
-        num_dup, example, times = src.con.execute(
-            f"SELECT count(*), min(k), arg_min(n, k) FROM "
-            f"(SELECT {k} AS k, count(*) AS n FROM {t} GROUP BY {k} HAVING count(*) > 1)"
-        ).fetchone() or (0, None, None)
+        where = f"table `{p.name}`: primary key `{p.primary_key}`"
+        index = _KeyIndex.stream(src.con, p.name, p.primary_key, _read_count(src.con, p.name), where)
+        if index.sorted is not None:
+            # On the sorted keys: DuckDB's GROUP BY ran out of its memory
+            # limit on 30 M keys at a 256 MiB budget.
+            num_dup, example, times = _duplicates(index.sorted)
+        else:
+            k, t = quote(p.primary_key), quote(p.name)
+            num_dup, example, times = src.con.execute(
+                f"SELECT count(*), min(k), arg_min(n, k) FROM "
+                f"(SELECT {k} AS k, count(*) AS n FROM {t} GROUP BY {k} HAVING count(*) > 1)"
+            ).fetchone() or (0, None, None)
         if num_dup:
-            raise SchemaError(
-                f"table `{p.name}`: primary key `{p.primary_key}` has {num_dup} duplicated "
-                f"value(s), e.g. {example!r} appears {times} times"
-            )
-        keys[p.name] = _KeyIndex(col)
+            raise SchemaError(f"{where} has {num_dup} duplicated value(s), e.g. {example!r} appears {times} times")
+        keys[p.name] = index
         _release_arrow_memory()
     return keys
 
@@ -462,6 +551,9 @@ Put = Callable[[np.ndarray, "np.ndarray | None"], None]
 #: Where whole-column arrays of a run are spilled (the run's
 #: ``OUT_DIR.duckdb_tmp``); ``None`` outside :func:`preprocess`.
 _SPILL_DIR: ContextVar[Path | None] = ContextVar("headwater_spill_dir", default=None)
+# Bytes a primary-key sort may take in private memory during a run (None: no
+# bound, outside a run); larger sorts are DuckDB's (see `_sort_keys`).
+_SORT_BUDGET: ContextVar[int | None] = ContextVar("headwater_sort_budget", default=None)
 
 #: Columns of at least this many rows are spilled.
 SPILL_MIN_ROWS = 1 << 20
@@ -966,9 +1058,12 @@ def preprocess(
     spill = out.with_name(out.name + ".duckdb_tmp")
     _configure_duckdb(src.con, budget, spill)
     token = _SPILL_DIR.set(spill)
+    # DuckDB has a third of the budget; a key sort may take a quarter.
+    sort_token = _SORT_BUDGET.set(budget // 4)
     try:
         _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill)
     finally:
+        _SORT_BUDGET.reset(sort_token)
         _SPILL_DIR.reset(token)
         src.con.close()
         shutil.rmtree(spill, ignore_errors=True)
