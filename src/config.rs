@@ -312,7 +312,7 @@ pub static FIELDS: [FieldDoc; 31] = [
         "page_cache",
         "str",
         "\"lazy\", \"willneed\", \"populate\" or \"mlock\"",
-        "at open: lazy (page faults), willneed (madvise read-ahead), populate (fault every page in), mlock (populate and lock; needs RLIMIT_MEMLOCK)",
+        "at open: lazy (page faults), willneed (madvise read-ahead), populate (fault every page in), mlock (populate and lock; needs RLIMIT_MEMLOCK); the last three also advise huge pages",
     ),
     f(
         "temporal_filter",

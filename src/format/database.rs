@@ -210,7 +210,24 @@ impl Database {
     /// Open `dir`; [`Verify::Full`] also hashes every payload and checks
     /// the graph and task contents (reads the whole database).
     pub fn open_with(dir: impl AsRef<Path>, verify: Verify) -> Result<Self> {
-        let db = Self::open_headers(dir.as_ref())?;
+        Self::open_checked(dir.as_ref(), verify, false)
+    }
+
+    /// Open `dir` as the sampler does: checked as `verify` says, its maps
+    /// advised huge pages unless `page_cache` is `Lazy`, then brought into
+    /// the page cache as `page_cache` says.
+    pub fn open_for(
+        dir: impl AsRef<Path>,
+        verify: Verify,
+        page_cache: super::PageCache,
+    ) -> Result<Self> {
+        let db = Self::open_checked(dir.as_ref(), verify, page_cache != super::PageCache::Lazy)?;
+        db.warm_page_cache(page_cache)?;
+        Ok(db)
+    }
+
+    fn open_checked(dir: &Path, verify: Verify, huge_pages: bool) -> Result<Self> {
+        let db = Self::open_headers(dir, huge_pages)?;
         if verify == Verify::Full {
             for f in db.files() {
                 f.verify_payload(&mut |_| {})?;
@@ -237,7 +254,7 @@ impl Database {
             .chain([&self.column_emb, &self.categorical_emb, &self.text_emb])
     }
 
-    fn open_headers(dir: &Path) -> Result<Self> {
+    fn open_headers(dir: &Path, huge_pages: bool) -> Result<Self> {
         let dir = dir.to_path_buf();
         let meta_path = dir.join("metadata.json");
         if !dir.is_dir() {
@@ -286,7 +303,7 @@ impl Database {
         }
         let open = |rel: &str, kind: FileKind, n: Option<usize>| -> Result<MappedFile> {
             let path = dir.join(rel);
-            let f = MappedFile::open(&path, kind, n)?;
+            let f = MappedFile::open_advised(&path, kind, n, huge_pages)?;
             let digest = meta.files.get(rel).ok_or_else(|| {
                 Error::format(&meta_path, format!("no digest recorded for {rel}"))
             })?;

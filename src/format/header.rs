@@ -81,6 +81,18 @@ impl MappedFile {
     /// Map `path` and validate it as a `kind` file with `expected_sections`
     /// sections (`None` = any count).
     pub fn open(path: &Path, kind: FileKind, expected_sections: Option<usize>) -> Result<Self> {
+        Self::open_advised(path, kind, expected_sections, false)
+    }
+
+    /// [`MappedFile::open`]; with `huge_pages`, the map is advised huge pages
+    /// (see [`super::PageCache`]) before its header is read, so that no page
+    /// of the file enters the page cache as a small folio through this map.
+    pub fn open_advised(
+        path: &Path,
+        kind: FileKind,
+        expected_sections: Option<usize>,
+        huge_pages: bool,
+    ) -> Result<Self> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
         let bad = |what: String| Error::format(path, what);
@@ -92,6 +104,9 @@ impl MappedFile {
         // SAFETY: the map is read-only and the database directory is documented
         // as immutable while in use; every byte we interpret is validated below.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        if huge_pages {
+            super::page_cache::advise_huge_pages(&mmap);
+        }
         let b = &mmap[..];
         let magic = &b[0..8];
         match FileKind::from_magic(magic) {

@@ -250,8 +250,7 @@ impl SamplerCore {
         let names = database_names(paths);
         let mut dbs = Vec::with_capacity(paths.len());
         for (name, path) in names.into_iter().zip(paths) {
-            let db = Database::open_with(path, cfg.verify).map_err(|e| in_database(&name, e))?;
-            db.warm_page_cache(cfg.page_cache)
+            let db = Database::open_for(path, cfg.verify, cfg.page_cache)
                 .map_err(|e| in_database(&name, e))?;
             dbs.push((name, Arc::new(db)));
         }
