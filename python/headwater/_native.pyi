@@ -144,6 +144,7 @@ def bench_sampler(
     pack: bool = False,
     pack_factor: int = 0,
     database_weights: list[float] | None = None,
+    page_cache: str = "lazy",
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(

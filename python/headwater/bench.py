@@ -47,6 +47,7 @@ def _telemetry_ratio(
     seq_len: int,
     rounds: int,
     weights: list[float] | None = None,
+    page_cache: str = "lazy",
 ) -> dict[str, float]:
     """Throughput with telemetry on over off, alternating runs in this process
     (best of `rounds` each, so a noisy neighbour does not decide the ratio)."""
@@ -55,7 +56,7 @@ def _telemetry_ratio(
         for on in (True, False):
             r = _native.bench_sampler(
                 path, threads, steps, warmup, batch_size, seq_len, telemetry=on,
-                database_weights=weights,
+                database_weights=weights, page_cache=page_cache,
             )
             best[on] = max(best[on], r["batches_per_s"])
     return {
@@ -74,6 +75,7 @@ def _packing_comparison(
     seq_len: int,
     factors: list[int],
     rounds: int,
+    page_cache: str = "lazy",
 ) -> dict[str, Any]:
     """Unpacked against ``pack=True`` at each of ``factors``, runs alternating
     in this process (best of ``rounds`` each, so load drift hits every
@@ -84,7 +86,8 @@ def _packing_comparison(
     for _ in range(rounds):
         for name, pack, factor in configs:
             r = _native.bench_sampler(
-                path, threads, steps, warmup, batch_size, seq_len, pack=pack, pack_factor=factor
+                path, threads, steps, warmup, batch_size, seq_len, pack=pack, pack_factor=factor,
+                page_cache=page_cache,
             )
             if name not in best or r["cells_per_s"] > best[name]["cells_per_s"]:
                 best[name] = r
@@ -115,6 +118,7 @@ def run_bench(
     telemetry: str = "on",
     pack_factors: list[int] | None = None,
     rounds: int = 3,
+    page_cache: str = "lazy",
 ) -> dict[str, Any]:
     """Measure everything in one process; returns a JSON-able dict.
 
@@ -122,7 +126,9 @@ def run_bench(
     measure the on/off throughput ratio (alternating runs, best of three).
     ``pack_factors``: also compare unpacked with ``pack=True`` at each factor
     (useful cells/s, batches/s, padding; alternating runs, best of
-    ``rounds``) on the largest thread count.
+    ``rounds``) on the largest thread count. ``page_cache``: the sampler key
+    of that name for every run (``populate`` reads the database in, as huge
+    pages where the kernel allows, before each run is timed).
     """
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
@@ -140,7 +146,8 @@ def run_bench(
     on = telemetry != "off"
     runs = [
         _native.bench_sampler(
-            path, t, steps, warmup, batch_size, seq_len, telemetry=on, database_weights=weights
+            path, t, steps, warmup, batch_size, seq_len, telemetry=on, database_weights=weights,
+            page_cache=page_cache,
         )
         for t in threads
     ]
@@ -157,6 +164,7 @@ def run_bench(
             "steps": steps,
             "warmup": warmup,
             "cpus": ncpu,
+            "page_cache": page_cache,
         },
         "runs": runs,
         "batches_per_s": best["batches_per_s"],
@@ -171,14 +179,17 @@ def run_bench(
         "telemetry": telemetry,
         "packing": (
             _packing_comparison(
-                path, max(threads), steps, warmup, batch_size, seq_len, pack_factors, rounds
+                path, max(threads), steps, warmup, batch_size, seq_len, pack_factors, rounds,
+                page_cache,
             )
             if pack_factors
             else None
         ),
         "load_average": os.getloadavg(),
         "telemetry_cost": (
-            _telemetry_ratio(path, max(threads), steps, warmup, batch_size, seq_len, 3, weights)
+            _telemetry_ratio(
+                path, max(threads), steps, warmup, batch_size, seq_len, 3, weights, page_cache
+            )
             if telemetry == "both"
             else None
         ),
@@ -189,7 +200,7 @@ def format_bench(r: dict[str, Any]) -> str:
     c = r["conditions"]
     lines = [
         f"database   {r['db']}  ({r.get('databases', 1)} database(s), {r['db_bytes'] / 2**20:.1f} MiB mapped)",
-        f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs",
+        f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs, page cache {c.get('page_cache', 'lazy')}",
         "",
         f"{'threads':>7} {'batches/s':>10} {'useful Mc/s':>11} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
     ]

@@ -69,6 +69,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         telemetry=a.telemetry,
         pack_factors=factors,
         rounds=a.rounds,
+        page_cache=a.page_cache,
     )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
@@ -280,6 +281,13 @@ def _add_bench(sub: Sub) -> None:
         type=int,
         default=3,
         help="interleaved rounds of the packing comparison, best kept (default: %(default)s)",
+    )
+    pb.add_argument(
+        "--page-cache",
+        choices=["lazy", "willneed", "populate", "mlock"],
+        default="lazy",
+        help="the sampler's page_cache key in every run (populate: read in, as huge pages where "
+        "the kernel allows, before timing; default: %(default)s)",
     )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)

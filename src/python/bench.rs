@@ -8,7 +8,7 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released).
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy"))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,
@@ -25,8 +25,17 @@ pub fn bench_sampler<'py>(
     pack: bool,
     pack_factor: usize,
     database_weights: Option<Vec<f64>>,
+    page_cache: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let paths = super::sampler::db_paths(db_path)?;
+    let page_cache = serde_json::from_value(serde_json::Value::from(page_cache)).map_err(|_| {
+        to_py(crate::error::Error::Config {
+            key: "page_cache".into(),
+            what: format!(
+                "{page_cache:?}: expected \"lazy\", \"willneed\", \"populate\" or \"mlock\""
+            ),
+        })
+    })?;
     let cfg = SamplerConfig {
         database_weights: database_weights.map(crate::config::TaskWeights::List),
         seed,
@@ -37,6 +46,7 @@ pub fn bench_sampler<'py>(
         telemetry,
         pack,
         pack_factor,
+        page_cache,
         ..SamplerConfig::default()
     };
     let run = py

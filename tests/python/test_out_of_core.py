@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import mmap
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -284,6 +287,80 @@ def test_every_page_cache_mode_samples_the_same_batches() -> None:
             assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), mode
     with pytest.raises(headwater.ConfigError, match="`page_cache`"):
         headwater.Sampler(GOLDEN, page_cache="eager")
+
+
+def _pmd_mapped_kib(under: Path) -> int:
+    """``FilePmdMapped`` of this process's mappings of files under ``under``."""
+    total, mine = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):
+            mine = len(head) >= 6 and head[5].startswith(str(under))
+        elif mine and head[0] == "FilePmdMapped:":
+            total += int(head[1])
+    return total
+
+
+def _drop_cached_pages(root: Path) -> None:
+    """Evict the (clean, unmapped) page-cache pages of every file under ``root``."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _kernel_maps_file_huge_pages(tmp: Path) -> bool:
+    """Does a file here, read through a ``MADV_HUGEPAGE`` mapping with a cold
+    page cache, get 2 MiB mappings (transparent huge pages on, a filesystem
+    with large folios)?"""
+    probe = tmp / "probe"
+    probe.mkdir()
+    (probe / "f").write_bytes(os.urandom(8 << 20))
+    _drop_cached_pages(probe)
+    with open(probe / "f", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        m.madvise(mmap.MADV_HUGEPAGE)
+        sum(m[i] for i in range(0, len(m), 4096))
+        return _pmd_mapped_kib(probe) > 0
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")
+def test_eager_page_cache_modes_read_huge_pages_lazy_does_not(tmp_path: Path) -> None:
+    """``populate`` advises huge pages before anything is read: a database
+    whose pages are not cached enters the page cache in 2 MiB folios, mapped
+    by 2 MiB entries; read by ``lazy``'s faults (no advice), it is not."""
+    if not _kernel_maps_file_huge_pages(tmp_path):
+        pytest.skip("this kernel or filesystem maps no file by 2 MiB pages (THP off or no large folios)")
+    src = _source(tmp_path / "src.duckdb", parents=2_000, children=300_000, wide=8)
+    db = pipeline.preprocess(src, tmp_path / "db", embedder="hash", progress=False, time_columns="none")
+    assert max(p.stat().st_size for p in db.rglob("*.bin")) >= 8 << 20
+    # Cold pages read by `lazy`'s faults: small folios, 4 KiB entries.
+    _drop_cached_pages(db)
+    with headwater.Sampler(db, page_cache="lazy") as s:
+        s.next_train_batch()
+        assert _pmd_mapped_kib(db) == 0
+    del s
+    gc.collect()  # unmaps the files, so their pages can be dropped
+    _drop_cached_pages(db)
+    with headwater.Sampler(db, page_cache="populate") as s:
+        assert _pmd_mapped_kib(db) >= 2048
+        s.next_train_batch()
+
+
+def test_bench_runs_with_the_page_cache_mode_it_is_given() -> None:
+    cmd = [sys.executable, "-m", "headwater.cli", "bench", str(GOLDEN), "--batch-size", "4",
+           "--seq-len", "64", "--threads", "1", "--steps", "3", "--warmup", "1"]
+    r = subprocess.run([*cmd, "--page-cache", "populate", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["conditions"]["page_cache"] == "populate" and out["runs"][0]["batches_per_s"] > 0
+    bad = subprocess.run([*cmd, "--page-cache", "eager"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--page-cache" in bad.stderr
+    with pytest.raises(headwater.ConfigError, match=r"`page_cache`.*\"eager\""):
+        headwater._native.bench_sampler(str(GOLDEN), 1, 2, 1, 4, 64, page_cache="eager")
 
 
 MLOCK_CHILD = """
