@@ -289,16 +289,21 @@ def test_every_page_cache_mode_samples_the_same_batches() -> None:
         headwater.Sampler(GOLDEN, page_cache="eager")
 
 
-def _pmd_mapped_kib(under: Path) -> int:
-    """``FilePmdMapped`` of this process's mappings of files under ``under``."""
-    total, mine = 0, False
+def _maps_of(under: Path) -> tuple[int, int, int]:
+    """(mappings, of them advised huge pages (``hg`` in ``VmFlags``),
+    ``FilePmdMapped`` KiB) of this process's maps of files under ``under``."""
+    maps = advised = pmd = 0
+    mine = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()
         if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):
             mine = len(head) >= 6 and head[5].startswith(str(under))
+            maps += mine
         elif mine and head[0] == "FilePmdMapped:":
-            total += int(head[1])
-    return total
+            pmd += int(head[1])
+        elif mine and head[0] == "VmFlags:":
+            advised += "hg" in head[1:]
+    return maps, advised, pmd
 
 
 def _drop_cached_pages(root: Path) -> None:
@@ -324,29 +329,32 @@ def _kernel_maps_file_huge_pages(tmp: Path) -> bool:
     with open(probe / "f", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
         m.madvise(mmap.MADV_HUGEPAGE)
         sum(m[i] for i in range(0, len(m), 4096))
-        return _pmd_mapped_kib(probe) > 0
+        return _maps_of(probe)[2] > 0
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")
 def test_eager_page_cache_modes_read_huge_pages_lazy_does_not(tmp_path: Path) -> None:
-    """``populate`` advises huge pages before anything is read: a database
-    whose pages are not cached enters the page cache in 2 MiB folios, mapped
-    by 2 MiB entries; read by ``lazy``'s faults (no advice), it is not."""
+    """``populate`` advises huge pages on every map before anything is read:
+    a database whose pages are not cached enters the page cache in 2 MiB
+    folios, mapped by 2 MiB entries; ``lazy`` advises none."""
     if not _kernel_maps_file_huge_pages(tmp_path):
         pytest.skip("this kernel or filesystem maps no file by 2 MiB pages (THP off or no large folios)")
     src = _source(tmp_path / "src.duckdb", parents=2_000, children=300_000, wide=8)
     db = pipeline.preprocess(src, tmp_path / "db", embedder="hash", progress=False, time_columns="none")
     assert max(p.stat().st_size for p in db.rglob("*.bin")) >= 8 << 20
-    # Cold pages read by `lazy`'s faults: small folios, 4 KiB entries.
-    _drop_cached_pages(db)
+    # `lazy` advises nothing (its faults read 4 KiB pages, or what the
+    # device's read-ahead makes them).
     with headwater.Sampler(db, page_cache="lazy") as s:
         s.next_train_batch()
-        assert _pmd_mapped_kib(db) == 0
+        maps, advised, _ = _maps_of(db)
+        assert maps > 0 and advised == 0
     del s
     gc.collect()  # unmaps the files, so their pages can be dropped
+    assert _maps_of(db)[0] == 0
     _drop_cached_pages(db)
     with headwater.Sampler(db, page_cache="populate") as s:
-        assert _pmd_mapped_kib(db) >= 2048
+        maps, advised, pmd = _maps_of(db)
+        assert advised == maps > 0 and pmd >= 2048
         s.next_train_batch()
 
 
