@@ -18,6 +18,7 @@ mod hash_embed;
 mod stats;
 #[cfg(any(test, feature = "testing"))]
 mod synth;
+mod texts;
 mod writer;
 
 pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr, SpillArray};

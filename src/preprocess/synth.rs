@@ -261,7 +261,7 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
     let (c, k, t) = (
         w.column_texts().len(),
         w.category_texts().len(),
-        w.text_values().len(),
+        w.num_text_values(),
     );
     w.finish(&zeros(c), &zeros(k), &zeros(t), true)
 }

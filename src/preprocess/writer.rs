@@ -1,6 +1,6 @@
 //! [`DatabaseWriter`]: accumulates tables and tasks, writes the format.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::graph::{build_reverse, write_forward, write_reverse, SpillArray};
 use super::stats::{column_stats, RunningStats};
+use super::texts::TextTable;
 use crate::error::{Error, Result};
 use crate::format::bit;
 use crate::format::{
@@ -52,6 +53,14 @@ pub enum ColumnData<'a> {
         valid: &'a [u8],
         /// The category names.
         categories: Vec<String>,
+    },
+    /// Text values already interned by [`DatabaseWriter::intern_texts`] while
+    /// the column was streamed: `ids[i]` is row `i`'s global text id.
+    TextIds {
+        /// Global text id of each row (ignored where not valid).
+        ids: &'a [u32],
+        /// Validity per row (1 = present).
+        valid: &'a [u8],
     },
     /// `codes[i]` indexes a dictionary given as Arrow `large_string` buffers.
     Text {
@@ -179,8 +188,8 @@ pub struct DatabaseWriter {
     /// times, then per foreign key the parent row within the referenced
     /// table (`u32::MAX` = none). Read from the page cache, never held.
     graph_parts: Vec<MappedFile>,
-    text_index: HashMap<String, u32>,
-    text_strings: Vec<String>,
+    /// Distinct text values, in id order (see [`TextTable`]).
+    texts: TextTable,
     cat_strings: Vec<String>,
     ts_stats: RunningStats,
     resumed: usize,
@@ -338,8 +347,7 @@ impl DatabaseWriter {
             files: BTreeMap::new(),
             num_rows: 0,
             graph_parts: vec![],
-            text_index: HashMap::new(),
-            text_strings: vec![],
+            texts: TextTable::default(),
             cat_strings: vec![],
             ts_stats: RunningStats::default(),
             resumed: 0,
@@ -484,6 +492,25 @@ impl DatabaseWriter {
                     ts: None,
                 }
             }
+            ColumnData::TextIds { ids, valid } => {
+                check_len(what, ids.len(), n)?;
+                valid_of(valid)?;
+                let known = self.texts.len();
+                let mut vals = Vec::with_capacity(n);
+                for (i, (&id, &v)) in ids.iter().zip(valid.iter()).enumerate() {
+                    if v == 0 {
+                        vals.push(0);
+                        continue;
+                    }
+                    if id as usize >= known {
+                        return Err(Error::Preprocess(format!(
+                            "{what}: row {i} has text id {id}, only {known} texts interned"
+                        )));
+                    }
+                    vals.push(id);
+                }
+                text_encoded(vals, valid)
+            }
             ColumnData::Text {
                 codes,
                 valid,
@@ -493,49 +520,19 @@ impl DatabaseWriter {
                 check_len(what, codes.len(), n)?;
                 valid_of(valid)?;
                 let dict_len = offsets.len().saturating_sub(1);
-                // Map the column's dictionary into the global text table.
-                let mut global = Vec::with_capacity(dict_len);
-                for j in 0..dict_len {
-                    let (a, b) = (offsets[j], offsets[j + 1]);
-                    if a < 0 || b < a || b as usize > bytes.len() {
-                        return Err(Error::Preprocess(format!(
-                            "{what}: dictionary entry {j} spans {a}..{b}, outside {} bytes",
-                            bytes.len()
-                        )));
-                    }
-                    let s = std::str::from_utf8(&bytes[a as usize..b as usize]).map_err(|e| {
-                        Error::Preprocess(format!("{what}: dictionary entry {j} is not UTF-8: {e}"))
-                    })?;
-                    let next = self.text_strings.len() as u32;
-                    let id = *self.text_index.entry(s.to_string()).or_insert_with(|| next);
-                    if id == next {
-                        self.text_strings.push(s.to_string());
-                    }
-                    global.push(id);
-                }
+                let global = intern_dictionary(&mut self.texts, what, offsets, bytes)?;
                 let mut vals = Vec::with_capacity(n);
-                let mut nonnull = 0u64;
                 for (i, (&c, &v)) in codes.iter().zip(valid.iter()).enumerate() {
                     if v != 0 {
                         let g = *global.get(c as usize).ok_or_else(|| {
                             Error::Preprocess(format!("{what}: row {i} has text code {c}, dictionary has {dict_len} entries"))
                         })?;
-                        nonnull += 1;
                         vals.push(g);
                     } else {
                         vals.push(0);
                     }
                 }
-                Encoded {
-                    values: EncodedValues::U32(vals),
-                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
-                    stats: ColumnStats {
-                        count: nonnull,
-                        null_count: n as u64 - nonnull,
-                        ..Default::default()
-                    },
-                    ts: None,
-                }
+                text_encoded(vals, valid)
             }
         })
     }
@@ -679,9 +676,15 @@ impl DatabaseWriter {
         for w in offs.windows(2) {
             let s = std::str::from_utf8(&bytes[w[0] as usize..w[1] as usize])
                 .map_err(|e| Error::format(graph_part.path(), e.to_string()))?;
-            let id = self.text_strings.len() as u32;
-            self.text_index.insert(s.to_string(), id);
-            self.text_strings.push(s.to_string());
+            let next = self.texts.len();
+            if self.texts.intern(s) as usize != next {
+                return Err(Error::format(
+                    graph_part.path(),
+                    format!(
+                        "text value {s:?} is recorded as new here but an earlier table added it"
+                    ),
+                ));
+            }
         }
         self.num_rows += n as u64;
         self.graph_parts.push(graph_part);
@@ -761,7 +764,7 @@ impl DatabaseWriter {
             row_offset,
             file,
             writer,
-            text_before: self.text_strings.len(),
+            text_before: self.texts.len(),
             cats_before: self.cat_strings.len(),
             cols_before: self.columns.len(),
             stored: vec![],
@@ -793,9 +796,7 @@ impl DatabaseWriter {
     fn discard(&mut self, open: OpenTable) {
         self.columns.truncate(open.cols_before);
         self.cat_strings.truncate(open.cats_before);
-        for s in self.text_strings.drain(open.text_before..) {
-            self.text_index.remove(&s);
-        }
+        self.texts.truncate(open.text_before);
     }
 
     fn add_column_to(&mut self, open: &mut OpenTable, c: ColumnInput<'_>) -> Result<()> {
@@ -814,7 +815,7 @@ impl DatabaseWriter {
             ColumnData::Boolean { .. } => Some(SemanticType::Boolean),
             ColumnData::Timestamp { .. } => Some(SemanticType::Timestamp),
             ColumnData::Categorical { .. } => Some(SemanticType::Categorical),
-            ColumnData::Text { .. } => Some(SemanticType::Text),
+            ColumnData::Text { .. } | ColumnData::TextIds { .. } => Some(SemanticType::Text),
         };
         if data_kind != c.stype.is_stored().then_some(c.stype) {
             return Err(Error::Preprocess(format!(
@@ -933,14 +934,7 @@ impl DatabaseWriter {
         // Restart record: graph inputs + new strings, then the JSON that marks
         // the table complete (written last).
         let part_bin = self.staging.join(format!("parts/{t}.bin"));
-        let new_texts = &self.text_strings[text_before..];
-        let mut offs = Vec::with_capacity(new_texts.len() + 1);
-        let mut bytes = Vec::new();
-        offs.push(0u64);
-        for s in new_texts {
-            bytes.extend_from_slice(s.as_bytes());
-            offs.push(bytes.len() as u64);
-        }
+        let (offs, bytes) = self.texts.tail(text_before);
         let mut pw = FileWriter::create(&part_bin, FileKind::Graph, foreign_keys.len() + 3)?;
         pw.section(Section::of(row_time))?;
         // Each foreign key's parents as u32 (`u32::MAX` = none), converted a
@@ -955,7 +949,7 @@ impl DatabaseWriter {
             }
         }
         pw.section(Section::of(&offs))?;
-        pw.section(Section(&bytes))?;
+        pw.section(Section(bytes))?;
         pw.finish()?;
         let graph_part = MappedFile::open(&part_bin, FileKind::Graph, Some(fk_refs.len() + 3))?;
         let part = TablePart {
@@ -1241,24 +1235,62 @@ impl DatabaseWriter {
     pub fn category_texts(&self) -> &[String] {
         &self.cat_strings
     }
-    /// Distinct text values in embedding order.
-    pub fn text_values(&self) -> &[String] {
-        &self.text_strings
+    /// Number of distinct text values.
+    pub fn num_text_values(&self) -> usize {
+        self.texts.len()
     }
 
-    fn write_embeddings(&mut self, file: &str, emb: &[f16], texts: &[String]) -> Result<()> {
+    /// Intern a chunk's dictionary of text values (Arrow `large_string`
+    /// buffers, first appearance first) for the open table's next column:
+    /// their global ids, new values numbered in order. A text column is
+    /// streamed this way and then added as [`ColumnData::TextIds`]; a table
+    /// discarded later forgets the values it interned.
+    pub fn intern_texts(&mut self, offsets: &[i64], bytes: &[u8]) -> Result<Vec<u32>> {
+        let Some(open) = &self.open else {
+            return Err(Error::Preprocess("intern_texts: no table begun".into()));
+        };
+        let what = format!("table `{}` text values", open.spec.name);
+        intern_dictionary(&mut self.texts, &what, offsets, bytes)
+    }
+    /// Distinct text values `start..stop` (clamped), in embedding order.
+    pub fn text_values(&self, start: usize, stop: usize) -> impl Iterator<Item = &str> {
+        let stop = stop.min(self.texts.len());
+        (start.min(stop)..stop).map(|i| self.texts.get(i))
+    }
+
+    /// Write an embeddings file of the strings `offs`/`bytes` (end offsets
+    /// with a leading 0, UTF-8) and their vectors `emb`.
+    fn write_embeddings(
+        &mut self,
+        file: &str,
+        emb: &[f16],
+        offs: &[u64],
+        bytes: &[u8],
+    ) -> Result<()> {
         let d = self.embedder.dim as usize;
-        if emb.len() != texts.len() * d {
+        let n = offs.len() - 1;
+        if emb.len() != n * d {
             return Err(Error::invalid(
                 file,
                 format!(
-                    "{} values, expected {} strings × dim {d} = {}",
+                    "{} values, expected {n} strings × dim {d} = {}",
                     emb.len(),
-                    texts.len(),
-                    texts.len() * d
+                    n * d
                 ),
             ));
         }
+        let path = self.staging.join(file);
+        let mut w = FileWriter::create(&path, FileKind::Embeddings, 3)?;
+        w.section(Section::of(emb))?;
+        w.section(Section::of(offs))?;
+        w.section(Section(bytes))?;
+        let (len, sum) = w.finish()?;
+        self.files.insert(file.to_string(), digest(len, sum));
+        Ok(())
+    }
+
+    /// [`Self::write_embeddings`] of a list of strings.
+    fn write_string_embeddings(&mut self, file: &str, emb: &[f16], texts: &[String]) -> Result<()> {
         let mut offs = Vec::with_capacity(texts.len() + 1);
         let mut bytes = Vec::new();
         offs.push(0u64);
@@ -1266,14 +1298,7 @@ impl DatabaseWriter {
             bytes.extend_from_slice(s.as_bytes());
             offs.push(bytes.len() as u64);
         }
-        let path = self.staging.join(file);
-        let mut w = FileWriter::create(&path, FileKind::Embeddings, 3)?;
-        w.section(Section::of(emb))?;
-        w.section(Section::of(&offs))?;
-        w.section(Section(&bytes))?;
-        let (len, sum) = w.finish()?;
-        self.files.insert(file.to_string(), digest(len, sum));
-        Ok(())
+        self.write_embeddings(file, emb, &offs, &bytes)
     }
 
     /// Build the graph, write embeddings and metadata, and publish the
@@ -1378,11 +1403,12 @@ impl DatabaseWriter {
         let (len, sum) = w.finish()?;
         self.files.insert("graph.bin".into(), digest(len, sum));
         let col_texts = self.column_texts();
-        self.write_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
+        self.write_string_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
         let cat_texts = std::mem::take(&mut self.cat_strings);
-        self.write_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
-        let text_values = std::mem::take(&mut self.text_strings);
-        self.write_embeddings("text_embeddings.bin", text_emb, &text_values)?;
+        self.write_string_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
+        let text_values = std::mem::take(&mut self.texts);
+        let (offs, bytes) = text_values.sections();
+        self.write_embeddings("text_embeddings.bin", text_emb, offs, bytes)?;
         let mut meta = Metadata {
             format_version: FORMAT_VERSION,
             content_hash: String::new(),
@@ -1448,4 +1474,45 @@ fn metadata_unstored(c: &ColumnInput<'_>) -> crate::format::UnstoredColumn {
         source_type: c.source_type.clone(),
         inferred: c.inferred,
     }
+}
+
+/// A text column's encoding from each row's global text id (0 where null).
+fn text_encoded(vals: Vec<u32>, valid: &[u8]) -> Encoded {
+    let nonnull = valid.iter().filter(|&&v| v != 0).count() as u64;
+    Encoded {
+        stats: ColumnStats {
+            count: nonnull,
+            null_count: vals.len() as u64 - nonnull,
+            ..Default::default()
+        },
+        values: EncodedValues::U32(vals),
+        validity: pack_bits(valid.iter().map(|&v| v != 0)),
+        ts: None,
+    }
+}
+
+/// Intern the strings of an Arrow-style dictionary (`offsets` into `bytes`)
+/// into `texts`; their global ids, in dictionary order.
+fn intern_dictionary(
+    texts: &mut TextTable,
+    what: &str,
+    offsets: &[i64],
+    bytes: &[u8],
+) -> Result<Vec<u32>> {
+    let dict_len = offsets.len().saturating_sub(1);
+    let mut global = Vec::with_capacity(dict_len);
+    for j in 0..dict_len {
+        let (a, b) = (offsets[j], offsets[j + 1]);
+        if a < 0 || b < a || b as usize > bytes.len() {
+            return Err(Error::Preprocess(format!(
+                "{what}: dictionary entry {j} spans {a}..{b}, outside {} bytes",
+                bytes.len()
+            )));
+        }
+        let s = std::str::from_utf8(&bytes[a as usize..b as usize]).map_err(|e| {
+            Error::Preprocess(format!("{what}: dictionary entry {j} is not UTF-8: {e}"))
+        })?;
+        global.push(texts.intern(s));
+    }
+    Ok(global)
 }

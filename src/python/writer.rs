@@ -37,6 +37,7 @@ enum Held<'py> {
         PyReadonlyArray1<'py, i64>,
         PyReadonlyArray1<'py, u8>,
     ),
+    TextIds(PyReadonlyArray1<'py, u32>, PyReadonlyArray1<'py, u8>),
 }
 
 fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
@@ -68,12 +69,15 @@ fn hold<'py>(
                 .extract()?;
             Held::Cat(values.extract()?, valid, cats)
         }
-        SemanticType::Text => {
-            let (offs, bytes): (PyReadonlyArray1<i64>, PyReadonlyArray1<u8>) = extra
-                .ok_or_else(|| PyValueError::new_err(format!("{what}: text dictionary missing")))?
-                .extract()?;
-            Held::Text(values.extract()?, valid, offs, bytes)
-        }
+        // No dictionary: the values are ids from `intern_texts`.
+        SemanticType::Text => match extra {
+            None => Held::TextIds(values.extract()?, valid),
+            Some(extra) => {
+                let (offs, bytes): (PyReadonlyArray1<i64>, PyReadonlyArray1<u8>) =
+                    extra.extract()?;
+                Held::Text(values.extract()?, valid, offs, bytes)
+            }
+        },
         _ => unreachable!(),
     })
 }
@@ -97,6 +101,10 @@ fn data<'a>(h: &'a Held<'_>, what: &str) -> PyResult<ColumnData<'a>> {
             codes: slice(v, what)?,
             valid: slice(ok, what)?,
             categories: cats.clone(),
+        },
+        Held::TextIds(v, ok) => ColumnData::TextIds {
+            ids: slice(v, what)?,
+            valid: slice(ok, what)?,
         },
         Held::Text(v, ok, offs, bytes) => ColumnData::Text {
             codes: slice(v, what)?,
@@ -287,8 +295,31 @@ impl DatabaseWriter {
     fn category_texts(&mut self) -> PyResult<Vec<String>> {
         Ok(self.w()?.category_texts().to_vec())
     }
-    fn text_values(&mut self) -> PyResult<Vec<String>> {
-        Ok(self.w()?.text_values().to_vec())
+    /// Global ids of a chunk's text dictionary (Arrow `large_string`
+    /// offsets and bytes), interned for the open table's next column.
+    fn intern_texts<'py>(
+        &mut self,
+        py: Python<'py>,
+        offsets: PyReadonlyArray1<'_, i64>,
+        bytes: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
+        let ids = self
+            .w()?
+            .intern_texts(slice(&offsets, "offsets")?, slice(&bytes, "bytes")?)
+            .map_err(to_py)?;
+        Ok(numpy::PyArray1::from_vec(py, ids))
+    }
+    fn num_text_values(&mut self) -> PyResult<usize> {
+        Ok(self.w()?.num_text_values())
+    }
+    /// Distinct text values `start..stop` (clamped), in embedding order: the
+    /// embedding loop takes them a chunk at a time, never the whole list.
+    fn text_values(&mut self, start: usize, stop: usize) -> PyResult<Vec<String>> {
+        Ok(self
+            .w()?
+            .text_values(start, stop)
+            .map(str::to_owned)
+            .collect())
     }
     /// Metadata of the columns added so far, as JSON (for the front end's report).
     fn columns_json(&mut self) -> PyResult<String> {

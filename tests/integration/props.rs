@@ -459,7 +459,7 @@ fn categorical_db(dir: &std::path::Path) -> Database {
     let (c, k, t) = (
         w.column_texts().len(),
         w.category_texts().len(),
-        w.text_values().len(),
+        w.num_text_values(),
     );
     w.finish(&z(c), &z(k), &z(t), true).unwrap();
     Database::open(dir).unwrap()

@@ -115,7 +115,7 @@ fn rust_built_database_round_trips_and_publishes_atomically() {
     assert!(!out.exists(), "nothing is published before finish");
     let cols = w.column_texts().len();
     let cats = w.category_texts().len();
-    let texts = w.text_values().len();
+    let texts = w.num_text_values();
     let z = |n: usize| vec![half::f16::ZERO; n * 8];
     w.finish(&z(cols), &z(cats), &z(texts), false).unwrap();
     let db = Database::open(&out).unwrap();
@@ -334,7 +334,7 @@ fn stored_split_codes_round_trip_and_a_bad_code_is_refused() {
     let (c, k, t) = (
         w.column_texts().len(),
         w.category_texts().len(),
-        w.text_values().len(),
+        w.num_text_values(),
     );
     w.finish(&z(c), &z(k), &z(t), false).unwrap();
     let db = Database::open(&out).unwrap();

@@ -242,6 +242,50 @@ def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: py
         assert pipeline._duplicates(keys) == want, (trial, keys.tolist())
 
 
+TEXT_SCHEMA = """
+[tables.t]
+primary_key = "id"
+[tables.t.columns]
+body = "text"
+[tables.u]
+primary_key = "id"
+foreign_keys = { t_id = "t" }
+[tables.u.columns]
+body = "text"
+"""
+
+
+def test_text_columns_streamed_in_chunks_write_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text columns are read chunk by chunk, each chunk's dictionary interned
+    by the writer: values shared between chunks and tables, nulls, empty and
+    multi-byte strings give the same database whatever the chunk size."""
+    src = tmp_path / "src.duckdb"
+    con = duckdb.connect(str(src))
+    con.execute(
+        """CREATE TABLE t AS SELECT i AS id, CASE WHEN i % 11 = 0 THEN NULL WHEN i % 13 = 0 THEN ''
+        ELSE 'tèxt ' || ((i * 7919) % 997) END AS body, (i * 0.37) % 11 AS x FROM range(5000) r(i)"""
+    )
+    con.execute(
+        """CREATE TABLE u AS SELECT i AS id, i % 5000 AS t_id, CASE WHEN i % 7 = 0 THEN NULL
+        ELSE 'tèxt ' || ((i * 31) % 1500) END AS body FROM range(3000) r(i)"""
+    )
+    con.close()
+    schema = tmp_path / "schema.toml"
+    schema.write_text(TEXT_SCHEMA)
+    whole = pipeline.preprocess(src, tmp_path / "whole", schema, embedder="hash", progress=False)
+    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 37)
+    chunked = pipeline.preprocess(src, tmp_path / "chunked", schema, embedder="hash", progress=False)
+    assert _hashes(chunked) == _hashes(whole)
+    meta = json.loads(headwater.Database(chunked).metadata_json())
+    # Distinct non-null values over both tables: 'tèxt 0'..'tèxt 1499' and ''.
+    assert meta["num_text_embeddings"] == 1501
+    writer = headwater._native.DatabaseWriter(str(tmp_path / "w"), "{}", "hash", 8)
+    with pytest.raises(headwater.HeadwaterError, match="intern_texts: no table begun"):
+        writer.intern_texts(np.zeros(1, np.int64), np.zeros(0, np.uint8))
+
+
 def test_memory_limit_sizes_and_errors() -> None:
     assert pipeline.parse_size("512MiB") == 512 << 20
     assert pipeline.parse_size("2GiB") == 2 << 30

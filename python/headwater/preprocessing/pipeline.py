@@ -629,6 +629,29 @@ def _stream_categorical(con: duckdb.DuckDBPyConnection, table: str, col: str, n:
     return values, valid, [str(v) for v in dictionary.to_pylist()]
 
 
+def _stream_text(
+    writer: _native.DatabaseWriter, con: duckdb.DuckDBPyConnection, table: str, col: str, n: int, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """A text column's global text ids, chunk by chunk: each chunk's
+    dictionary (first appearance first) is interned by the writer, so new
+    values are numbered in their order of first appearance in the column, as
+    a whole-column dictionary would number them; memory is one chunk."""
+    ids, valid, put, done = _into(n, np.uint32, where)
+    for chunk in _chunks(con, table, col):
+        try:
+            codes, dictionary = _dictionary(chunk.cast(pa.large_string()), sort=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise SchemaError(f"{where}: cannot encode {chunk.type} as text: {e}") from e
+        d = dictionary.cast(pa.large_string())
+        _, offs_buf, data_buf = d.buffers()
+        offs = np.frombuffer(offs_buf, dtype=np.int64)[d.offset : d.offset + len(d) + 1]
+        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        chunk_ids = writer.intern_texts(np.ascontiguousarray(offs), np.ascontiguousarray(data))
+        put(chunk_ids[codes] if len(chunk_ids) else np.zeros(len(codes), np.uint32), _valid(chunk))
+    done()
+    return ids, valid
+
+
 def _column_stype(
     src: Source, plan: TablePlan, c: str, is_key: bool, log: Callable[[str], None]
 ) -> tuple[str, str]:
@@ -660,13 +683,8 @@ def _add_column(
         codes, valid, cats = _stream_categorical(src.con, plan.name, c, n, where)
         writer.add_column(c, st, types[c], inferred, codes, valid, cats)
     else:
-        # Text: the dictionary is global and in first-appearance order, and
-        # the Rust writer keeps every distinct string for embedding anyway,
-        # so the column is read whole (its distinct bytes bound it).
-        col = _read(src.con, plan.name, [c]).column(0).combine_chunks()
-        values, valid, extra = encode_column(st, col, where)
-        del col
-        writer.add_column(c, st, types[c], inferred, values, valid, extra)
+        ids, valid = _stream_text(writer, src.con, plan.name, c, n, where)
+        writer.add_column(c, st, types[c], inferred, ids, valid, None)
 
 
 def _add_table(
@@ -982,32 +1000,46 @@ def _add_tasks(
         _add_cell_tasks(writer, plans, log)
 
 
-def _embed(embedder: Any, texts: list[str], what: str, enabled: bool, spill_to: Path | None = None) -> np.ndarray:
+def _embed(
+    embedder: Any,
+    texts: list[str] | Callable[[int, int], list[str]],
+    what: str,
+    enabled: bool,
+    spill_to: Path | None = None,
+    count: int | None = None,
+) -> np.ndarray:
     """Embed in chunks so a long run shows progress (and the cache fills as
-    it goes, so an interrupted run resumes where it stopped). With
+    it goes, so an interrupted run resumes where it stopped). ``texts`` is a
+    list, or ``(start, stop) -> list`` for ``count`` strings fetched a chunk
+    at a time (the writer's text values: never all of them in Python). With
     ``spill_to`` the matrix is a file-backed map there (``2·dim`` bytes per
     text: 2.8 GB for TPC-H SF10's 3.6 M texts at dim 384), held by the page
     cache rather than the process."""
-    if not texts:
+    if isinstance(texts, list):
+        strings = texts
+        fetch: Callable[[int, int], list[str]] = lambda a, b: strings[a:b]  # noqa: E731
+        n = len(strings)
+    else:
+        fetch, n = texts, count or 0
+    if not n:
         return np.zeros((0, embedder.dim), dtype=np.float16)
     chunk = 4096
-    shape = (len(texts), embedder.dim)
+    shape = (n, embedder.dim)
     if spill_to is not None:
         spill_to.parent.mkdir(parents=True, exist_ok=True)
         out: np.ndarray = np.memmap(spill_to, dtype=np.float16, mode="w+", shape=shape)
     else:
         out = np.empty(shape, dtype=np.float16)
-    starts = range(0, len(texts), chunk)
     if enabled:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(texts), desc=f"embedding {what} ({embedder.name})", unit="str", file=sys.stderr)
-    for a in starts:
-        part = np.asarray(embedder.embed(texts[a : a + chunk]), dtype=np.float16)
-        if part.shape != (min(chunk, len(texts) - a), embedder.dim):
+        bar = tqdm(total=n, desc=f"embedding {what} ({embedder.name})", unit="str", file=sys.stderr)
+    for a in range(0, n, chunk):
+        part = np.asarray(embedder.embed(fetch(a, a + chunk)), dtype=np.float16)
+        if part.shape != (min(chunk, n - a), embedder.dim):
             raise RuntimeError(
                 f"embedder {embedder.name} returned shape {part.shape}, expected "
-                f"{(min(chunk, len(texts) - a), embedder.dim)}"
+                f"{(min(chunk, n - a), embedder.dim)}"
             )
         out[a : a + len(part)] = part
         if enabled:
@@ -1107,12 +1139,14 @@ def _preprocess(
         _add_tasks(writer, src, sch, plans, keys, log)
     del keys
     _release_arrow_memory()
-    texts = [writer.column_texts(), writer.category_texts(), writer.text_values()]
-    with phases.phase("embeddings", sum(len(t) for t in texts), "strings"):
-        col_emb = _embed(emb, texts[0], "column names", progress)
-        cat_emb = _embed(emb, texts[1], "categories", progress)
-        text_emb = _embed(emb, texts[2], "text values", progress, spill / "text_embeddings.f16")
-    del texts
+    names, categories, num_texts = writer.column_texts(), writer.category_texts(), writer.num_text_values()
+    with phases.phase("embeddings", len(names) + len(categories) + num_texts, "strings"):
+        col_emb = _embed(emb, names, "column names", progress)
+        cat_emb = _embed(emb, categories, "categories", progress)
+        text_emb = _embed(
+            emb, writer.text_values, "text values", progress, spill / "text_embeddings.f16", num_texts
+        )
+    del names, categories
     log("building the graph and writing the database ...")
     with phases.phase("graph and write", total):
         writer.finish(col_emb, cat_emb, text_emb, overwrite)
