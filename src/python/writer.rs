@@ -31,12 +31,6 @@ enum Held<'py> {
         PyReadonlyArray1<'py, u8>,
         Vec<String>,
     ),
-    Text(
-        PyReadonlyArray1<'py, u32>,
-        PyReadonlyArray1<'py, u8>,
-        PyReadonlyArray1<'py, i64>,
-        PyReadonlyArray1<'py, u8>,
-    ),
     TextIds(PyReadonlyArray1<'py, u32>, PyReadonlyArray1<'py, u8>),
 }
 
@@ -69,15 +63,16 @@ fn hold<'py>(
                 .extract()?;
             Held::Cat(values.extract()?, valid, cats)
         }
-        // No dictionary: the values are ids from `intern_texts`.
-        SemanticType::Text => match extra {
-            None => Held::TextIds(values.extract()?, valid),
-            Some(extra) => {
-                let (offs, bytes): (PyReadonlyArray1<i64>, PyReadonlyArray1<u8>) =
-                    extra.extract()?;
-                Held::Text(values.extract()?, valid, offs, bytes)
+        // Text values are interned a chunk at a time (`intern_texts`); the
+        // column then carries their ids.
+        SemanticType::Text => {
+            if extra.is_some() {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: a text column takes ids from intern_texts, not a dictionary"
+                )));
             }
-        },
+            Held::TextIds(values.extract()?, valid)
+        }
         _ => unreachable!(),
     })
 }
@@ -105,12 +100,6 @@ fn data<'a>(h: &'a Held<'_>, what: &str) -> PyResult<ColumnData<'a>> {
         Held::TextIds(v, ok) => ColumnData::TextIds {
             ids: slice(v, what)?,
             valid: slice(ok, what)?,
-        },
-        Held::Text(v, ok, offs, bytes) => ColumnData::Text {
-            codes: slice(v, what)?,
-            valid: slice(ok, what)?,
-            offsets: slice(offs, what)?,
-            bytes: slice(bytes, what)?,
         },
     })
 }

@@ -284,6 +284,11 @@ def test_text_columns_streamed_in_chunks_write_the_same_bytes(
     writer = headwater._native.DatabaseWriter(str(tmp_path / "w"), "{}", "hash", 8)
     with pytest.raises(headwater.HeadwaterError, match="intern_texts: no table begun"):
         writer.intern_texts(np.zeros(1, np.int64), np.zeros(0, np.uint8))
+    with pytest.raises(ValueError, match="c: a text column takes ids from intern_texts, not a dictionary"):
+        writer.add_column(
+            "c", "text", "VARCHAR", False, np.zeros(1, np.uint32), np.ones(1, np.uint8),
+            (np.zeros(2, np.int64), np.zeros(0, np.uint8)),
+        )
 
 
 def test_memory_limit_sizes_and_errors() -> None:

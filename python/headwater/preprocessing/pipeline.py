@@ -469,7 +469,8 @@ def _dictionary(col: pa.Array, sort: bool) -> tuple[np.ndarray, pa.Array]:
 
 
 def encode_column(stype: str, col: pa.Array, where: str) -> tuple[Any, Any, Any]:
-    """Typed arrays for the Rust writer: ``(values, valid, extra)``."""
+    """Typed arrays for the Rust writer: ``(values, valid, extra)`` (text
+    columns are interned chunk by chunk instead, :func:`_stream_text`)."""
     valid = _valid(col)
     try:
         if stype == "numerical":
@@ -483,13 +484,6 @@ def encode_column(stype: str, col: pa.Array, where: str) -> tuple[Any, Any, Any]
         if stype == "categorical":
             codes, dictionary = _dictionary(col.cast(pa.string()), sort=True)
             return codes, valid, [str(v) for v in dictionary.to_pylist()]
-        if stype == "text":
-            codes, dictionary = _dictionary(col.cast(pa.large_string()), sort=False)
-            d = dictionary.cast(pa.large_string())
-            _, offs_buf, data_buf = d.buffers()
-            offs = np.frombuffer(offs_buf, dtype=np.int64)[d.offset : d.offset + len(d) + 1]
-            data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-            return codes, valid, (np.ascontiguousarray(offs), np.ascontiguousarray(data))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise SchemaError(f"{where}: cannot encode {col.type} as {stype}: {e}") from e
     raise SchemaError(f"{where}: semantic type {stype} cannot be encoded")
@@ -1002,25 +996,18 @@ def _add_tasks(
 
 def _embed(
     embedder: Any,
-    texts: list[str] | Callable[[int, int], list[str]],
+    n: int,
+    fetch: Callable[[int, int], list[str]],
     what: str,
     enabled: bool,
     spill_to: Path | None = None,
-    count: int | None = None,
 ) -> np.ndarray:
-    """Embed in chunks so a long run shows progress (and the cache fills as
-    it goes, so an interrupted run resumes where it stopped). ``texts`` is a
-    list, or ``(start, stop) -> list`` for ``count`` strings fetched a chunk
-    at a time (the writer's text values: never all of them in Python). With
-    ``spill_to`` the matrix is a file-backed map there (``2·dim`` bytes per
-    text: 2.8 GB for TPC-H SF10's 3.6 M texts at dim 384), held by the page
-    cache rather than the process."""
-    if isinstance(texts, list):
-        strings = texts
-        fetch: Callable[[int, int], list[str]] = lambda a, b: strings[a:b]  # noqa: E731
-        n = len(strings)
-    else:
-        fetch, n = texts, count or 0
+    """Embed ``n`` strings, ``fetch(start, stop)`` a chunk at a time (the
+    writer's text values are never all in Python), so a long run shows
+    progress (and the cache fills as it goes, so an interrupted run resumes
+    where it stopped). With ``spill_to`` the matrix is a file-backed map
+    there (``2·dim`` bytes per text: 2.8 GB for TPC-H SF10's 3.6 M texts at
+    dim 384), held by the page cache rather than the process."""
     if not n:
         return np.zeros((0, embedder.dim), dtype=np.float16)
     chunk = 4096
@@ -1141,12 +1128,11 @@ def _preprocess(
     _release_arrow_memory()
     names, categories, num_texts = writer.column_texts(), writer.category_texts(), writer.num_text_values()
     with phases.phase("embeddings", len(names) + len(categories) + num_texts, "strings"):
-        col_emb = _embed(emb, names, "column names", progress)
-        cat_emb = _embed(emb, categories, "categories", progress)
+        col_emb = _embed(emb, len(names), lambda a, b: names[a:b], "column names", progress)
+        cat_emb = _embed(emb, len(categories), lambda a, b: categories[a:b], "categories", progress)
         text_emb = _embed(
-            emb, writer.text_values, "text values", progress, spill / "text_embeddings.f16", num_texts
+            emb, num_texts, writer.text_values, "text values", progress, spill / "text_embeddings.f16"
         )
-    del names, categories
     log("building the graph and writing the database ...")
     with phases.phase("graph and write", total):
         writer.finish(col_emb, cat_emb, text_emb, overwrite)
