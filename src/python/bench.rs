@@ -28,14 +28,10 @@ pub fn bench_sampler<'py>(
     page_cache: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let paths = super::sampler::db_paths(db_path)?;
-    let page_cache = serde_json::from_value(serde_json::Value::from(page_cache)).map_err(|_| {
-        to_py(crate::error::Error::Config {
-            key: "page_cache".into(),
-            what: format!(
-                "{page_cache:?}: expected \"lazy\", \"willneed\", \"populate\" or \"mlock\""
-            ),
-        })
-    })?;
+    // Read through the config table, so a bad value gets its one error.
+    let page_cache = SamplerConfig::from_json(&serde_json::json!({ "page_cache": page_cache }))
+        .map_err(to_py)?
+        .page_cache;
     let cfg = SamplerConfig {
         database_weights: database_weights.map(crate::config::TaskWeights::List),
         seed,

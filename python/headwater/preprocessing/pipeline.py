@@ -400,15 +400,16 @@ def _duplicates(sorted_keys: np.ndarray) -> tuple[int, Any, int]:
     return num, first.item(), times
 
 
-def _primary_keys(src: Source, plans: list[TablePlan]) -> dict[str, _KeyIndex]:
-    """The primary key column of every referenced or anchor table, checked
-    unique, streamed from the source (:meth:`_KeyIndex.stream`)."""
+def _primary_keys(src: Source, plans: list[TablePlan], counts: dict[str, int]) -> dict[str, _KeyIndex]:
+    """The primary key column of every referenced or anchor table (``counts``:
+    rows per table), checked unique, streamed from the source
+    (:meth:`_KeyIndex.stream`)."""
     keys: dict[str, _KeyIndex] = {}
     for p in plans:
         if p.primary_key is None:
             continue
         where = f"table `{p.name}`: primary key `{p.primary_key}`"
-        index = _KeyIndex.stream(src.con, p.name, p.primary_key, _read_count(src.con, p.name), where)
+        index = _KeyIndex.stream(src.con, p.name, p.primary_key, counts[p.name], where)
         if index.sorted is not None:
             # On the sorted keys: DuckDB's GROUP BY ran out of its memory
             # limit on 30 M keys at a 256 MiB budget.
@@ -1104,7 +1105,7 @@ def _preprocess(
     counts = {p.name: _read_count(src.con, p.name) for p in plans}
     total = sum(counts.values())
     with phases.phase("keys", sum(counts[p.name] for p in plans if p.primary_key)):
-        keys = _primary_keys(src, plans)
+        keys = _primary_keys(src, plans, counts)
     writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
     resuming = True
     by_name = {p.name: p for p in plans}
