@@ -9,77 +9,14 @@
 //! (file-backed, so the page cache, not the process, holds them), and the
 //! child times are streamed out ([`write_reverse`]).
 
-use std::fs::{File, OpenOptions};
-use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use memmap2::MmapMut;
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use super::spill::SpillArray;
+
+use crate::error::Result;
 use crate::format::{FileWriter, Section};
-
-/// A zero-initialised array of `T` in a shared, writable map of a scratch
-/// file (deleted on drop). Its pages are page-cache pages: the kernel writes
-/// them back and drops them under memory pressure, so an array of any size
-/// costs the process no private (anonymous) memory — the preprocessor's
-/// out-of-core arrays for the O(rows + edges) parts of building the graph.
-pub struct SpillArray<T> {
-    map: MmapMut,
-    len: usize,
-    path: PathBuf,
-    _file: File,
-    _t: PhantomData<T>,
-}
-
-impl<T: bytemuck::Pod> SpillArray<T> {
-    /// `len` zeros in a new file at `path` (created sparse; replaced if it
-    /// exists).
-    pub fn zeroed(path: &Path, len: usize) -> Result<Self> {
-        let io = |e| Error::io(path, e);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(io)?;
-        // At least one element, so the map is never empty.
-        let bytes = len.max(1) * std::mem::size_of::<T>();
-        file.set_len(bytes as u64).map_err(io)?;
-        // SAFETY: the file is this process's private scratch file, created
-        // above and removed on drop; nothing else maps or truncates it.
-        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
-        Ok(SpillArray {
-            map,
-            len,
-            path: path.to_path_buf(),
-            _file: file,
-            _t: PhantomData,
-        })
-    }
-}
-
-impl<T: bytemuck::Pod> Deref for SpillArray<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        // The map is page-aligned, so the cast cannot fail on alignment.
-        &bytemuck::cast_slice(&self.map[..])[..self.len]
-    }
-}
-
-impl<T: bytemuck::Pod> DerefMut for SpillArray<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        &mut bytemuck::cast_slice_mut(&mut self.map[..])[..self.len]
-    }
-}
-
-impl<T> Drop for SpillArray<T> {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
 
 /// Values per buffered write while streaming a section.
 const CHUNK: usize = 1 << 16;

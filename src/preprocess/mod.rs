@@ -15,14 +15,16 @@
 
 mod graph;
 mod hash_embed;
+mod spill;
 mod stats;
 #[cfg(any(test, feature = "testing"))]
 mod synth;
 mod texts;
 mod writer;
 
-pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr, SpillArray};
+pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr};
 pub use hash_embed::hash_embed;
+pub use spill::{SpillArray, SpillVec};
 pub use stats::{column_stats, RunningStats};
 #[cfg(any(test, feature = "testing"))]
 pub use synth::{synth_database, SynthSpec};

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-use super::graph::{build_reverse, write_forward, write_reverse, SpillArray};
+use super::graph::{build_reverse, write_forward, write_reverse};
+use super::spill::SpillArray;
 use super::stats::{column_stats, RunningStats};
 use super::texts::TextTable;
 use crate::error::{Error, Result};
@@ -278,32 +279,130 @@ fn digest(len: u64, checksum: u64) -> FileDigest {
     }
 }
 
-/// Encoded column: value bytes + validity bitmap + stats.
-struct Encoded {
-    values: EncodedValues,
-    validity: Vec<u8>,
+/// Rows encoded per buffered write. A multiple of 8, so the validity bitmaps
+/// of consecutive chunks concatenate into the column's bitmap. A column is
+/// streamed into its file this way, never encoded whole in memory (that copy
+/// was 4-8 bytes per row of the largest table: gigabytes at 10^9 rows).
+const ENCODE_CHUNK: usize = 1 << 16;
+
+/// How a column's stored values follow from its input, fixed by the first
+/// pass over it ([`DatabaseWriter::scan`]).
+enum Encoding {
+    /// z-scored f32; non-finite values are null.
+    Numerical { mean: f64, scale: f64 },
+    /// 0/1 bytes.
+    Boolean,
+    /// µs since the epoch as i64.
+    Timestamp,
+    /// Global category index `start + code`.
+    Categorical { start: u32 },
+    /// Global text id, as given.
+    TextIds,
+    /// Global text id of each dictionary code.
+    TextDict { global: Vec<u32> },
+}
+
+/// A column's first pass: its statistics and how to encode it.
+struct Scanned {
     stats: ColumnStats,
     ts: Option<RunningStats>,
+    encoding: Encoding,
 }
 
-/// A column's encoded values in their own element type, so the bytes are
-/// viewed in place for writing rather than copied into a `Vec<u8>` (the copy
-/// doubled the largest allocation of preprocessing: 16 bytes per row for a
-/// timestamp column of the largest table).
-enum EncodedValues {
-    F32(Vec<f32>),
-    I64(Vec<i64>),
-    U32(Vec<u32>),
-    U8(Vec<u8>),
+/// Stats of a column stored as ids (categorical, text): counts only.
+fn count_stats(n: usize, valid: &[u8]) -> ColumnStats {
+    let nonnull = valid.iter().filter(|&&v| v != 0).count() as u64;
+    ColumnStats {
+        count: nonnull,
+        null_count: n as u64 - nonnull,
+        ..Default::default()
+    }
 }
 
-impl EncodedValues {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            EncodedValues::F32(v) => bytemuck::cast_slice(v),
-            EncodedValues::I64(v) => bytemuck::cast_slice(v),
-            EncodedValues::U32(v) => bytemuck::cast_slice(v),
-            EncodedValues::U8(v) => v,
+/// Write one section of `n` values, a chunk of rows at a time: `fill`
+/// appends the encoded values of the rows it is given.
+fn stream_values<T: bytemuck::Pod>(
+    w: &mut FileWriter,
+    n: usize,
+    mut fill: impl FnMut(std::ops::Range<usize>, &mut Vec<T>),
+) -> Result<()> {
+    w.begin_section()?;
+    let mut buf: Vec<T> = Vec::with_capacity(ENCODE_CHUNK.min(n));
+    for a in (0..n).step_by(ENCODE_CHUNK) {
+        buf.clear();
+        fill(a..(a + ENCODE_CHUNK).min(n), &mut buf);
+        w.append(Section::of(&buf))?;
+    }
+    Ok(())
+}
+
+/// Write the validity bitmap of `n` rows, a chunk at a time.
+fn stream_validity(w: &mut FileWriter, n: usize, ok: impl Fn(usize) -> bool) -> Result<()> {
+    w.begin_section()?;
+    for a in (0..n).step_by(ENCODE_CHUNK) {
+        w.append(Section(&pack_bits((a..(a + ENCODE_CHUNK).min(n)).map(&ok))))?;
+    }
+    Ok(())
+}
+
+/// Stored ids, 0 where null: `id` maps a valid row's input to its id.
+fn stream_ids(
+    w: &mut FileWriter,
+    n: usize,
+    input: &[u32],
+    valid: &[u8],
+    id: impl Fn(u32) -> u32,
+) -> Result<()> {
+    stream_values(w, n, |r, buf: &mut Vec<u32>| {
+        let rows = input[r.clone()].iter().zip(&valid[r]);
+        buf.extend(rows.map(|(&c, &v)| if v != 0 { id(c) } else { 0 }));
+    })?;
+    stream_validity(w, n, |i| valid[i] != 0)
+}
+
+impl Encoding {
+    /// Write a column's two sections, values then validity bitmap, a chunk
+    /// at a time. `data` is the input [`DatabaseWriter::scan`] checked and
+    /// this encoding came from.
+    fn write(&self, w: &mut FileWriter, n: usize, data: &ColumnData<'_>) -> Result<()> {
+        match (self, data) {
+            (&Encoding::Numerical { mean, scale }, ColumnData::Numerical { values, valid }) => {
+                let good = |i: usize| valid[i] != 0 && values[i].is_finite();
+                stream_values(w, n, |r, buf: &mut Vec<f32>| {
+                    buf.extend(r.map(|i| {
+                        if good(i) {
+                            ((values[i] - mean) / scale) as f32
+                        } else {
+                            0.0
+                        }
+                    }));
+                })?;
+                stream_validity(w, n, good)
+            }
+            (Encoding::Boolean, ColumnData::Boolean { values, valid }) => {
+                stream_values(w, n, |r, buf: &mut Vec<u8>| {
+                    let rows = values[r.clone()].iter().zip(&valid[r]);
+                    buf.extend(rows.map(|(&x, &v)| (v != 0 && x != 0) as u8));
+                })?;
+                stream_validity(w, n, |i| valid[i] != 0)
+            }
+            (Encoding::Timestamp, ColumnData::Timestamp { values, valid }) => {
+                stream_values(w, n, |r, buf: &mut Vec<i64>| {
+                    let rows = values[r.clone()].iter().zip(&valid[r]);
+                    buf.extend(rows.map(|(&x, &v)| if v != 0 { x } else { 0 }));
+                })?;
+                stream_validity(w, n, |i| valid[i] != 0)
+            }
+            (&Encoding::Categorical { start }, ColumnData::Categorical { codes, valid, .. }) => {
+                stream_ids(w, n, codes, valid, |c| start + c)
+            }
+            (Encoding::TextIds, ColumnData::TextIds { ids, valid }) => {
+                stream_ids(w, n, ids, valid, |id| id)
+            }
+            (Encoding::TextDict { global }, ColumnData::Text { codes, valid, .. }) => {
+                stream_ids(w, n, codes, valid, |c| global[c as usize])
+            }
+            _ => unreachable!("an encoding is written with the data it was scanned from"),
         }
     }
 }
@@ -324,7 +423,7 @@ impl DatabaseWriter {
             .to_string_lossy()
             .into_owned();
         let staging = out.with_file_name(format!("{name}.partial"));
-        for d in ["", "tables", "tasks", "parts"] {
+        for d in ["", "tables", "tasks", "parts", "scratch"] {
             let p = staging.join(d);
             fs::create_dir_all(&p).map_err(io(&p))?;
         }
@@ -332,6 +431,7 @@ impl DatabaseWriter {
         let tasks_dir = staging.join("tasks");
         fs::remove_dir_all(&tasks_dir).map_err(io(&tasks_dir))?;
         fs::create_dir_all(&tasks_dir).map_err(io(&tasks_dir))?;
+        let texts = TextTable::spilled(&staging.join("scratch"))?;
         Ok(DatabaseWriter {
             out,
             staging,
@@ -347,7 +447,7 @@ impl DatabaseWriter {
             files: BTreeMap::new(),
             num_rows: 0,
             graph_parts: vec![],
-            texts: TextTable::default(),
+            texts,
             cat_strings: vec![],
             ts_stats: RunningStats::default(),
             resumed: 0,
@@ -380,7 +480,11 @@ impl DatabaseWriter {
         &self.tables
     }
 
-    fn encode(&mut self, what: &str, n: usize, data: &ColumnData<'_>) -> Result<Encoded> {
+    /// The first pass over a column: checks its lengths and values, computes
+    /// its statistics, and fixes its [`Encoding`] (interning a text
+    /// dictionary). Nothing per row is kept; [`Encoding::write`] is the
+    /// second pass.
+    fn scan(&mut self, what: &str, n: usize, data: &ColumnData<'_>) -> Result<Scanned> {
         let valid_of =
             |valid: &[u8]| -> Result<()> { check_len(&format!("{what} validity"), valid.len(), n) };
         Ok(match data {
@@ -390,22 +494,11 @@ impl DatabaseWriter {
                 valid_of(valid)?;
                 let (rs, stats) =
                     column_stats(values.iter().zip(valid.iter()).map(|(&x, &v)| (x, v != 0)));
-                let (mean, scale) = (rs.mean, rs.scale());
-                let good = |x: f64, v: u8| v != 0 && x.is_finite();
-                let out: Vec<f32> = values
-                    .iter()
-                    .zip(valid.iter())
-                    .map(|(&x, &v)| {
-                        if good(x, v) {
-                            ((x - mean) / scale) as f32
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                Encoded {
-                    values: EncodedValues::F32(out),
-                    validity: pack_bits(values.iter().zip(valid.iter()).map(|(&x, &v)| good(x, v))),
+                Scanned {
+                    encoding: Encoding::Numerical {
+                        mean: rs.mean,
+                        scale: rs.scale(),
+                    },
                     stats,
                     ts: None,
                 }
@@ -419,14 +512,8 @@ impl DatabaseWriter {
                         .zip(valid.iter())
                         .map(|(&x, &v)| ((x != 0) as u8 as f64, v != 0)),
                 );
-                let vals: Vec<u8> = values
-                    .iter()
-                    .zip(valid.iter())
-                    .map(|(&x, &v)| (v != 0 && x != 0) as u8)
-                    .collect();
-                Encoded {
-                    values: EncodedValues::U8(vals),
-                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                Scanned {
+                    encoding: Encoding::Boolean,
                     stats,
                     ts: None,
                 }
@@ -440,14 +527,8 @@ impl DatabaseWriter {
                         .zip(valid.iter())
                         .map(|(&x, &v)| (x as f64, v != 0)),
                 );
-                let vals: Vec<i64> = values
-                    .iter()
-                    .zip(valid.iter())
-                    .map(|(&x, &v)| if v != 0 { x } else { 0 })
-                    .collect();
-                Encoded {
-                    values: EncodedValues::I64(vals),
-                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
+                Scanned {
+                    encoding: Encoding::Timestamp,
                     stats,
                     ts: Some(rs),
                 }
@@ -460,35 +541,24 @@ impl DatabaseWriter {
                 check_len(what, codes.len(), n)?;
                 valid_of(valid)?;
                 let k = categories.len() as u32;
-                let start = self.cat_strings.len() as u32;
-                let mut vals = Vec::with_capacity(n);
-                let mut counts = vec![0u64; categories.len()];
-                for (i, (&c, &v)) in codes.iter().zip(valid.iter()).enumerate() {
-                    if v != 0 {
-                        if c >= k {
-                            return Err(Error::Preprocess(format!(
-                                "{what}: row {i} has category code {c}, only {k} categories"
-                            )));
-                        }
-                        counts[c as usize] += 1;
-                        vals.push(start + c);
-                    } else {
-                        vals.push(0);
-                    }
+                let rows = codes.iter().zip(valid.iter()).enumerate();
+                if let Some((i, (&c, _))) = rows
+                    .filter(|(_, (_, &v))| v != 0)
+                    .find(|(_, (&c, _))| c >= k)
+                {
+                    return Err(Error::Preprocess(format!(
+                        "{what}: row {i} has category code {c}, only {k} categories"
+                    )));
                 }
-                let nonnull = counts.iter().sum::<u64>();
-                let stats = ColumnStats {
-                    count: nonnull,
-                    null_count: n as u64 - nonnull,
-                    mean: 0.0,
-                    std: 0.0,
-                    min: 0.0,
-                    max: (k.saturating_sub(1)) as f64,
-                };
-                Encoded {
-                    values: EncodedValues::U32(vals),
-                    validity: pack_bits(valid.iter().map(|&v| v != 0)),
-                    stats,
+                let counted = count_stats(n, valid);
+                Scanned {
+                    encoding: Encoding::Categorical {
+                        start: self.cat_strings.len() as u32,
+                    },
+                    stats: ColumnStats {
+                        max: (k.saturating_sub(1)) as f64,
+                        ..counted
+                    },
                     ts: None,
                 }
             }
@@ -496,20 +566,20 @@ impl DatabaseWriter {
                 check_len(what, ids.len(), n)?;
                 valid_of(valid)?;
                 let known = self.texts.len();
-                let mut vals = Vec::with_capacity(n);
-                for (i, (&id, &v)) in ids.iter().zip(valid.iter()).enumerate() {
-                    if v == 0 {
-                        vals.push(0);
-                        continue;
-                    }
-                    if id as usize >= known {
-                        return Err(Error::Preprocess(format!(
-                            "{what}: row {i} has text id {id}, only {known} texts interned"
-                        )));
-                    }
-                    vals.push(id);
+                let rows = ids.iter().zip(valid.iter()).enumerate();
+                if let Some((i, (&id, _))) = rows
+                    .filter(|(_, (_, &v))| v != 0)
+                    .find(|(_, (&id, _))| id as usize >= known)
+                {
+                    return Err(Error::Preprocess(format!(
+                        "{what}: row {i} has text id {id}, only {known} texts interned"
+                    )));
                 }
-                text_encoded(vals, valid)
+                Scanned {
+                    encoding: Encoding::TextIds,
+                    stats: count_stats(n, valid),
+                    ts: None,
+                }
             }
             ColumnData::Text {
                 codes,
@@ -521,18 +591,20 @@ impl DatabaseWriter {
                 valid_of(valid)?;
                 let dict_len = offsets.len().saturating_sub(1);
                 let global = intern_dictionary(&mut self.texts, what, offsets, bytes)?;
-                let mut vals = Vec::with_capacity(n);
-                for (i, (&c, &v)) in codes.iter().zip(valid.iter()).enumerate() {
-                    if v != 0 {
-                        let g = *global.get(c as usize).ok_or_else(|| {
-                            Error::Preprocess(format!("{what}: row {i} has text code {c}, dictionary has {dict_len} entries"))
-                        })?;
-                        vals.push(g);
-                    } else {
-                        vals.push(0);
-                    }
+                let rows = codes.iter().zip(valid.iter()).enumerate();
+                if let Some((i, (&c, _))) = rows
+                    .filter(|(_, (_, &v))| v != 0)
+                    .find(|(_, (&c, _))| c as usize >= dict_len)
+                {
+                    return Err(Error::Preprocess(format!(
+                        "{what}: row {i} has text code {c}, dictionary has {dict_len} entries"
+                    )));
                 }
-                text_encoded(vals, valid)
+                Scanned {
+                    encoding: Encoding::TextDict { global },
+                    stats: count_stats(n, valid),
+                    ts: None,
+                }
             }
         })
     }
@@ -677,7 +749,7 @@ impl DatabaseWriter {
             let s = std::str::from_utf8(&bytes[w[0] as usize..w[1] as usize])
                 .map_err(|e| Error::format(graph_part.path(), e.to_string()))?;
             let next = self.texts.len();
-            if self.texts.intern(s) as usize != next {
+            if self.texts.intern(s)? as usize != next {
                 return Err(Error::format(
                     graph_part.path(),
                     format!(
@@ -833,7 +905,9 @@ impl DatabaseWriter {
                 open.spec.num_stored
             )));
         }
-        let enc = self.encode(&what, open.spec.num_rows, &c.data)?;
+        let enc = self.scan(&what, open.spec.num_rows, &c.data)?;
+        enc.encoding
+            .write(&mut open.writer, open.spec.num_rows, &c.data)?;
         if let Some(ts) = &enc.ts {
             open.ts_table.merge(ts);
         }
@@ -853,8 +927,6 @@ impl DatabaseWriter {
             categories,
         );
         open.stored.push(idx);
-        open.writer.section(Section(enc.values.bytes()))?;
-        open.writer.section(Section(&enc.validity))?;
         Ok(())
     }
 
@@ -948,7 +1020,11 @@ impl DatabaseWriter {
                 pw.append(Section::of(&chunk))?;
             }
         }
-        pw.section(Section::of(&offs))?;
+        // The new strings' offsets from 0, a chunk at a time.
+        let base = offs[0];
+        stream_values(&mut pw, offs.len(), |r, buf: &mut Vec<u64>| {
+            buf.extend(offs[r].iter().map(|&o| o - base));
+        })?;
         pw.section(Section(bytes))?;
         pw.finish()?;
         let graph_part = MappedFile::open(&part_bin, FileKind::Graph, Some(fk_refs.len() + 3))?;
@@ -976,30 +1052,6 @@ impl DatabaseWriter {
         self.fk_refs.push(fk_refs);
         self.files.insert(file, digest(len, sum));
         self.tables.push(table);
-        Ok(())
-    }
-
-    fn write_task(
-        &mut self,
-        meta: TaskMeta,
-        anchors: &[u32],
-        obs: &[i64],
-        values: &[u8],
-        validity: &[u8],
-        splits: Option<&[u8]>,
-    ) -> Result<()> {
-        let path = self.staging.join(&meta.file);
-        let mut w = FileWriter::create(&path, FileKind::Task, 4 + splits.is_some() as usize)?;
-        w.section(Section::of(anchors))?;
-        w.section(Section::of(obs))?;
-        w.section(Section(values))?;
-        w.section(Section(validity))?;
-        if let Some(codes) = splits {
-            w.section(Section(codes))?;
-        }
-        let (len, sum) = w.finish()?;
-        self.files.insert(meta.file.clone(), digest(len, sum));
-        self.tasks.push(meta);
         Ok(())
     }
 
@@ -1177,7 +1229,7 @@ impl DatabaseWriter {
                 stype.name()
             )));
         }
-        let enc = self.encode(&format!("task `{name}` target"), n, &data)?;
+        let enc = self.scan(&format!("task `{name}` target"), n, &data)?;
         let categories = match &data {
             ColumnData::Categorical { categories, .. } => categories.clone(),
             _ => vec![],
@@ -1193,11 +1245,6 @@ impl DatabaseWriter {
             enc.stats.clone(),
             categories,
         );
-        let anchors: Vec<u32> = input
-            .anchor_rows
-            .iter()
-            .map(|&r| r + tm.row_offset as u32)
-            .collect();
         let k = self.tasks.len();
         let meta = TaskMeta {
             idx: k as u32,
@@ -1214,14 +1261,24 @@ impl DatabaseWriter {
             description: input.description,
             stored_splits: input.splits.is_some(),
         };
-        self.write_task(
-            meta,
-            &anchors,
-            input.obs_time,
-            enc.values.bytes(),
-            &enc.validity,
-            input.splits,
-        )
+        // Every section is written a chunk at a time: the task's rows
+        // stay in the caller's (spilled) arrays.
+        let path = self.staging.join(&meta.file);
+        let num_sections = 4 + input.splits.is_some() as usize;
+        let mut w = FileWriter::create(&path, FileKind::Task, num_sections)?;
+        let base = tm.row_offset as u32;
+        stream_values(&mut w, n, |r, buf: &mut Vec<u32>| {
+            buf.extend(input.anchor_rows[r].iter().map(|&a| a + base));
+        })?;
+        w.section(Section::of(input.obs_time))?;
+        enc.encoding.write(&mut w, n, &data)?;
+        if let Some(codes) = input.splits {
+            w.section(Section(codes))?;
+        }
+        let (len, sum) = w.finish()?;
+        self.files.insert(meta.file.clone(), digest(len, sum));
+        self.tasks.push(meta);
+        Ok(())
     }
 
     /// Strings to embed, in table order: column names, category labels, text values.
@@ -1406,7 +1463,7 @@ impl DatabaseWriter {
         self.write_string_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
         let cat_texts = std::mem::take(&mut self.cat_strings);
         self.write_string_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
-        let text_values = std::mem::take(&mut self.texts);
+        let text_values = std::mem::replace(&mut self.texts, TextTable::in_memory());
         let (offs, bytes) = text_values.sections();
         self.write_embeddings("text_embeddings.bin", text_emb, offs, bytes)?;
         let mut meta = Metadata {
@@ -1436,8 +1493,11 @@ impl DatabaseWriter {
             serde_json::to_vec_pretty(&meta).expect("serialisable"),
         )
         .map_err(io(&meta_path))?;
-        let parts = self.staging.join("parts");
-        fs::remove_dir_all(&parts).map_err(io(&parts))?;
+        drop(text_values);
+        for d in ["parts", "scratch"] {
+            let p = self.staging.join(d);
+            fs::remove_dir_all(&p).map_err(io(&p))?;
+        }
         if self.out.exists() {
             if !overwrite {
                 return Err(Error::invalid(
@@ -1476,21 +1536,6 @@ fn metadata_unstored(c: &ColumnInput<'_>) -> crate::format::UnstoredColumn {
     }
 }
 
-/// A text column's encoding from each row's global text id (0 where null).
-fn text_encoded(vals: Vec<u32>, valid: &[u8]) -> Encoded {
-    let nonnull = valid.iter().filter(|&&v| v != 0).count() as u64;
-    Encoded {
-        stats: ColumnStats {
-            count: nonnull,
-            null_count: vals.len() as u64 - nonnull,
-            ..Default::default()
-        },
-        values: EncodedValues::U32(vals),
-        validity: pack_bits(valid.iter().map(|&v| v != 0)),
-        ts: None,
-    }
-}
-
 /// Intern the strings of an Arrow-style dictionary (`offsets` into `bytes`)
 /// into `texts`; their global ids, in dictionary order.
 fn intern_dictionary(
@@ -1512,7 +1557,7 @@ fn intern_dictionary(
         let s = std::str::from_utf8(&bytes[a as usize..b as usize]).map_err(|e| {
             Error::Preprocess(format!("{what}: dictionary entry {j} is not UTF-8: {e}"))
         })?;
-        global.push(texts.intern(s));
+        global.push(texts.intern(s)?);
     }
     Ok(global)
 }
