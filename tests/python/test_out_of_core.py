@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -219,13 +220,61 @@ def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypa
     want = pc.index_in(col, value_set=pa.array(keys))
     np.testing.assert_array_equal(rows, pc.fill_null(want, -1).to_numpy(zero_copy_only=False))
     assert unmatched == want.null_count - col.null_count > 0
-    # A null key is named with its count; string keys are read whole.
+    # A null key is named with its count.
     con.execute("CREATE TABLE bad AS SELECT * FROM (VALUES (1), (NULL), (3), (NULL)) v(id)")
     with pytest.raises(headwater.SchemaError, match=r"table `bad`: primary key `id` has 2 null value\(s\)"):
         pipeline._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
-    con.execute("CREATE TABLE s AS SELECT * FROM (VALUES ('b'), ('a')) v(id)")
-    text = pipeline._KeyIndex.stream(con, "s", "id", 2, "table `s`: primary key `id`")
-    assert text.sorted is None and text.rows(pa.array(["a", "z"]), "here")[0].tolist() == [1, -1]
+
+
+def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """String primary keys are streamed as their hashes (sorted like integer
+    keys) beside the keys themselves in spilled buffers: no key column in
+    private memory. Lookups equal Arrow's hash lookup over the whole column;
+    a value sharing a key's hash is not that key; keys sharing a hash fall
+    back to the exact lookup, and repeated keys are still named."""
+    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 5000)
+    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1000)
+    rng = np.random.default_rng(5)
+    n = 60_000
+    keys = np.array([f"k{i}-é{i % 97}" for i in range(n - 1)] + [""], dtype=object)
+    rng.shuffle(keys)
+    con = duckdb.connect()
+    con.register("k_src", pa.table({"id": pa.array(keys, pa.string())}))
+    con.execute("CREATE TABLE s AS SELECT id FROM k_src")
+    con.unregister("k_src")
+    spill = pipeline._SPILL_DIR.set(tmp_path)
+    try:
+        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+    finally:
+        pipeline._SPILL_DIR.reset(spill)
+    assert index.arrow is None and index.values is not None
+    assert isinstance(index.sorted, np.memmap) and index.sorted.dtype == np.uint64
+    values = np.concatenate([rng.choice(keys, size=3000), [f"miss{i}" for i in range(3000)], [""]])
+    nulls = rng.random(len(values)) < 0.1
+    for typ in (pa.string(), pa.large_string()):
+        col = pa.array(list(values), typ, mask=nulls)
+        rows, unmatched = index.rows(col, "here")
+        want = pc.index_in(col.cast(pa.string()), value_set=pa.array(keys, pa.string()))
+        np.testing.assert_array_equal(rows, pc.fill_null(want, -1).to_numpy(zero_copy_only=False))
+        assert unmatched == want.null_count - col.null_count > 0
+
+    # A weak hash (the string's length) makes values share hashes with keys.
+    monkeypatch.setattr(pipeline, "KEY_HASH", "length({})")
+    con.execute("CREATE TABLE d AS SELECT * FROM (VALUES ('a'), ('bb'), ('ccc')) v(id)")
+    weak = pipeline._KeyIndex.stream(con, "d", "id", 3, "d")
+    assert weak.values is not None
+    rows, unmatched = weak.rows(pa.array(["x", "bb", "yyy", None, "ccc"]), "here")
+    assert rows.tolist() == [-1, 1, -1, -1, 2] and unmatched == 2
+    # Keys sharing a hash: the exact lookup; repeated keys: named.
+    src = SimpleNamespace(con=con)
+    con.execute("CREATE TABLE c AS SELECT * FROM (VALUES ('a'), ('b'), ('cc')) v(id)")
+    con.execute("CREATE TABLE r AS SELECT * FROM (VALUES ('a'), ('bb'), ('a')) v(id)")
+    plans = [SimpleNamespace(name=t, primary_key="id") for t in ("c", "r")]
+    with pytest.raises(headwater.SchemaError, match=r"table `r`: primary key `id` has 1 duplicated value\(s\), e.g. 'a' appears 2 times"):
+        pipeline._primary_keys(src, plans, {"c": 3, "r": 3})  # type: ignore[arg-type]
+    exact = pipeline._primary_keys(src, plans[:1], {"c": 3})["c"]  # type: ignore[arg-type]
+    assert exact.values is None and exact.sorted is None
+    assert exact.rows(pa.array(["b", "x", "cc"]), "here")[0].tolist() == [1, -1, 2]
 
 
 def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -256,6 +256,10 @@ def _release_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
+#: The SQL expression that hashes a string key (``{}``: the key as VARCHAR).
+KEY_HASH = "hash({})"
+
+
 class _KeyIndex:
     """A table's primary key, looked up by value → row. Integer keys (the
     common case) are binary-searched in ascending order: the key array itself
@@ -267,14 +271,21 @@ class _KeyIndex:
 
     :meth:`stream` builds it from a source table in chunks: integer keys
     never sit whole in private memory (spilled array; a sort too large for
-    the run's budget is DuckDB's, which spills too); other key types are read
-    whole, their values held privately."""
+    the run's budget is DuckDB's, which spills too). String keys are indexed
+    by their DuckDB ``hash`` the same way, the strings themselves kept in
+    spilled Arrow buffers (``values``) so that every hash match is confirmed
+    by comparing the strings. Other key types are read whole, their values
+    held privately."""
 
     def __init__(self, col: pa.Array) -> None:
         self.arrow: pa.Array | None = col
         self.type = col.type
         self.sorted: np.ndarray | None = None
         self.order: np.ndarray | None = None
+        # String keys by hash: the keys in row order, and the cursor that
+        # hashes looked-up values exactly as the keys were hashed.
+        self.values: pa.Array | None = None
+        self.hasher: duckdb.DuckDBPyConnection | None = None
         if not pa.types.is_integer(col.type) or col.null_count:
             return
         self.arrow = None
@@ -289,6 +300,8 @@ class _KeyIndex:
         """The index of ``table``'s key column ``key`` (``n`` rows), read in
         chunks; a null key is a :class:`SchemaError` naming ``where``."""
         t = _column_type(con, table, key)
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return cls._stream_strings(con, table, key, n, where)
         if not pa.types.is_integer(t):
             col = _read(con, table, [key]).column(0).combine_chunks()
             if col.null_count:
@@ -309,13 +322,64 @@ class _KeyIndex:
         if nulls:
             raise SchemaError(f"{where} has {nulls} null value(s)")
         done()
-        index = cls.__new__(cls)
-        index.arrow, index.type, index.order = None, t, None
+        index = cls(pa.array([], t))
+        index.arrow = None
         if ascending:
             index.sorted = keys
         else:
             index.sorted, index.order = _sort_keys(keys, con)
         return index
+
+    @classmethod
+    def _stream_strings(cls, con: duckdb.DuckDBPyConnection, table: str, key: str, n: int, where: str) -> _KeyIndex:
+        """A string key's index: each key's DuckDB ``hash`` (8 bytes) and the
+        key itself (its bytes plus an 8-byte offset) streamed into spilled
+        arrays, the hashes sorted as integer keys are. Two keys that share a
+        hash are found by :func:`_primary_keys`' duplicate check."""
+        hashes, _, put, done = _into(n, np.uint64, where, with_valid=False)
+        offsets = _column_array(n + 1, np.int64)
+        offsets[0] = 0
+        data = _Spool(np.uint8)
+        q = quote(key)
+        h = KEY_HASH.format(f"{q}::VARCHAR")
+        reader = con.execute(f"SELECT {h}, {q}::VARCHAR FROM {quote(table)}").to_arrow_reader(CHUNK_ROWS)
+        nulls, at, size = 0, 0, 0
+        for batch in reader:
+            k = batch.column(1)
+            nulls += k.null_count
+            if nulls or not len(k):
+                continue
+            put(batch.column(0).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False), None)
+            k = k.cast(pa.large_string())
+            _, offs_buf, data_buf = k.buffers()
+            o = np.frombuffer(offs_buf, dtype=np.int64)[k.offset : k.offset + len(k) + 1]
+            if data_buf is not None:
+                data.append(np.frombuffer(data_buf, dtype=np.uint8)[o[0] : o[-1]])
+            offsets[at + 1 : at + 1 + len(k)] = size + (o[1:] - o[0])
+            at, size = at + len(k), size + int(o[-1] - o[0])
+        if nulls:
+            raise SchemaError(f"{where} has {nulls} null value(s)")
+        done()
+        index = cls(pa.array([], pa.string()))
+        index.arrow = None
+        index.values = pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.array())])
+        index.hasher = con.cursor()
+        index.sorted, index.order = _sort_keys(hashes, con)
+        return index
+
+    def _hashes(self, col: pa.Array) -> np.ndarray:
+        """DuckDB's hash of each value of the string array ``col``, as the
+        keys were hashed (on a cursor of their connection, so a result the
+        caller is streaming stays open)."""
+        assert self.hasher is not None
+        name = f"__headwater_lookup_{os.getpid()}"
+        self.hasher.register(name, pa.table({"v": col}))
+        try:
+            h = self.hasher.execute(f"SELECT {KEY_HASH.format('v::VARCHAR')} FROM {quote(name)}").to_arrow_table().column(0)
+        finally:
+            self.hasher.unregister(name)
+        # A null value's hash (if the expression gives none) is masked later.
+        return _fill(h, 0, np.uint64)
 
     def rows(self, col: pa.Array, where: str) -> tuple[np.ndarray, int]:
         """The row (int64; -1 for a null or unmatched value) of each value of
@@ -332,13 +396,19 @@ class _KeyIndex:
         out = np.full(len(col), -1, dtype=np.int64)
         if len(self.sorted) == 0 or len(col) == 0:
             return out, len(col) - col.null_count
-        v = _fill(col, 0, self.sorted.dtype)
+        v = self._hashes(col) if self.values is not None else _fill(col, 0, self.sorted.dtype)
         pos = np.searchsorted(self.sorted, v)
         np.minimum(pos, len(self.sorted) - 1, out=pos)
         hit = self.sorted[pos] == v
         if col.null_count:
             hit &= _valid(col).astype(bool)
         rows = pos if self.order is None else self.order[pos]
+        if self.values is not None:
+            # A value that shares its hash with a key but is not that key
+            # matches nothing (the keys' hashes are distinct).
+            at = np.flatnonzero(hit)
+            same = pc.equal(col.take(at).cast(pa.large_string()), self.values.take(pa.array(rows[at])))
+            hit[at[~same.to_numpy(zero_copy_only=False)]] = False
         np.copyto(out, rows, where=hit)
         return out, len(col) - col.null_count - int(np.count_nonzero(hit))
 
@@ -400,6 +470,16 @@ def _duplicates(sorted_keys: np.ndarray) -> tuple[int, Any, int]:
     return num, first.item(), times
 
 
+def _grouped_duplicates(con: duckdb.DuckDBPyConnection, table: str, key: str) -> tuple[int, Any, int]:
+    """What :func:`_duplicates` tells, by a DuckDB ``GROUP BY`` over the key."""
+    k = quote(key)
+    row = con.execute(
+        f"SELECT count(*), min(k), arg_min(n, k) FROM "
+        f"(SELECT {k} AS k, count(*) AS n FROM {quote(table)} GROUP BY {k} HAVING count(*) > 1)"
+    ).fetchone()
+    return (int(row[0]), row[1], int(row[2] or 0)) if row else (0, None, 0)
+
+
 def _primary_keys(src: Source, plans: list[TablePlan], counts: dict[str, int]) -> dict[str, _KeyIndex]:
     """The primary key column of every referenced or anchor table (``counts``:
     rows per table), checked unique, streamed from the source
@@ -410,16 +490,18 @@ def _primary_keys(src: Source, plans: list[TablePlan], counts: dict[str, int]) -
             continue
         where = f"table `{p.name}`: primary key `{p.primary_key}`"
         index = _KeyIndex.stream(src.con, p.name, p.primary_key, counts[p.name], where)
-        if index.sorted is not None:
+        if index.sorted is None:
+            num_dup, example, times = _grouped_duplicates(src.con, p.name, p.primary_key)
+        else:
             # On the sorted keys: DuckDB's GROUP BY ran out of its memory
             # limit on 30 M keys at a 256 MiB budget.
             num_dup, example, times = _duplicates(index.sorted)
-        else:
-            k, t = quote(p.primary_key), quote(p.name)
-            num_dup, example, times = src.con.execute(
-                f"SELECT count(*), min(k), arg_min(n, k) FROM "
-                f"(SELECT {k} AS k, count(*) AS n FROM {t} GROUP BY {k} HAVING count(*) > 1)"
-            ).fetchone() or (0, None, None)
+            if num_dup and index.values is not None:
+                # Repeated hashes of string keys: repeated keys, or (rarely)
+                # two keys sharing a 64-bit hash, then looked up by Arrow.
+                num_dup, example, times = _grouped_duplicates(src.con, p.name, p.primary_key)
+                if not num_dup:
+                    index = _KeyIndex(_read(src.con, p.name, [p.primary_key]).column(0).combine_chunks())
         if num_dup:
             raise SchemaError(f"{where} has {num_dup} duplicated value(s), e.g. {example!r} appears {times} times")
         keys[p.name] = index
