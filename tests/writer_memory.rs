@@ -2,7 +2,9 @@
 //! column of n rows allocates a bounded buffer, not a second copy of the
 //! column (4-8 bytes per row: gigabytes for a table of 10^9 rows). Its own
 //! test binary, so that a counting global allocator sees only this test's
-//! allocations.
+//! allocations. Not built with the `python` feature, whose library sets its
+//! own global allocator (mimalloc).
+#![cfg(not(feature = "python"))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
