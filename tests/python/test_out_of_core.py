@@ -569,3 +569,37 @@ def _fd_target(fd: Path) -> str:
         return os.readlink(fd)
     except OSError:
         return ""
+
+
+def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: Path) -> None:
+    """A categorical task target is encoded chunk by chunk (codes by first
+    appearance, spilled, renumbered in place at the end): the same codes and
+    dictionary as encoding the whole column at once, for the valid rows."""
+    rng = np.random.default_rng(9)
+    names = ["zeta", "alpha", "émile", "Beta", "", "m"]
+    n = 5000
+    keys = pa.array(np.arange(n, dtype=np.int64))
+    index = pipeline._KeyIndex(keys)
+    labels = [None if rng.random() < 0.1 else names[int(rng.integers(0, len(names)))] for _ in range(n)]
+    labels[:40] = ["m"] * 40  # the first chunk sees one category only
+    token = pipeline._SPILL_DIR.set(tmp_path)
+    try:
+        res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+        for a in range(0, n, 700):
+            b = min(a + 700, n)
+            batch = pa.record_batch(
+                [pa.array(np.arange(a, b, dtype=np.int64)), pa.nulls(b - a, pa.int64()), pa.array(labels[a:b], pa.string())],
+                names=["k", "o", "t"],
+            )
+            res.add(batch)
+        values, valid, categories = res.target()
+    finally:
+        pipeline._SPILL_DIR.reset(token)
+    want_values, want_valid, want_categories = pipeline.encode_column("categorical", pa.array(labels, pa.string()), "w")
+    assert categories == want_categories == sorted(set(names), key=lambda s: s.encode())
+    np.testing.assert_array_equal(valid, want_valid)
+    ok = np.asarray(valid).astype(bool)
+    np.testing.assert_array_equal(np.asarray(values)[ok], want_values[ok])
+    res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+    with pytest.raises(headwater.SchemaError, match="task `kind` target: cannot encode struct"):
+        res.add(pa.record_batch([keys[:1], pa.nulls(1, pa.int64()), pa.array([{"x": 1}])], names=["k", "o", "t"]))

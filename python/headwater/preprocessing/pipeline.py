@@ -872,15 +872,18 @@ def _task_batches(reader: Any, name: str, what: str) -> Iterator[pa.RecordBatch]
 class _TaskResult:
     """A value task's (anchor key, observation time, target[, split code])
     result, taken in record batch by record batch: the anchors' rows,
-    observation times, targets (encoded per chunk, except categorical ones,
-    whose dictionary needs the whole column) and split codes go to spools."""
+    observation times, targets (encoded per chunk) and split codes go to
+    spools. A categorical target's codes are numbered by first appearance
+    while it streams, then renumbered in place to the sorted dictionary
+    :func:`encode_column` makes of the whole column."""
 
     def __init__(self, index: _KeyIndex, name: str, target_stype: str, with_splits: bool) -> None:
         self.index, self.name, self.stype, self.with_splits = index, name, target_stype, with_splits
         self.rows, self.obs, self.splits = _Spool(np.uint32), _Spool(np.int64), _Spool(np.uint8)
-        self.values = _Spool(FIXED_DTYPES[target_stype]) if target_stype in FIXED_DTYPES else None
+        self.values = _Spool(FIXED_DTYPES.get(target_stype, np.uint32))
         self.valid = _Spool(np.uint8)
-        self.targets: list[pa.Array] = []
+        # Categorical targets: each category's code in order of appearance.
+        self.categories: dict[str, int] = {}
         self.total = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -897,21 +900,38 @@ class _TaskResult:
             self.obs.append(np.full(len(o), I64_MAX, dtype=np.int64))
         else:
             self.obs.append(_fill(_to_micros(o, f"task `{self.name}` observation time"), I64_MAX, np.int64))
-        if self.values is not None:
+        if self.stype == "categorical":
+            self.values.append(self._category_codes(cols[1]))
+            self.valid.append(_valid(cols[1]))
+        else:
             v, ok, _ = encode_column(self.stype, cols[1], f"task `{self.name}` target")
             self.values.append(v)
             self.valid.append(ok)
-        else:
-            self.targets.append(cols[1])
         if self.with_splits:
             self.splits.append(cols[2].to_numpy(zero_copy_only=False))
 
-    def target(self, dtype: pa.DataType) -> tuple[Any, Any, Any]:
-        if self.values is not None:
-            return self.values.array(), self.valid.array(), None
-        col = pa.chunked_array(self.targets, dtype).combine_chunks()
-        self.targets = []
-        return encode_column(self.stype, col, f"task `{self.name}` target")
+    def _category_codes(self, col: pa.Array) -> np.ndarray:
+        """A chunk's codes in order of first appearance across the task."""
+        try:
+            codes, dictionary = _dictionary(col.cast(pa.string()), sort=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise SchemaError(f"task `{self.name}` target: cannot encode {col.type} as categorical: {e}") from e
+        known = self.categories
+        local = np.array([known.setdefault(v, len(known)) for v in dictionary.to_pylist()], dtype=np.uint32)
+        return local[codes] if len(local) else np.zeros(len(codes), np.uint32)
+
+    def target(self) -> tuple[Any, Any, Any]:
+        values, valid = self.values.array(), self.valid.array()
+        if self.stype != "categorical":
+            return values, valid, None
+        # Renumber to the sorted dictionary, a chunk at a time in place.
+        names = pa.array(list(self.categories), pa.string())
+        order = pc.array_sort_indices(names).to_numpy()
+        rank = np.empty(len(order), np.uint32)
+        rank[order] = np.arange(len(order), dtype=np.uint32)
+        for a in range(0, len(values) if len(rank) else 0, CHUNK_ROWS):
+            values[a : a + CHUNK_ROWS] = rank[values[a : a + CHUNK_ROWS]]
+        return values, valid, [str(v) for v in names.take(pa.array(order)).to_pylist()]
 
 
 def _add_value_task(
@@ -951,7 +971,7 @@ def _add_value_task(
         log(f"  warning: task `{name}`: {dropped} row(s) whose anchor matches no row of `{anchor_table}` dropped")
     if dropped == res.total:
         raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
-    values, valid, extra = res.target(reader.schema.field(2).type)
+    values, valid, extra = res.target()
     writer.add_task(
         name, kind, anchor_table, res.rows.array(), res.obs.array(), target_stype, values, valid, extra,
         query, description, splits=res.splits.array() if with_splits else None,
