@@ -309,6 +309,15 @@ struct Scanned {
     encoding: Encoding,
 }
 
+/// The first valid row whose id is at least `bound` (an id out of range),
+/// and that id.
+fn first_at_least(ids: &[u32], valid: &[u8], bound: usize) -> Option<(usize, u32)> {
+    ids.iter()
+        .zip(valid)
+        .position(|(&id, &v)| v != 0 && id as usize >= bound)
+        .map(|i| (i, ids[i]))
+}
+
 /// Stats of a column stored as ids (categorical, text): counts only.
 fn count_stats(n: usize, valid: &[u8]) -> ColumnStats {
     let nonnull = valid.iter().filter(|&&v| v != 0).count() as u64;
@@ -541,11 +550,7 @@ impl DatabaseWriter {
                 check_len(what, codes.len(), n)?;
                 valid_of(valid)?;
                 let k = categories.len() as u32;
-                let rows = codes.iter().zip(valid.iter()).enumerate();
-                if let Some((i, (&c, _))) = rows
-                    .filter(|(_, (_, &v))| v != 0)
-                    .find(|(_, (&c, _))| c >= k)
-                {
+                if let Some((i, c)) = first_at_least(codes, valid, k as usize) {
                     return Err(Error::Preprocess(format!(
                         "{what}: row {i} has category code {c}, only {k} categories"
                     )));
@@ -566,11 +571,7 @@ impl DatabaseWriter {
                 check_len(what, ids.len(), n)?;
                 valid_of(valid)?;
                 let known = self.texts.len();
-                let rows = ids.iter().zip(valid.iter()).enumerate();
-                if let Some((i, (&id, _))) = rows
-                    .filter(|(_, (_, &v))| v != 0)
-                    .find(|(_, (&id, _))| id as usize >= known)
-                {
+                if let Some((i, id)) = first_at_least(ids, valid, known) {
                     return Err(Error::Preprocess(format!(
                         "{what}: row {i} has text id {id}, only {known} texts interned"
                     )));
@@ -591,11 +592,7 @@ impl DatabaseWriter {
                 valid_of(valid)?;
                 let dict_len = offsets.len().saturating_sub(1);
                 let global = intern_dictionary(&mut self.texts, what, offsets, bytes)?;
-                let rows = codes.iter().zip(valid.iter()).enumerate();
-                if let Some((i, (&c, _))) = rows
-                    .filter(|(_, (_, &v))| v != 0)
-                    .find(|(_, (&c, _))| c as usize >= dict_len)
-                {
+                if let Some((i, c)) = first_at_least(codes, valid, dict_len) {
                     return Err(Error::Preprocess(format!(
                         "{what}: row {i} has text code {c}, dictionary has {dict_len} entries"
                     )));

@@ -370,3 +370,60 @@ fn stored_split_codes_round_trip_and_a_bad_code_is_refused() {
         "{msg}"
     );
 }
+
+#[test]
+fn ids_out_of_range_are_named_by_row_only_where_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = DatabaseWriter::new(tmp.path().join("db"), "unit-test", "hash", 4).unwrap();
+    let col = |stype, data| ColumnInput {
+        name: "c".into(),
+        stype,
+        source_type: "VARCHAR".into(),
+        inferred: false,
+        data,
+    };
+    // Row 1's code is out of range but null: row 3 is the one named.
+    let (codes, valid) = ([0u32, 9, 1, 2, 7], [1u8, 0, 1, 1, 1]);
+    let msg = |r: headwater::Result<()>| r.unwrap_err().to_string();
+    w.begin_table(spec("a", 5, 1)).unwrap();
+    let e = msg(w.add_column(col(
+        SemanticType::Categorical,
+        ColumnData::Categorical {
+            codes: &codes,
+            valid: &valid,
+            categories: vec!["p".into(), "q".into()],
+        },
+    )));
+    assert!(
+        e.contains("column `c`: row 3 has category code 2, only 2 categories"),
+        "{e}"
+    );
+    w.begin_table(spec("a", 5, 1)).unwrap();
+    let ids = w.intern_texts(&[0, 1, 2], b"xy").unwrap();
+    assert_eq!(ids, [0, 1]);
+    let e = msg(w.add_column(col(
+        SemanticType::Text,
+        ColumnData::TextIds {
+            ids: &codes,
+            valid: &valid,
+        },
+    )));
+    assert!(
+        e.contains("row 3 has text id 2, only 2 texts interned"),
+        "{e}"
+    );
+    w.begin_table(spec("a", 5, 1)).unwrap();
+    let e = msg(w.add_column(col(
+        SemanticType::Text,
+        ColumnData::Text {
+            codes: &codes,
+            valid: &valid,
+            offsets: &[0, 1, 2, 3],
+            bytes: b"xyz",
+        },
+    )));
+    assert!(
+        e.contains("row 4 has text code 7, dictionary has 3 entries"),
+        "{e}"
+    );
+}
