@@ -956,8 +956,11 @@ def _run_child(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
 
 
 CTRL_C_CHILD = """
-import sys, time
+import signal, sys, time
 from headwater import _native as N
+# Python's own Ctrl-C handler, whatever the child inherited: a shell runs a
+# background job with SIGINT ignored, and Python then installs none.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 w = [0.0] * int(sys.argv[3]); w[int(sys.argv[2])] = 1.0
 # The producer sleeps 3 s before each batch (fault injection), so the wait
 # below is still blocked when the signal arrives however fast batches are.
