@@ -350,11 +350,8 @@ class _KeyIndex:
             if nulls or not len(k):
                 continue
             put(batch.column(0).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False), None)
-            k = k.cast(pa.large_string())
-            _, offs_buf, data_buf = k.buffers()
-            o = np.frombuffer(offs_buf, dtype=np.int64)[k.offset : k.offset + len(k) + 1]
-            if data_buf is not None:
-                data.append(np.frombuffer(data_buf, dtype=np.uint8)[o[0] : o[-1]])
+            o, buf = _string_buffers(k.cast(pa.large_string()))
+            data.append(buf[o[0] : o[-1]])
             offsets[at + 1 : at + 1 + len(k)] = size + (o[1:] - o[0])
             at, size = at + len(k), size + int(o[-1] - o[0])
         if nulls:
@@ -596,6 +593,15 @@ def _fingerprint(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def _string_buffers(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A ``large_string`` array's end offsets (``len(a) + 1``, into the data,
+    not rebased) and its data buffer, as NumPy views."""
+    _, offs_buf, data_buf = a.buffers()
+    offs = np.frombuffer(offs_buf, dtype=np.int64)[a.offset : a.offset + len(a) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offs, data
+
+
 def _chunks(con: duckdb.DuckDBPyConnection, table: str, col: str) -> Iterator[pa.Array]:
     """One column of ``table`` in record batches of :data:`CHUNK_ROWS` rows,
     in table order: never the whole column in Python memory."""
@@ -719,10 +725,7 @@ def _stream_text(
             codes, dictionary = _dictionary(chunk.cast(pa.large_string()), sort=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise SchemaError(f"{where}: cannot encode {chunk.type} as text: {e}") from e
-        d = dictionary.cast(pa.large_string())
-        _, offs_buf, data_buf = d.buffers()
-        offs = np.frombuffer(offs_buf, dtype=np.int64)[d.offset : d.offset + len(d) + 1]
-        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        offs, data = _string_buffers(dictionary.cast(pa.large_string()))
         chunk_ids = writer.intern_texts(np.ascontiguousarray(offs), np.ascontiguousarray(data))
         put(chunk_ids[codes] if len(chunk_ids) else np.zeros(len(codes), np.uint32), _valid(chunk))
     done()
