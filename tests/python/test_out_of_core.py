@@ -277,6 +277,71 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     assert exact.rows(pa.array(["b", "x", "cc"]), "here")[0].tolist() == [1, -1, 2]
 
 
+@pytest.mark.parametrize(
+    ("key", "miss", "fk_type"),
+    [
+        ("DATE '2001-02-03' + i::INTEGER", "DATE '1800-01-01' + i::INTEGER", None),
+        ("TIMESTAMP '2001-02-03 04:05:06.789' + to_microseconds(i * 1001)", "TIMESTAMP '1800-01-01' + to_seconds(i)", None),
+        ("TIMESTAMPTZ '2001-02-03 04:05:06+00' + to_seconds(i)", "TIMESTAMPTZ '1800-01-01 00:00:00+00' + to_seconds(i)", None),
+        ("(i * 1.5 - 7000)::DECIMAL(18, 3)", "(i + 0.25)::DECIMAL(18, 3) + 1000000", "DECIMAL(12, 2)"),
+        ("md5(i::VARCHAR)::UUID", "md5('miss' || i)::UUID", None),
+        ("unhex(md5(i::VARCHAR))::BLOB", "unhex(md5('miss' || i))::BLOB", None),
+        ("(i * 0.37 - 100)::DOUBLE", "(i * 0.37 + 0.001)::DOUBLE + 1e6", None),
+        ("(i / 7)::FLOAT", "(i / 7)::FLOAT + 1e5", "DOUBLE"),
+    ],
+    ids=["date", "timestamp", "timestamptz", "decimal", "uuid", "blob", "double", "float-as-double"],
+)
+def test_other_keys_indexed_by_the_hash_of_their_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, miss: str, fk_type: str | None
+) -> None:
+    """Keys that are not integers are streamed as the hash of
+    their DuckDB text beside the texts (no key column in private memory), and
+    every lookup equals Arrow's exact lookup over the whole key column: hits,
+    misses, nulls, and referencing values of another type cast to the key's."""
+    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 997)
+    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 100)
+    n = 5000
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE s AS SELECT {key} AS id FROM range({n}) t(i) ORDER BY hash(i)")
+    cast = f"::{fk_type}" if fk_type else ""
+    con.execute(
+        f"CREATE TABLE f AS SELECT * FROM ("
+        f"SELECT id{cast} AS v FROM s USING SAMPLE 1500 ROWS "
+        f"UNION ALL SELECT ({miss}){cast} FROM range(700) t(i) "
+        f"UNION ALL SELECT NULL FROM range(50)) ORDER BY hash(v)"
+    )
+    spill = pipeline._SPILL_DIR.set(tmp_path)
+    try:
+        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+    finally:
+        pipeline._SPILL_DIR.reset(spill)
+    assert index.arrow is None and index.values is not None and isinstance(index.sorted, np.memmap)
+    keys = con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks()
+    exact = pipeline._KeyIndex(keys)
+    assert exact.sorted is None  # Arrow's index_in over the whole column
+    col = con.execute("SELECT v FROM f").to_arrow_table().column(0).combine_chunks()
+    rows, unmatched = index.rows(col, "here")
+    want, want_unmatched = exact.rows(col, "here")
+    np.testing.assert_array_equal(rows, want)
+    assert unmatched == want_unmatched == 700
+    assert np.count_nonzero(rows >= 0) == 1500
+
+
+def test_float_keys_by_text_match_as_arrow_does() -> None:
+    """A float key's text is one per value, as Arrow's exact lookup sees
+    values: ``-0.0`` is not ``0.0``, and NaN matches NaN."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE s AS SELECT * FROM (VALUES (0.0::DOUBLE), (1.5), ('nan'::DOUBLE), (-2.25), (0.1)) v(id)")
+    index = pipeline._KeyIndex.stream(con, "s", "id", 5, "s")
+    assert index.values is not None
+    col = pa.array([-0.0, 0.0, 1.5, float("nan"), 7.0, None, 0.1, 0.30000000000000004 - 0.2])
+    rows, unmatched = index.rows(col, "here")
+    exact = pipeline._KeyIndex(con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks())
+    want, want_unmatched = exact.rows(col, "here")
+    assert rows.tolist() == want.tolist() and unmatched == want_unmatched
+    assert rows[1:4].tolist() == [0, 1, 2] and rows[6] == 4
+
+
 def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Duplicated integer keys are found on the sorted keys chunk by chunk
     (runs that straddle a chunk boundary counted once), matching a count

@@ -271,19 +271,22 @@ class _KeyIndex:
 
     :meth:`stream` builds it from a source table in chunks: integer keys
     never sit whole in private memory (spilled array; a sort too large for
-    the run's budget is DuckDB's, which spills too). String keys are indexed
-    by their DuckDB ``hash`` the same way, the strings themselves kept in
-    spilled Arrow buffers (``values``) so that every hash match is confirmed
-    by comparing the strings. Other key types are read whole, their values
-    held privately."""
+    the run's budget is DuckDB's, which spills too). Other keys are indexed
+    by the DuckDB ``hash`` of their text (``::VARCHAR``) the same way, the
+    texts themselves kept in spilled Arrow buffers (``values``) so that
+    every hash match is confirmed by comparing the texts: strings, and
+    dates, timestamps, decimals, floats, UUIDs, blobs and the like, whose
+    DuckDB text is one per value and another for any other value (as
+    Arrow's lookup, ``-0.0`` is not ``0.0``). Keys that share a hash are
+    read whole, their values held privately."""
 
     def __init__(self, col: pa.Array) -> None:
         self.arrow: pa.Array | None = col
         self.type = col.type
         self.sorted: np.ndarray | None = None
         self.order: np.ndarray | None = None
-        # String keys by hash: the keys in row order, and the cursor that
-        # hashes looked-up values exactly as the keys were hashed.
+        # Keys by the hash of their text: the texts in row order, and the
+        # cursor that hashes looked-up values exactly as the keys were hashed.
         self.values: pa.Array | None = None
         self.hasher: duckdb.DuckDBPyConnection | None = None
         if not pa.types.is_integer(col.type) or col.null_count:
@@ -300,13 +303,8 @@ class _KeyIndex:
         """The index of ``table``'s key column ``key`` (``n`` rows), read in
         chunks; a null key is a :class:`SchemaError` naming ``where``."""
         t = _column_type(con, table, key)
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return cls._stream_strings(con, table, key, n, where)
         if not pa.types.is_integer(t):
-            col = _read(con, table, [key]).column(0).combine_chunks()
-            if col.null_count:
-                raise SchemaError(f"{where} has {col.null_count} null value(s)")
-            return cls(col)
+            return cls._stream_texts(con, table, key, t, n, where)
         dtype = np.dtype(t.to_pandas_dtype())
         keys, _, put, done = _into(n, dtype, where, with_valid=False)
         nulls, ascending, last = 0, True, None
@@ -331,11 +329,14 @@ class _KeyIndex:
         return index
 
     @classmethod
-    def _stream_strings(cls, con: duckdb.DuckDBPyConnection, table: str, key: str, n: int, where: str) -> _KeyIndex:
-        """A string key's index: each key's DuckDB ``hash`` (8 bytes) and the
-        key itself (its bytes plus an 8-byte offset) streamed into spilled
-        arrays, the hashes sorted as integer keys are. Two keys that share a
-        hash are found by :func:`_primary_keys`' duplicate check."""
+    def _stream_texts(
+        cls, con: duckdb.DuckDBPyConnection, table: str, key: str, t: pa.DataType, n: int, where: str
+    ) -> _KeyIndex:
+        """The index of a key of Arrow type ``t`` by text: each key's DuckDB
+        ``hash`` of its text (8 bytes) and the text itself (its bytes plus an
+        8-byte offset) streamed into spilled arrays, the hashes sorted as
+        integer keys are. Two keys that share a hash are found by
+        :func:`_primary_keys`' duplicate check."""
         hashes, _, put, done = _into(n, np.uint64, where, with_valid=False)
         offsets = _column_array(n + 1, np.int64)
         offsets[0] = 0
@@ -357,26 +358,31 @@ class _KeyIndex:
         if nulls:
             raise SchemaError(f"{where} has {nulls} null value(s)")
         done()
-        index = cls(pa.array([], pa.string()))
+        index = cls(pa.array([], t))
         index.arrow = None
         index.values = pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.array())])
         index.hasher = con.cursor()
         index.sorted, index.order = _sort_keys(hashes, con)
         return index
 
-    def _hashes(self, col: pa.Array) -> np.ndarray:
-        """DuckDB's hash of each value of the string array ``col``, as the
-        keys were hashed (on a cursor of their connection, so a result the
-        caller is streaming stays open)."""
+    def _hashes(self, col: pa.Array) -> tuple[np.ndarray, pa.Array]:
+        """DuckDB's hash of each value's text and the text itself, for the
+        values ``col`` of the key's type, as the keys were hashed (on a
+        cursor of their connection, so a result the caller is streaming
+        stays open). A string is its own text."""
         assert self.hasher is not None
         name = f"__headwater_lookup_{os.getpid()}"
+        texts = pa.types.is_string(self.type) or pa.types.is_large_string(self.type)
         self.hasher.register(name, pa.table({"v": col}))
         try:
-            h = self.hasher.execute(f"SELECT {KEY_HASH.format('v::VARCHAR')} FROM {quote(name)}").to_arrow_table().column(0)
+            got = self.hasher.execute(
+                f"SELECT {KEY_HASH.format('v::VARCHAR')}{'' if texts else ', v::VARCHAR'} FROM {quote(name)}"
+            ).to_arrow_table()
         finally:
             self.hasher.unregister(name)
         # A null value's hash (if the expression gives none) is masked later.
-        return _fill(h, 0, np.uint64)
+        text = col if texts else got.column(1).combine_chunks()
+        return _fill(got.column(0), 0, np.uint64), text
 
     def rows(self, col: pa.Array, where: str) -> tuple[np.ndarray, int]:
         """The row (int64; -1 for a null or unmatched value) of each value of
@@ -393,7 +399,10 @@ class _KeyIndex:
         out = np.full(len(col), -1, dtype=np.int64)
         if len(self.sorted) == 0 or len(col) == 0:
             return out, len(col) - col.null_count
-        v = self._hashes(col) if self.values is not None else _fill(col, 0, self.sorted.dtype)
+        if self.values is not None:
+            v, text = self._hashes(col)
+        else:
+            v, text = _fill(col, 0, self.sorted.dtype), col
         pos = np.searchsorted(self.sorted, v)
         np.minimum(pos, len(self.sorted) - 1, out=pos)
         hit = self.sorted[pos] == v
@@ -404,7 +413,7 @@ class _KeyIndex:
             # A value that shares its hash with a key but is not that key
             # matches nothing (the keys' hashes are distinct).
             at = np.flatnonzero(hit)
-            same = pc.equal(col.take(at).cast(pa.large_string()), self.values.take(pa.array(rows[at])))
+            same = pc.equal(text.take(at).cast(pa.large_string()), self.values.take(pa.array(rows[at])))
             hit[at[~same.to_numpy(zero_copy_only=False)]] = False
         np.copyto(out, rows, where=hit)
         return out, len(col) - col.null_count - int(np.count_nonzero(hit))
@@ -494,7 +503,7 @@ def _primary_keys(src: Source, plans: list[TablePlan], counts: dict[str, int]) -
             # limit on 30 M keys at a 256 MiB budget.
             num_dup, example, times = _duplicates(index.sorted)
             if num_dup and index.values is not None:
-                # Repeated hashes of string keys: repeated keys, or (rarely)
+                # Repeated hashes of keys by text: repeated keys, or (rarely)
                 # two keys sharing a 64-bit hash, then looked up by Arrow.
                 num_dup, example, times = _grouped_duplicates(src.con, p.name, p.primary_key)
                 if not num_dup:
