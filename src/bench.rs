@@ -64,15 +64,35 @@ pub struct BenchRun {
     pub drained_values: usize,
 }
 
+/// A timed window on the wall clock (Unix seconds), the same for several
+/// processes: each counts the batches it finishes inside it, so their sum
+/// is what they made together.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// When counting starts (after the opening and the warm-up).
+    pub start: f64,
+    /// When it stops.
+    pub stop: f64,
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Produce `warmup` then `steps` train batches with `threads` worker threads.
 /// With telemetry on, every batch is also recorded and drained, as a
-/// training loop with the step hook would.
+/// training loop with the step hook would. With a `window`, the timed
+/// batches are instead the ones finished inside it (`steps` is ignored);
+/// a warm-up that ends after the window starts is an error.
 pub fn bench_run(
     db_paths: &[PathBuf],
     mut cfg: SamplerConfig,
     threads: usize,
     warmup: u64,
     steps: u64,
+    window: Option<Window>,
 ) -> Result<BenchRun> {
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
@@ -95,13 +115,36 @@ pub fn bench_run(
     let mut cut = 0u64;
     let mut made = 0u64;
     let mut failure = None;
+    if let Some(w) = window {
+        if w.stop.partial_cmp(&w.start) != Some(std::cmp::Ordering::Greater) {
+            return Err(crate::error::Error::InvalidArgument {
+                name: "window".into(),
+                what: format!("stop {} is not after start {}", w.stop, w.start),
+            });
+        }
+        let late = unix_now() - w.start;
+        if late > 0.0 {
+            return Err(crate::error::Error::InvalidArgument {
+                name: "window".into(),
+                what: format!(
+                    "opening and {warmup} warm-up batches ended {late:.2} s after the window's start; start it later"
+                ),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(-late));
+    }
     let t0 = Instant::now();
     // Timed to the last counted batch (the builds still in flight after it
     // are finished but not counted).
     let mut t_last = t0;
+    let stop_after = window.map(|w| w.stop - w.start);
     core.stream_batches(
         &mut state,
-        if steps == 0 { 0 } else { core.stream_depth() },
+        if steps == 0 && window.is_none() {
+            0
+        } else {
+            core.stream_depth()
+        },
         |_, _| None,
         |b| {
             let b = match b {
@@ -111,6 +154,11 @@ pub fn bench_run(
                     return false;
                 }
             };
+            if let Some(span) = stop_after {
+                if t0.elapsed().as_secs_f64() >= span {
+                    return false;
+                }
+            }
             if telemetry {
                 let t = Instant::now();
                 recorder.deliver(&b, 0, 0.0);
@@ -130,20 +178,23 @@ pub fn bench_run(
                 .sum::<u64>();
             made += 1;
             t_last = Instant::now();
-            made < steps
+            stop_after.is_some() || made < steps
         },
     );
     if let Some(e) = failure {
         return Err(e);
     }
-    let secs = (t_last - t0).as_secs_f64();
-    let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
+    let secs = match stop_after {
+        Some(span) => span,
+        None => (t_last - t0).as_secs_f64(),
+    };
+    let ms = |ns: u64| ns as f64 / 1e6 / made.max(1) as f64;
     Ok(BenchRun {
         threads,
         telemetry,
-        batches: steps,
+        batches: made,
         seconds: secs,
-        batches_per_s: steps as f64 / secs,
+        batches_per_s: made as f64 / secs,
         cells_per_s: cells as f64 / secs,
         seeds_per_s: seeds as f64 / secs,
         pack,
@@ -157,7 +208,7 @@ pub fn bench_run(
         rss_bytes: current_rss_bytes().unwrap_or(0),
         databases: core.dbs.len(),
         first_batch_seconds,
-        telemetry_us: telemetry_ns as f64 / 1e3 / steps.max(1) as f64,
+        telemetry_us: telemetry_ns as f64 / 1e3 / made.max(1) as f64,
         drained_values: core.schema.drained_keys.len(),
     })
 }

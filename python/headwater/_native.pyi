@@ -147,6 +147,7 @@ def bench_sampler(
     pack_factor: int = 0,
     database_weights: list[float] | None = None,
     page_cache: str = "lazy",
+    window: tuple[float, float] | None = None,
 ) -> dict[str, Any]: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(

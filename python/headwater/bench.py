@@ -4,8 +4,11 @@ a mixture file (see :mod:`headwater.mixture`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,84 @@ def _packing_comparison(
     }
 
 
+_WINDOW_CHILD = (
+    "import json, sys\n"
+    "from headwater import _native\n"
+    "a = json.loads(sys.argv[1])\n"
+    "a['window'] = tuple(a['window'])\n"
+    "print(json.dumps(_native.bench_sampler(**a)))\n"
+)
+
+
+def _window_runs(n: int, args: dict[str, Any], seconds: float, margin: float) -> list[dict[str, Any]]:
+    """``n`` processes, each running ``bench_sampler(**args)`` on one thread
+    and counting the batches it finishes in the same wall-clock window of
+    ``seconds``, which opens ``margin`` seconds from now (time to start,
+    open and warm up). Started and, on any failure, killed by PID."""
+    start = time.time() + margin
+    a = dict(args, threads=1, steps=0, window=[start, start + seconds])
+    env = dict(os.environ)
+    # The children import this very package, wherever it was imported from.
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WINDOW_CHILD, json.dumps(a)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for _ in range(n)
+    ]
+    try:
+        outs = [p.communicate(timeout=margin + seconds + 300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    runs = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"bench process {p.pid} exited with {p.returncode}: {last}")
+        runs.append(json.loads(out))
+    return runs
+
+
+def _process_scaling(
+    path: str | list[str],
+    procs: int,
+    seconds: float,
+    margin: float,
+    args: dict[str, Any],
+    rounds: int,
+) -> dict[str, Any]:
+    """One one-thread process alone, then ``procs`` of them at once, each
+    counting the batches it finishes in the same wall-clock window: how
+    this machine scales this workload with nothing shared between the
+    workers (no threads, no queues, each its own allocator and scratch),
+    the reference for the thread scaling. Alone and together alternate
+    ``rounds`` times and the best of each is kept (a noisy neighbour only
+    ever slows a window down)."""
+    a = dict(args, db_path=path)
+    alone = 0.0
+    together: list[float] = []
+    for _ in range(max(rounds, 1)):
+        alone = max(alone, _window_runs(1, a, seconds, margin)[0]["batches_per_s"])
+        each = [r["batches_per_s"] for r in _window_runs(procs, a, seconds, margin)]
+        if sum(each) > sum(together):
+            together = each
+    total = sum(together)
+    return {
+        "processes": procs,
+        "seconds": seconds,
+        "rounds": max(rounds, 1),
+        "alone_batches_per_s": alone,
+        "together_batches_per_s": total,
+        "per_process_batches_per_s": together,
+        "ratio": total / alone,
+    }
+
+
 def run_bench(
     db: str | os.PathLike[str] | None = None,
     batch_size: int = 32,
@@ -119,8 +200,9 @@ def run_bench(
     pack_factors: list[int] | None = None,
     rounds: int = 3,
     page_cache: str = "lazy",
+    process_scaling: bool = False,
 ) -> dict[str, Any]:
-    """Measure everything in one process; returns a JSON-able dict.
+    """Measure everything in one run; returns a JSON-able dict.
 
     ``telemetry``: ``on`` / ``off`` for the main runs, or ``both`` to also
     measure the on/off throughput ratio (alternating runs, best of three).
@@ -129,6 +211,11 @@ def run_bench(
     ``rounds``) on the largest thread count. ``page_cache``: the sampler key
     of that name for every run (``populate`` reads the database in, as huge
     pages where the kernel allows, before each run is timed).
+    ``process_scaling``: also run one one-thread process alone and then as
+    many as the largest thread count at once, over the same wall-clock
+    window (as long as a one-thread run of ``steps``), alternating, best of
+    ``rounds`` each: the machine's own scaling of this workload, which the
+    thread scaling is read against.
     """
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
@@ -153,6 +240,25 @@ def run_bench(
     ]
     handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
     base = runs[0]
+    procs = None
+    if process_scaling:
+        one = min(runs, key=lambda r: r["threads"])
+        rate = one["batches_per_s"] / one["threads"]
+        # Long enough for `steps` batches at one thread's rate; the window
+        # opens once every process has had several times this run's
+        # opening and warm-up (plus the interpreter's start) to get there.
+        ready = one["first_batch_seconds"] + warmup / rate
+        procs = _process_scaling(
+            path,
+            max(threads),
+            max(steps / rate, 0.5),
+            2.0 + 3 * ready * max(threads),
+            {
+                "warmup": warmup, "batch_size": batch_size, "sequence_length": seq_len, "telemetry": on,
+                "database_weights": weights, "page_cache": page_cache,
+            },
+            rounds,
+        )
     best = max(runs, key=lambda r: r["batches_per_s"])
     return {
         "db": str(Path(db).resolve()),
@@ -185,6 +291,7 @@ def run_bench(
             if pack_factors
             else None
         ),
+        "process_scaling": procs,
         "load_average": os.getloadavg(),
         "telemetry_cost": (
             _telemetry_ratio(
@@ -224,6 +331,17 @@ def format_bench(r: dict[str, Any]) -> str:
             f"{r['runs'][0]['drained_values']} values"
         ),
     ]
+    ps = r.get("process_scaling")
+    if ps:
+        n = ps["processes"]
+        threads = r["scaling"].get(f"{n}/1")
+        reach = f"; {n} threads reach {threads / ps['ratio']:.0%} of it" if threads else ""
+        lines.insert(
+            lines.index(next(x for x in lines if x.startswith("scaling"))) + 1,
+            f"processes        {n} one-thread processes at once: {ps['ratio']:.2f}x one alone "
+            f"({ps['alone_batches_per_s']:.1f} -> {ps['together_batches_per_s']:.1f} batches/s, "
+            f"same {ps['seconds']:.1f} s window, best of {ps['rounds']}){reach}",
+        )
     tc = r.get("telemetry_cost")
     if tc:
         lines.append(

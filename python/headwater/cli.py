@@ -70,6 +70,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         pack_factors=factors,
         rounds=a.rounds,
         page_cache=a.page_cache,
+        process_scaling=a.process_scaling,
     )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
@@ -280,7 +281,8 @@ def _add_bench(sub: Sub) -> None:
         "--rounds",
         type=int,
         default=3,
-        help="interleaved rounds of the packing comparison, best kept (default: %(default)s)",
+        help="interleaved rounds of the packing comparison and of --process-scaling, best kept "
+        "(default: %(default)s)",
     )
     pb.add_argument(
         "--page-cache",
@@ -288,6 +290,13 @@ def _add_bench(sub: Sub) -> None:
         default="lazy",
         help="the sampler's page_cache key in every run (populate: read in, as huge pages where "
         "the kernel allows, before timing; default: %(default)s)",
+    )
+    pb.add_argument(
+        "--process-scaling",
+        action="store_true",
+        help="also time one one-thread process alone, then as many as the largest thread count at "
+        "once over the same wall-clock window (alternating, best of --rounds): the machine's own "
+        "scaling of this workload, with nothing shared, to read the thread scaling against",
     )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)

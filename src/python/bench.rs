@@ -6,9 +6,11 @@ use super::to_py;
 use crate::bench;
 use crate::config::SamplerConfig;
 
-/// Steady-state train-batch production on `threads` threads (GIL released).
+/// Steady-state train-batch production on `threads` threads (GIL released);
+/// with `window` (Unix start and stop seconds), the batches finished inside
+/// it instead of `steps`.
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy"))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy", window=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,
@@ -26,6 +28,7 @@ pub fn bench_sampler<'py>(
     pack_factor: usize,
     database_weights: Option<Vec<f64>>,
     page_cache: &str,
+    window: Option<(f64, f64)>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let paths = super::sampler::db_paths(db_path)?;
     // Read through the config table, so a bad value gets its one error.
@@ -46,7 +49,10 @@ pub fn bench_sampler<'py>(
         ..SamplerConfig::default()
     };
     let run = py
-        .detach(|| bench::bench_run(&paths, cfg, threads, warmup, steps))
+        .detach(|| {
+            let window = window.map(|(start, stop)| bench::Window { start, stop });
+            bench::bench_run(&paths, cfg, threads, warmup, steps, window)
+        })
         .map_err(to_py)?;
     let s = serde_json::to_string(&run).expect("serialisable");
     py.import("json")?.call_method1("loads", (s,))

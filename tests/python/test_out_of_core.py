@@ -534,6 +534,43 @@ def test_bench_runs_with_the_page_cache_mode_it_is_given() -> None:
         headwater._native.bench_sampler(str(GOLDEN), 1, 2, 1, 4, 64, page_cache="eager")
 
 
+def test_bench_process_scaling_counts_the_batches_of_one_window() -> None:
+    """``--process-scaling``: one-thread processes count the batches they
+    finish inside one shared wall-clock window; the figure is their sum over
+    one process alone, printed beside the thread scaling."""
+    from headwater.bench import format_bench
+
+    t = time.time()
+    start, stop = t + 1.0, t + 1.5
+    r = headwater._native.bench_sampler(str(GOLDEN), 1, 0, 1, 4, 64, window=(start, stop))
+    assert time.time() >= stop
+    assert r["seconds"] == pytest.approx(0.5) and r["batches"] > 0
+    assert r["batches_per_s"] == pytest.approx(r["batches"] / 0.5)
+    with pytest.raises(ValueError, match=r"`window`: opening and 1 warm-up batches ended .* after the window's start"):
+        headwater._native.bench_sampler(str(GOLDEN), 1, 0, 1, 4, 64, window=(t - 5, t + 1))
+    with pytest.raises(ValueError, match=r"`window`: stop .* is not after start"):
+        headwater._native.bench_sampler(str(GOLDEN), 1, 0, 1, 4, 64, window=(t + 1, t + 1))
+
+    cmd = [sys.executable, "-m", "headwater.cli", "bench", str(GOLDEN), "--batch-size", "4", "--seq-len", "64",
+           "--threads", "1,2", "--steps", "200", "--warmup", "2", "--process-scaling", "--rounds", "2", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    ps = out["process_scaling"]
+    assert ps["processes"] == 2 and ps["rounds"] == 2 and len(ps["per_process_batches_per_s"]) == 2
+    assert min(ps["per_process_batches_per_s"]) > 0 and ps["alone_batches_per_s"] > 0
+    assert ps["together_batches_per_s"] == pytest.approx(sum(ps["per_process_batches_per_s"]))
+    assert ps["ratio"] == pytest.approx(ps["together_batches_per_s"] / ps["alone_batches_per_s"])
+    reach = out["scaling"]["2/1"] / ps["ratio"]
+    assert f"2 one-thread processes at once: {ps['ratio']:.2f}x" in format_bench(out)
+    assert f"2 threads reach {reach:.0%} of it" in format_bench(out)
+    # A process that fails is named with its error, not read as 0 batches/s.
+    from headwater import bench
+
+    with pytest.raises(RuntimeError, match=r"bench process \d+ exited with 1: .*no-such-db"):
+        bench._window_runs(2, {"db_path": "/no-such-db", "warmup": 1}, 0.1, 0.5)
+
+
 MLOCK_CHILD = """
 import resource, sys
 import headwater
