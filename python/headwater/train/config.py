@@ -69,7 +69,8 @@ class TrainSection:
     #: Batches per rank in each validation.
     val_batches: int = 4
     #: Run a capped evaluation pass over val every this many steps (0 = off):
-    #: per-task metrics on the first ``eval_max_seeds`` seeds of each task.
+    #: per-task metrics on the first ``eval_max_seeds`` seeds of each task
+    #: (the last step's too, unless ``eval_final`` evaluates it in full).
     eval_every: int = 0
     #: Seeds per task in the periodic evaluation (the split's fixed order).
     eval_max_seeds: int = 256

@@ -28,7 +28,8 @@ and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoin
 
 Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
-end (``train.eval_final``) full val and test passes. Passes come from
+end (``train.eval_final``) full val and test passes, which then stand in
+for the capped pass of the last step. Passes come from
 ``sampler.eval_batches`` and never touch the training stream; each pass's
 sampler telemetry (the split's recorders, cleared before the pass) is
 reduced over ranks and logged beside its metrics as
@@ -500,7 +501,9 @@ class Trainer:
         self.log.record_phases((nw, transfer, compute, t2 - t1, wall - compute - (t3 - t1)))
         if due_val:
             self.validate(step)
-        if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
+        # The last step's capped pass is left to the full one, if there is one.
+        last = step + 1 == tc.steps
+        if tc.eval_every and (step + 1) % tc.eval_every == 0 and not (last and tc.eval_final):
             self.evaluate("val", step, tc.eval_max_seeds)
 
     def _flush(self) -> float:
