@@ -188,6 +188,17 @@ def _process_scaling(
     }
 
 
+def _train_comparison(
+    path: str | list[str], batch_size: int, seq_len: int, factors: list[int], steps: int,
+    seeds: int, overrides: list[str],
+) -> dict[str, Any]:
+    from headwater.train.packing_bench import train_comparison
+
+    if not isinstance(path, str):
+        raise ValueError("the training comparison takes one database, not a mixture")
+    return train_comparison(path, batch_size, seq_len, factors, steps, seeds, overrides=overrides)
+
+
 def run_bench(
     db: str | os.PathLike[str] | None = None,
     batch_size: int = 32,
@@ -201,6 +212,9 @@ def run_bench(
     rounds: int = 3,
     page_cache: str = "lazy",
     process_scaling: bool = False,
+    train_steps: int = 0,
+    train_seeds: int = 1,
+    train_overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Measure everything in one run; returns a JSON-able dict.
 
@@ -216,7 +230,14 @@ def run_bench(
     window (as long as a one-thread run of ``steps``), alternating, best of
     ``rounds`` each: the machine's own scaling of this workload, which the
     thread scaling is read against.
+    ``train_steps``: also train the model unpacked and at each of
+    ``pack_factors`` for that many steps from ``train_seeds`` seeds
+    (:mod:`headwater.train.packing_bench`: useful cells/s of the model and
+    evaluation metrics at equal steps); ``train_overrides`` are ``headwater
+    train --set`` values for those runs.
     """
+    if train_steps and not pack_factors:
+        raise ValueError("train_steps needs pack_factors: the comparison is unpacked against packed")
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
     if db is None:
@@ -292,6 +313,14 @@ def run_bench(
             else None
         ),
         "process_scaling": procs,
+        "training": (
+            _train_comparison(
+                path, batch_size, seq_len, pack_factors or [], train_steps, train_seeds,
+                train_overrides or [],
+            )
+            if train_steps
+            else None
+        ),
         "load_average": os.getloadavg(),
         "telemetry_cost": (
             _telemetry_ratio(
@@ -361,5 +390,9 @@ def format_bench(r: dict[str, Any]) -> str:
                 f"{x['useful_cells_ratio']:>6.2f} {x['batches_per_s']:>10.1f} {x['batches_ratio']:>6.2f} "
                 f"{x['contexts_cut']:>6.1%} {x['seeds_per_sequence']:>9.2f}"
             )
+    if r.get("training"):
+        from headwater.train.packing_bench import format_train_comparison
+
+        lines += format_train_comparison(r["training"])
     lines.append(f"load average     {' '.join(f'{v:.1f}' for v in r['load_average'])}")
     return "\n".join(lines)

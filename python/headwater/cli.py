@@ -71,6 +71,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         rounds=a.rounds,
         page_cache=a.page_cache,
         process_scaling=a.process_scaling,
+        train_steps=a.train_steps,
+        train_seeds=a.train_seeds,
+        train_overrides=a.train_set,
     )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
@@ -297,6 +300,28 @@ def _add_bench(sub: Sub) -> None:
         help="also time one one-thread process alone, then as many as the largest thread count at "
         "once over the same wall-clock window (alternating, best of --rounds): the machine's own "
         "scaling of this workload, with nothing shared, to read the thread scaling against",
+    )
+    pb.add_argument(
+        "--train-steps",
+        type=int,
+        default=0,
+        help="also train the model unpacked and at each --pack-factors for this many steps (real "
+        "`headwater train` runs at --batch-size and --seq-len): useful cells/s of the model, "
+        "evaluation metrics at equal steps (default: 0, off)",
+    )
+    pb.add_argument(
+        "--train-seeds",
+        type=int,
+        default=1,
+        help="seeds of the training comparison, each training every configuration "
+        "(default: %(default)s)",
+    )
+    pb.add_argument(
+        "--train-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)

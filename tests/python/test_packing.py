@@ -9,6 +9,7 @@ Small shapes on the CPU backend; the Rust integration tests
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -205,3 +206,66 @@ def test_bench_compares_unpacked_and_packed(packed: Packed) -> None:
     assert pk["unpacked"]["useful_cells_ratio"] == 1.0
     assert pk[f"pack_factor={PF}"]["padding"] < pk["unpacked"]["padding"]
     assert "useful Mc/s" in format_bench(r) and f"pack_factor={PF}" in format_bench(r)
+
+
+def test_training_comparison_scores_every_configuration_on_the_same_seeds(
+    packed: Packed, tmp_path: Path
+) -> None:
+    from headwater.bench import format_bench, run_bench
+    from headwater.train.packing_bench import format_train_comparison, train_comparison
+
+    tiny = ["model.d_model=16", "model.num_layers=1", "model.num_heads=2"]
+    t = train_comparison(
+        str(packed.db), B, S, [PF], steps=4, evals=2, eval_seeds=8, overrides=tiny,
+        workdir=tmp_path,
+    )
+    name = f"pack_factor={PF}"
+    assert list(t["configs"]) == ["unpacked", name]
+    assert t["conditions"]["model"] == "d_model 16 x 1 layers"
+    assert (t["conditions"]["steps"], t["conditions"]["eval_seeds_per_task"]) == (4, 8)
+    base, pk = t["configs"]["unpacked"], t["configs"][name]
+    assert base["useful_cells_ratio"] == 1.0
+    # Packed batches carry more useful cells at the same B and S.
+    assert pk["useful_cells_per_s"] > 0 and np.isfinite(pk["final_val_loss"])
+    # Capped passes after steps 2 and 4 (the last one too: no final pass),
+    # every scored task of the database in both configurations.
+    scored = set(t["primary_metric"])
+    assert list(base["eval"]) == list(pk["eval"]) == [1, 3]
+    assert all(set(pk["eval"][st]) == scored for st in (1, 3))
+    good, total = pk["at_least_as_good"]
+    assert total == 2 * len(scored) and 0 <= good <= total
+    # Both runs' passes scored the same seeds per task (unpacked passes).
+    counts = []
+    for cfg in ("unpacked", name.replace("=", "-")):
+        summary = json.loads((tmp_path / "runs" / f"{cfg}-seed0" / "rank-0.json").read_text())
+        counts.append(
+            [{k: v for k, v in e.items() if k.endswith("/count")} for e in summary["eval_history"]]
+        )
+    assert counts[0] == counts[1] and all(v <= 8 for e in counts[0] for v in e.values())
+    lines = "\n".join(format_train_comparison(t))
+    assert name in lines and "eval >= unpacked" in lines
+    with pytest.raises(ValueError, match="needs pack_factors"):
+        run_bench(packed.db, B, S, [1], steps=2, train_steps=2)
+    with pytest.raises(RuntimeError, match=r"unpacked-seed0 failed .*d_model"):
+        train_comparison(str(packed.db), B, S, [PF], steps=2, overrides=["model.d_model=-4"])
+    assert "training:" not in format_bench(
+        run_bench(packed.db, B, S, [1], steps=2, warmup=1, handoff_samples=2)
+    )
+
+
+def test_training_comparison_counts_a_metric_by_its_direction() -> None:
+    from headwater.train.packing_bench import summarize
+
+    def run(mae: float, auroc: float) -> dict[str, Any]:
+        return {
+            "conditions": {"steps": 2}, "useful_cells_per_s": 10.0, "step_seconds": 1.0,
+            "final_val_loss": 1.0, "eval": {1: {"price": mae, "hot": auroc}},
+        }
+
+    stypes = {"price": "numerical", "hot": "boolean"}
+    # Lower MAE and higher AUROC are better; ties count as at least as good.
+    for packed_run, good in [
+        (run(0.5, 0.9), 2), (run(2.0, 0.6), 0), (run(1.0, 0.8), 2), (run(0.5, 0.6), 1),
+    ]:
+        t = summarize({"unpacked": [run(1.0, 0.8)], "pack_factor=2": [packed_run]}, stypes)
+        assert t["configs"]["pack_factor=2"]["at_least_as_good"] == [good, 2]
