@@ -55,8 +55,8 @@ pub struct SeqStats {
     pub temporal_leaks: u64,
     /// Segments (seeds' contexts) in the sequence.
     pub segments: u32,
-    /// Contexts whose BFS stopped at a packing budget below `S` with rows
-    /// left over (always 0 without `pack`).
+    /// Contexts cut to the prefix of their rows that fits a packing budget
+    /// below `S` (always 0 without `pack`).
     pub contexts_cut: u32,
 }
 

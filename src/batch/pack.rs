@@ -17,14 +17,15 @@
 //!   draw order. Since `S ≥ pack_factor ·` the widest seed row (checked
 //!   when the sampler is made), every context keeps at least its seed row.
 //! - **Intact** (the definition this module keeps): a context is either
-//!   its unpacked context, cell for cell, or, if cut, the whole output of
-//!   one BFS from its seed under its budget — the same rule an unpacked
-//!   sequence applies with budget `S` (closest hop first, rows that do not
-//!   fit are counted in `truncation/cells_dropped`). It lies in one
-//!   sequence, in one contiguous run, and no cell of it is dropped or moved
-//!   after the BFS; no context is split across sequences and no drawn seed
-//!   is left out. A cut context (its BFS stopped at a budget below `S` with
-//!   rows left over) is counted in `packing/contexts_cut`.
+//!   its unpacked context, cell for cell, or, if cut, the longest prefix of
+//!   its unpacked context's rows (BFS order: the seed, then closest hop
+//!   first) that fits its budget, with every edge between the kept rows
+//!   (`Subgraph::keep_prefix`: no second BFS; each kept row still has the
+//!   edge it was reached by, so the prefix is connected). The cut rows'
+//!   cells are counted in `truncation/cells_dropped`, as rows that do not
+//!   fit `S` unpacked are. It lies in one sequence, in one contiguous run;
+//!   no context is split across sequences and no drawn seed is left out. A
+//!   cut context is counted in `packing/contexts_cut`.
 //! - **Isolation.** Rows are numbered per sequence (segment `k`'s rows
 //!   follow segment `k − 1`'s), `fk_adj` has no edge between segments,
 //!   `col_perm` orders positions by (segment, column, position) and
@@ -51,8 +52,8 @@ use crate::sampler::Subgraph;
 /// whose unpacked sizes (cells, BFS budget `s`) are `sizes`. Returns each
 /// context's sequence and its budget: a context whose budget is at least its
 /// size is placed whole (it is its unpacked context); the others are *cut*
-/// (rebuilt by a BFS with that budget, which keeps its closest hops), and
-/// the level (below).
+/// (to the longest prefix of their rows that fits the budget, which keeps
+/// their closest hops), and the level (below).
 ///
 /// The rule, longest-processing-time first with a water level:
 /// - contexts are taken largest first (ties: draw order), each into the

@@ -996,34 +996,32 @@ impl SamplerCore {
         }
         let bfs_span = tracing::info_span!("bfs", seeds = n as i64).entered();
         let seed_cells = plan.seed_cells;
-        let build = |sub: &mut Subgraph, job: &(u32, u32, i64, u64), budget: usize| {
-            builder.build(job.1, job.2, job.3, budget, sub);
-        };
-        // Every context is first built as its unpacked self (budget S).
+        // Every context is built as its unpacked self (budget S).
         self.pool.install(|| {
             subgraphs
                 .par_iter_mut()
                 .zip(jobs.par_iter())
                 .with_min_len(min_len)
-                .for_each(|(sub, job)| build(sub, job, s));
+                .for_each(|(sub, job)| builder.build(job.1, job.2, job.3, s, sub));
         });
-        // With `pack`: place them (crate::batch::pack), rebuild the cut ones
-        // with their budgets, and lay them out sequence after sequence, each
-        // sequence's contexts in draw order (`start[q]..start[q + 1]`).
+        // With `pack`: place them (crate::batch::pack), cut the ones over
+        // their budgets to a prefix, and lay them out sequence after
+        // sequence, each sequence's contexts in draw order
+        // (`start[q]..start[q + 1]`).
         let mut seq_seeds: Vec<u32> = jobs.iter().map(|j| j.0).collect();
         let mut start: Vec<usize> = (0..=b).collect();
         if slots > 1 {
             let sizes: Vec<usize> = subgraphs.iter().map(|g| g.cells).collect();
             let plan = pack_contexts(&sizes, b, slots, s, seed_cells);
-            self.pool.install(|| {
-                subgraphs
-                    .par_iter_mut()
-                    .zip(jobs.par_iter())
-                    .zip(plan.budget.par_iter())
-                    .zip(sizes.par_iter())
-                    .filter(|(((_, _), &budget), &size)| budget < size)
-                    .for_each(|(((sub, job), &budget), _)| build(sub, job, budget));
-            });
+            for ((sub, job), (&budget, &size)) in subgraphs
+                .iter_mut()
+                .zip(jobs)
+                .zip(plan.budget.iter().zip(&sizes))
+            {
+                if budget < size {
+                    sub.keep_prefix(budget, builder.row_cells, seed_cells, graph.row_time, job.2);
+                }
+            }
             let mut order: Vec<usize> = (0..n).collect();
             order.sort_by_key(|&i| (plan.bin[i], i));
             let mut taken: Vec<Subgraph> = order

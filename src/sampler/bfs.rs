@@ -31,7 +31,8 @@ pub struct Subgraph {
     pub edges: Vec<(u16, u16)>,
     /// Cells of the included rows (at most the budget).
     pub cells: usize,
-    /// The cell budget this BFS ran with (`BfsParams::max_cells`).
+    /// The cell budget of this context: the BFS's (`BfsParams::max_cells`),
+    /// or the smaller one [`keep_prefix`](Self::keep_prefix) cut it to.
     pub budget: usize,
     /// Deepest hop reached.
     pub max_depth: u8,
@@ -60,6 +61,56 @@ impl Subgraph {
         self.children_capped = 0;
         self.temporal_filtered = 0;
         self.temporal_leaks = 0;
+    }
+
+    /// Cut this context to its longest prefix of rows (BFS order: the seed,
+    /// then closest hop first) whose cells fit `budget`, as a packed
+    /// sequence keeps a context larger than its share, without a second BFS.
+    /// `row_cells` and `seed_cells` are the ones the BFS ran with; the
+    /// prefix keeps every edge between its rows (a row's parents and the
+    /// rows that reached it come before it) and its leak count is recounted
+    /// from `row_time` against `obs_time`. The cut rows' cells go to
+    /// `cells_dropped`; the BFS's own counts (width cap, time filter) stay.
+    /// A budget below the seed's cells keeps the seed row alone.
+    pub fn keep_prefix(
+        &mut self,
+        budget: usize,
+        row_cells: &[u16],
+        seed_cells: usize,
+        row_time: &[i64],
+        obs_time: i64,
+    ) {
+        let mut cells = seed_cells.min(budget).min(self.cells);
+        let mut n = 1.min(self.rows.len());
+        while n < self.rows.len() {
+            let c = row_cells
+                .get(usize::from(self.tables[n]))
+                .map_or(0, |&c| usize::from(c));
+            if cells + c > budget {
+                break;
+            }
+            cells += c;
+            n += 1;
+        }
+        self.budget = budget;
+        if n == self.rows.len() {
+            return;
+        }
+        self.cells_dropped += (self.cells - cells) as u64;
+        self.cells = cells;
+        self.rows.truncate(n);
+        self.depth.truncate(n);
+        self.tables.truncate(n);
+        self.edges
+            .retain(|&(i, j)| usize::from(i) < n && usize::from(j) < n);
+        self.max_depth = self.depth.last().copied().unwrap_or(0);
+        self.temporal_leaks = self.rows[1..]
+            .iter()
+            .filter(|&&r| {
+                let t = row_time.get(r as usize).copied().unwrap_or(i64::MIN);
+                t != i64::MIN && t > obs_time
+            })
+            .count() as u64;
     }
 }
 

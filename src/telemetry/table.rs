@@ -418,7 +418,7 @@ pub static METRICS: [MetricDef; 38] = [
         "headwater_packing_contexts_cut_total",
         Counter,
         "contexts",
-        "contexts whose BFS stopped at a packing budget below S with rows left over",
+        "contexts cut to the prefix of their rows that fits a packing budget below S",
         Measure::TotalSeq(|s| s.contexts_cut),
     ),
     row(

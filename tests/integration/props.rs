@@ -122,6 +122,73 @@ proptest! {
         }
     }
 
+    /// What packing keeps of a context larger than its share: the longest
+    /// prefix of its rows (BFS order) that fits the budget, every FK edge
+    /// between the kept rows, connected (each kept row but the seed has an
+    /// edge to an earlier kept row, as it was reached), the cut cells in
+    /// `cells_dropped` and the leaks recounted over the kept rows.
+    #[test]
+    fn a_cut_context_is_the_longest_prefix_that_fits(
+        spec in arb_spec(),
+        p in arb_params(),
+        starts in arb_starts(),
+    ) {
+        let Some(sdb) = build(&spec) else { return Ok(()) };
+        let db = &sdb.db;
+        let g = db.graph();
+        let rc = row_cells(db);
+        let mut scratch = BfsScratch::default();
+        let mut whole = Subgraph::default();
+        for (idx, rs, how, delta, extra) in starts {
+            let seed = idx.index(g.num_rows()) as u32;
+            let obs = obs_for(db, seed, how, delta);
+            let seed_cells = rc[g.row_table[seed as usize] as usize] as usize + extra as usize;
+            bfs(&g, &rc, seed, seed_cells, obs, &p, &mut Xoshiro256pp::seed_from_u64(rs), &mut scratch, &mut whole);
+            let first = seed_cells.min(p.max_cells);
+            let budget = first + (rs as usize) % (whole.cells - first + 1);
+            let mut cut = whole.clone();
+            cut.keep_prefix(budget, &rc, seed_cells, g.row_time, obs);
+            let n = cut.rows.len();
+            prop_assert!(n >= 1 && cut.rows[..] == whole.rows[..n], "not a prefix");
+            prop_assert_eq!(&cut.depth[..], &whole.depth[..n]);
+            prop_assert_eq!(&cut.tables[..], &whole.tables[..n]);
+            let cells_of = |i: usize| rc[whole.tables[i] as usize] as usize;
+            prop_assert_eq!(cut.cells, first + (1..n).map(cells_of).sum::<usize>());
+            prop_assert!(cut.cells <= budget, "{} cells over the budget {}", cut.cells, budget);
+            if n < whole.rows.len() {
+                prop_assert!(cut.cells + cells_of(n) > budget, "row {} would still fit", n);
+            } else {
+                prop_assert_eq!(budget, whole.cells, "a whole context under a smaller budget");
+            }
+            prop_assert_eq!(cut.budget, budget);
+            prop_assert_eq!(cut.cells_dropped, whole.cells_dropped + (whole.cells - cut.cells) as u64);
+            let want: Vec<(u16, u16)> = whole
+                .edges
+                .iter()
+                .copied()
+                .filter(|&(i, j)| (i as usize) < n && (j as usize) < n)
+                .collect();
+            prop_assert_eq!(&cut.edges, &want);
+            for i in 1..n {
+                prop_assert!(
+                    cut.edges.iter().any(|&(a, b)| (a as usize == i && (b as usize) < i) || (b as usize == i && (a as usize) < i)),
+                    "kept row {} has no edge to an earlier kept row", i
+                );
+            }
+            let leaks = cut.rows[1..]
+                .iter()
+                .filter(|&&r| g.row_time[r as usize] != i64::MIN && g.row_time[r as usize] > obs)
+                .count() as u64;
+            prop_assert_eq!(cut.temporal_leaks, leaks);
+            prop_assert_eq!(cut.max_depth, cut.depth[n - 1]);
+            prop_assert_eq!(
+                (cut.children_capped, cut.temporal_filtered),
+                (whole.children_capped, whole.temporal_filtered),
+                "the BFS's own counts stay"
+            );
+        }
+    }
+
     /// Property 3 on BFS directly: time-consistent database, filter on, any
     /// observation time not before the seed's own time ⇒ nothing from the
     /// future, zero leaks.

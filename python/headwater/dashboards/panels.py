@@ -241,7 +241,7 @@ def _bfs() -> list[PanelBuilder]:
         _timeseries(
             "Packing: segments per sequence and contexts cut/s",
             "With pack=True: median and 95th percentile of the seeds' contexts (segments) per "
-            "sequence from the cluster-merged buckets, and contexts whose BFS stopped at a "
+            "sequence from the cluster-merged buckets, and contexts cut to the prefix that fits a "
             "packing budget below S per second (cluster sum). Healthy: segments around the "
             "seeds per sequence of the tasks (pack_factor, or measured per task with "
             "pack_factor = 0), a small cut rate (1 segment, no cuts without pack). Pathological: "
