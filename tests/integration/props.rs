@@ -92,6 +92,51 @@ fn obs_for(db: &Database, row: u32, how: u8, delta: u64) -> i64 {
     }
 }
 
+/// `check(case, rng seed, result)` on the BFS from each of `starts` over
+/// `spec`'s database, one scratch reused across starts.
+fn each_bfs(
+    spec: &SynthSpec,
+    p: BfsParams,
+    starts: Vec<(Index, u64, u8, u64, bool)>,
+    mut check: impl FnMut(&BfsCase<'_>, u64, &Subgraph) -> Check,
+) -> Check {
+    let Some(sdb) = build(spec) else {
+        return Ok(());
+    };
+    let db = &sdb.db;
+    let g = db.graph();
+    let rc = row_cells(db);
+    let mut scratch = BfsScratch::default();
+    let mut sub = Subgraph::default();
+    for (idx, rs, how, delta, extra) in starts {
+        let seed = idx.index(g.num_rows()) as u32;
+        let obs = obs_for(db, seed, how, delta);
+        let seed_cells = rc[g.row_table[seed as usize] as usize] as usize + usize::from(extra);
+        let mut rng = Xoshiro256pp::seed_from_u64(rs);
+        bfs(
+            &g,
+            &rc,
+            seed,
+            seed_cells,
+            obs,
+            &p,
+            &mut rng,
+            &mut scratch,
+            &mut sub,
+        );
+        let case = BfsCase {
+            g,
+            row_cells: &rc,
+            seed,
+            seed_cells,
+            obs,
+            p,
+        };
+        check(&case, rs, &sub)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(64))]
 
@@ -104,22 +149,13 @@ proptest! {
         p in arb_params(),
         starts in arb_starts(),
     ) {
-        let Some(sdb) = build(&spec) else { return Ok(()) };
-        let db = &sdb.db;
-        let g = db.graph();
-        let rc = row_cells(db);
-        let mut scratch = BfsScratch::default();
-        let mut sub = Subgraph::default();
-        for (idx, rs, how, delta, extra) in starts {
-            let seed = idx.index(g.num_rows()) as u32;
-            let obs = obs_for(db, seed, how, delta);
-            let seed_cells = rc[g.row_table[seed as usize] as usize] as usize + extra as usize;
-            bfs(&g, &rc, seed, seed_cells, obs, &p, &mut Xoshiro256pp::seed_from_u64(rs), &mut scratch, &mut sub);
-            check_subgraph(&BfsCase { g, row_cells: &rc, seed, seed_cells, obs, p }, &sub)?;
+        each_bfs(&spec, p, starts, |c, rs, sub| {
+            check_subgraph(c, sub)?;
             let mut fresh = Subgraph::default();
-            bfs(&g, &rc, seed, seed_cells, obs, &p, &mut Xoshiro256pp::seed_from_u64(rs), &mut BfsScratch::default(), &mut fresh);
-            prop_assert!(same_sub(&sub, &fresh), "result depends on scratch state");
-        }
+            bfs(&c.g, c.row_cells, c.seed, c.seed_cells, c.obs, &p, &mut Xoshiro256pp::seed_from_u64(rs), &mut BfsScratch::default(), &mut fresh);
+            prop_assert!(same_sub(sub, &fresh), "result depends on scratch state");
+            Ok(())
+        })?;
     }
 
     /// What packing keeps of a context larger than its share: the longest
@@ -133,21 +169,12 @@ proptest! {
         p in arb_params(),
         starts in arb_starts(),
     ) {
-        let Some(sdb) = build(&spec) else { return Ok(()) };
-        let db = &sdb.db;
-        let g = db.graph();
-        let rc = row_cells(db);
-        let mut scratch = BfsScratch::default();
-        let mut whole = Subgraph::default();
-        for (idx, rs, how, delta, extra) in starts {
-            let seed = idx.index(g.num_rows()) as u32;
-            let obs = obs_for(db, seed, how, delta);
-            let seed_cells = rc[g.row_table[seed as usize] as usize] as usize + extra as usize;
-            bfs(&g, &rc, seed, seed_cells, obs, &p, &mut Xoshiro256pp::seed_from_u64(rs), &mut scratch, &mut whole);
+        each_bfs(&spec, p, starts, |c, rs, whole| {
+            let (g, rc, seed_cells, obs) = (&c.g, c.row_cells, c.seed_cells, c.obs);
             let first = seed_cells.min(p.max_cells);
             let budget = first + (rs as usize) % (whole.cells - first + 1);
             let mut cut = whole.clone();
-            cut.keep_prefix(budget, &rc, seed_cells, g.row_time, obs);
+            cut.keep_prefix(budget, rc, seed_cells, g.row_time, obs);
             let n = cut.rows.len();
             prop_assert!(n >= 1 && cut.rows[..] == whole.rows[..n], "not a prefix");
             prop_assert_eq!(&cut.depth[..], &whole.depth[..n]);
@@ -186,7 +213,8 @@ proptest! {
                 (whole.children_capped, whole.temporal_filtered),
                 "the BFS's own counts stay"
             );
-        }
+            Ok(())
+        })?;
     }
 
     /// Property 3 on BFS directly: time-consistent database, filter on, any
