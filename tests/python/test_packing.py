@@ -265,7 +265,8 @@ def test_training_comparison_counts_a_metric_by_its_direction() -> None:
     stypes = {"price": "numerical", "hot": "boolean"}
     # Lower MAE and higher AUROC are better; ties count as at least as good.
     for packed_run, good in [
-        (run(0.5, 0.9), 2), (run(2.0, 0.6), 0), (run(1.0, 0.8), 2), (run(0.5, 0.6), 1),
+        (run(0.5, 0.9), [2, 2]), (run(2.0, 0.6), [0, 2]), (run(1.0, 0.8), [2, 2]),
+        (run(0.5, 0.6), [1, 2]), (run(2.0, float("nan")), [0, 1]),  # undefined: not compared
     ]:
         t = summarize({"unpacked": [run(1.0, 0.8)], "pack_factor=2": [packed_run]}, stypes)
-        assert t["configs"]["pack_factor=2"]["at_least_as_good"] == [good, 2]
+        assert t["configs"]["pack_factor=2"]["at_least_as_good"] == good

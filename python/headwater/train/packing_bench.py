@@ -30,6 +30,7 @@ run that failed (its error is raised with the run's stderr).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -201,10 +202,12 @@ def _better_or_equal(metric: str, packed: float, unpacked: float) -> bool:
 
 
 def summarize(per: dict[str, list[dict[str, Any]]], stypes: dict[str, str]) -> dict[str, Any]:
-    """Means over seeds per configuration, ratios to unpacked, and the
-    at-least-as-good count of each packed configuration over every (seed,
-    evaluation step, task) that both scored. The conditions are the
-    unpacked runs' effective configuration (``--set`` values included)."""
+    """Means over seeds per configuration (and each seed's figures), ratios
+    to unpacked, and the at-least-as-good count of each packed configuration
+    over every (seed, evaluation step, task) that both scored with a defined
+    metric (an AUROC over one class is NaN and not compared). The conditions
+    are the unpacked runs' effective configuration (``--set`` values
+    included)."""
     base = per["unpacked"]
     base_ucps = statistics.mean(r["useful_cells_per_s"] for r in base)
     out: dict[str, Any] = {
@@ -219,10 +222,11 @@ def summarize(per: dict[str, list[dict[str, Any]]], stypes: dict[str, str]) -> d
         for r, b in zip(runs, base, strict=True):
             for st in set(r["eval"]) & set(b["eval"]):
                 for task in set(r["eval"][st]) & set(b["eval"][st]):
+                    mine, theirs = r["eval"][st][task], b["eval"][st][task]
+                    if math.isnan(mine) or math.isnan(theirs):
+                        continue
                     total += 1
-                    good += _better_or_equal(
-                        PRIMARY[stypes[task]], r["eval"][st][task], b["eval"][st][task]
-                    )
+                    good += _better_or_equal(PRIMARY[stypes[task]], mine, theirs)
         out["configs"][name] = {
             "useful_cells_per_s": ucps,
             "useful_cells_ratio": ucps / base_ucps,
@@ -237,6 +241,11 @@ def summarize(per: dict[str, list[dict[str, Any]]], stypes: dict[str, str]) -> d
                 for st in steps_seen
             },
             "at_least_as_good": [good, total],
+            # Each seed's own figures, for the spread behind the means.
+            "per_seed": [
+                {k: r[k] for k in ("useful_cells_per_s", "step_seconds", "final_val_loss", "eval")}
+                for r in runs
+            ],
         }
     return out
 
