@@ -225,7 +225,7 @@ def test_training_comparison_scores_every_configuration_on_the_same_seeds(
     assert (t["conditions"]["steps"], t["conditions"]["eval_seeds_per_task"]) == (4, 8)
     base, pk = t["configs"]["unpacked"], t["configs"][name]
     assert base["useful_cells_ratio"] == 1.0
-    # Packed batches carry more useful cells at the same B and S.
+    # Both read back a rate and a loss (rates are compared by the bench, not here).
     assert pk["useful_cells_per_s"] > 0 and np.isfinite(pk["final_val_loss"])
     # Capped passes after steps 2 and 4 (the last one too: no final pass),
     # every scored task of the database in both configurations.
@@ -246,6 +246,10 @@ def test_training_comparison_scores_every_configuration_on_the_same_seeds(
     assert name in lines and "eval >= unpacked" in lines
     with pytest.raises(ValueError, match="needs pack_factors"):
         run_bench(packed.db, B, S, [1], steps=2, train_steps=2)
+    with pytest.raises(ValueError, match="must be > 0, got -1, 1"):
+        train_comparison(str(packed.db), B, S, [PF], steps=-1)
+    with pytest.raises(ValueError, match="one database directory, got /no/such/db"):
+        train_comparison("/no/such/db", B, S, [PF], steps=2)
     with pytest.raises(RuntimeError, match=r"unpacked-seed0 failed .*d_model"):
         train_comparison(str(packed.db), B, S, [PF], steps=2, overrides=["model.d_model=-4"])
     assert "training:" not in format_bench(
