@@ -67,9 +67,10 @@ impl Subgraph {
     /// then closest hop first) whose cells fit `budget`, as a packed
     /// sequence keeps a context larger than its share, without a second BFS.
     /// `row_cells` and `seed_cells` are the ones the BFS ran with; the
-    /// prefix keeps every edge between its rows (a row's parents and the
-    /// rows that reached it come before it) and its leak count is recounted
-    /// from `row_time` against `obs_time`. The cut rows' cells go to
+    /// prefix keeps every edge between its rows (each kept row keeps the
+    /// edge from the row that reached it, which comes before it: the prefix
+    /// is connected) and its leak count is recounted from `row_time` against
+    /// `obs_time`. The cut rows' cells go to
     /// `cells_dropped`; the BFS's own counts (width cap, time filter) stay.
     /// A budget below the seed's cells keeps the seed row alone.
     pub fn keep_prefix(
@@ -107,11 +108,20 @@ impl Subgraph {
         self.temporal_leaks = self.rows[1..]
             .iter()
             .filter(|&&r| {
-                let t = row_time.get(r as usize).copied().unwrap_or(i64::MIN);
-                t != i64::MIN && t > obs_time
+                leaks(
+                    row_time.get(r as usize).copied().unwrap_or(i64::MIN),
+                    obs_time,
+                )
             })
             .count() as u64;
     }
+}
+
+/// Whether an included row dated `t` is a leak for a seed observed at
+/// `obs_time` (a row without a time never is).
+#[inline]
+fn leaks(t: i64, obs_time: i64) -> bool {
+    t != i64::MIN && t > obs_time
 }
 
 /// Per-worker scratch. Its size depends on the BFS budget, never on the
@@ -426,8 +436,7 @@ pub fn bfs(
                 // The leak check reads the row's own time, not the CSR times
                 // or the cutoff the filter used, so it stays an independent
                 // witness (and lights up when the filter is off).
-                let t = g.row_time[r as usize];
-                if t != i64::MIN && t > obs_time {
+                if leaks(g.row_time[r as usize], obs_time) {
                     out.temporal_leaks += 1;
                 }
             }
