@@ -73,7 +73,7 @@ fn benches(c: &mut Criterion) {
     let schema = &maker.core.schema;
     let mut rec = SplitTelemetry::new(schema, Vec::new());
     c.bench_function("telemetry_record_per_batch_b32", |b| {
-        b.iter(|| rec.deliver(black_box(&batch), 2, 0.001));
+        b.iter(|| rec.deliver(black_box(&batch.readings), 2, 0.001));
     });
     // The same for a batch of an evaluation pass (pass pool readings, no
     // queue): what a pass records per batch it yields.
@@ -84,12 +84,12 @@ fn benches(c: &mut Criterion) {
         .unwrap();
     let mut pass_rec = SplitTelemetry::new(schema, Vec::new());
     c.bench_function("telemetry_record_per_eval_pass_batch_b32", |b| {
-        b.iter(|| pass_rec.deliver(black_box(&pass_batch), 0, 0.001));
+        b.iter(|| pass_rec.deliver(black_box(&pass_batch.readings), 0, 0.001));
     });
     let mut out = Vec::new();
     c.bench_function("telemetry_record_and_drain_per_batch_b32", |b| {
         b.iter(|| {
-            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.deliver(black_box(&batch.readings), 2, 0.001);
             rec.drain.drain(schema, &mut out);
             black_box(out.len())
         });
@@ -98,7 +98,7 @@ fn benches(c: &mut Criterion) {
     let mut values = Vec::new();
     c.bench_function("telemetry_record_and_drain_values_per_batch_b32", |b| {
         b.iter(|| {
-            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.deliver(black_box(&batch.readings), 2, 0.001);
             rec.drain.drain_values(schema, &mut values);
             black_box(values.len())
         });
@@ -203,7 +203,7 @@ fn mixture_500(c: &mut Criterion) {
     let mut values = Vec::new();
     c.bench_function("mixture_500_record_and_drain_values_per_batch_b32", |b| {
         b.iter(|| {
-            rec.deliver(black_box(&batch), 2, 0.001);
+            rec.deliver(black_box(&batch.readings), 2, 0.001);
             rec.drain.drain_values(&core.schema, &mut values);
             black_box(values.len())
         });

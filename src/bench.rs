@@ -165,18 +165,19 @@ pub fn bench_run(
             }
             if telemetry {
                 let t = Instant::now();
-                recorder.deliver(&b, 0, 0.0);
+                recorder.deliver(&b.readings, 0, 0.0);
                 recorder.drain.drain_values(&core.schema, &mut drained);
                 telemetry_ns += t.elapsed().as_nanos() as u64;
             }
-            for (acc, x) in stage.iter_mut().zip(b.stage_ns) {
+            for (acc, x) in stage.iter_mut().zip(b.readings.stage_ns) {
                 *acc += x;
             }
-            cells += b.seq_stats.iter().map(|s| s.cells as u64).sum::<u64>();
+            cells += b.readings.seqs.iter().map(|s| s.cells as u64).sum::<u64>();
             slots += (b.batch_size * b.seq_len) as u64;
             seeds += b.seeds.len() as u64;
             cut += b
-                .seq_stats
+                .readings
+                .seqs
                 .iter()
                 .map(|s| u64::from(s.contexts_cut))
                 .sum::<u64>();

@@ -22,43 +22,21 @@
 mod assemble;
 mod pack;
 mod perm;
+mod slots;
 mod tensors;
 mod timestamp;
 
 pub use assemble::{
-    assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, SeqOut,
-    TableCells, Target,
+    assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, TableCells,
+    Target,
 };
-pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan, SegOut};
+pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan};
 pub use perm::rcm_order;
+pub use slots::{SegOut, SeqOut};
 pub use tensors::{batch_bytes, batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};
 pub use timestamp::{encode_timestamp, TIMESTAMP_DIM};
 
 use half::f16;
-
-/// Per-sequence measurements, recorded for telemetry.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SeqStats {
-    /// BFS hops reached.
-    pub depth: u8,
-    /// Rows included.
-    pub rows: u32,
-    /// Cells filled (the rest of S is padding).
-    pub cells: u32,
-    /// Cells of reached rows cut by the sequence budget.
-    pub cells_dropped: u64,
-    /// Visible children not sampled because of the width cap.
-    pub children_capped: u64,
-    /// Children hidden by the observation-time filter.
-    pub temporal_filtered: u64,
-    /// Included rows dated after the seed's observation time (must be 0).
-    pub temporal_leaks: u64,
-    /// Segments (seeds' contexts) in the sequence.
-    pub segments: u32,
-    /// Contexts cut to the prefix of their rows that fits a packing budget
-    /// below `S` (always 0 without `pack`).
-    pub contexts_cut: u32,
-}
 
 /// One batch: every tensor as a flat row-major buffer plus its shape.
 #[derive(Debug, Clone)]
@@ -128,21 +106,10 @@ pub struct Batch {
     pub cat_emb_count: u32,
     /// Positions (in the task's seed list) of the batch's seeds.
     pub seeds: Vec<u32>,
-    /// Per-sequence measurements.
-    pub seq_stats: Vec<SeqStats>,
-    /// Wall time of BFS, assembly, text collation, and the whole batch (ns).
-    pub stage_ns: [u64; 4],
-    /// Pools that ran out and reshuffled while drawing this batch.
-    pub exhaust_events: u32,
-    /// Seeds drawn twice within one epoch (must stay 0).
-    pub duplicate_seeds: u32,
     /// The split the batch belongs to.
     pub split: crate::seeds::Split,
     /// Index of this batch in its split's stream.
     pub step: u64,
-    /// Pool and mix state when the batch was made (default when the
-    /// sampler's telemetry is off).
-    pub draw: crate::seeds::DrawStats,
     /// Hash of the step's identity (its derived key, step, rank, world
     /// size), the task and the drawn seeds: identifies the batch for replay.
     pub fingerprint: u64,
@@ -194,13 +161,8 @@ impl Batch {
             cat_emb_start: 0,
             cat_emb_count: 0,
             seeds: Vec::with_capacity(b),
-            seq_stats: Vec::with_capacity(b),
-            stage_ns: [0; 4],
-            exhaust_events: 0,
-            duplicate_seeds: 0,
             split: crate::seeds::Split::Train,
             step: 0,
-            draw: crate::seeds::DrawStats::default(),
             fingerprint: 0,
             seq_valid: vec![1; b],
         }

@@ -43,8 +43,9 @@
 //! Must never: let a cell, edge or ordering of one segment reach another,
 //! leave a drawn seed out, or cut a context no larger than the water level.
 
-use super::assemble::{assemble_sequence, AssembleScratch, SeqContext, SeqOut};
-use super::{SeqStats, TIMESTAMP_DIM};
+use super::assemble::{assemble_sequence, AssembleScratch, SeqContext};
+use super::slots::{SegOut, SeqOut};
+use crate::readings::SeqReadings;
 use crate::sampler::Subgraph;
 
 /// Where a packed batch's contexts go: `bins` sequences of `s` cells, each
@@ -141,45 +142,6 @@ pub struct PackPlan {
     pub level: usize,
 }
 
-/// One sequence's slices of the per-segment tensors.
-pub struct SegOut<'b> {
-    /// `[S]` slice of `segment_ids`.
-    pub segment_ids: &'b mut [u16],
-    /// `[K]` slice of `target_pos`.
-    pub target_pos: &'b mut [u16],
-    /// This sequence's entry of `target_count`.
-    pub target_count: &'b mut u8,
-    /// `[K]` slice of `segment_seeds`.
-    pub segment_seeds: &'b mut [u32],
-}
-
-impl SeqOut<'_> {
-    /// The positions `off .. off + len` of this sequence, with row
-    /// adjacency viewed from row `row_off` on (stride `r`), as a sequence of
-    /// their own: what [`assemble_sequence`] writes one segment into.
-    fn segment(&mut self, off: usize, len: usize, row_off: usize, r: usize) -> SeqOut<'_> {
-        let end = off + len;
-        let adj_start = (row_off * r + row_off).min(self.fk_adj.len());
-        SeqOut {
-            semantic_types: &mut self.semantic_types[off..end],
-            column_ids: &mut self.column_ids[off..end],
-            seq_row_ids: &mut self.seq_row_ids[off..end],
-            numeric_values: &mut self.numeric_values[off..end],
-            timestamp_values: &mut self.timestamp_values[off * TIMESTAMP_DIM..end * TIMESTAMP_DIM],
-            bool_values: &mut self.bool_values[off..end],
-            categorical_embed_ids: &mut self.categorical_embed_ids[off..end],
-            text_embed_ids: &mut self.text_embed_ids[off..end],
-            is_null: &mut self.is_null[off..end],
-            is_target: &mut self.is_target[off..end],
-            is_padding: &mut self.is_padding[off..end],
-            fk_adj: &mut self.fk_adj[adj_start..],
-            col_perm: &mut self.col_perm[off..end],
-            out_perm: &mut self.out_perm[off..end],
-            in_perm: &mut self.in_perm[off..end],
-        }
-    }
-}
-
 /// Write one sequence from the contexts `subs` of its seeds (`seeds`: each
 /// one's position in the task's seed list), segment after segment, as the
 /// module doc lays out; `r` is the batch's max rows, `s_len` the sequence
@@ -193,9 +155,9 @@ pub fn assemble_packed_sequence(
     o: &mut SeqOut<'_>,
     seg: &mut SegOut<'_>,
     s: &mut AssembleScratch,
-) -> SeqStats {
+) -> SeqReadings {
     let seq_len = o.semantic_types.len();
-    let mut total = SeqStats::default();
+    let mut total = SeqReadings::default();
     let (mut off, mut row_off) = (0usize, 0usize);
     for (k, (sub, &seed)) in subs.iter().zip(seeds).enumerate() {
         let len = sub.cells.min(seq_len - off);

@@ -42,11 +42,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::batch::{Batch, FxMap};
+use super::maker::{BuildBuffers, MadeBatch};
 use crate::error::{Error, Result};
+use crate::readings::DrawReadings;
 use crate::rng::mix64;
-use crate::sampler::Subgraph;
-use crate::seeds::{task_split_seeds, DrawStats, Split};
+use crate::seeds::{task_split_seeds, Split};
 
 use super::{telemetry_index, SamplerCore, Telemetry};
 
@@ -132,8 +132,7 @@ pub struct EvalPass {
     tasks: Vec<EvalTask>,
     at: (usize, usize),
     index: u64,
-    subgraphs: Vec<Subgraph>,
-    text_map: FxMap<u32, u32>,
+    buffers: BuildBuffers,
     jobs: Vec<(u32, u32, i64, u64)>,
     /// The sampler's recorders, when the pass records its batches.
     telemetry: Option<Telemetry>,
@@ -181,8 +180,7 @@ impl EvalPass {
             tasks,
             at: (0, 0),
             index: 0,
-            subgraphs: Vec::new(),
-            text_map: FxMap::default(),
+            buffers: BuildBuffers::default(),
             jobs: Vec::new(),
             telemetry: None,
         })
@@ -216,7 +214,7 @@ impl EvalPass {
         self.len() == 0
     }
 
-    fn make(&mut self, ti: usize, bi: usize) -> Result<Batch> {
+    fn make(&mut self, ti: usize, bi: usize) -> Result<MadeBatch> {
         let t0 = Instant::now();
         let core = &*self.core;
         let t = &self.tasks[ti];
@@ -250,34 +248,34 @@ impl EvalPass {
             self.jobs
                 .push((seed, view.anchor_rows[i], view.obs_times[i], rs));
         }
-        let mut batch = core.build_batch(
+        let mut made = core.build_batch(
             t.task,
             &self.jobs,
             false,
-            &mut self.subgraphs,
-            &mut self.text_map,
+            &mut self.buffers,
             &span,
             t0,
             true,
         )?;
+        made.readings.draw = pass_draw(t, bi, b);
+        let batch = &mut made.batch;
         batch.seq_valid = valid;
         batch.split = self.split;
         batch.step = self.index;
-        batch.draw = pass_draw(t, bi, b);
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&key.to_le_bytes());
         h.update(&(t.task as u32).to_le_bytes());
         h.update(bytemuck::cast_slice(&batch.seeds));
         h.update(&batch.seq_valid);
         batch.fingerprint = h.digest();
-        Ok(batch)
+        Ok(made)
     }
 }
 
 impl Iterator for EvalPass {
-    type Item = Result<Batch>;
+    type Item = Result<MadeBatch>;
 
-    fn next(&mut self) -> Option<Result<Batch>> {
+    fn next(&mut self) -> Option<Result<MadeBatch>> {
         while self.at.0 < self.tasks.len() && self.at.1 >= self.tasks[self.at.0].batches {
             self.at = (self.at.0 + 1, 0);
         }
@@ -293,7 +291,7 @@ impl Iterator for EvalPass {
             tel[telemetry_index(self.split)]
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .deliver(b, 0, t0.elapsed().as_secs_f64());
+                .deliver(&b.readings, 0, t0.elapsed().as_secs_f64());
         }
         Some(out)
     }
@@ -302,11 +300,11 @@ impl Iterator for EvalPass {
 /// The pool readings of batch `bi` of task share `t` (batch size `b`):
 /// this rank's seeds of the task still to come after it, and its batches.
 #[allow(clippy::cast_precision_loss)]
-fn pass_draw(t: &EvalTask, bi: usize, b: usize) -> DrawStats {
+fn pass_draw(t: &EvalTask, bi: usize, b: usize) -> DrawReadings {
     let left = t.entries.len().saturating_sub((bi + 1) * b) as f64;
     let share = t.entries.len() as f64;
     let fraction = if share > 0.0 { left / share } else { 0.0 };
-    DrawStats {
+    DrawReadings {
         remaining_min: left,
         remaining_max: left,
         remaining_fraction_min: fraction,
@@ -317,6 +315,6 @@ fn pass_draw(t: &EvalTask, bi: usize, b: usize) -> DrawStats {
         // A pass does not follow the database mix: its seeds are never
         // counted as `databases/other_seeds`, its database readings are 0.
         database_reported: true,
-        ..DrawStats::default()
+        ..DrawReadings::default()
     }
 }

@@ -1,5 +1,6 @@
-//! A mixture of databases: naming them, weighting their tasks, and the
-//! mixture-wide views (concatenated embedding tables, merged metadata).
+//! The mixture-wide views of a sampler's databases: concatenated embedding
+//! tables and merged metadata (naming the databases and weighting their
+//! tasks is the sampler's plan, `maker/plan.rs`).
 //!
 //! A single database is a mixture of one and takes the same path; for it
 //! the weights are its task weights unchanged, the embedding tables are its
@@ -17,8 +18,8 @@ use std::sync::OnceLock;
 use half::f16;
 use serde_json::{json, Value};
 
-use super::maker::{MixtureDatabase, SamplerCore, TaskPlan};
-use crate::error::{Error, Result};
+use super::maker::SamplerCore;
+use crate::error::Result;
 
 /// Metadata counts a mixture reports as the sum over its databases.
 const SUMMED_COUNTS: [&str; 4] = [
@@ -27,13 +28,6 @@ const SUMMED_COUNTS: [&str; 4] = [
     "num_text_embeddings",
     "num_categorical_embeddings",
 ];
-
-/// The mixture's concatenated embedding tables, built on first request.
-#[derive(Default)]
-pub struct Concatenated {
-    columns: OnceLock<Vec<f16>>,
-    categories: OnceLock<Vec<f16>>,
-}
 
 impl SamplerCore {
     /// Column-name embeddings of the mixture, `[Σ columns, D]` row-major:
@@ -151,70 +145,4 @@ fn shift(v: &mut Value, key: &str, by: u64) {
     if let Some(x) = v[key].as_u64() {
         v[key] = json!(x + by);
     }
-}
-
-/// Unique names for the databases at `paths`: each folder's name (`db<i>`
-/// when it has none), `#2`, `#3`, … appended to repeats.
-pub(super) fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(paths.len());
-    for (i, p) in paths.iter().enumerate() {
-        let base = p
-            .file_name()
-            .map_or_else(|| format!("db{i}"), |n| n.to_string_lossy().into_owned());
-        let mut name = base.clone();
-        let mut n = 1;
-        while out.contains(&name) {
-            n += 1;
-            name = format!("{base}#{n}");
-        }
-        out.push(name);
-    }
-    out
-}
-
-/// `e` with the name of the database it came from in its message.
-pub(super) fn in_database(name: &str, e: Error) -> Error {
-    match e {
-        Error::Io { path, source } => Error::Io {
-            path,
-            source: std::io::Error::new(source.kind(), format!("database `{name}`: {source}")),
-        },
-        Error::Format { file, what } => Error::Format {
-            file,
-            what: format!("database `{name}`: {what}"),
-        },
-        other => other,
-    }
-}
-
-pub(super) fn too_many(what: &str) -> Error {
-    Error::invalid(
-        "databases",
-        format!("the mixture has more than 2^32 {what} (ids are u32)"),
-    )
-}
-
-/// Effective per-task weights of a mixture: `w_t · p_d / (S_d / S)` (see
-/// [`SamplerCore`]); a database whose task weights are all 0 gets 0.
-pub(super) fn mixture_weights(
-    task_w: &[f64],
-    tasks: &[TaskPlan],
-    dbs: &[MixtureDatabase],
-) -> Vec<f64> {
-    let mut per_db = vec![0.0; dbs.len()];
-    for (w, t) in task_w.iter().zip(tasks) {
-        per_db[t.db] += w;
-    }
-    let total: f64 = per_db.iter().sum();
-    task_w
-        .iter()
-        .zip(tasks)
-        .map(|(&w, t)| {
-            if per_db[t.db] > 0.0 {
-                w * (dbs[t.db].share / (per_db[t.db] / total))
-            } else {
-                0.0
-            }
-        })
-        .collect()
 }

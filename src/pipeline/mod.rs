@@ -34,8 +34,8 @@ mod rss;
 pub mod state;
 
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
-pub use maker::{BatchMaker, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
-pub use report::{fill_report, SplitTelemetry};
+pub use maker::{BatchMaker, MadeBatch, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
+pub use report::SplitTelemetry;
 pub use rss::{current_private_bytes, current_rss_bytes, status_bytes};
 pub use state::DatabaseRecord;
 pub use state::{SamplerState, StreamState};
@@ -48,7 +48,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
-use crate::batch::Batch;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::seeds::Split;
@@ -78,7 +77,7 @@ pub fn telemetry_index(split: Split) -> usize {
 }
 
 struct Producer {
-    rx: Receiver<Result<Batch>>,
+    rx: Receiver<Result<MadeBatch>>,
     handle: Option<JoinHandle<()>>,
     /// Dropped to stop this producer alone (a restart).
     halt: Option<Sender<()>>,
@@ -115,7 +114,7 @@ fn over_cap(
     core: &SamplerCore,
     state: &SplitState,
     building: usize,
-    tx: &Sender<Result<Batch>>,
+    tx: &Sender<Result<MadeBatch>>,
     cap: u64,
 ) -> Option<Error> {
     let private = current_private_bytes()?;
@@ -146,7 +145,7 @@ fn over_cap(
 fn produce(
     core: Arc<SamplerCore>,
     mut state: SplitState,
-    tx: Sender<Result<Batch>>,
+    tx: Sender<Result<MadeBatch>>,
     stop: Receiver<()>,
     halt: Receiver<()>,
 ) {
@@ -343,7 +342,7 @@ impl Sampler {
     /// Rebuild batch `step` of `split` as rank `rank` (default: this rank)
     /// delivered it, under the world sizes this stream has had (across
     /// resumes and reshards).
-    pub fn replay_batch(&self, split: Split, step: u64, rank: Option<u32>) -> Result<Batch> {
+    pub fn replay_batch(&self, split: Split, step: u64, rank: Option<u32>) -> Result<MadeBatch> {
         let spans = self
             .lane(split)?
             .delivered
@@ -382,7 +381,7 @@ impl Sampler {
         &self,
         split: Split,
         timeout: Option<Duration>,
-    ) -> Result<Option<Batch>> {
+    ) -> Result<Option<MadeBatch>> {
         if std::process::id() != self.pid {
             return Err(Error::Worker(format!(
                 "this sampler was created in process {} and cannot be used in forked process {}; create a new Sampler after fork",
@@ -450,8 +449,8 @@ impl Sampler {
     fn failed(
         &self,
         split: Split,
-        got: Option<std::result::Result<Result<Batch>, crossbeam_channel::RecvError>>,
-    ) -> Result<Option<Batch>> {
+        got: Option<std::result::Result<Result<MadeBatch>, crossbeam_channel::RecvError>>,
+    ) -> Result<Option<MadeBatch>> {
         match got {
             None => Err(Error::Shutdown),
             Some(Ok(Ok(b))) => Ok(Some(b)),
@@ -476,7 +475,7 @@ impl Sampler {
 
     /// The next batch of `split`, blocking until one is ready; records it
     /// in the split's telemetry.
-    pub fn next_batch(&self, split: Split) -> Result<Batch> {
+    pub fn next_batch(&self, split: Split) -> Result<MadeBatch> {
         let t0 = Instant::now();
         let depth = self.queue_depth(split)?;
         loop {
@@ -489,14 +488,14 @@ impl Sampler {
 
     /// Record a batch handed to the consumer: `depth` batches were waiting
     /// when it asked and it blocked `wait_seconds`.
-    pub fn deliver(&self, split: Split, b: &Batch, depth: usize, wait_seconds: f64) {
+    pub fn deliver(&self, split: Split, b: &MadeBatch, depth: usize, wait_seconds: f64) {
         if !self.core.cfg.telemetry {
             return;
         }
         self.telemetry[telemetry_index(split)]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .deliver(b, depth, wait_seconds);
+            .deliver(&b.readings, depth, wait_seconds);
     }
 
     /// A finite evaluation pass over `split` (see [`EvalPass::new`]) whose

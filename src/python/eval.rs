@@ -74,7 +74,11 @@ impl EvalPass {
         let next = py.detach(|| self.inner.lock().unwrap().next());
         match next {
             None => Ok(None),
-            Some(b) => Ok(Some(batch_dict(py, b.map_err(to_py)?, &mut Vec::new())?)),
+            Some(b) => Ok(Some(batch_dict(
+                py,
+                b.map_err(to_py)?.batch,
+                &mut Vec::new(),
+            )?)),
         }
     }
 

@@ -145,7 +145,7 @@ impl Sampler {
                     self.inner
                         .deliver(split, &b, depth, t0.elapsed().as_secs_f64());
                     let mut ptrs = Vec::with_capacity(16);
-                    let d = batch_dict(py, b, &mut ptrs)?;
+                    let d = batch_dict(py, b.batch, &mut ptrs)?;
                     *self.last_pointers.lock().unwrap() = ptrs;
                     return Ok(d);
                 }
@@ -341,7 +341,7 @@ impl Sampler {
         let b = py
             .detach(|| self.inner.replay_batch(split, step, rank))
             .map_err(to_py)?;
-        batch_dict(py, b, &mut Vec::new())
+        batch_dict(py, b.batch, &mut Vec::new())
     }
 
     /// A finite, ordered evaluation pass over `split` (`"val"` or

@@ -32,7 +32,7 @@ pub(crate) fn schema_list<'py>(
 #[pyfunction]
 pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let out = PyList::empty(py);
-    for m in &METRICS {
+    for m in METRICS {
         let d = PyDict::new(py);
         d.set_item("key", m.key)?;
         d.set_item("reduction", m.reduction.name())?;
@@ -54,7 +54,7 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 #[pyfunction]
 pub(crate) fn trainer_gauges(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let out = PyList::empty(py);
-    for g in &crate::telemetry::TRAINER_GAUGES {
+    for g in crate::telemetry::TRAINER_GAUGES {
         let d = PyDict::new(py);
         d.set_item("key", g.key)?;
         d.set_item("prometheus", g.prometheus)?;

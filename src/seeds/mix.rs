@@ -1,55 +1,7 @@
-//! The realised task mix and the pool state after each draw: what the
-//! producer measured when it drew a batch's seeds (telemetry reads it from
-//! the batch through the pipeline's per-batch report).
+//! The realised task mix: a sliding window of recent picks (the pool and
+//! mix readings taken after each draw are `crate::readings::DrawReadings`).
 
 use std::collections::VecDeque;
-
-/// Pool and mix state right after a batch's seeds were drawn.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DrawStats {
-    /// Seeds left before reshuffle, least full active pool.
-    pub remaining_min: f64,
-    /// Seeds left before reshuffle, fullest active pool.
-    pub remaining_max: f64,
-    /// Remaining / pool size, least full active pool.
-    pub remaining_fraction_min: f64,
-    /// Remaining / pool size, fullest active pool.
-    pub remaining_fraction_max: f64,
-    /// Batches since the least recently picked weighted task was picked.
-    pub steps_since_pick_max: f64,
-    /// Forecast batches until the first active pool runs out.
-    pub steps_to_exhaust_min: f64,
-    /// Total-variation distance of the recent mix from the weights.
-    pub tv_distance: f64,
-    /// Total-variation distance of the recent database mix from the
-    /// database shares (0 for one database).
-    pub database_tv_distance: f64,
-    /// Batches since the least recently picked database with share > 0 was
-    /// picked.
-    pub database_steps_since_pick_max: f64,
-    /// Mixture index of that database (the pointer to the worst one).
-    pub database_steps_since_pick_worst: f64,
-    /// Least remaining / pool size over the active pools of databases with
-    /// share > 0 (the least full database's least full pool).
-    pub database_remaining_fraction_min: f64,
-    /// Mixture index of that database.
-    pub database_remaining_fraction_worst: f64,
-    /// The batch's database has its own telemetry series (listed in
-    /// `telemetry_databases`, or else one of the top
-    /// `telemetry_top_databases`); else its seeds count as `other`.
-    pub database_reported: bool,
-    /// Per reported database (schema order): its own pool and pick state.
-    pub databases: Vec<DatabaseDraw>,
-}
-
-/// One reported database's state right after a batch's seeds were drawn.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct DatabaseDraw {
-    /// Batches since the database was last picked.
-    pub steps_since_pick: f64,
-    /// Least remaining / pool size over its active weighted pools.
-    pub remaining_fraction_min: f64,
-}
 
 /// Sliding window of recent task picks, for the realised mix.
 #[derive(Debug, Clone)]

@@ -53,7 +53,7 @@ mod picker;
 mod pool;
 pub mod split;
 
-pub use mix::{DatabaseDraw, DrawStats, MixWindow};
+pub use mix::MixWindow;
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};
 pub use split::{rank_slice, split_of, split_seeds, task_split_seeds, Split};

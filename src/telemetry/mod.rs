@@ -2,7 +2,8 @@
 //!
 //! Every metric is one row of the metric table ([`METRICS`], `table.rs`):
 //! key, reduction, bucket rule, Prometheus name/type/unit/help and how its
-//! value is taken from a [`BatchReport`]. The pipeline fills one report per
+//! value is taken from the readings (`crate::readings`, the measurement
+//! vocabulary) a [`BatchReport`] points to. The pipeline hands one report per
 //! delivered batch (queued batches do not count) and hands it to the split's
 //! recorders: the drain recorder ([`StepRecorder`]) and the exporters
 //! (`export/`), all implementations of [`Recorder`] held in one list. None
@@ -13,7 +14,7 @@
 //! the split's own uncontended mutex.
 //!
 //! Never: names built from row/seed/step values (series count grows with
-//! tasks only), blocking the producer, or importing `batch` (the report is
+//! tasks only), blocking the producer, or importing `batch` (the readings are
 //! the only input).
 
 pub mod export;
@@ -27,7 +28,7 @@ pub use hist::{
     latency_edges, quantile_from_buckets, FixedHistogram, QuantileRule, LATENCY_MIN_EXP,
     LATENCY_OCTAVES, LATENCY_SUB_BUCKETS,
 };
-pub use report::{BatchReport, SeqReport};
+pub use report::BatchReport;
 pub use schema::{SchemaEntry, TelemetrySchema, PREFIX};
 pub use step::StepRecorder;
 pub use table::{

@@ -87,7 +87,7 @@ impl TelemetrySchema {
         seq_len: usize,
     ) -> Self {
         let mut entries = Vec::new();
-        for def in &METRICS {
+        for def in METRICS {
             let (edges, quantile) = match (def.reduction, def.buckets) {
                 (Reduction::Histogram, Some(rule)) => (
                     Some(rule.edges(max_hops, seq_len)),

@@ -121,8 +121,8 @@ impl Recorder for StepRecorder {
                     Measure::Last(f) => *v = f(r),
                     Measure::Least(f) => *v = v.min(f(r)),
                     Measure::TaskSeeds => {
-                        if task == Some(r.task) {
-                            *v += r.seeds;
+                        if task == Some(r.task()) {
+                            *v += r.seeds();
                         }
                     }
                     other => *v += other.per_batch(r),

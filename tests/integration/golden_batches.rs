@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use headwater::pipeline::{BatchMaker, SamplerCore};
-use headwater::{Batch, SamplerConfig, Split};
+use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::{SamplerConfig, Split};
 use serde_json::{json, Value};
 
 use crate::support::golden_v1;
@@ -19,7 +19,7 @@ fn h(bytes: &[u8]) -> String {
 
 /// Every tensor's bytes hashed, in `BATCH_KEYS` order, plus what telemetry
 /// reads from the batch.
-fn describe(b: &Batch) -> Value {
+fn describe(b: &MadeBatch) -> Value {
     let tensors = json!({
         "semantic_types": h(bytemuck::cast_slice(&b.semantic_types)),
         "column_ids": h(bytemuck::cast_slice(&b.column_ids)),
@@ -43,7 +43,8 @@ fn describe(b: &Batch) -> Value {
         "cat_emb_count": b.cat_emb_count,
     });
     let stats: Vec<Value> = b
-        .seq_stats
+        .readings
+        .seqs
         .iter()
         .map(|q| {
             json!([
@@ -63,18 +64,18 @@ fn describe(b: &Batch) -> Value {
         "fingerprint": format!("{:016x}", golden_fingerprint(b)),
         "seeds": b.seeds,
         "seq_stats": stats,
-        "exhaust_events": b.exhaust_events,
-        "duplicate_seeds": b.duplicate_seeds,
+        "exhaust_events": b.readings.exhaust_events,
+        "duplicate_seeds": b.readings.duplicate_seeds,
         "pool": golden_pool(b),
     })
 }
 
-fn golden_fingerprint(b: &Batch) -> u64 {
+fn golden_fingerprint(b: &MadeBatch) -> u64 {
     b.fingerprint
 }
 
-fn golden_pool(b: &Batch) -> Value {
-    let t = &b.draw;
+fn golden_pool(b: &MadeBatch) -> Value {
+    let t = &b.readings.draw;
     json!([
         t.remaining_min,
         t.remaining_max,

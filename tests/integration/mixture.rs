@@ -311,8 +311,8 @@ fn five_hundred_tiny_databases_open_sample_and_report_bounded_telemetry() {
     for _ in 0..30 {
         let b = mk.next().unwrap().unwrap();
         dbs.insert(b.db_idx);
-        assert!(b.draw.database_steps_since_pick_max >= 0.0);
-        assert_eq!(b.draw.databases.len(), k);
+        assert!(b.readings.draw.database_steps_since_pick_max >= 0.0);
+        assert_eq!(b.readings.draw.databases.len(), k);
     }
     assert!(
         dbs.len() > 20,

@@ -18,8 +18,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use headwater::batch::{encode_timestamp, Batch, TIMESTAMP_DIM};
+use headwater::batch::{encode_timestamp, TIMESTAMP_DIM};
 use headwater::format::{bit, ColumnValues, Database, GraphView};
+use headwater::pipeline::MadeBatch;
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::{mix64, Xoshiro256pp};
 use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
@@ -563,7 +564,7 @@ fn check_perm(name: &str, perm: &[u16], cells: usize) -> Check {
 }
 
 /// Layout invariants of a batch that need no knowledge of its rows.
-pub fn check_layout(db: &Database, batch: &Batch, cfg: &SamplerConfig) -> Check {
+pub fn check_layout(db: &Database, batch: &MadeBatch, cfg: &SamplerConfig) -> Check {
     let m = db.metadata();
     let (b, s) = (cfg.default_batch_size, cfg.default_sequence_length);
     prop_assert_eq!((batch.batch_size, batch.seq_len), (b, s));
@@ -588,7 +589,7 @@ pub fn check_layout(db: &Database, batch: &Batch, cfg: &SamplerConfig) -> Check 
     prop_assert_eq!(batch.text_dim, dim);
     prop_assert_eq!(batch.text_batch_embeddings.len(), batch.num_text * dim);
     prop_assert_eq!(batch.seeds.len(), b);
-    prop_assert_eq!(batch.seq_stats.len(), b);
+    prop_assert_eq!(batch.readings.seqs.len(), b);
 
     let task = &m.tasks[batch.task_idx as usize];
     let tcol = &m.columns[task.target_column as usize];
@@ -762,7 +763,7 @@ pub fn check_layout(db: &Database, batch: &Batch, cfg: &SamplerConfig) -> Check 
             }
             prop_assert_eq!(done.len(), nrows);
         }
-        let st = &batch.seq_stats[q];
+        let st = &batch.readings.seqs[q];
         prop_assert_eq!(st.rows as usize, nrows);
         prop_assert_eq!(st.cells as usize, cells);
     }
@@ -797,7 +798,7 @@ pub fn check_layout(db: &Database, batch: &Batch, cfg: &SamplerConfig) -> Check 
 /// dictionary and the per-sequence counters.
 pub fn check_against_reference(
     db: &Database,
-    batch: &Batch,
+    batch: &MadeBatch,
     rb: &RefBatch,
     reference: &Reference<'_>,
     cfg: &SamplerConfig,
@@ -815,9 +816,9 @@ pub fn check_against_reference(
         &ref_seeds,
         "reference model out of sync with make_batch (seed draws)"
     );
-    prop_assert_eq!(batch.exhaust_events, rb.exhaust_events);
-    prop_assert_eq!(batch.duplicate_seeds, rb.duplicates);
-    prop_assert_eq!(batch.duplicate_seeds, 0);
+    prop_assert_eq!(batch.readings.exhaust_events, rb.exhaust_events);
+    prop_assert_eq!(batch.readings.duplicate_seeds, rb.duplicates);
+    prop_assert_eq!(batch.readings.duplicate_seeds, 0);
     let plan = &reference.plans[rb.task];
     prop_assert_eq!(batch.target_stype, plan.code);
     let s = batch.seq_len;
@@ -946,7 +947,7 @@ pub fn check_against_reference(
                 );
             }
         }
-        let st = &batch.seq_stats[q];
+        let st = &batch.readings.seqs[q];
         prop_assert_eq!(st.depth, sub.max_depth);
         prop_assert_eq!(st.rows as usize, nrows);
         prop_assert_eq!(st.cells_dropped, sub.cells_dropped);
@@ -973,7 +974,7 @@ pub fn check_against_reference(
 }
 
 /// Every tensor and counter of two batches, bit for bit (timings excluded).
-pub fn same_batch(a: &Batch, b: &Batch) -> bool {
+pub fn same_batch(a: &MadeBatch, b: &MadeBatch) -> bool {
     let f32s = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let f16s = |x: &[half::f16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     (a.batch_size, a.seq_len, a.max_rows, a.num_text, a.text_dim)
@@ -1002,7 +1003,16 @@ pub fn same_batch(a: &Batch, b: &Batch) -> bool {
         && a.target_count == b.target_count
         && a.segment_seeds == b.segment_seeds
         && a.seeds == b.seeds
-        && a.seq_stats == b.seq_stats
-        && (a.exhaust_events, a.duplicate_seeds, a.split, a.step)
-            == (b.exhaust_events, b.duplicate_seeds, b.split, b.step)
+        && a.readings.seqs == b.readings.seqs
+        && (
+            a.readings.exhaust_events,
+            a.readings.duplicate_seeds,
+            a.split,
+            a.step,
+        ) == (
+            b.readings.exhaust_events,
+            b.readings.duplicate_seeds,
+            b.split,
+            b.step,
+        )
 }

@@ -7,15 +7,15 @@
 use std::sync::Arc;
 
 use headwater::pipeline::state::SamplerState;
-use headwater::pipeline::{BatchMaker, SamplerCore};
-use headwater::{Batch, Error, Sampler, SamplerConfig, Split};
+use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::{Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;
 
 use crate::oracle::{arb_spec, build, config, same_batch};
 
 /// Check one packed batch's layout against the rules of `batch/pack.rs`.
 #[allow(clippy::too_many_lines)]
-fn check_packed(b: &Batch, core: &SamplerCore) -> Result<(), TestCaseError> {
+fn check_packed(b: &MadeBatch, core: &SamplerCore) -> Result<(), TestCaseError> {
     let (s, k, r) = (b.seq_len, b.segments, b.max_rows);
     let per_task = core.seeds_per_step(b.task_idx as usize);
     let pf = core.cfg.pack_factor;
@@ -65,7 +65,7 @@ fn check_packed(b: &Batch, core: &SamplerCore) -> Result<(), TestCaseError> {
         // Segments are contiguous runs in order, padding only at the tail.
         let used = pad.iter().take_while(|&&p| p == 0).count();
         prop_assert!(pad[used..].iter().all(|&p| p == 1), "padding is the tail");
-        prop_assert_eq!(used as u32, b.seq_stats[q].cells);
+        prop_assert_eq!(used as u32, b.readings.seqs[q].cells);
         prop_assert!(seg[used..].iter().all(|&x| x == u16::MAX));
         prop_assert!(seg[..used]
             .windows(2)
@@ -253,7 +253,7 @@ proptest! {
                 return Ok(());
             }
             let whole = Sampler::new(&sdb.dir, cfg.clone()).unwrap();
-            let want: Vec<Batch> = (0..n).map(|_| whole.next_batch(Split::Train).unwrap()).collect();
+            let want: Vec<MadeBatch> = (0..n).map(|_| whole.next_batch(Split::Train).unwrap()).collect();
             for w in &want {
                 check_packed(w, &c)?;
                 let again = whole.replay_batch(Split::Train, w.step, None).unwrap();

@@ -9,20 +9,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headwater::pipeline::state::{SamplerState, STATE_VERSION};
-use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
 use headwater::seeds::split_seeds;
-use headwater::{Batch, Error, Sampler, SamplerConfig, Split, TaskPick};
+use headwater::{Error, Sampler, SamplerConfig, Split, TaskPick};
 use proptest::prelude::*;
 
 use crate::oracle::{arb_spec, build, config, same_batch, SynthDb};
 
-fn fp(b: &Batch) -> u64 {
+fn fp(b: &MadeBatch) -> u64 {
     b.fingerprint
 }
 
 /// `n` batches of `split` from a running sampler.
-fn take(s: &Sampler, split: Split, n: u64) -> Vec<Batch> {
+fn take(s: &Sampler, split: Split, n: u64) -> Vec<MadeBatch> {
     (0..n).map(|_| s.next_batch(split).unwrap()).collect()
 }
 
@@ -189,8 +189,8 @@ fn run_ranks(
     state: Option<&SamplerState>,
     split: Split,
     steps: u64,
-) -> (Vec<Vec<Batch>>, Vec<SamplerState>) {
-    let mut per_step: Vec<Vec<Batch>> = (0..steps).map(|_| Vec::new()).collect();
+) -> (Vec<Vec<MadeBatch>>, Vec<SamplerState>) {
+    let mut per_step: Vec<Vec<MadeBatch>> = (0..steps).map(|_| Vec::new()).collect();
     let mut states = Vec::new();
     for rank in 0..world {
         let s = Sampler::with_state(dir, on(cfg, rank, world), state).unwrap();
@@ -241,7 +241,7 @@ fn reshard_delivers_each_seed_once_per_epoch() {
                     step.iter().all(|b| b.task_idx as usize == task),
                     "ranks picked different tasks"
                 );
-                assert!(step.iter().all(|b| b.duplicate_seeds == 0));
+                assert!(step.iter().all(|b| b.readings.duplicate_seeds == 0));
                 for b in step {
                     seq.entry(task).or_default().extend_from_slice(&b.seeds);
                 }
@@ -511,7 +511,7 @@ fn skip_and_replay_across_a_resume() {
         num_prefetch: 4,
         ..elastic_cfg()
     };
-    let whole: Vec<Vec<Batch>> = (0..2)
+    let whole: Vec<Vec<MadeBatch>> = (0..2)
         .map(|rank| {
             take(
                 &Sampler::new(&sdb.dir, on(&cfg, rank, 2)).unwrap(),

@@ -7,10 +7,10 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
 use headwater::seeds::split_seeds;
-use headwater::{Batch, Error, Sampler, SamplerConfig, Split};
+use headwater::{Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
@@ -56,7 +56,7 @@ fn check_batches(
             for x in &rb.seqs {
                 check_no_future_rows(&g, &x.sub, x.obs)?;
             }
-            prop_assert!(batch.seq_stats.iter().all(|s| s.temporal_leaks == 0));
+            prop_assert!(batch.readings.seqs.iter().all(|s| s.temporal_leaks == 0));
         }
     }
     Ok(())
@@ -176,8 +176,8 @@ proptest! {
             for mk in &mut makers {
                 let batch = mk.next().unwrap().unwrap();
                 prop_assert_eq!(batch.task_idx as usize, k);
-                prop_assert_eq!(batch.duplicate_seeds, 0);
-                events += batch.exhaust_events as usize;
+                prop_assert_eq!(batch.readings.duplicate_seeds, 0);
+                events += batch.readings.exhaust_events as usize;
                 draws.extend_from_slice(&batch.seeds);
             }
             let boundaries = (start..start + per_step).filter(|&d| d > 0 && d % len == 0).count();
@@ -214,7 +214,7 @@ proptest! {
     fn batches_do_not_depend_on_thread_count(spec in arb_spec(), cfg in arb_config()) {
         let Some(sdb) = build(&spec) else { return Ok(()) };
         let db = &sdb.db;
-        let runs: Vec<Vec<Batch>> = [1usize, 2, 4]
+        let runs: Vec<Vec<MadeBatch>> = [1usize, 2, 4]
             .iter()
             .map(|&t| {
                 let cfg = SamplerConfig { num_threads: Some(t), ..cfg.clone() };
@@ -265,7 +265,7 @@ fn fixed_cfg() -> SamplerConfig {
 #[test]
 fn a_different_seed_gives_different_batches() {
     let sdb = fixed_db();
-    let take = |seed: u64| -> Vec<Batch> {
+    let take = |seed: u64| -> Vec<MadeBatch> {
         let cfg = SamplerConfig {
             seed,
             ..fixed_cfg()
@@ -317,8 +317,8 @@ fn without_time_filter_leaks_are_counted() {
         must(check_batches(db, &cfg, Split::Train, filter));
         for b in maker(db, &cfg, Split::Train).take(6) {
             let b = b.unwrap();
-            let leaks: u64 = b.seq_stats.iter().map(|s| s.temporal_leaks).sum();
-            let filtered: u64 = b.seq_stats.iter().map(|s| s.temporal_filtered).sum();
+            let leaks: u64 = b.readings.seqs.iter().map(|s| s.temporal_leaks).sum();
+            let filtered: u64 = b.readings.seqs.iter().map(|s| s.temporal_filtered).sum();
             if filter {
                 assert_eq!(leaks, 0);
                 filtered_on += filtered;
@@ -496,7 +496,7 @@ fn the_pipelined_stream_is_the_sequential_stream_in_order() {
         };
         let core = Arc::new(SamplerCore::with_database(sdb.db.clone(), cfg).unwrap());
         let mut one = BatchMaker::new(core.clone(), Split::Train);
-        let expected: Vec<Batch> = (0..5).map(|_| one.next().unwrap().unwrap()).collect();
+        let expected: Vec<MadeBatch> = (0..5).map(|_| one.next().unwrap().unwrap()).collect();
         for depth in [1, 2, 4] {
             let mut state = core.split_state(Split::Train);
             let mut got = Vec::new();
@@ -518,8 +518,8 @@ fn the_pipelined_stream_is_the_sequential_stream_in_order() {
                     "threads {threads} depth {depth} step {step}"
                 );
                 assert_eq!(b.fingerprint, want.fingerprint);
-                assert_eq!(b.seq_stats, want.seq_stats);
-                assert_eq!(b.draw, want.draw);
+                assert_eq!(b.readings.seqs, want.readings.seqs);
+                assert_eq!(b.readings.draw, want.readings.draw);
                 assert_eq!(b.segment_ids, want.segment_ids);
             }
             match &got[5] {

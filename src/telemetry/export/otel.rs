@@ -128,7 +128,7 @@ impl OtlpSplit {
 #[allow(clippy::cast_precision_loss)]
 fn span_value(m: Measure, r: &BatchReport) -> f64 {
     match m {
-        Measure::SampleSeq(_) => m.per_batch(r) / r.seqs.len().max(1) as f64,
+        Measure::SampleSeq(_) => m.per_batch(r) / r.batch.seqs.len().max(1) as f64,
         _ => m.per_batch(r),
     }
 }
@@ -137,7 +137,7 @@ impl Recorder for OtlpSplit {
     fn record(&mut self, r: &BatchReport) {
         let mut span = self.tracer.start("delivered");
         span.set_attribute(KeyValue::new("split", self.split));
-        span.set_attribute(KeyValue::new("task", r.task as i64));
+        span.set_attribute(KeyValue::new("task", i64::from(r.batch.task)));
         for (def, key) in &self.keys {
             span.set_attribute(KeyValue::new(key.clone(), span_value(def.measure, r)));
         }

@@ -88,10 +88,10 @@ pub fn install(addr: SocketAddr, schema: &TelemetrySchema) -> Result<()> {
         key: "prometheus_port".into(),
         what: format!("cannot serve /metrics on {addr}: {e}"),
     })?;
-    for g in &TRAINER_GAUGES {
+    for g in TRAINER_GAUGES {
         describe_gauge!(g.prometheus, Unit::Count, g.help);
     }
-    for def in &METRICS {
+    for def in METRICS {
         match def.prometheus_type {
             PromType::Gauge => describe_gauge!(def.prometheus, unit(def), def.help),
             PromType::Counter => describe_counter!(def.prometheus, unit(def), def.help),
@@ -218,13 +218,13 @@ impl Recorder for PromSplit {
                 Handle::Gauge(g) => g.set(def.measure.per_batch(r)),
                 Handle::Counter(c) => c.increment(count(def.measure.per_batch(r))),
                 Handle::Tasks(cs) => {
-                    if let Some(Some(c)) = cs.get(r.task) {
+                    if let Some(Some(c)) = cs.get(r.task()) {
                         c.increment(count(def.measure.per_batch(r)));
                     }
                 }
                 Handle::DatabaseCounters(cs) => {
-                    if let Some(Some((slot, c))) = cs.get(r.db) {
-                        if let Some(x) = def.measure.per_database(r, r.db, *slot) {
+                    if let Some(Some((slot, c))) = cs.get(r.db()) {
+                        if let Some(x) = def.measure.per_database(r, r.db(), *slot) {
                             c.increment(count(x));
                         }
                     }

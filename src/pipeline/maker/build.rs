@@ -1,0 +1,436 @@
+//! Building a drawn step: each context's BFS, packing's placement and cuts,
+//! the sequences' assembly and the batch's text collation — on any thread,
+//! from the step's draws alone (a batch is a function of its plan), with the
+//! readings of each stage (`crate::readings`) taken where it happens.
+//!
+//! Never: a random choice of its own (every generator is keyed by the draw),
+//! or state that outlives a batch besides the per-thread scratch.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::draw::{BuildBuffers, Draws, Planned};
+use super::plan::{SamplerCore, TargetPlan};
+use super::MadeBatch;
+use crate::batch::{
+    assemble_packed_sequence, collate_text, pack_contexts, AssembleScratch, Batch, SeqContext,
+    TableCells, Target,
+};
+use crate::error::{Error, Result};
+use crate::format::GraphView;
+use crate::readings::{stage, BatchReadings, SeqReadings};
+use crate::rng::Xoshiro256pp;
+use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+
+thread_local! {
+    static SCRATCH: RefCell<(BfsScratch, AssembleScratch)> = RefCell::new(Default::default());
+}
+
+/// Builds task contexts: one BFS from a seed row, with this thread's
+/// scratch (the probe of `pack_factor = 0` and every batch use it).
+pub(super) struct ContextBuilder<'a> {
+    pub(super) graph: GraphView<'a>,
+    pub(super) row_cells: &'a [u16],
+    pub(super) seed_cells: usize,
+    pub(super) params: BfsParams,
+}
+
+impl ContextBuilder<'_> {
+    /// The context of anchor `row` observed at `obs_time` under `budget`
+    /// cells, its RNG keyed by `rng_seed`, into `sub`.
+    pub(super) fn build(
+        &self,
+        row: u32,
+        obs_time: i64,
+        rng_seed: u64,
+        budget: usize,
+        sub: &mut Subgraph,
+    ) {
+        SCRATCH.with(|sc| {
+            let mut rng = Xoshiro256pp::seed_from_u64(rng_seed);
+            let p = BfsParams {
+                max_cells: budget,
+                ..self.params
+            };
+            bfs(
+                &self.graph,
+                self.row_cells,
+                row,
+                self.seed_cells,
+                obs_time,
+                &p,
+                &mut rng,
+                &mut sc.borrow_mut().0,
+                sub,
+            );
+        });
+    }
+}
+
+impl SamplerCore {
+    /// The [`ContextBuilder`] of task `k` (budget `S` unless given).
+    pub(super) fn context_builder(&self, k: usize) -> ContextBuilder<'_> {
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        ContextBuilder {
+            graph: mdb.db.graph(),
+            row_cells: &mdb.row_cells,
+            seed_cells: plan.seed_cells,
+            params: BfsParams {
+                max_cells: self.cfg.default_sequence_length,
+                max_hops: self.cfg.max_hops,
+                child_width: self.cfg.bfs_child_width,
+                temporal_filter: self.cfg.temporal_filter,
+            },
+        }
+    }
+
+    /// Build the planned batch with `buffers` (one set per batch in flight).
+    pub(super) fn build(
+        &self,
+        p: Planned,
+        buffers: &mut BuildBuffers,
+        split_up: bool,
+    ) -> Result<MadeBatch> {
+        let Planned {
+            draws:
+                Draws {
+                    task: k,
+                    step,
+                    key,
+                    world_size,
+                    exhaust_events,
+                    duplicates,
+                },
+            jobs,
+            draw,
+            split,
+            rank,
+            planning,
+        } = p;
+        // Stage times count planning and building, not the time the plan
+        // waited for a thread (a pipelined stream plans ahead).
+        let t0 = Instant::now()
+            .checked_sub(planning)
+            .unwrap_or_else(Instant::now);
+        let batch_span = tracing::info_span!(
+            "batch",
+            split = split.name(),
+            step = step as i64,
+            rank = rank as i64,
+            task = self.task_names[k].as_str(),
+            rows = tracing::field::Empty,
+            cells = tracing::field::Empty,
+        );
+        let _batch = batch_span.enter();
+        let mut made =
+            self.build_batch(k, &jobs, self.cfg.pack, buffers, &batch_span, t0, split_up)?;
+        if let Some(d) = draw {
+            made.readings.draw = d;
+        }
+        made.readings.exhaust_events = exhaust_events;
+        made.readings.duplicate_seeds = duplicates;
+        let batch = &mut made.batch;
+        batch.fingerprint =
+            fingerprint([key, step, rank as u64, world_size as u64], k, &batch.seeds);
+        batch.split = split;
+        batch.step = step;
+        Ok(made)
+    }
+
+    /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
+    /// observation time, per-context RNG seed) of task `k`, `packed` into
+    /// `B` sequences of up to [`segment_slots`](Self::segment_slots)
+    /// contexts (`crate::batch::pack`) or one sequence per job, into a batch
+    /// with its readings and stage timings (from `t0`): the part of a batch
+    /// that does not depend on how its seeds were drawn, shared by the
+    /// training stream and evaluation passes. `split_up`: spread the batch's
+    /// sequences over the pool (one batch at a time); otherwise the calling
+    /// thread builds all of them (a pipelined stream, one batch per thread,
+    /// where splitting a batch only adds work-stealing between batches).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::pipeline) fn build_batch(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        packed: bool,
+        buffers: &mut BuildBuffers,
+        batch_span: &tracing::Span,
+        t0: Instant,
+        split_up: bool,
+    ) -> Result<MadeBatch> {
+        let min_len = if split_up { 1 } else { usize::MAX };
+        let b = if packed {
+            self.cfg.default_batch_size
+        } else {
+            jobs.len()
+        };
+        self.check_anchors(k, jobs)?;
+        let subgraphs = &mut buffers.subgraphs;
+        let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
+        self.build_contexts(k, jobs, subgraphs, min_len);
+        let (seq_seeds, start) = if packed && self.segment_slots > 1 {
+            self.pack(k, jobs, subgraphs)
+        } else {
+            (jobs.iter().map(|j| j.0).collect(), (0..=b).collect())
+        };
+        drop(bfs_span);
+        let t_bfs = Instant::now();
+        let layout = Layout {
+            start: &start,
+            seeds: &seq_seeds,
+            subgraphs,
+            slots: if packed { self.segment_slots } else { 1 },
+        };
+        let (mut batch, seqs) = self.assemble(k, jobs, &layout, min_len)?;
+        let t_asm = Instant::now();
+        let collate_span =
+            tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
+        let db = &*self.dbs[self.tasks[k].db].db;
+        let dim = db.metadata().embedder.dim as usize;
+        collate_text(
+            &mut batch,
+            db.text_embeddings()?,
+            dim,
+            &mut buffers.text_map,
+        );
+        collate_span.record("unique_texts", batch.num_text as i64);
+        drop(collate_span);
+        let t_end = Instant::now();
+        batch_span.record("rows", seqs.iter().map(|q| q.rows as i64).sum::<i64>());
+        batch_span.record("cells", seqs.iter().map(|q| q.cells as i64).sum::<i64>());
+        let mut stage_ns = [0; 4];
+        stage_ns[stage::BFS] = (t_bfs - t0).as_nanos() as u64;
+        stage_ns[stage::ASSEMBLE] = (t_asm - t_bfs).as_nanos() as u64;
+        stage_ns[stage::COLLATE] = (t_end - t_asm).as_nanos() as u64;
+        stage_ns[stage::TOTAL] = (t_end - t0).as_nanos() as u64;
+        let readings = BatchReadings {
+            task: k as u32,
+            db: self.tasks[k].db as u32,
+            seeds: jobs.len() as u32,
+            seq_len: self.cfg.default_sequence_length as u32,
+            stage_ns,
+            seqs,
+            ..BatchReadings::default()
+        };
+        Ok(MadeBatch { batch, readings })
+    }
+
+    /// A seed row is used only if it is a row of task `k`'s anchor table
+    /// (payloads are not hashed at open; O(1), never out of bounds).
+    fn check_anchors(&self, k: usize, jobs: &[(u32, u32, i64, u64)]) -> Result<()> {
+        let plan = &self.tasks[k];
+        let db = &*self.dbs[plan.db].db;
+        let graph = db.graph();
+        let anchor_table = db.metadata().tasks[plan.local].anchor_table as usize;
+        match jobs
+            .iter()
+            .find(|j| graph.table_of(j.1) != Some(anchor_table))
+        {
+            None => Ok(()),
+            Some(&(i, row, _, _)) => Err(Error::format(
+                db.task_path(plan.local).unwrap_or(db.dir()),
+                format!(
+                    "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
+                ),
+            )),
+        }
+    }
+
+    /// Every context of `jobs` built as its unpacked self (budget `S`) into
+    /// `subgraphs`, in parallel (`min_len` contexts per job at least).
+    fn build_contexts(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut Vec<Subgraph>,
+        min_len: usize,
+    ) {
+        if subgraphs.len() != jobs.len() {
+            subgraphs.resize_with(jobs.len(), Subgraph::default);
+        }
+        let builder = self.context_builder(k);
+        let s = self.cfg.default_sequence_length;
+        self.pool.install(|| {
+            subgraphs
+                .par_iter_mut()
+                .zip(jobs.par_iter())
+                .with_min_len(min_len)
+                .for_each(|(sub, job)| builder.build(job.1, job.2, job.3, s, sub));
+        });
+    }
+
+    /// With `pack`: place the contexts (`crate::batch::pack`), cut the ones
+    /// over their budgets to a prefix, and lay them out sequence after
+    /// sequence, each sequence's contexts in draw order. Returns the seeds
+    /// in that order and each sequence's first context
+    /// (`start[q]..start[q + 1]`).
+    fn pack(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut Vec<Subgraph>,
+    ) -> (Vec<u32>, Vec<usize>) {
+        let (b, s) = (
+            self.cfg.default_batch_size,
+            self.cfg.default_sequence_length,
+        );
+        let builder = self.context_builder(k);
+        let seed_cells = builder.seed_cells;
+        let sizes: Vec<usize> = subgraphs.iter().map(|g| g.cells).collect();
+        let plan = pack_contexts(&sizes, b, self.segment_slots, s, seed_cells);
+        for ((sub, job), (&budget, &size)) in subgraphs
+            .iter_mut()
+            .zip(jobs)
+            .zip(plan.budget.iter().zip(&sizes))
+        {
+            if budget < size {
+                sub.keep_prefix(
+                    budget,
+                    builder.row_cells,
+                    seed_cells,
+                    builder.graph.row_time,
+                    job.2,
+                );
+            }
+        }
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by_key(|&i| (plan.bin[i], i));
+        let mut taken: Vec<Subgraph> = order
+            .iter()
+            .map(|&i| std::mem::take(&mut subgraphs[i]))
+            .collect();
+        std::mem::swap(subgraphs, &mut taken);
+        let seq_seeds = order.iter().map(|&i| jobs[i].0).collect();
+        let mut start = vec![0; b + 1];
+        for &q in &plan.bin {
+            start[q + 1] += 1;
+        }
+        for q in 0..b {
+            start[q + 1] += start[q];
+        }
+        (seq_seeds, start)
+    }
+
+    /// Assemble the sequences of `layout` into a batch of task `k` (the
+    /// seeds of `jobs`), with each sequence's readings.
+    fn assemble(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        layout: &Layout<'_>,
+        min_len: usize,
+    ) -> Result<(Batch, Vec<SeqReadings>)> {
+        let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        let db = &*mdb.db;
+        let m = db.metadata();
+        let Layout {
+            start,
+            seeds,
+            subgraphs,
+            slots,
+        } = *layout;
+        let b = start.len() - 1;
+        let r = start
+            .windows(2)
+            .map(|w| {
+                subgraphs[w[0]..w[1]]
+                    .iter()
+                    .map(|g| g.rows.len())
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let s = self.cfg.default_sequence_length;
+        let mut batch = Batch::unfilled(b, s, r, slots, m.embedder.dim as usize);
+        batch.task_idx = k as u32;
+        batch.db_idx = plan.db as u32;
+        batch.target_stype = plan.stype_code;
+        batch.cat_emb_start = plan.cat_emb_start;
+        batch.cat_emb_count = plan.cat_emb_count;
+        batch.seeds.extend(jobs.iter().map(|j| j.0));
+        let tables = table_cells(db)?;
+        let task = db.task(plan.local)?;
+        let target = match plan.target {
+            TargetPlan::Cell { slot } => Target::Cell { slot },
+            TargetPlan::Virtual { column_idx, code } => Target::Virtual {
+                column_idx,
+                code,
+                values: task.targets,
+                validity: task.target_validity,
+            },
+        };
+        let ctx = SeqContext {
+            graph: db.graph(),
+            tables: &tables,
+            ts_mean: m.timestamp_stats.mean_us,
+            ts_std: m.timestamp_stats.std_us,
+            target,
+            num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
+            num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
+            column_offset: mdb.column_offset,
+            categorical_offset: mdb.categorical_offset,
+        };
+        let seqs = self.pool.install(|| {
+            batch.fill_sequences(min_len, |i, o, seg| {
+                let range = start[i]..start[i + 1];
+                let (subs, seeds) = (&subgraphs[range.clone()], &seeds[range]);
+                SCRATCH.with(|sc| {
+                    assemble_packed_sequence(&ctx, subs, seeds, r, o, seg, &mut sc.borrow_mut().1)
+                })
+            })
+        });
+        asm_span.record("max_rows", r as i64);
+        Ok((batch, seqs))
+    }
+}
+
+/// How a batch's contexts are laid out over its sequences.
+#[derive(Clone, Copy)]
+struct Layout<'a> {
+    /// Sequence `q` holds contexts `start[q]..start[q + 1]`.
+    start: &'a [usize],
+    /// The contexts' seeds, in layout order.
+    seeds: &'a [u32],
+    /// The contexts, in layout order.
+    subgraphs: &'a [Subgraph],
+    /// Segment slots per sequence (`K`).
+    slots: usize,
+}
+
+/// Every table of `db` as stored columns with their cell type codes.
+fn table_cells(db: &crate::format::Database) -> Result<Vec<TableCells<'_>>> {
+    let m = db.metadata();
+    (0..m.tables.len())
+        .map(|t| {
+            let v = db.table(t)?;
+            let codes = v
+                .columns
+                .iter()
+                .map(|c| m.columns[c.column_idx as usize].stype.code().unwrap_or(0) as i8)
+                .collect();
+            Ok(TableCells {
+                row_offset: v.row_offset,
+                columns: v.columns,
+                codes,
+            })
+        })
+        .collect()
+}
+
+/// Hash of the step's identity (its key, step, rank and world size), the
+/// task and the drawn seeds.
+#[allow(clippy::cast_possible_truncation)]
+fn fingerprint(identity: [u64; 4], task: usize, seeds: &[u32]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for w in identity {
+        h.update(&w.to_le_bytes());
+    }
+    h.update(&(task as u32).to_le_bytes());
+    h.update(bytemuck::cast_slice(seeds));
+    h.digest()
+}

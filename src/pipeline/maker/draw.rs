@@ -1,0 +1,433 @@
+//! Drawing a step: everything random about a batch, serially on the
+//! producer — the task of the step, this rank's slice of the task's global
+//! pool, each context's generator key — and the pool and mix readings right
+//! after the draw (`crate::readings::DrawReadings`). A split's state (its
+//! stream position, pools, picker and the buffers its batches are built
+//! with) lives here, beside the draws that advance it.
+//!
+//! Determinism: a step's draws are a function of the split's
+//! [`StreamState`] at that step, the rank and the world size; nothing here
+//! depends on the thread count, which is what makes resume, skip and replay
+//! exact.
+
+use std::time::Instant;
+
+use super::plan::SamplerCore;
+use super::{derive, tracing_warn, MIX_WINDOW};
+use crate::batch::FxMap;
+use crate::config::SamplerConfig;
+use crate::error::{Error, Result};
+use crate::readings::{DatabaseDraw, DrawReadings};
+use crate::sampler::Subgraph;
+use crate::seeds::{epoch_cursor, rank_slice, task_split_seeds, SeedPool, Split, TaskPicker};
+
+use super::super::state::StreamState;
+
+/// One split's sampling state on one rank: the stream position
+/// ([`StreamState`], the only part that matters for the stream), the global
+/// pools, the task picker and scratch buffers. Owned by the split's producer.
+pub struct SplitState {
+    /// The split this state samples.
+    pub split: Split,
+    /// Where the split's stream stands (the only part that matters for it).
+    pub stream: StreamState,
+    /// The rank whose slice this state draws.
+    pub rank: u32,
+    pub(super) pools: Vec<Option<SeedPool>>,
+    pub(super) picker: TaskPicker,
+    pub(super) buffers: BuildBuffers,
+    /// Max rows per sequence and distinct texts of the last batch (the
+    /// prediction of the next batch's size).
+    pub(super) last_shape: (usize, usize),
+}
+
+impl SplitState {
+    /// Predicted bytes of this split's next batch: `B·S` tensors exactly,
+    /// row adjacency and text embeddings as large as in the last batch.
+    pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, slots: usize, dim: usize) -> u64 {
+        let (r, u) = self.last_shape;
+        crate::batch::batch_bytes(
+            cfg.default_batch_size,
+            cfg.default_sequence_length,
+            slots,
+            r,
+            u,
+            dim,
+        )
+    }
+
+    /// Seeds left before the next reshuffle and pool size per task (`None`
+    /// = the task has no seeds in the split). Global: the same on every rank.
+    pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
+        self.pools
+            .iter()
+            .zip(&self.stream.drawn)
+            .map(|(p, &d)| {
+                p.as_ref().map(|p| {
+                    let n = p.len() as u64;
+                    let (_, cursor) = epoch_cursor(d, n);
+                    ((n - cursor) as usize, n as usize)
+                })
+            })
+            .collect()
+    }
+
+    /// Global pool size per task (0 = no seeds in the split).
+    pub fn pool_lens(&self) -> Vec<u64> {
+        self.pools
+            .iter()
+            .map(|p| p.as_ref().map_or(0, |p| p.len() as u64))
+            .collect()
+    }
+
+    /// The task step `step` picks (`None`: no task can be picked).
+    pub fn pick(&self, step: u64) -> Option<usize> {
+        (!self.picker.is_empty()).then(|| self.picker.pick(step) as usize)
+    }
+}
+
+impl SamplerCore {
+    /// Fresh sampling state for `split` on this rank (step 0).
+    pub fn split_state(&self, split: Split) -> SplitState {
+        let n = self.tasks.len();
+        let stream = StreamState::new(n, self.cfg.world_size, MIX_WINDOW);
+        self.split_state_at(split, stream, self.cfg.rank)
+    }
+
+    /// Sampling state for `split` on `rank`, continuing `stream`.
+    pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
+        let c = &self.cfg;
+        let n = self.tasks.len();
+        let mut pools = Vec::with_capacity(n);
+        let mut eligible = Vec::with_capacity(n);
+        for k in 0..n {
+            let view = self.task_view(k).expect("validated at open");
+            // The split hash takes the task's index in its own database, so
+            // a database's splits are the same alone or in any mixture.
+            let seeds = keep_fraction(
+                task_split_seeds(
+                    self.tasks[k].local as u32,
+                    view.anchor_rows,
+                    view.splits,
+                    split,
+                    c.split_seed,
+                    c.split_ratios,
+                ),
+                c.pool_fraction,
+            );
+            if seeds.is_empty() {
+                if self.weights[k] > 0.0 && rank == c.rank {
+                    tracing_warn(&format!(
+                        "task `{}` has no {} seeds; it is skipped",
+                        self.task_names[k],
+                        split.name(),
+                    ));
+                }
+                pools.push(None);
+                eligible.push(false);
+            } else {
+                let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
+                pools.push(Some(
+                    SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
+                ));
+                eligible.push(true);
+            }
+        }
+        let key = derive(c.seed, &[split.index() as u64, 3]);
+        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible, key);
+        SplitState {
+            split,
+            stream,
+            rank,
+            pools,
+            picker,
+            buffers: BuildBuffers::default(),
+            last_shape: (0, 0),
+        }
+    }
+
+    /// The key every random choice of step `step` of `split` derives from.
+    pub(super) fn step_key(&self, split: Split, step: u64) -> u64 {
+        derive(self.cfg.seed, &[split.index() as u64, step, 2])
+    }
+
+    /// Pick the batch's task, draw this rank's slice of its global pool into
+    /// `jobs` (seed, anchor row, observation time, per-sequence RNG seed)
+    /// and advance the stream. Everything random about a batch
+    /// happens here, serially, which is what makes batches independent of
+    /// the thread count and replayable.
+    pub(super) fn draw(
+        &self,
+        state: &mut SplitState,
+        jobs: &mut Vec<(u32, u32, i64, u64)>,
+    ) -> Result<Draws> {
+        Self::check_can_draw(state)?;
+        let step = state.stream.step;
+        let world_size = state.stream.world_size_at(step);
+        if state.rank >= world_size {
+            return Err(Error::invalid(
+                "rank",
+                format!(
+                    "{} is not a rank of the world size {world_size} of step {step}",
+                    state.rank
+                ),
+            ));
+        }
+        let k = state.picker.pick(step) as usize;
+        let key = self.step_key(state.split, step);
+        let task = self.task_view(k)?;
+        let pool = state.pools[k]
+            .as_mut()
+            .expect("picker only picks tasks with seeds");
+        let mut d = Draws {
+            task: k,
+            step,
+            key,
+            world_size,
+            exhaust_events: 0,
+            duplicates: 0,
+        };
+        let b = self.seeds_per_step[k];
+        jobs.clear();
+        let slice = rank_slice(state.stream.drawn[k], state.rank, b);
+        let first_slot = state.rank as u64 * b as u64;
+        for (j, p) in slice.enumerate() {
+            let x = pool.at(p);
+            d.exhaust_events += x.exhausted as u32;
+            d.duplicates += x.duplicate as u32;
+            let i = x.seed as usize;
+            let row = task.anchor_rows[i];
+            jobs.push((
+                x.seed,
+                row,
+                task.obs_times[i],
+                derive(key, &[first_slot + j as u64]),
+            ));
+        }
+        state.stream.advance(k, b);
+        Ok(d)
+    }
+
+    /// Advance `state` past `n` batches without building them or drawing
+    /// their seeds: the same stream positions as
+    /// [`make_batch`](Self::make_batch), O(1) per batch.
+    pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
+        for _ in 0..n {
+            Self::check_can_draw(state)?;
+            let k = state.picker.pick(state.stream.step) as usize;
+            state.stream.advance(k, self.seeds_per_step[k]);
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_can_draw(state: &SplitState) -> Result<()> {
+        if state.picker.is_empty() {
+            return Err(Error::invalid(
+                "task_weights",
+                format!("no task with weight > 0 has {} seeds", state.split.name()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The serial part of the next batch of `state`'s split: its draws
+    /// (everything random about it) and, with telemetry, the pool and mix
+    /// state after them. Advances the stream; [`build`](Self::build) makes
+    /// the batch from the plan alone, on any thread.
+    pub(super) fn plan(&self, state: &mut SplitState) -> Result<Planned> {
+        Self::check_can_draw(state)?;
+        assert!(
+            self.cfg.debug_panic_at_step != Some(state.stream.step),
+            "debug_panic_at_step: deliberate panic at {} step {}",
+            state.split.name(),
+            state.stream.step
+        );
+        let t0 = Instant::now();
+        if self.cfg.debug_batch_delay_ms > 0.0 {
+            std::thread::sleep(std::time::Duration::from_secs_f64(
+                self.cfg.debug_batch_delay_ms / 1e3,
+            ));
+        }
+        let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
+        let draws = self.draw(state, &mut jobs)?;
+        let draw = self.cfg.telemetry.then(|| {
+            let mut d = self.draw_readings(state, draws.step, draws.world_size);
+            self.database_stats(state, draws.task, draws.step, &mut d);
+            d
+        });
+        Ok(Planned {
+            draws,
+            jobs,
+            draw,
+            split: state.split,
+            rank: state.rank,
+            planning: t0.elapsed(),
+        })
+    }
+}
+
+impl SamplerCore {
+    /// Pool and mix measurements after step `step` drew task `k`'s seeds
+    /// (the stream has advanced past it). Pool figures are global (the same
+    /// on every rank).
+    #[allow(clippy::cast_precision_loss)]
+    fn draw_readings(&self, state: &SplitState, step: u64, world_size: u32) -> DrawReadings {
+        let st = &state.stream;
+
+        let mut t = DrawReadings {
+            remaining_min: f64::INFINITY,
+            remaining_max: f64::NEG_INFINITY,
+            remaining_fraction_min: f64::INFINITY,
+            remaining_fraction_max: f64::NEG_INFINITY,
+            steps_since_pick_max: f64::NEG_INFINITY,
+            steps_to_exhaust_min: f64::INFINITY,
+            tv_distance: st.mix.tv_distance(&self.weights),
+            ..DrawReadings::default()
+        };
+        for (j, pool) in state.pools.iter().enumerate() {
+            if self.weights[j] <= 0.0 {
+                continue;
+            }
+            let since = match st.last_picked[j] {
+                Some(s) => step - s,
+                None => step + 1,
+            };
+            t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
+            let Some(pool) = pool else { continue };
+            let n = pool.len() as u64;
+            let (_, cursor) = epoch_cursor(st.drawn[j], n);
+            let (rem, len) = ((n - cursor) as f64, n as f64);
+            t.remaining_min = t.remaining_min.min(rem);
+            t.remaining_max = t.remaining_max.max(rem);
+            t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
+            t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
+            let b = (world_size as usize * self.seeds_per_step[j]) as f64;
+            let rate = st.mix.count(j) as f64 / st.mix.len().max(1) as f64 * b;
+            if rate > 0.0 {
+                t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
+            }
+        }
+        t
+    }
+}
+
+impl SamplerCore {
+    /// The per-database part of the draw stats after step `step` drew
+    /// mixture task `k` (see the `databases/…` rows of the metric table):
+    /// O(tasks + databases) per batch, on the producer.
+    #[allow(clippy::cast_precision_loss)]
+    fn database_stats(&self, state: &SplitState, k: usize, step: u64, t: &mut DrawReadings) {
+        let st = &state.stream;
+        let nd = self.dbs.len();
+        let mut last: Vec<Option<u64>> = vec![None; nd];
+        let mut frac = vec![f64::INFINITY; nd];
+        let mut counts = vec![0u64; nd];
+        for (j, pool) in state.pools.iter().enumerate() {
+            let d = self.tasks[j].db;
+            counts[d] += st.mix.count(j);
+            last[d] = last[d].max(st.last_picked[j]);
+            if self.weights[j] <= 0.0 {
+                continue;
+            }
+            if let Some(pool) = pool {
+                let n = pool.len() as u64;
+                let (_, cursor) = epoch_cursor(st.drawn[j], n);
+                frac[d] = frac[d].min((n - cursor) as f64 / n as f64);
+            }
+        }
+        let n = st.mix.len() as f64;
+        t.database_tv_distance = if n > 0.0 {
+            0.5 * self
+                .dbs
+                .iter()
+                .zip(&counts)
+                .map(|(d, &c)| (c as f64 / n - d.share).abs())
+                .sum::<f64>()
+        } else {
+            0.0
+        };
+        let since = |d: usize| match last[d] {
+            Some(s) => (step - s) as f64,
+            None => (step + 1) as f64,
+        };
+        t.database_steps_since_pick_max = f64::NEG_INFINITY;
+        t.database_remaining_fraction_min = f64::INFINITY;
+        for (d, db) in self.dbs.iter().enumerate() {
+            if db.share <= 0.0 {
+                continue;
+            }
+            if since(d) > t.database_steps_since_pick_max {
+                t.database_steps_since_pick_max = since(d);
+                t.database_steps_since_pick_worst = d as f64;
+            }
+            if frac[d] < t.database_remaining_fraction_min {
+                t.database_remaining_fraction_min = frac[d];
+                t.database_remaining_fraction_worst = d as f64;
+            }
+        }
+        t.database_reported = self.reported[self.tasks[k].db].is_some();
+        t.databases.clear();
+        for &d in &self.schema.database_ids {
+            t.databases.push(DatabaseDraw {
+                steps_since_pick: since(d),
+                remaining_fraction_min: frac[d],
+            });
+        }
+    }
+}
+
+/// An evenly spaced `fraction` of `seeds` (at least one when any), in order.
+fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
+    if fraction >= 1.0 || seeds.is_empty() {
+        return seeds;
+    }
+    let n = seeds.len();
+    let k = ((n as f64 * fraction).ceil() as usize).clamp(1, n);
+    (0..k).map(|j| seeds[j * n / k]).collect()
+}
+
+/// Buffers one batch in flight builds with (recycled across batches).
+#[derive(Default)]
+pub(in crate::pipeline) struct BuildBuffers {
+    pub(in crate::pipeline) subgraphs: Vec<Subgraph>,
+    pub(in crate::pipeline) text_map: FxMap<u32, u32>,
+}
+
+/// A batch drawn but not built: see [`SamplerCore::plan`].
+pub(super) struct Planned {
+    pub(super) draws: Draws,
+    pub(super) jobs: Vec<(u32, u32, i64, u64)>,
+    pub(super) draw: Option<DrawReadings>,
+    pub(super) split: Split,
+    pub(super) rank: u32,
+    /// Time spent planning (the draws and any `debug_batch_delay_ms`).
+    pub(super) planning: std::time::Duration,
+}
+
+/// The random choices of one batch.
+pub(super) struct Draws {
+    pub(super) task: usize,
+    pub(super) step: u64,
+    pub(super) key: u64,
+    pub(super) world_size: u32,
+    pub(super) exhaust_events: u32,
+    pub(super) duplicates: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_fraction;
+
+    #[test]
+    fn keep_fraction_is_an_even_subset_of_at_least_one() {
+        let seeds: Vec<u32> = (0..100).collect();
+        assert_eq!(keep_fraction(seeds.clone(), 1.0), seeds);
+        let tenth = keep_fraction(seeds.clone(), 0.1);
+        assert_eq!(tenth, (0..10).map(|j| j * 10).collect::<Vec<u32>>());
+        assert_eq!(keep_fraction(seeds.clone(), 1e-9), vec![0]);
+        assert_eq!(keep_fraction(vec![], 0.5), Vec::<u32>::new());
+        let third = keep_fraction(seeds, 0.333);
+        assert_eq!(third.len(), 34);
+        assert!(third.windows(2).all(|w| w[0] < w[1]), "ordered, no repeats");
+    }
+}

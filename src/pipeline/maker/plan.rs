@@ -1,0 +1,558 @@
+//! The plan of a sampler: its databases (a mixture; one database is a
+//! mixture of one), each task's plan (target cell, seed row width, target
+//! type and categorical window), the effective task weights, the packing
+//! plan (seeds per step, segment slots) and the telemetry schema — fixed
+//! when the sampler is made, shared read-only by every producer.
+//!
+//! Never: random choices per step (those are `draw.rs`), building contexts
+//! (`build.rs`). The mixture-wide views (concatenated embedding tables,
+//! merged metadata) are `pipeline/mixture.rs`, which reads this plan.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::derive;
+use crate::config::SamplerConfig;
+use crate::error::{Error, Result};
+use crate::format::Database;
+use crate::sampler::Subgraph;
+use crate::telemetry::TelemetrySchema;
+
+/// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
+pub const MIX_WINDOW: usize = 64;
+
+/// Seeds whose contexts are built to measure a task's mean context size
+/// for `pack_factor = 0`.
+pub const PACK_PROBE: usize = 64;
+
+/// How a task's target cell is found.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum TargetPlan {
+    Cell { slot: usize },
+    Virtual { column_idx: u32, code: i8 },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct TaskPlan {
+    /// The mixture database the task belongs to.
+    pub(crate) db: usize,
+    /// The task's index in its database's metadata.
+    pub(super) local: usize,
+    pub(super) target: TargetPlan,
+    pub(super) seed_cells: usize,
+    pub(super) stype_code: u8,
+    /// First categorical id of the target column, in the mixture's
+    /// concatenated categorical table.
+    pub(super) cat_emb_start: u32,
+    pub(super) cat_emb_count: u32,
+}
+
+/// One database of a mixture (a single database is a mixture of one).
+pub struct MixtureDatabase {
+    /// The name batches, telemetry and errors use for it (unique in the
+    /// mixture).
+    pub name: String,
+    /// The open, validated database.
+    pub db: Arc<Database>,
+    /// Its share of batches (normalised database weight).
+    pub share: f64,
+    /// Its first task's index among the mixture's tasks.
+    pub first_task: usize,
+    /// Its first column's id in the mixture's concatenated column table.
+    pub column_offset: u32,
+    /// Its first category's id in the concatenated categorical table.
+    pub categorical_offset: u32,
+    pub(super) row_cells: Vec<u16>,
+}
+
+/// Everything immutable a sampler needs, shared by its producers.
+///
+/// A sampler samples a **mixture** of databases; a single database is a
+/// mixture of one and takes the same path. The mixture's tasks are the
+/// databases' tasks concatenated in the order the databases were given
+/// (database 0's tasks first), and every per-task structure (pools, picker,
+/// stream counters, `task_idx`) is indexed by that mixture task index, so
+/// for one database nothing changes. The effective weight of task `t` of
+/// database `d` is `w_t · p_d / (S_d / S)`, where `w_t` is its task weight,
+/// `S_d` the sum of `d`'s task weights, `S` the sum over all databases and
+/// `p_d` the normalised database weight: database `d` then gets share `p_d`
+/// of the batches, its tasks split it in proportion to their weights, and
+/// for one database the factor is exactly 1 (bit-identical picks).
+pub struct SamplerCore {
+    /// The databases of the mixture, in the order given.
+    pub dbs: Vec<MixtureDatabase>,
+    /// The validated configuration.
+    pub cfg: SamplerConfig,
+    pub(super) tasks: Vec<TaskPlan>,
+    pub(super) task_names: Vec<String>,
+    /// Per database: its slot among the databases with their own telemetry
+    /// series (`None`: folded into the aggregates).
+    pub(super) reported: Vec<Option<usize>>,
+    pub(super) weights: Vec<f64>,
+    pub(super) pool: rayon::ThreadPool,
+    /// The telemetry schema of this mixture and config.
+    pub schema: TelemetrySchema,
+    /// The concatenated embedding tables of a mixture, built on first use.
+    pub(crate) concatenated: Concatenated,
+    /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
+    /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
+    pub startup_seconds: f64,
+    /// Seeds per rank per step of each task (`seeds_per_step`).
+    pub(super) seeds_per_step: Vec<usize>,
+    /// The `K` of the `[B, K]` tensors (`segment_slots`).
+    pub(super) segment_slots: usize,
+}
+
+impl SamplerCore {
+    /// Open `db_path` and prepare sampling with `cfg` (validated here).
+    pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
+        Self::open_mixture(&[db_path.as_ref().to_path_buf()], cfg)
+    }
+
+    /// Open every database of `paths` (named by their folder names, made
+    /// unique with `#2`, `#3`, … when two are equal) and prepare sampling
+    /// the mixture with `cfg`. An open error names the database; the
+    /// databases opened before it are closed (their maps dropped) before
+    /// the error is returned.
+    pub fn open_mixture(paths: &[std::path::PathBuf], cfg: SamplerConfig) -> Result<Self> {
+        let t0 = Instant::now();
+        if paths.is_empty() {
+            return Err(Error::invalid(
+                "databases",
+                "a mixture needs at least one database".to_string(),
+            ));
+        }
+        let names = database_names(paths);
+        let mut dbs = Vec::with_capacity(paths.len());
+        for (name, path) in names.into_iter().zip(paths) {
+            let db = Database::open_for(path, cfg.verify, cfg.page_cache)
+                .map_err(|e| in_database(&name, e))?;
+            dbs.push((name, Arc::new(db)));
+        }
+        let mut core = Self::with_databases(dbs, cfg)?;
+        core.startup_seconds = t0.elapsed().as_secs_f64();
+        Ok(core)
+    }
+
+    /// Prepare sampling an already open database with `cfg` (validated here).
+    pub fn with_database(db: Arc<Database>, cfg: SamplerConfig) -> Result<Self> {
+        let name = database_names(&[db.dir().to_path_buf()]).remove(0);
+        Self::with_databases(vec![(name, db)], cfg)
+    }
+
+    /// Prepare sampling the mixture of the already open `dbs` (name,
+    /// database) with `cfg` (validated here). Every database must share the
+    /// first one's embedder (name and dimension).
+    #[allow(clippy::cast_possible_truncation, clippy::too_many_lines)]
+    pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
+        let single = dbs.len() == 1;
+        let Some((first_name, first)) = dbs.first() else {
+            return Err(Error::invalid(
+                "databases",
+                "a mixture needs at least one database".to_string(),
+            ));
+        };
+        let emb = first.metadata().embedder.clone();
+        for (name, db) in &dbs[1..] {
+            let e = &db.metadata().embedder;
+            if *e != emb {
+                return Err(Error::invalid(
+                    "databases",
+                    format!(
+                        "database `{name}` was embedded with `{}` (dimension {}) but database `{first_name}` with `{}` (dimension {}); a mixture needs one embedder",
+                        e.name, e.dim, emb.name, emb.dim
+                    ),
+                ));
+            }
+        }
+        let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
+        if let Some(i) = (1..db_names.len()).find(|&i| db_names[..i].contains(&db_names[i])) {
+            return Err(Error::invalid(
+                "databases",
+                format!("two databases are named `{}`", db_names[i]),
+            ));
+        }
+        let mut task_names = Vec::new();
+        for (name, db) in &dbs {
+            for k in &db.metadata().tasks {
+                task_names.push(if single {
+                    k.name.clone()
+                } else {
+                    format!("{name}/{}", k.name)
+                });
+            }
+        }
+        cfg.validate(Some(&task_names))?;
+        let db_weights = cfg.database_weights_for(&db_names)?;
+        let listed = cfg.telemetry_databases_for(&db_names)?;
+        let task_w = cfg.weights_for(&task_names)?;
+        let db_total: f64 = db_weights.iter().sum();
+        let mut tasks = Vec::with_capacity(task_names.len());
+        let mut mixture = Vec::with_capacity(dbs.len());
+        let (mut col_off, mut cat_off) = (0u64, 0u64);
+        for (d, (name, db)) in dbs.into_iter().enumerate() {
+            let m = db.metadata();
+            let first_task = tasks.len();
+            let row_cells: Vec<u16> = m
+                .tables
+                .iter()
+                .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
+                .collect();
+            for (local, k) in m.tasks.iter().enumerate() {
+                let col = &m.columns[k.target_column as usize];
+                let table = &m.tables[k.anchor_table as usize];
+                let target = match col.slot {
+                    Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
+                        slot: slot as usize,
+                    },
+                    _ => TargetPlan::Virtual {
+                        column_idx: col.idx,
+                        code: k.target_stype.code().unwrap_or(0) as i8,
+                    },
+                };
+                let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
+                tasks.push(TaskPlan {
+                    db: d,
+                    local,
+                    target,
+                    seed_cells: table.columns.len() + extra,
+                    stype_code: k.target_stype.code().unwrap_or(0),
+                    cat_emb_start: col.cat_emb_start + cat_off as u32,
+                    cat_emb_count: col.cat_emb_count,
+                });
+            }
+            let (column_offset, categorical_offset) = (
+                u32::try_from(col_off).map_err(|_| too_many("columns"))?,
+                u32::try_from(cat_off).map_err(|_| too_many("categories"))?,
+            );
+            col_off += m.columns.len() as u64;
+            cat_off += m.num_categorical_embeddings;
+            mixture.push(MixtureDatabase {
+                name,
+                share: db_weights[d] / db_total,
+                first_task,
+                column_offset,
+                categorical_offset,
+                row_cells,
+                db,
+            });
+        }
+        u32::try_from(col_off).map_err(|_| too_many("columns"))?;
+        u32::try_from(cat_off).map_err(|_| too_many("categories"))?;
+        if cfg.pack {
+            let widest = tasks.iter().map(|t| t.seed_cells).max().unwrap_or(0);
+            if cfg.pack_factor * widest > cfg.default_sequence_length {
+                return Err(crate::config::bad(
+                    "pack_factor",
+                    format!(
+                        "{} (x {widest} cells, the widest seed row of these databases, exceeds default_sequence_length {})",
+                        cfg.pack_factor, cfg.default_sequence_length
+                    ),
+                ));
+            }
+        }
+        let weights = mixture_weights(&task_w, &tasks, &mixture);
+        let threads = cfg.num_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("headwater-worker-{i}"))
+            .build()
+            .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
+        let (schema, reported) = mixture_schema(&cfg, listed, &task_names, &tasks, &mixture);
+        let mut core = SamplerCore {
+            reported,
+            dbs: mixture,
+            cfg,
+            tasks,
+            task_names,
+            weights,
+            pool,
+            schema,
+            concatenated: Concatenated::default(),
+            startup_seconds: 0.0,
+            seeds_per_step: Vec::new(),
+            segment_slots: 1,
+        };
+        core.plan_packing();
+        Ok(core)
+    }
+
+    /// Seeds per step and segment slots of every task (see
+    /// [`seeds_per_step`](Self::seeds_per_step)).
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    fn plan_packing(&mut self) {
+        let (b, s) = (
+            self.cfg.default_batch_size,
+            self.cfg.default_sequence_length,
+        );
+        self.seeds_per_step = (0..self.tasks.len())
+            .map(|k| match (self.cfg.pack, self.cfg.pack_factor) {
+                (false, _) => b,
+                (true, 0) => {
+                    let fit = (s / self.tasks[k].seed_cells.max(1)).clamp(1, 64);
+                    let per_seq = (s as f64 / self.probe_context_cells(k)).clamp(1.0, fit as f64);
+                    ((b as f64 * per_seq).round() as usize).clamp(b, b * fit)
+                }
+                (true, pf) => b * pf,
+            })
+            .collect();
+        let most = self
+            .seeds_per_step
+            .iter()
+            .map(|&n| n.div_ceil(b.max(1)))
+            .max()
+            .unwrap_or(1);
+        self.segment_slots = if most <= 1 { 1 } else { (2 * most).min(255) };
+    }
+
+    /// The mean unpacked context size (cells, BFS budget `S`) of up to
+    /// [`PACK_PROBE`] seeds spread over task `k`'s seed list (all splits:
+    /// only their sizes are read), each BFS with a fixed key: deterministic,
+    /// the same on every rank and after a resume.
+    #[allow(clippy::cast_precision_loss)]
+    fn probe_context_cells(&self, k: usize) -> f64 {
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        let Ok(task) = mdb.db.task(plan.local) else {
+            return self.cfg.default_sequence_length as f64;
+        };
+        let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
+        let n = task.anchor_rows.len();
+        let probes = n.min(PACK_PROBE);
+        let builder = self.context_builder(k);
+        let s = self.cfg.default_sequence_length;
+        let cells: Vec<usize> = self.pool.install(|| {
+            (0..probes)
+                .into_par_iter()
+                .filter_map(|j| {
+                    let i = j * n / probes;
+                    let row = task.anchor_rows[i];
+                    // A corrupt anchor is reported when a batch draws it.
+                    (builder.graph.table_of(row) == Some(anchor_table)).then(|| {
+                        let mut sub = Subgraph::default();
+                        let key = derive(self.cfg.seed, &[k as u64, i as u64, 3]);
+                        builder.build(row, task.obs_times[i], key, s, &mut sub);
+                        sub.cells
+                    })
+                })
+                .collect()
+        });
+        if cells.is_empty() {
+            return self.cfg.default_sequence_length as f64;
+        }
+        cells.iter().sum::<usize>() as f64 / cells.len() as f64
+    }
+
+    /// Seeds each rank draws per step of task `k` (the global cursor of the
+    /// task advances by `world_size` times this): `B` unpacked,
+    /// `B·pack_factor` packed, and with `pack_factor = 0` per task
+    /// `B · S / c̄` rounded (at least `B`, at most what the seed rows allow
+    /// and 64 per sequence), `c̄` the mean context size of a probe of the
+    /// task's seeds measured when the sampler was made: as many contexts
+    /// as fill the sequences on average.
+    pub fn seeds_per_step(&self, k: usize) -> usize {
+        self.seeds_per_step[k]
+    }
+
+    /// Segment slots per sequence, the `K` of the `[B, K]` tensors: a
+    /// packed sequence holds 1 to `K` contexts, so small contexts fill the
+    /// room large ones leave. Twice the most seeds per sequence on average
+    /// of any task; 1 when every task draws `B` (unpacked, or
+    /// `pack_factor = 1`: the unpacked layout).
+    pub fn segment_slots(&self) -> usize {
+        self.segment_slots
+    }
+
+    /// The mixture's task names: a single database's task names as they
+    /// are, a mixture's as `<database>/<task>`.
+    pub fn task_names(&self) -> &[String] {
+        &self.task_names
+    }
+
+    /// The database (mixture index) of mixture task `k`.
+    pub fn task_database(&self, k: usize) -> usize {
+        self.tasks[k].db
+    }
+
+    /// The index of mixture task `k` in its own database's metadata (what
+    /// its split hash takes, so splits do not depend on the mixture).
+    pub fn task_local(&self, k: usize) -> usize {
+        self.tasks[k].local
+    }
+
+    /// The view of mixture task `k` in its database.
+    pub fn task_view(&self, k: usize) -> Result<crate::format::TaskView<'_>> {
+        let p = &self.tasks[k];
+        self.dbs[p.db].db.task(p.local)
+    }
+
+    /// The metadata of mixture task `k`.
+    pub fn task_meta(&self, k: usize) -> &crate::format::TaskMeta {
+        let p = &self.tasks[k];
+        &self.dbs[p.db].db.metadata().tasks[p.local]
+    }
+
+    /// The embedding dimension every database of the mixture shares.
+    pub fn embedding_dim(&self) -> usize {
+        self.dbs[0].db.metadata().embedder.dim as usize
+    }
+
+    /// The mixture's identity: the content hash of a single database, or
+    /// xxh3 of the databases' names and content hashes in order.
+    pub fn content_hash(&self) -> String {
+        if let [one] = &self.dbs[..] {
+            return one.db.content_hash().to_string();
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for d in &self.dbs {
+            h.update(d.name.as_bytes());
+            h.update(&[0]);
+            h.update(d.db.content_hash().as_bytes());
+            h.update(&[0]);
+        }
+        format!("mixture-{:016x}", h.digest())
+    }
+
+    /// The effective task weights (metadata order).
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// Threads in the sampler's pool.
+    pub fn num_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Batches a producer builds at once ([`stream_batches`](Self::stream_batches)):
+    /// one per pool thread plus two queued, so a thread that finishes a batch
+    /// starts the next at once instead of waiting for the producer thread to
+    /// be scheduled on a busy core and plan it (two threads, TPC-H SF 0.1,
+    /// B = 32, S = 1024: ×1.55 one thread's throughput with one per thread,
+    /// ×1.78 with two queued). Costs two batches of memory.
+    pub fn stream_depth(&self) -> usize {
+        self.num_threads() + 2
+    }
+}
+
+/// The telemetry schema of a mixture and each database's reported slot: a
+/// single database reports all its tasks and no per-database rows; a
+/// mixture reports the `listed` databases (`telemetry_databases`, mixture
+/// indices in the order listed) when there is a list, else the
+/// `telemetry_top_databases` databases with the largest shares (ties by
+/// order), and their tasks.
+pub(super) fn mixture_schema(
+    cfg: &SamplerConfig,
+    listed: Option<Vec<usize>>,
+    task_names: &[String],
+    tasks: &[TaskPlan],
+    dbs: &[MixtureDatabase],
+) -> (TelemetrySchema, Vec<Option<usize>>) {
+    let (h, s) = (cfg.max_hops, cfg.default_sequence_length);
+    if dbs.len() == 1 {
+        return (TelemetrySchema::new(task_names, h, s), vec![Some(0)]);
+    }
+    let order = listed.unwrap_or_else(|| {
+        let mut order: Vec<usize> = (0..dbs.len()).collect();
+        order.sort_by(|&a, &b| dbs[b].share.total_cmp(&dbs[a].share).then(a.cmp(&b)));
+        order.truncate(cfg.telemetry_top_databases);
+        order
+    });
+    let mut reported = vec![None; dbs.len()];
+    for (slot, &d) in order.iter().enumerate() {
+        reported[d] = Some(slot);
+    }
+    let report_tasks: Vec<(usize, String)> = tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| reported[t.db].is_some())
+        .map(|(k, _)| (k, task_names[k].clone()))
+        .collect();
+    let report_dbs: Vec<(usize, String)> =
+        order.iter().map(|&d| (d, dbs[d].name.clone())).collect();
+    (
+        TelemetrySchema::for_mixture(&report_tasks, &report_dbs, h, s),
+        reported,
+    )
+}
+
+/// The mixture's concatenated embedding tables, built on first request
+/// by `pipeline/mixture.rs`.
+#[derive(Default)]
+pub struct Concatenated {
+    /// Column-name embeddings, `[Σ columns, D]`.
+    pub(crate) columns: OnceLock<Vec<f16>>,
+    /// Category embeddings, `[Σ categories, D]`.
+    pub(crate) categories: OnceLock<Vec<f16>>,
+}
+
+/// Unique names for the databases at `paths`: each folder's name (`db<i>`
+/// when it has none), `#2`, `#3`, … appended to repeats.
+fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(paths.len());
+    for (i, p) in paths.iter().enumerate() {
+        let base = p
+            .file_name()
+            .map_or_else(|| format!("db{i}"), |n| n.to_string_lossy().into_owned());
+        let mut name = base.clone();
+        let mut n = 1;
+        while out.contains(&name) {
+            n += 1;
+            name = format!("{base}#{n}");
+        }
+        out.push(name);
+    }
+    out
+}
+
+/// `e` with the name of the database it came from in its message.
+fn in_database(name: &str, e: Error) -> Error {
+    match e {
+        Error::Io { path, source } => Error::Io {
+            path,
+            source: std::io::Error::new(source.kind(), format!("database `{name}`: {source}")),
+        },
+        Error::Format { file, what } => Error::Format {
+            file,
+            what: format!("database `{name}`: {what}"),
+        },
+        other => other,
+    }
+}
+
+fn too_many(what: &str) -> Error {
+    Error::invalid(
+        "databases",
+        format!("the mixture has more than 2^32 {what} (ids are u32)"),
+    )
+}
+
+/// Effective per-task weights of a mixture: `w_t · p_d / (S_d / S)` (see
+/// [`SamplerCore`]); a database whose task weights are all 0 gets 0.
+fn mixture_weights(task_w: &[f64], tasks: &[TaskPlan], dbs: &[MixtureDatabase]) -> Vec<f64> {
+    let mut per_db = vec![0.0; dbs.len()];
+    for (w, t) in task_w.iter().zip(tasks) {
+        per_db[t.db] += w;
+    }
+    let total: f64 = per_db.iter().sum();
+    task_w
+        .iter()
+        .zip(tasks)
+        .map(|(&w, t)| {
+            if per_db[t.db] > 0.0 {
+                w * (dbs[t.db].share / (per_db[t.db] / total))
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}

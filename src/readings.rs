@@ -1,0 +1,136 @@
+//! The measurement vocabulary: every reading the sampler takes of a batch,
+//! in one place on the ground floor.
+//!
+//! Producers fill these where the thing happens — the draw
+//! ([`DrawReadings`], on the producer thread right after a batch's seeds are
+//! drawn), the BFS and assembly ([`SeqReadings`], per sequence), the batch
+//! maker ([`BatchReadings`]: stage times, pool events) and the consumer side
+//! of the pipeline ([`DeliveryReadings`]: queue depth, wait). Telemetry only
+//! reads them, through the metric table (`crate::telemetry::METRICS`): the
+//! drain, Prometheus and OTLP never re-derive a value from a domain object,
+//! and a `Batch` carries tensors, not readings.
+//!
+//! Adding a measurement: a field here, the line that measures it where it
+//! happens, and its row in the metric table.
+//!
+//! This module imports nothing from the crate: every room may fill it.
+
+/// Pool and mix state right after a batch's seeds were drawn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrawReadings {
+    /// Seeds left before reshuffle, least full active pool.
+    pub remaining_min: f64,
+    /// Seeds left before reshuffle, fullest active pool.
+    pub remaining_max: f64,
+    /// Remaining / pool size, least full active pool.
+    pub remaining_fraction_min: f64,
+    /// Remaining / pool size, fullest active pool.
+    pub remaining_fraction_max: f64,
+    /// Batches since the least recently picked weighted task was picked.
+    pub steps_since_pick_max: f64,
+    /// Forecast batches until the first active pool runs out.
+    pub steps_to_exhaust_min: f64,
+    /// Total-variation distance of the recent mix from the weights.
+    pub tv_distance: f64,
+    /// Total-variation distance of the recent database mix from the
+    /// database shares (0 for one database).
+    pub database_tv_distance: f64,
+    /// Batches since the least recently picked database with share > 0 was
+    /// picked.
+    pub database_steps_since_pick_max: f64,
+    /// Mixture index of that database (the pointer to the worst one).
+    pub database_steps_since_pick_worst: f64,
+    /// Least remaining / pool size over the active pools of databases with
+    /// share > 0 (the least full database's least full pool).
+    pub database_remaining_fraction_min: f64,
+    /// Mixture index of that database.
+    pub database_remaining_fraction_worst: f64,
+    /// The batch's database has its own telemetry series (listed in
+    /// `telemetry_databases`, or else one of the top
+    /// `telemetry_top_databases`); else its seeds count as `other`.
+    pub database_reported: bool,
+    /// Per reported database (schema order): its own pool and pick state.
+    pub databases: Vec<DatabaseDraw>,
+}
+
+/// One reported database's state right after a batch's seeds were drawn.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DatabaseDraw {
+    /// Batches since the database was last picked.
+    pub steps_since_pick: f64,
+    /// Least remaining / pool size over its active weighted pools.
+    pub remaining_fraction_min: f64,
+}
+
+/// One sequence of a batch, as its builder measured it (BFS and assembly).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SeqReadings {
+    /// BFS hops reached.
+    pub depth: u8,
+    /// Rows included.
+    pub rows: u32,
+    /// Cells filled (the rest of S is padding).
+    pub cells: u32,
+    /// Cells of reached rows cut by the sequence budget.
+    pub cells_dropped: u64,
+    /// Visible children not sampled because of the width cap.
+    pub children_capped: u64,
+    /// Children hidden by the observation-time filter.
+    pub temporal_filtered: u64,
+    /// Included rows dated after the seed's observation time (must be 0).
+    pub temporal_leaks: u64,
+    /// Segments (seeds' contexts) in the sequence.
+    pub segments: u32,
+    /// Contexts cut to the prefix of their rows that fits a packing budget
+    /// below `S` (always 0 without `pack`).
+    pub contexts_cut: u32,
+}
+
+/// Index of each stage in [`BatchReadings::stage_ns`].
+pub mod stage {
+    /// The BFS of every context (and packing's placement and cuts).
+    pub const BFS: usize = 0;
+    /// Assembling the sequences' tensors.
+    pub const ASSEMBLE: usize = 1;
+    /// Collating the batch's texts.
+    pub const COLLATE: usize = 2;
+    /// The whole batch, planning included.
+    pub const TOTAL: usize = 3;
+}
+
+/// One batch as its producer measured it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchReadings {
+    /// Task of the batch (mixture order).
+    pub task: u32,
+    /// Database of the batch (mixture index; 0 for one database).
+    pub db: u32,
+    /// Seeds drawn (`B`, or more with `pack`).
+    pub seeds: u32,
+    /// Sequence length `S` of the batch.
+    pub seq_len: u32,
+    /// Pool and mix state right after the batch's seeds were drawn.
+    pub draw: DrawReadings,
+    /// Pools that ran out while drawing the batch.
+    pub exhaust_events: u32,
+    /// Seeds drawn twice within one epoch (must stay 0).
+    pub duplicate_seeds: u32,
+    /// Wall time of each [`stage`] (ns).
+    pub stage_ns: [u64; 4],
+    /// One entry per sequence.
+    pub seqs: Vec<SeqReadings>,
+}
+
+/// What the consumer side of the pipeline measured when it handed a batch
+/// over.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeliveryReadings {
+    /// Batches waiting in the channel when the consumer asked.
+    pub queue_depth: f64,
+    /// Time the consumer blocked for this batch (s).
+    pub wait_seconds: f64,
+    /// Restores from a saved state since the previous delivered batch.
+    pub resumes: f64,
+    /// Seconds it took to open the database and prepare the sampler.
+    pub startup_seconds: f64,
+}
