@@ -15,6 +15,7 @@ pub mod format;
 pub mod pipeline;
 pub mod prefetch;
 pub mod preprocess;
+pub mod probes;
 pub mod readings;
 pub mod rng;
 pub mod sampler;
