@@ -117,6 +117,8 @@ pub struct BatchReadings {
     pub duplicate_seeds: u32,
     /// Wall time of each [`stage`] (ns).
     pub stage_ns: [u64; 4],
+    /// Major page faults (pages read from disk) taken building the batch.
+    pub major_faults: u64,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

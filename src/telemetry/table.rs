@@ -541,6 +541,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::Sample(|r| r.batch.stage_ns[stage::TOTAL] as f64 * 1e-9),
     },
     MetricDef {
+        key: "io/major_faults",
+        reduction: Sum,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_io_major_faults_total",
+        prometheus_type: Counter,
+        unit: "faults",
+        help: "major page faults (pages read from disk) taken building the batches: the building thread's, or the process's while one batch at a time is built over the pool",
+        measure: Measure::Total(|r| r.batch.major_faults as f64),
+    },
+    MetricDef {
         key: "invariants/duplicate_seeds",
         reduction: Sum,
         buckets: None,

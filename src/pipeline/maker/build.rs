@@ -162,6 +162,7 @@ impl SamplerCore {
         split_up: bool,
     ) -> Result<MadeBatch> {
         let min_len = if split_up { 1 } else { usize::MAX };
+        let faults = crate::probes::major_faults(split_up);
         let b = if packed {
             self.cfg.default_batch_size
         } else {
@@ -212,6 +213,7 @@ impl SamplerCore {
             seeds: jobs.len() as u32,
             seq_len: self.cfg.default_sequence_length as u32,
             stage_ns,
+            major_faults: crate::probes::major_faults(split_up) - faults,
             seqs,
             ..BatchReadings::default()
         };
