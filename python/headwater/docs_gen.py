@@ -320,7 +320,7 @@ def config_page(
         "database; `optim.total_steps = 0` means `train.steps`; `optim.warmup_steps`",
         "defaults to a tenth of `train.steps`, at least 1 and at most 100.",
         "A `[[database]]` list instead of `[database]` makes the run sample a",
-        "mixture ([mixture file](../sampling.md#mixtures) format, `path = \"\"` = the",
+        'mixture ([mixture file](../sampling.md#mixtures) format, `path = ""` = the',
         "default database). `[diag]` is read by `headwater diag` only",
         "([diagnostics](../diagnostics.md)).",
         "",
