@@ -177,8 +177,14 @@ def test_readme_is_a_front_door() -> None:
     """At most 250 lines, and every relative link of it leads to a file."""
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250
-    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+    from markdown.extensions.toc import slugify
+
+    for target, anchor in re.findall(r"\]\(([^)#:]+)(?:#([^)]*))?\)", text):
         assert (ROOT / target).exists(), target
+        if anchor:
+            page = (ROOT / target).read_text(encoding="utf-8")
+            slugs = {slugify(h, "-") for h in re.findall(r"^#+ (.+)$", page, re.M)}
+            assert anchor in slugs, (target, anchor)
 
 
 # ----------------------------------------------------------------------------
