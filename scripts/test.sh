@@ -13,6 +13,10 @@ cargo clippy --quiet --all-targets --features python -- -D warnings
 "$PY" -m ruff check python tests
 "$PY" -m mypy python/headwater
 "$PY" -m mypy.stubtest headwater._native --allowlist tests/stubtest_allowlist.txt
+# The docs site: a broken link or anchor, or a page missing from the nav, fails.
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 
 echo "== cargo test"
 cargo test --quiet

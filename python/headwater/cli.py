@@ -381,7 +381,8 @@ def _add_train(sub: Sub) -> None:
         "--set",
         action="append",
         metavar="SECTION.KEY=VALUE",
-        help="override any config key (value read as TOML), e.g. --set model.d_model=128",
+        help="override any config key (value read as TOML), e.g. --set model.d_model=128; "
+        "every key, its default and meaning: docs/reference/config.md",
     )
     pt.set_defaults(func=_cmd_train)
 

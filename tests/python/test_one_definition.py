@@ -1,5 +1,5 @@
 """One definition per concept, checked against every surface: the sampler
-config (``sampler_config_schema()``: stubs, README, defaults, ranges,
+config (``sampler_config_schema()``: stubs, docs, defaults, ranges,
 unknown keys), the batch keys, and the latency quantile rule (accuracy of
 single-rank and 4-rank merged quantiles against exact order statistics).
 
@@ -140,8 +140,8 @@ def test_stub_signature_is_the_one_definition() -> None:
     assert {k: _json(v) for k, v in stub.items()} == {f["name"]: f["default"] for f in schema()}
 
 
-def test_readme_sampler_defaults_are_the_one_definition() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_docs_sampler_defaults_are_the_one_definition() -> None:
+    text = (ROOT / "docs" / "sampling.md").read_text()
     start = text.index("headwater.Sampler(")
     call = ast.parse(text[start : text.index(") as sampler:", start) + 1]).body[0]
     assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)

@@ -1,15 +1,20 @@
-"""Every code block of the README (and of ``dashboards/README.md``) is run or
-checked.
+"""Every code block of the README, of every page of the docs site
+(``docs/**/*.md``) and of ``dashboards/README.md`` is run or checked.
 
 * Python blocks run against a tiny generated database (the preprocessing
-  example on a small DuckDB file, the sampling and telemetry examples on the
-  database it builds, with an offline W&B run).
-* ``headwater preprocess`` / ``inspect`` synopses are instantiated with those
-  files and run through the real command line.
-* ``headwater eval`` runs for real on a three-step run of that database.
+  example on a small DuckDB file, with the schema page's example as its schema
+  file; the sampling and telemetry examples on the database it builds, with
+  an offline W&B run; the README's quickstart in a scratch directory of its
+  own).
+* Command lines with concrete arguments (the README's command-line
+  quickstart) run for real on a small DuckDB file; the
+  ``headwater preprocess`` / ``inspect`` synopses are instantiated with real
+  files and run; ``headwater eval`` runs for real on a three-step run of the
+  tiny database, whose offline W&B folder the ``wandb sync`` block must name.
 * The other command synopses (``train``, ``diag``, ``bench``: minutes each,
   run for real by ``test_train`` / ``test_diag``) are checked option by
-  option against the parsers, and the files they name must exist.
+  option against the parsers, their ``--set`` keys loaded by the train
+  config, and the files they name must exist.
 * The SLURM sbatch script cannot run here (no SLURM): its ``srun`` line is
   parsed by ``headwater train``'s parser, carries no job flags, and the
   environment ``srun`` gives each task is resolved to JAX's auto-detection
@@ -18,9 +23,12 @@ checked.
   the scripts must exist, ``.ci/run`` must call ``scripts/test.sh``, and
   ``scripts/setup.sh`` must install the package that provides the
   ``headwater`` command.
+* The mermaid pictures name real commands and API; the Prometheus scrape
+  snippet names the targets file the trainer writes; the blocks of the
+  generated pages are checked by ``test_docs`` (regenerated and compared).
 * ``dashboards/README.md``'s commands run in a scratch directory.
 
-A new block in a README fails :func:`test_every_block_is_covered` until it is
+A new block anywhere fails :func:`test_every_block_is_covered` until it is
 handled here.
 """
 
@@ -40,12 +48,29 @@ from conftest import SmallData, _write_duckdb, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+#: The README and every page of the docs site.
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+#: Pages written by ``python -m headwater.docs_gen`` (checked by test_docs).
+GENERATED = {
+    ROOT / "docs" / "reference" / "metrics.md",
+    ROOT / "docs" / "reference" / "config.md",
+    ROOT / "docs" / "format.md",
+}
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:
     """``(language, text)`` of every fenced block of ``path``."""
     return [(m.group(1), m.group(2)) for m in _FENCE.finditer(path.read_text(encoding="utf-8"))]
+
+
+def all_blocks() -> list[tuple[Path, str, str]]:
+    """``(page, language, text)`` of every block of every page."""
+    return [(p, lang, text) for p in PAGES for lang, text in blocks(p)]
+
+
+def of_kind(name: str) -> list[str]:
+    return [t for p, lang, t in all_blocks() if kind(lang, t, p) == name]
 
 
 def command_lines(text: str) -> list[str]:
@@ -64,6 +89,7 @@ def command_lines(text: str) -> list[str]:
 
 
 _PYTHON_KINDS = {
+    'headwater.preprocess("my.duckdb", "db/", embedder=': "python-quickstart",
     "headwater.preprocess(": "python-preprocess",
     "headwater.Sampler(": "python-sampler",
     "StepHook(": "python-telemetry",
@@ -71,37 +97,94 @@ _PYTHON_KINDS = {
 }
 
 
-def kind(lang: str, text: str) -> str:
-    if lang == "python":
-        for marker, name in _PYTHON_KINDS.items():
-            if marker in text:
-                return name
-    if lang == "toml" and "[[database]]" in text:
-        return "toml-mixture"
-    if lang == "bash" and text.startswith("#!/bin/bash") and "#SBATCH" in text:
+#: A word of a command line that stands for something (``SOURCE``,
+#: ``[--json]``, ``runs/<name>``): such a line is a synopsis, not a command.
+_PLACEHOLDER = re.compile(r"[\[<]|\b[A-Z][A-Z_]+\b")
+
+
+def _bash_kind(text: str) -> str:
+    if text.startswith("#!/bin/bash") and "#SBATCH" in text:
         return "sbatch"
-    if lang == "bash":
-        lines = command_lines(text)
-        if any("scripts/setup.sh" in ln or "scripts/test.sh" in ln for ln in lines):
-            return "setup"
-        if all(ln.startswith(("headwater ", "cargo bench")) for ln in lines):
-            return "synopsis"
+    lines = command_lines(text)
+    if any("scripts/setup.sh" in ln or "scripts/test.sh" in ln for ln in lines):
+        return "setup"
+    if lines and all(ln.startswith("wandb ") for ln in lines):
+        return "wandb"
+    # Concrete command lines run for real, except training and diagnostic runs
+    # (minutes each, multi-host: checked as synopses, run by test_train/test_diag).
+    if lines and all(
+        ln.startswith("headwater ")
+        and not ln.startswith(("headwater train", "headwater diag"))
+        and not _PLACEHOLDER.search(ln)
+        for ln in lines
+    ):
+        return "cli-run"
+    if all(ln.startswith(("headwater ", "cargo bench")) for ln in lines):
+        return "synopsis"
     return "unknown"
 
 
+def _python_kind(text: str) -> str:
+    for marker, name in _PYTHON_KINDS.items():
+        if marker in text:
+            return name
+    return "unknown"
+
+
+def kind(lang: str, text: str, page: Path = README) -> str:
+    if page in GENERATED:
+        return "generated"
+    if lang == "bash":
+        return _bash_kind(text)
+    if lang == "python":
+        return _python_kind(text)
+    if lang == "toml" and "[[tasks]]" in text and "[tables." in text:
+        return "toml-schema"
+    if lang == "toml" and "[[database]]" in text:
+        return "toml-mixture"
+    if lang == "yaml" and "file_sd_configs" in text:
+        return "prometheus-scrape"
+    return {"mermaid": "diagram"}.get(lang, "unknown")
+
+
 def test_every_block_is_covered() -> None:
-    kinds = [kind(lang, text) for lang, text in blocks(README)]
-    assert "unknown" not in kinds, [
-        b for b, k in zip(blocks(README), kinds, strict=True) if k == "unknown"
+    found = [(p, lang, text, kind(lang, text, p)) for p, lang, text in all_blocks()]
+    assert not [b for b in found if b[3] == "unknown"], [
+        (str(p.relative_to(ROOT)), lang, text) for p, lang, text, k in found if k == "unknown"
     ]
     assert {
         "setup",
         "synopsis",
+        "cli-run",
+        "python-quickstart",
         "python-preprocess",
         "python-sampler",
         "python-telemetry",
         "python-eval",
-    } <= set(kinds)
+        "toml-schema",
+        "wandb",
+        "diagram",
+    } <= {b[3] for b in found}
+    # Only the fences above are blocks: no indented fence (in a list or an
+    # admonition) escapes the walk.
+    for p in PAGES:
+        text = p.read_text(encoding="utf-8")
+        fences = re.findall(r"^[ \t]*```", text, re.M)
+        assert len(fences) == 2 * len(blocks(p)), f"{p}: a fence the test does not see"
+
+
+def test_readme_is_a_front_door() -> None:
+    """At most 250 lines, and every relative link of it leads to a file."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    from markdown.extensions.toc import slugify
+
+    for target, anchor in re.findall(r"\]\(([^)#:]+)(?:#([^)]*))?\)", text):
+        assert (ROOT / target).exists(), target
+        if anchor:
+            page = (ROOT / target).read_text(encoding="utf-8")
+            slugs = {slugify(h, "-") for h in re.findall(r"^#+ (.+)$", page, re.M)}
+            assert anchor in slugs, (target, anchor)
 
 
 # ----------------------------------------------------------------------------
@@ -110,9 +193,10 @@ def test_every_block_is_covered() -> None:
 
 
 def test_setup_commands_exist_and_ci_runs_the_readme_test_command() -> None:
-    (setup,) = [t for lang, t in blocks(README) if kind(lang, t) == "setup"]
-    cmds = command_lines(setup)
-    assert cmds == ["bash scripts/setup.sh && headwater train", "bash scripts/test.sh"]
+    assert len([t for lang, t in blocks(README) if kind(lang, t) == "setup"]) == 1
+    for block in of_kind("setup"):  # the docs repeat them, if at all, verbatim
+        cmds = command_lines(block)
+        assert cmds == ["bash scripts/setup.sh && headwater train", "bash scripts/test.sh"]
     assert (ROOT / "scripts" / "setup.sh").is_file() and (ROOT / "scripts" / "test.sh").is_file()
     assert "bash scripts/test.sh" in command_lines((ROOT / ".ci" / "run").read_text())
     assert re.search(
@@ -147,9 +231,19 @@ def _options(p: argparse.ArgumentParser) -> set[str]:
 
 
 def synopsis_lines() -> list[str]:
-    return [
-        ln for lang, t in blocks(README) if kind(lang, t) == "synopsis" for ln in command_lines(t)
-    ]
+    return [ln for t in of_kind("synopsis") + of_kind("cli-run") for ln in command_lines(t)]
+
+
+def _check_set_keys(line: str) -> None:
+    """``--set SECTION.KEY=VALUE`` with a real key loads in the train config."""
+    from headwater.train.config import load_config, parse_overrides
+
+    words = shlex.split(line)
+    sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+    sets = [s for s in sets if not _PLACEHOLDER.search(s)]
+    config = words[2] if len(words) > 2 and words[2].endswith(".toml") else None
+    if sets:
+        load_config(ROOT / config if config else None, **parse_overrides(sets))
 
 
 @pytest.mark.parametrize("line", synopsis_lines())
@@ -168,6 +262,8 @@ def test_synopsis_options_exist(line: str) -> None:
             assert w.split("=")[0] in known, (line, w)
         elif "/" in w and w.endswith(".toml"):
             assert (ROOT / w).is_file(), w
+    if sub == "train":
+        _check_set_keys(line)
 
 
 def test_preprocess_and_inspect_synopses_run(
@@ -176,7 +272,7 @@ def test_preprocess_and_inspect_synopses_run(
     """``headwater preprocess SOURCE OUT_DIR [--schema schema.toml] [--embedder ...]``,
     ``headwater inspect OUT_DIR [--json]`` and ``headwater verify OUT_DIR
     [--quiet]``, with real files."""
-    (block,) = [t for lang, t in blocks(README) if lang == "bash" and "headwater preprocess" in t]
+    (block,) = [t for t in of_kind("synopsis") if "headwater preprocess SOURCE" in t]
     source = make_duckdb(tmp_path / "my.duckdb")
     schema = tmp_path / "schema.toml"
     schema.write_text("", encoding="utf-8")
@@ -207,7 +303,7 @@ def test_preprocess_and_inspect_synopses_run(
 
 
 def _block(name: str) -> str:
-    (text,) = [t for lang, t in blocks(README) if kind(lang, t) == name]
+    (text,) = of_kind(name)
     return text
 
 
@@ -217,7 +313,8 @@ def tiny_db(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> 
     small DuckDB file; the database it writes serves the other examples."""
     work = tmp_path_factory.mktemp("readme")
     _write_duckdb(work / "my.duckdb", small_data)
-    (work / "schema.toml").write_text("", encoding="utf-8")
+    # The schema page's example is written for this very database.
+    (work / "schema.toml").write_text(_block("toml-schema"), encoding="utf-8")
     _exec_in(work, _block("python-preprocess"), {})
     assert (work / "db" / "metadata.json").is_file()
     return work / "db"
@@ -233,6 +330,84 @@ def _exec_in(cwd: Path, code: str, namespace: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.chdir(old)
     return namespace
+
+
+def test_schema_example_declares_what_the_database_holds(tiny_db: Path) -> None:
+    """The tiny database was preprocessed with the schema page's example: its
+    keys, time columns, types and both tasks (a cell task, a SQL task) are in
+    the metadata."""
+    import json
+    import tomllib
+
+    declared = tomllib.loads(_block("toml-schema"))
+    meta = json.loads((tiny_db / "metadata.json").read_text())
+    assert [t["name"] for t in meta["tasks"]] == [k["name"] for k in declared["tasks"]]
+    assert all(t["num_seeds"] > 0 for t in meta["tasks"])
+    tables = {t["name"]: t for t in meta["tables"]}
+    for name, decl in declared["tables"].items():
+        for key in ("primary_key", "time_column"):
+            if key in decl:
+                assert json.dumps(tables[name]).count(f'"{decl[key]}"'), (name, key)
+
+
+def _scratch_with_source(tmp_path: Path, small_data: SmallData) -> Path:
+    work = tmp_path / "quickstart"
+    work.mkdir()
+    _write_duckdb(work / "my.duckdb", small_data)
+    return work
+
+
+def test_python_quickstart_runs(tmp_path: Path, small_data: SmallData) -> None:
+    work = _scratch_with_source(tmp_path, small_data)
+    ns = _exec_in(work, _block("python-quickstart"), {})
+    assert ns["batch"]["is_padding"].shape == (32, 1024)
+    assert ns["metrics"]["sampler/batches"] == 1.0
+
+
+def test_command_line_quickstart_runs(tmp_path: Path, small_data: SmallData) -> None:
+    """The README's command lines, as written, in a folder holding ``my.duckdb``."""
+    work = _scratch_with_source(tmp_path, small_data)
+    for block in of_kind("cli-run"):
+        for line in command_lines(block):
+            r = subprocess.run(
+                [sys.executable, "-m", "headwater.cli", *shlex.split(line)[1:]],
+                cwd=work,
+                capture_output=True,
+                text=True,
+                env=child_env(tmp_path),
+                timeout=300,
+                check=False,
+            )
+            assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+    assert (work / "db" / "metadata.json").is_file()
+
+
+def test_diagrams_name_real_commands_and_api() -> None:
+    import headwater
+    from headwater.cli import build_parser
+
+    (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for text in of_kind("diagram"):
+        assert text.startswith("flowchart "), text[:40]
+        for sub in re.findall(r"headwater (\w[\w-]*)", text):
+            assert sub in action.choices, sub
+        for name in re.findall(r"headwater\.(\w+)", text):
+            assert hasattr(headwater, name), name
+        for method in re.findall(r"(\w+)\(\)", text):
+            assert hasattr(headwater.Sampler, method), method
+
+
+def test_prometheus_scrape_snippet_reads_the_runs_targets_file() -> None:
+    import yaml
+
+    from headwater.train.endpoints import FILE_SD
+
+    for text in of_kind("prometheus-scrape"):
+        (job,) = yaml.safe_load(text)["scrape_configs"]
+        (files,) = [f for sd in job["file_sd_configs"] for f in sd["files"]]
+        *dirs, name = files.split("/")
+        assert name == FILE_SD  # what the trainer writes into each run
+        assert not any(c in d for d in dirs for c in "*?["), files  # Prometheus globs names only
 
 
 def test_python_sampling_block_runs(tiny_db: Path) -> None:
@@ -298,7 +473,7 @@ def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> Non
         f'[database]\npath = "{tiny_db}"\n[sampler]\ndefault_batch_size = 4\n'
         "default_sequence_length = 32\nnum_threads = 1\n[model]\nd_model = 16\n"
         "num_layers = 1\nnum_heads = 2\n[train]\nsteps = 3\nval_batches = 0\n"
-        "warmup_steps = 0\n[logging]\nprometheus_port = 0\nwandb_mode = \"disabled\"\n",
+        'warmup_steps = 0\n[logging]\nprometheus_port = 0\nwandb_mode = "offline"\n',
         encoding="utf-8",
     )
 
@@ -316,11 +491,34 @@ def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> Non
 
     cli("train", str(cfg), "--dir", str(tmp_path / "runs"), "--run-name", "r")
     # The run's last checkpoint is step 3 (steps = 3).
-    subst = {"RUN_DIR": str(tmp_path / "runs" / "r"), "N": "4", "val|test|both": "test", "STEP": "3"}
+    subst = {
+        "RUN_DIR": str(tmp_path / "runs" / "r"),
+        "N": "4",
+        "val|test|both": "test",
+        "STEP": "3",
+    }
     words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]
     out = cli(*words[1:])
     assert "baseline" in out.stdout
     assert (tmp_path / "runs" / "r" / "eval-test.json").is_file()
+    # The docs' `wandb` lines: real subcommands, and `wandb sync`'s path
+    # finds this run's offline W&B folder.
+    for block in of_kind("wandb"):
+        for line in command_lines(block):
+            words = shlex.split(line)
+            r = subprocess.run(
+                [sys.executable, "-m", "wandb", words[1], "--help"],
+                capture_output=True,
+                text=True,
+                env=child_env(tmp_path),
+                timeout=120,
+                check=False,
+            )
+            assert r.returncode == 0, (line, r.stderr[-2000:])
+            if words[1] == "sync":
+                pattern = words[2].replace("<name>", "r")
+                found = list(tmp_path.glob(pattern))
+                assert found and all(p.is_dir() for p in found), pattern
 
 
 # ----------------------------------------------------------------------------
@@ -355,7 +553,7 @@ def test_sbatch_example_leaves_the_job_to_slurm() -> None:
     from headwater.cli import build_parser
     from headwater.train.cluster import resolve_job
 
-    (text,) = [t for lang, t in blocks(README) if kind(lang, t) == "sbatch"]
+    (text,) = of_kind("sbatch")
     directives = dict(
         ln.removeprefix("#SBATCH --").split("=", 1)
         for ln in text.splitlines()

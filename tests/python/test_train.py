@@ -286,7 +286,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
 
 
-#: The keys a saved sampler state records (README, Resume): they define the
+#: The keys a saved sampler state records (docs/sampling.md, Resume): they define the
 #: one global stream every rank reads, so no rank may set its own.
 STREAM_KEYS = {
     "split_ratios",
@@ -386,10 +386,12 @@ def test_one_range_per_key_wherever_the_value_came_from(tmp_path: Path) -> None:
     assert str(e.value).startswith(f"{path}:2: ") and ranges[0][0] in str(e.value)
 
 
-def test_readme_states_the_trainers_sampler_defaults() -> None:
+def test_docs_state_the_trainers_sampler_defaults() -> None:
     from headwater.train.sampler_config import TRAINER_DEFAULTS
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(
+        encoding="utf-8"
+    )
     d = TRAINER_DEFAULTS
     stated = (
         f"(`B = {d['default_batch_size']}`, `S = {d['default_sequence_length']}`, "
