@@ -14,6 +14,7 @@ use std::time::Instant;
 use crate::config::SamplerConfig;
 use crate::error::Result;
 use crate::pipeline::{current_rss_bytes, SamplerCore, SplitTelemetry};
+use crate::readings::stage;
 use crate::seeds::Split;
 
 /// One benchmark run's figures.
@@ -98,15 +99,14 @@ pub fn bench_run(
     // warm-up, which can take seconds on a large database.
     if let Some(w) = window {
         if w.stop.partial_cmp(&w.start) != Some(std::cmp::Ordering::Greater) {
-            return Err(crate::error::Error::InvalidArgument {
-                name: "window".into(),
-                what: format!("stop {} is not after start {}", w.stop, w.start),
-            });
+            return Err(invalid_window(format!(
+                "stop {} is not after start {}",
+                w.stop, w.start
+            )));
         }
     }
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
-    let (pack, segments) = (cfg.pack, cfg.segments_per_sequence());
     let t_open = Instant::now();
     let core = Arc::new(SamplerCore::open_mixture(db_paths, cfg)?);
     let mut recorder = SplitTelemetry::new(&core.schema, Vec::new());
@@ -117,23 +117,14 @@ pub fn bench_run(
     for _ in 1..warmup {
         core.make_batch(&mut state)?;
     }
-    let mut telemetry_ns = 0u64;
-    let mut stage = [0u64; 4];
-    let mut cells = 0u64;
-    let mut slots = 0u64;
-    let mut seeds = 0u64;
-    let mut cut = 0u64;
-    let mut made = 0u64;
+    let mut tally = Tally::default();
     let mut failure = None;
     if let Some(w) = window {
         let late = unix_now() - w.start;
         if late > 0.0 {
-            return Err(crate::error::Error::InvalidArgument {
-                name: "window".into(),
-                what: format!(
-                    "opening and {warmup} warm-up batches ended {late:.2} s after the window's start; start it later"
-                ),
-            });
+            return Err(invalid_window(format!(
+                "opening and {warmup} warm-up batches ended {late:.2} s after the window's start; start it later"
+            )));
         }
         std::thread::sleep(std::time::Duration::from_secs_f64(-late));
     }
@@ -142,13 +133,14 @@ pub fn bench_run(
     // are finished but not counted).
     let mut t_last = t0;
     let stop_after = window.map(|w| w.stop - w.start);
+    let depth = if steps == 0 && window.is_none() {
+        0
+    } else {
+        core.stream_depth()
+    };
     core.stream_batches(
         &mut state,
-        if steps == 0 && window.is_none() {
-            0
-        } else {
-            core.stream_depth()
-        },
+        depth,
         |_, _| None,
         |b| {
             let b = match b {
@@ -158,32 +150,18 @@ pub fn bench_run(
                     return false;
                 }
             };
-            if let Some(span) = stop_after {
-                if t0.elapsed().as_secs_f64() >= span {
-                    return false;
-                }
+            if stop_after.is_some_and(|span| t0.elapsed().as_secs_f64() >= span) {
+                return false;
             }
             if telemetry {
                 let t = Instant::now();
                 recorder.deliver(&b.readings, 0, 0.0);
                 recorder.drain.drain_values(&core.schema, &mut drained);
-                telemetry_ns += t.elapsed().as_nanos() as u64;
+                tally.telemetry_ns += t.elapsed().as_nanos() as u64;
             }
-            for (acc, x) in stage.iter_mut().zip(b.readings.stage_ns) {
-                *acc += x;
-            }
-            cells += b.readings.seqs.iter().map(|s| s.cells as u64).sum::<u64>();
-            slots += (b.batch_size * b.seq_len) as u64;
-            seeds += b.seeds.len() as u64;
-            cut += b
-                .readings
-                .seqs
-                .iter()
-                .map(|s| u64::from(s.contexts_cut))
-                .sum::<u64>();
-            made += 1;
+            tally.add(&b);
             t_last = Instant::now();
-            stop_after.is_some() || made < steps
+            stop_after.is_some() || tally.made < steps
         },
     );
     if let Some(e) = failure {
@@ -193,29 +171,75 @@ pub fn bench_run(
         Some(span) => span,
         None => (t_last - t0).as_secs_f64(),
     };
-    let ms = |ns: u64| ns as f64 / 1e6 / made.max(1) as f64;
-    Ok(BenchRun {
-        threads,
-        telemetry,
-        batches: made,
-        seconds: secs,
-        batches_per_s: made as f64 / secs,
-        cells_per_s: cells as f64 / secs,
-        seeds_per_s: seeds as f64 / secs,
-        pack,
-        segments,
-        contexts_cut: cut as f64 / seeds.max(1) as f64,
-        fill: cells as f64 / slots.max(1) as f64,
-        bfs_ms: ms(stage[0]),
-        assemble_ms: ms(stage[1]),
-        collate_ms: ms(stage[2]),
-        total_ms: ms(stage[3]),
-        rss_bytes: current_rss_bytes().unwrap_or(0),
-        databases: core.dbs.len(),
-        first_batch_seconds,
-        telemetry_us: telemetry_ns as f64 / 1e3 / made.max(1) as f64,
-        drained_values: core.schema.drained_keys.len(),
-    })
+    Ok(tally.run(&core, threads, telemetry, secs, first_batch_seconds))
+}
+
+fn invalid_window(what: String) -> crate::error::Error {
+    crate::error::Error::InvalidArgument {
+        name: "window".into(),
+        what,
+    }
+}
+
+/// What the timed batches added up to.
+#[derive(Default)]
+struct Tally {
+    telemetry_ns: u64,
+    stage: [u64; 4],
+    cells: u64,
+    slots: u64,
+    seeds: u64,
+    cut: u64,
+    made: u64,
+}
+
+impl Tally {
+    fn add(&mut self, b: &crate::pipeline::MadeBatch) {
+        for (acc, x) in self.stage.iter_mut().zip(b.readings.stage_ns) {
+            *acc += x;
+        }
+        let seqs = &b.readings.seqs;
+        self.cells += seqs.iter().map(|s| u64::from(s.cells)).sum::<u64>();
+        self.slots += (b.batch_size * b.seq_len) as u64;
+        self.seeds += b.seeds.len() as u64;
+        self.cut += seqs.iter().map(|s| u64::from(s.contexts_cut)).sum::<u64>();
+        self.made += 1;
+    }
+
+    /// The run's figures over `secs` seconds.
+    fn run(
+        &self,
+        core: &SamplerCore,
+        threads: usize,
+        telemetry: bool,
+        secs: f64,
+        first_batch_seconds: f64,
+    ) -> BenchRun {
+        let made = self.made;
+        let ms = |ns: u64| ns as f64 / 1e6 / made.max(1) as f64;
+        BenchRun {
+            threads,
+            telemetry,
+            batches: made,
+            seconds: secs,
+            batches_per_s: made as f64 / secs,
+            cells_per_s: self.cells as f64 / secs,
+            seeds_per_s: self.seeds as f64 / secs,
+            pack: core.cfg.pack,
+            segments: core.cfg.segments_per_sequence(),
+            contexts_cut: self.cut as f64 / self.seeds.max(1) as f64,
+            fill: self.cells as f64 / self.slots.max(1) as f64,
+            bfs_ms: ms(self.stage[stage::BFS]),
+            assemble_ms: ms(self.stage[stage::ASSEMBLE]),
+            collate_ms: ms(self.stage[stage::COLLATE]),
+            total_ms: ms(self.stage[stage::TOTAL]),
+            rss_bytes: current_rss_bytes().unwrap_or(0),
+            databases: core.dbs.len(),
+            first_batch_seconds,
+            telemetry_us: self.telemetry_ns as f64 / 1e3 / made.max(1) as f64,
+            drained_values: core.schema.drained_keys.len(),
+        }
+    }
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), bytes.

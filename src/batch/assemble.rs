@@ -154,6 +154,35 @@ pub fn assemble_sequence(
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
 ) -> SeqReadings {
+    let cells = write_cells(ctx, sub, seed_pos, o, s);
+    for &(c, p) in &sub.edges {
+        o.fk_adj[c as usize * r + p as usize] = 1;
+    }
+    write_permutations(sub, cells, o, s);
+    SeqReadings {
+        depth: sub.max_depth,
+        rows: sub.rows.len() as u32,
+        cells: cells as u32,
+        cells_dropped: sub.cells_dropped,
+        children_capped: sub.children_capped,
+        temporal_filtered: sub.temporal_filtered,
+        temporal_leaks: sub.temporal_leaks,
+        segments: 1,
+        contexts_cut: 0,
+    }
+}
+
+/// Write the cells of `sub`'s rows in order (the seed row first, led by its
+/// target cell) until the sequence is full; records each row's first
+/// position in `s.row_start`. Returns the cells written.
+#[inline]
+fn write_cells(
+    ctx: &SeqContext<'_>,
+    sub: &Subgraph,
+    seed_pos: usize,
+    o: &mut SeqOut<'_>,
+    s: &mut AssembleScratch,
+) -> usize {
     const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
     let mut pos = 0usize;
@@ -166,50 +195,11 @@ pub fn assemble_sequence(
             prefetch_row(ctx, tn, next);
         }
         s.row_start.push(pos as u32);
-        let t = t as usize;
-        let tc = &ctx.tables[t];
+        let tc = &ctx.tables[t as usize];
         let local_row = (row - tc.row_offset) as usize;
         let mut skip_slot = usize::MAX;
         if i == 0 {
-            // The target cell leads the seed row.
-            match ctx.target {
-                Target::Cell { slot } => {
-                    let c = &tc.columns[slot];
-                    write_value(
-                        o,
-                        0,
-                        tc.codes[slot],
-                        c.column_idx,
-                        0,
-                        c.values,
-                        c.is_valid(local_row),
-                        local_row,
-                        ctx,
-                        &mut s.timestamps,
-                    );
-                    skip_slot = slot;
-                }
-                Target::Virtual {
-                    column_idx,
-                    code,
-                    values,
-                    validity,
-                } => {
-                    write_value(
-                        o,
-                        0,
-                        code,
-                        column_idx,
-                        0,
-                        values,
-                        bit(validity, seed_pos),
-                        seed_pos,
-                        ctx,
-                        &mut s.timestamps,
-                    );
-                }
-            }
-            o.is_target[0] = 1;
+            skip_slot = write_target(ctx, tc, local_row, seed_pos, o, s);
             pos = 1;
         }
         for (j, c) in tc.columns.iter().enumerate() {
@@ -235,11 +225,71 @@ pub fn assemble_sequence(
         }
     }
     s.row_start.push(pos as u32);
-    let cells = pos;
-    for &(c, p) in &sub.edges {
-        o.fk_adj[c as usize * r + p as usize] = 1;
-    }
-    // col_perm: by column, then position; padding last.
+    pos
+}
+
+/// Write the target cell at position 0 (the seed row's `local_row` of table
+/// cells `tc`, or the task's value at `seed_pos` for a virtual target) and
+/// mark it; returns the column slot it took from the row (`usize::MAX`:
+/// none, a virtual target).
+#[inline]
+fn write_target(
+    ctx: &SeqContext<'_>,
+    tc: &TableCells<'_>,
+    local_row: usize,
+    seed_pos: usize,
+    o: &mut SeqOut<'_>,
+    s: &mut AssembleScratch,
+) -> usize {
+    let skip_slot = match ctx.target {
+        Target::Cell { slot } => {
+            let c = &tc.columns[slot];
+            let valid = c.is_valid(local_row);
+            let (code, idx) = (tc.codes[slot], c.column_idx);
+            write_value(
+                o,
+                0,
+                code,
+                idx,
+                0,
+                c.values,
+                valid,
+                local_row,
+                ctx,
+                &mut s.timestamps,
+            );
+            slot
+        }
+        Target::Virtual {
+            column_idx,
+            code,
+            values,
+            validity,
+        } => {
+            let valid = bit(validity, seed_pos);
+            write_value(
+                o,
+                0,
+                code,
+                column_idx,
+                0,
+                values,
+                valid,
+                seed_pos,
+                ctx,
+                &mut s.timestamps,
+            );
+            usize::MAX
+        }
+    };
+    o.is_target[0] = 1;
+    skip_slot
+}
+
+/// `col_perm` (by column, then position) and the outbound / inbound RCM
+/// row orders of the first `cells` positions; padding keeps its place.
+#[inline]
+fn write_permutations(sub: &Subgraph, cells: usize, o: &mut SeqOut<'_>, s: &mut AssembleScratch) {
     column_order(&o.column_ids[..cells], &mut o.col_perm[..cells], s);
     for (p, slot) in o.col_perm.iter_mut().enumerate().skip(cells) {
         *slot = p as u16;
@@ -262,17 +312,6 @@ pub fn assemble_sequence(
         for (p, slot) in perm.iter_mut().enumerate().skip(cells) {
             *slot = p as u16;
         }
-    }
-    SeqReadings {
-        depth: sub.max_depth,
-        rows: sub.rows.len() as u32,
-        cells: cells as u32,
-        cells_dropped: sub.cells_dropped,
-        children_capped: sub.children_capped,
-        temporal_filtered: sub.temporal_filtered,
-        temporal_leaks: sub.temporal_leaks,
-        segments: 1,
-        contexts_cut: 0,
     }
 }
 

@@ -71,6 +71,44 @@ struct SeqSlots<'b> {
     segment_ids: &'b mut [MaybeUninit<u16>],
 }
 
+impl<'b> SeqSlots<'b> {
+    /// This sequence's output slices, initialised to what a padding cell
+    /// holds, with its rows of `fk_adj` and its per-segment tensors.
+    #[inline]
+    fn init(
+        self,
+        fk_adj: &'b mut [u8],
+        target_pos: &'b mut [u16],
+        target_count: &'b mut u8,
+        segment_seeds: &'b mut [u32],
+    ) -> (SeqOut<'b>, SegOut<'b>) {
+        let cells = SeqOut {
+            semantic_types: init(self.semantic_types, 0),
+            column_ids: init(self.column_ids, 0),
+            seq_row_ids: init(self.seq_row_ids, 0),
+            numeric_values: init(self.numeric_values, 0.0),
+            timestamp_values: init(self.timestamp_values, 0.0),
+            bool_values: init(self.bool_values, 0),
+            categorical_embed_ids: init(self.categorical_embed_ids, 0),
+            text_embed_ids: init(self.text_embed_ids, 0),
+            is_null: init(self.is_null, 0),
+            is_target: init(self.is_target, 0),
+            is_padding: init(self.is_padding, 1),
+            fk_adj,
+            col_perm: init(self.col_perm, 0),
+            out_perm: init(self.out_perm, 0),
+            in_perm: init(self.in_perm, 0),
+        };
+        let segs = SegOut {
+            segment_ids: init(self.segment_ids, u16::MAX),
+            target_pos,
+            target_count,
+            segment_seeds,
+        };
+        (cells, segs)
+    }
+}
+
 /// Initialise every element of `s` to `v` and view it as initialised.
 fn init<T: Copy>(s: &mut [MaybeUninit<T>], v: T) -> &mut [T] {
     s.fill(MaybeUninit::new(v));
@@ -187,39 +225,31 @@ impl Batch {
             .enumerate()
             .map(
                 |(idx, (x, fk_adj, target_pos, target_count, segment_seeds))| {
-                    let mut cells = SeqOut {
-                        semantic_types: init(x.semantic_types, 0),
-                        column_ids: init(x.column_ids, 0),
-                        seq_row_ids: init(x.seq_row_ids, 0),
-                        numeric_values: init(x.numeric_values, 0.0),
-                        timestamp_values: init(x.timestamp_values, 0.0),
-                        bool_values: init(x.bool_values, 0),
-                        categorical_embed_ids: init(x.categorical_embed_ids, 0),
-                        text_embed_ids: init(x.text_embed_ids, 0),
-                        is_null: init(x.is_null, 0),
-                        is_target: init(x.is_target, 0),
-                        is_padding: init(x.is_padding, 1),
-                        fk_adj,
-                        col_perm: init(x.col_perm, 0),
-                        out_perm: init(x.out_perm, 0),
-                        in_perm: init(x.in_perm, 0),
-                    };
-                    let mut segs = SegOut {
-                        segment_ids: init(x.segment_ids, u16::MAX),
-                        target_pos,
-                        target_count,
-                        segment_seeds,
-                    };
+                    let (mut cells, mut segs) =
+                        x.init(fk_adj, target_pos, target_count, segment_seeds);
                     f(idx, &mut cells, &mut segs)
                 },
             )
             .collect();
-        // SAFETY: the `[B, S]` tensors were allocated with capacity `n`
-        // (`n · 15` for the timestamps) by `unfilled`, and every element
-        // of that capacity was initialised above: the chunks cover it
-        // exactly (B chunks of S) and each was passed through `init`. A
-        // panic in `f` propagates out of the `collect` before this point,
-        // leaving the lengths at 0.
+        // SAFETY: every element of the `[B, S]` tensors' capacity was
+        // initialised above (see `set_filled_len`).
+        unsafe { self.set_filled_len(n) };
+        results
+    }
+
+    /// Set the `[B, S]` tensors' lengths to `n` (`n · 15` for the
+    /// timestamps) once [`fill_sequences`](Self::fill_sequences) has
+    /// initialised their whole capacity.
+    ///
+    /// # Safety
+    ///
+    /// Call only when the `[B, S]` tensors were allocated with capacity `n`
+    /// (`n · 15` for the timestamps) by `unfilled`, and every element
+    /// of that capacity was initialised above: the chunks cover it
+    /// exactly (B chunks of S) and each was passed through `init`. A
+    /// panic in `f` propagates out of the `collect` before this point,
+    /// leaving the lengths at 0.
+    unsafe fn set_filled_len(&mut self, n: usize) {
         unsafe {
             self.semantic_types.set_len(n);
             self.column_ids.set_len(n);
@@ -237,7 +267,6 @@ impl Batch {
             self.in_perm.set_len(n);
             self.segment_ids.set_len(n);
         }
-        results
     }
 }
 

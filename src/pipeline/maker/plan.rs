@@ -147,35 +147,10 @@ impl SamplerCore {
     /// Prepare sampling the mixture of the already open `dbs` (name,
     /// database) with `cfg` (validated here). Every database must share the
     /// first one's embedder (name and dimension).
-    #[allow(clippy::cast_possible_truncation, clippy::too_many_lines)]
     pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
-        let single = dbs.len() == 1;
-        let Some((first_name, first)) = dbs.first() else {
-            return Err(Error::invalid(
-                "databases",
-                "a mixture needs at least one database".to_string(),
-            ));
-        };
-        let emb = first.metadata().embedder.clone();
-        for (name, db) in &dbs[1..] {
-            let e = &db.metadata().embedder;
-            if *e != emb {
-                return Err(Error::invalid(
-                    "databases",
-                    format!(
-                        "database `{name}` was embedded with `{}` (dimension {}) but database `{first_name}` with `{}` (dimension {}); a mixture needs one embedder",
-                        e.name, e.dim, emb.name, emb.dim
-                    ),
-                ));
-            }
-        }
+        check_mixture(&dbs)?;
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
-        if let Some(i) = (1..db_names.len()).find(|&i| db_names[..i].contains(&db_names[i])) {
-            return Err(Error::invalid(
-                "databases",
-                format!("two databases are named `{}`", db_names[i]),
-            ));
-        }
+        let single = dbs.len() == 1;
         let mut task_names = Vec::new();
         for (name, db) in &dbs {
             for k in &db.metadata().tasks {
@@ -190,71 +165,8 @@ impl SamplerCore {
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;
-        let db_total: f64 = db_weights.iter().sum();
-        let mut tasks = Vec::with_capacity(task_names.len());
-        let mut mixture = Vec::with_capacity(dbs.len());
-        let (mut col_off, mut cat_off) = (0u64, 0u64);
-        for (d, (name, db)) in dbs.into_iter().enumerate() {
-            let m = db.metadata();
-            let first_task = tasks.len();
-            let row_cells: Vec<u16> = m
-                .tables
-                .iter()
-                .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
-                .collect();
-            for (local, k) in m.tasks.iter().enumerate() {
-                let col = &m.columns[k.target_column as usize];
-                let table = &m.tables[k.anchor_table as usize];
-                let target = match col.slot {
-                    Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
-                        slot: slot as usize,
-                    },
-                    _ => TargetPlan::Virtual {
-                        column_idx: col.idx,
-                        code: k.target_stype.code().unwrap_or(0) as i8,
-                    },
-                };
-                let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
-                tasks.push(TaskPlan {
-                    db: d,
-                    local,
-                    target,
-                    seed_cells: table.columns.len() + extra,
-                    stype_code: k.target_stype.code().unwrap_or(0),
-                    cat_emb_start: col.cat_emb_start + cat_off as u32,
-                    cat_emb_count: col.cat_emb_count,
-                });
-            }
-            let (column_offset, categorical_offset) = (
-                u32::try_from(col_off).map_err(|_| too_many("columns"))?,
-                u32::try_from(cat_off).map_err(|_| too_many("categories"))?,
-            );
-            col_off += m.columns.len() as u64;
-            cat_off += m.num_categorical_embeddings;
-            mixture.push(MixtureDatabase {
-                name,
-                share: db_weights[d] / db_total,
-                first_task,
-                column_offset,
-                categorical_offset,
-                row_cells,
-                db,
-            });
-        }
-        u32::try_from(col_off).map_err(|_| too_many("columns"))?;
-        u32::try_from(cat_off).map_err(|_| too_many("categories"))?;
-        if cfg.pack {
-            let widest = tasks.iter().map(|t| t.seed_cells).max().unwrap_or(0);
-            if cfg.pack_factor * widest > cfg.default_sequence_length {
-                return Err(crate::config::bad(
-                    "pack_factor",
-                    format!(
-                        "{} (x {widest} cells, the widest seed row of these databases, exceeds default_sequence_length {})",
-                        cfg.pack_factor, cfg.default_sequence_length
-                    ),
-                ));
-            }
-        }
+        let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
+        check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
@@ -442,6 +354,131 @@ impl SamplerCore {
     pub fn stream_depth(&self) -> usize {
         self.num_threads() + 2
     }
+}
+
+/// A mixture needs at least one database, one embedder (name and
+/// dimension) and unique database names.
+fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
+    let Some((first_name, first)) = dbs.first() else {
+        return Err(Error::invalid(
+            "databases",
+            "a mixture needs at least one database".to_string(),
+        ));
+    };
+    let emb = &first.metadata().embedder;
+    for (name, db) in &dbs[1..] {
+        let e = &db.metadata().embedder;
+        if e != emb {
+            return Err(Error::invalid(
+                "databases",
+                format!(
+                    "database `{name}` was embedded with `{}` (dimension {}) but database `{first_name}` with `{}` (dimension {}); a mixture needs one embedder",
+                    e.name, e.dim, emb.name, emb.dim
+                ),
+            ));
+        }
+    }
+    if let Some(i) = (1..dbs.len()).find(|&i| dbs[..i].iter().any(|d| d.0 == dbs[i].0)) {
+        return Err(Error::invalid(
+            "databases",
+            format!("two databases are named `{}`", dbs[i].0),
+        ));
+    }
+    Ok(())
+}
+
+/// Each task's plan and each database's place in the mixture (its share
+/// from `db_weights`, its first task, column and category offsets).
+#[allow(clippy::cast_possible_truncation)]
+fn plan_tasks(
+    dbs: Vec<(String, Arc<Database>)>,
+    db_weights: &[f64],
+) -> Result<(Vec<TaskPlan>, Vec<MixtureDatabase>)> {
+    let db_total: f64 = db_weights.iter().sum();
+    let mut tasks = Vec::new();
+    let mut mixture = Vec::with_capacity(dbs.len());
+    let (mut col_off, mut cat_off) = (0u64, 0u64);
+    for (d, (name, db)) in dbs.into_iter().enumerate() {
+        let m = db.metadata();
+        let first_task = tasks.len();
+        let row_cells: Vec<u16> = m
+            .tables
+            .iter()
+            .map(|t| t.columns.len().min(u16::MAX as usize) as u16)
+            .collect();
+        for (local, k) in m.tasks.iter().enumerate() {
+            tasks.push(TaskPlan::new(m, d, local, k, cat_off as u32));
+        }
+        let (column_offset, categorical_offset) = (
+            u32::try_from(col_off).map_err(|_| too_many("columns"))?,
+            u32::try_from(cat_off).map_err(|_| too_many("categories"))?,
+        );
+        col_off += m.columns.len() as u64;
+        cat_off += m.num_categorical_embeddings;
+        mixture.push(MixtureDatabase {
+            name,
+            share: db_weights[d] / db_total,
+            first_task,
+            column_offset,
+            categorical_offset,
+            row_cells,
+            db,
+        });
+    }
+    u32::try_from(col_off).map_err(|_| too_many("columns"))?;
+    u32::try_from(cat_off).map_err(|_| too_many("categories"))?;
+    Ok((tasks, mixture))
+}
+
+impl TaskPlan {
+    /// The plan of task `local` (`k`) of database `d` (metadata `m`), whose
+    /// categories start at `cat_off` in the mixture's concatenated table.
+    fn new(
+        m: &crate::format::Metadata,
+        d: usize,
+        local: usize,
+        k: &crate::format::TaskMeta,
+        cat_off: u32,
+    ) -> TaskPlan {
+        let col = &m.columns[k.target_column as usize];
+        let table = &m.tables[k.anchor_table as usize];
+        let target = match col.slot {
+            Some(slot) if col.table == k.anchor_table => TargetPlan::Cell {
+                slot: slot as usize,
+            },
+            _ => TargetPlan::Virtual {
+                column_idx: col.idx,
+                code: k.target_stype.code().unwrap_or(0) as i8,
+            },
+        };
+        let extra = matches!(target, TargetPlan::Virtual { .. }) as usize;
+        TaskPlan {
+            db: d,
+            local,
+            target,
+            seed_cells: table.columns.len() + extra,
+            stype_code: k.target_stype.code().unwrap_or(0),
+            cat_emb_start: col.cat_emb_start + cat_off,
+            cat_emb_count: col.cat_emb_count,
+        }
+    }
+}
+
+/// With `pack`, `pack_factor` seed rows of the widest task must fit `S`.
+fn check_pack_fits(cfg: &SamplerConfig, tasks: &[TaskPlan]) -> Result<()> {
+    if cfg.pack {
+        let widest = tasks.iter().map(|t| t.seed_cells).max().unwrap_or(0);
+        if cfg.pack_factor * widest > cfg.default_sequence_length {
+            return Err(crate::config::bad(
+                "pack_factor",
+                format!(
+                    "{} (x {widest} cells, the widest seed row of these databases, exceeds default_sequence_length {})",
+                    cfg.pack_factor, cfg.default_sequence_length
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The telemetry schema of a mixture and each database's reported slot: a
