@@ -14,16 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import resource
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,51 +33,24 @@ import pyarrow.compute as pc
 from headwater import _native
 from headwater.embedders import get_embedder
 from headwater.errors import SchemaError
+from headwater.preprocessing import memory
 from headwater.preprocessing.infer import infer_stype
+from headwater.preprocessing.memory import (
+    _SORT_BUDGET,
+    _SPILL_DIR,
+    DEFAULT_MEMORY_LIMIT,
+    _configure_duckdb,
+    _into,
+    _release_arrow_memory,
+    _Spool,
+    parse_size,
+)
 from headwater.preprocessing.schema import Schema, TableSchema, load_schema
 from headwater.preprocessing.sources import Source, SourceTable, open_source, quote
 from headwater.preprocessing.timecols import propose_time_columns
 
 I64_MIN = np.iinfo(np.int64).min
 I64_MAX = np.iinfo(np.int64).max
-
-# Rows per record batch when a column is streamed out of DuckDB.
-CHUNK_ROWS = 1 << 20
-# `--memory-limit` default: the preprocessing budget, beside the interpreter.
-DEFAULT_MEMORY_LIMIT = "2GiB"
-# DuckDB gets this share of the budget (it spills to `temp_directory` past
-# it); the rest is for the column being encoded and the Rust writer.
-DUCKDB_SHARE = 3
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
-
-
-def parse_size(size: str | int) -> int:
-    """``512MiB``, ``2GiB``, ``1.5G``, ``300MB`` or a byte count → bytes."""
-    if isinstance(size, int):
-        value, unit = float(size), ""
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory_limit {size!r}: expected a size such as 512MiB, 2GiB or 300MB")
-        value, unit = float(m.group(1)), m.group(2).lower()
-    n = int(value * _UNITS[unit])
-    if n < 48 << 20:
-        raise ValueError(f"memory_limit {size!r}: at least 48MiB (DuckDB needs a few buffers per thread)")
-    return n
-
-
-def _configure_duckdb(con: duckdb.DuckDBPyConnection, budget: int, temp_dir: Path) -> None:
-    """Bound DuckDB to its share of the budget, spilling to ``temp_dir``."""
-    temp_dir.mkdir(parents=True, exist_ok=True)
-    # DuckDB's thread count is left alone: results of parallel float
-    # aggregates in SQL tasks depend on it, and the output must not depend
-    # on the budget.
-    con.execute(f"SET memory_limit='{budget // DUCKDB_SHARE >> 20}MiB'")
-    con.execute(f"SET temp_directory='{str(temp_dir).replace(chr(39), chr(39) * 2)}'")
-    # Rows must come back in table order (row ids follow it).
-    con.execute("SET preserve_insertion_order=true")
 
 
 def _rss() -> tuple[int, int]:
@@ -248,14 +218,6 @@ def _read_count(con: duckdb.DuckDBPyConnection, table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _release_arrow_memory() -> None:
-    """Hand the memory Arrow's pool keeps after freeing back to the system.
-    Its allocator retains freed pages for reuse: after the primary keys of
-    TPC-H SF10 (141 MiB of arrays) the process held 1.5 GiB of private memory
-    that the pool had used and freed, 0.2 GiB after this call."""
-    pa.default_memory_pool().release_unused()
-
-
 #: The SQL expression that hashes a string key (``{}``: the key as VARCHAR).
 KEY_HASH = "hash({})"
 
@@ -338,12 +300,12 @@ class _KeyIndex:
         integer keys are. Two keys that share a hash are found by
         :func:`_primary_keys`' duplicate check."""
         hashes, _, put, done = _into(n, np.uint64, where, with_valid=False)
-        offsets = _column_array(n + 1, np.int64)
+        offsets = memory.column_array(n + 1, np.int64)
         offsets[0] = 0
         data = _Spool(np.uint8)
         q = quote(key)
         h = KEY_HASH.format(f"{q}::VARCHAR")
-        reader = con.execute(f"SELECT {h}, {q}::VARCHAR FROM {quote(table)}").to_arrow_reader(CHUNK_ROWS)
+        reader = con.execute(f"SELECT {h}, {q}::VARCHAR FROM {quote(table)}").to_arrow_reader(memory.CHUNK_ROWS)
         nulls, at, size = 0, 0, 0
         for batch in reader:
             k = batch.column(1)
@@ -427,8 +389,8 @@ def _sort_keys(keys: np.ndarray, con: duckdb.DuckDBPyConnection | None = None) -
     spills to the run's temp directory past DuckDB's memory limit."""
     n = len(keys)
     budget = _SORT_BUDGET.get()
-    sorted_keys = _column_array(n, keys.dtype)
-    order = _column_array(n, np.uint32)
+    sorted_keys = memory.column_array(n, keys.dtype)
+    order = memory.column_array(n, np.uint32)
     if con is None or budget is None or n * 24 <= budget:
         rows = np.argsort(keys, kind="stable")
         np.take(keys, rows, out=sorted_keys)
@@ -436,8 +398,8 @@ def _sort_keys(keys: np.ndarray, con: duckdb.DuckDBPyConnection | None = None) -
         return sorted_keys, order
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for a in range(0, n, CHUNK_ROWS):
-            b = min(a + CHUNK_ROWS, n)
+        for a in range(0, n, memory.CHUNK_ROWS):
+            b = min(a + memory.CHUNK_ROWS, n)
             yield pa.record_batch([pa.array(keys[a:b]), pa.array(np.arange(a, b, dtype=np.uint32))], names=["k", "i"])
 
     schema = pa.schema([("k", pa.from_numpy_dtype(keys.dtype)), ("i", pa.uint32())])
@@ -445,7 +407,7 @@ def _sort_keys(keys: np.ndarray, con: duckdb.DuckDBPyConnection | None = None) -
     con.register(name, pa.RecordBatchReader.from_batches(schema, batches()))
     try:
         at = 0
-        for batch in con.execute(f"SELECT k, i FROM {quote(name)} ORDER BY k").to_arrow_reader(CHUNK_ROWS):
+        for batch in con.execute(f"SELECT k, i FROM {quote(name)} ORDER BY k").to_arrow_reader(memory.CHUNK_ROWS):
             m = batch.num_rows
             sorted_keys[at : at + m] = batch.column(0).to_numpy()
             order[at : at + m] = batch.column(1).to_numpy()
@@ -462,8 +424,8 @@ def _duplicates(sorted_keys: np.ndarray) -> tuple[int, Any, int]:
     how many times it appears) in ascending ``sorted_keys``, chunk by chunk."""
     n = len(sorted_keys)
     num, first, prev_eq = 0, None, False
-    for a in range(0, max(n - 1, 0), CHUNK_ROWS):
-        s = np.asarray(sorted_keys[a : min(a + CHUNK_ROWS + 1, n)])
+    for a in range(0, max(n - 1, 0), memory.CHUNK_ROWS):
+        s = np.asarray(sorted_keys[a : min(a + memory.CHUNK_ROWS + 1, n)])
         eq = s[1:] == s[:-1]
         starts = eq & ~np.concatenate([[prev_eq], eq[:-1]])
         if first is None and starts.any():
@@ -612,9 +574,9 @@ def _string_buffers(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _chunks(con: duckdb.DuckDBPyConnection, table: str, col: str) -> Iterator[pa.Array]:
-    """One column of ``table`` in record batches of :data:`CHUNK_ROWS` rows,
+    """One column of ``table`` in record batches of :data:`memory.CHUNK_ROWS` rows,
     in table order: never the whole column in Python memory."""
-    reader = con.execute(f"SELECT {quote(col)} FROM {quote(table)}").to_arrow_reader(CHUNK_ROWS)
+    reader = con.execute(f"SELECT {quote(col)} FROM {quote(table)}").to_arrow_reader(memory.CHUNK_ROWS)
     for batch in reader:
         yield batch.column(0)
 
@@ -635,61 +597,6 @@ def _string_stats(con: duckdb.DuckDBPyConnection, table: str, col: str) -> tuple
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), bool(row[2])
-
-
-Put = Callable[[np.ndarray, "np.ndarray | None"], None]
-
-
-#: Where whole-column arrays of a run are spilled (the run's
-#: ``OUT_DIR.duckdb_tmp``); ``None`` outside :func:`preprocess`.
-_SPILL_DIR: ContextVar[Path | None] = ContextVar("headwater_spill_dir", default=None)
-# Bytes a primary-key sort may take in private memory during a run (None: no
-# bound, outside a run); larger sorts are DuckDB's (see `_sort_keys`).
-_SORT_BUDGET: ContextVar[int | None] = ContextVar("headwater_sort_budget", default=None)
-
-#: Columns of at least this many rows are spilled.
-SPILL_MIN_ROWS = 1 << 20
-
-
-def _column_array(n: int, dtype: Any) -> np.ndarray:
-    """An uninitialised array of ``n`` values. A large one, during a run, is a
-    file-backed map in the run's spill directory whose file is unlinked at
-    once: its pages are page cache (written back and dropped under memory
-    pressure, freed with the array), not the process's private memory, so a
-    table's columns, row times and foreign keys cost the process nothing per
-    row while they wait for the writer."""
-    spill = _SPILL_DIR.get()
-    if spill is None or n < SPILL_MIN_ROWS:
-        return np.empty(n, dtype=dtype)
-    spill.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=spill, suffix=".col") as f:
-        return np.memmap(f, dtype=dtype, mode="w+", shape=(n,))
-
-
-def _into(
-    n: int, dtype: Any, where: str, with_valid: bool = True
-) -> tuple[np.ndarray, np.ndarray, Put, Callable[[], None]]:
-    """Preallocated ``(values, valid)`` of ``n`` rows (``valid`` empty unless
-    ``with_valid``; both spilled when large, see :func:`_column_array`), a
-    chunk appender, and the final row-count check."""
-    values = _column_array(n, dtype)
-    valid = _column_array(n if with_valid else 0, np.uint8)
-    at = [0]
-
-    def put(v: np.ndarray, ok: np.ndarray | None) -> None:
-        a, k = at[0], len(v)
-        if a + k > n:
-            raise SchemaError(f"{where}: more than the {n} rows counted (did the source change while reading?)")
-        values[a : a + k] = v
-        if ok is not None:
-            valid[a : a + k] = ok
-        at[0] = a + k
-
-    def done() -> None:
-        if at[0] != n:
-            raise SchemaError(f"{where}: read {at[0]} rows, the table has {n}")
-
-    return values, valid, put, done
 
 
 FIXED_DTYPES = {"numerical": np.float64, "boolean": np.uint8, "timestamp": np.int64}
@@ -802,7 +709,7 @@ def _add_table(
             put(_fill(_to_micros(chunk, where), I64_MIN, np.int64), None)
         done()
     else:
-        row_time = _column_array(n, np.int64)
+        row_time = memory.column_array(n, np.int64)
         row_time.fill(I64_MIN)
     fks = _foreign_keys(src, plan, keys, n, log)
     writer.end_table(row_time, fks)
@@ -829,43 +736,6 @@ def _foreign_keys(
         fks.append((fk, target, parents, num_null, num_dangling))
         _release_arrow_memory()
     return fks
-
-
-class _Spool:
-    """Values of a count not known in advance, appended chunk by chunk: during
-    a run, to an unlinked file in the run's spill directory, mapped whole when
-    complete (page cache, not private memory); outside a run, in memory. The
-    file is opened by the first non-empty append (a spool that stays empty,
-    such as a task's split codes without a split column, opens none)."""
-
-    def __init__(self, dtype: Any) -> None:
-        self.dtype = np.dtype(dtype)
-        self.n = 0
-        self.parts: list[np.ndarray] = []
-        self.spill = _SPILL_DIR.get()
-        self.file: Any = None
-
-    def append(self, a: np.ndarray) -> None:
-        a = np.ascontiguousarray(a, dtype=self.dtype)
-        if not len(a):
-            return
-        self.n += len(a)
-        if self.spill is None:
-            self.parts.append(a)
-            return
-        if self.file is None:
-            self.spill.mkdir(parents=True, exist_ok=True)
-            # Closed by array(), whose map then keeps the pages alive.
-            self.file = tempfile.TemporaryFile(dir=self.spill, suffix=".spool")  # noqa: SIM115
-        a.tofile(self.file)
-
-    def array(self) -> np.ndarray:
-        if self.file is None:
-            return np.concatenate(self.parts) if self.parts else np.empty(0, self.dtype)
-        self.file.flush()
-        out = np.memmap(self.file, dtype=self.dtype, mode="r+", shape=(self.n,)) if self.n else np.empty(0, self.dtype)
-        self.file.close()  # the map keeps the unlinked file's pages
-        return out
 
 
 def _task_batches(reader: Any, name: str, what: str) -> Iterator[pa.RecordBatch]:
@@ -941,8 +811,8 @@ class _TaskResult:
         order = pc.array_sort_indices(names).to_numpy()
         rank = np.empty(len(order), np.uint32)
         rank[order] = np.arange(len(order), dtype=np.uint32)
-        for a in range(0, len(values) if len(rank) else 0, CHUNK_ROWS):
-            values[a : a + CHUNK_ROWS] = rank[values[a : a + CHUNK_ROWS]]
+        for a in range(0, len(values) if len(rank) else 0, memory.CHUNK_ROWS):
+            values[a : a + memory.CHUNK_ROWS] = rank[values[a : a + memory.CHUNK_ROWS]]
         return values, valid, [str(v) for v in names.take(pa.array(order)).to_pylist()]
 
 
@@ -1017,7 +887,7 @@ def _add_declared_tasks(
         assert t.query is not None
         what = "SQL error from DuckDB"
         try:
-            reader = src.con.execute(t.query).to_arrow_reader(CHUNK_ROWS)
+            reader = src.con.execute(t.query).to_arrow_reader(memory.CHUNK_ROWS)
         except duckdb.Error as e:
             raise SchemaError(f"task `{t.name}`: {what}: {e}") from e
         _add_value_task(
@@ -1056,7 +926,7 @@ def _add_relbench_tasks(
         q = " UNION ALL ".join(parts)
         what = "cannot read its label files"
         try:
-            reader = src.con.execute(q).to_arrow_reader(CHUNK_ROWS)
+            reader = src.con.execute(q).to_arrow_reader(memory.CHUNK_ROWS)
         except duckdb.Error as e:
             raise SchemaError(f"task `{k.name}`: {what}: {e}") from e
         _add_value_task(
