@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pytest
 
 import headwater
-from headwater.preprocessing import memory, pipeline
+from headwater.preprocessing import columns, memory, pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
@@ -697,7 +697,7 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
         values, valid, categories = res.target()
     finally:
         memory._SPILL_DIR.reset(token)
-    want_values, want_valid, want_categories = pipeline.encode_column("categorical", pa.array(labels, pa.string()), "w")
+    want_values, want_valid, want_categories = columns.encode_column("categorical", pa.array(labels, pa.string()), "w")
     assert categories == want_categories == sorted(set(names), key=lambda s: s.encode())
     np.testing.assert_array_equal(valid, want_valid)
     ok = np.asarray(valid).astype(bool)
