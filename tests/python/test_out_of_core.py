@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pytest
 
 import headwater
-from headwater.preprocessing import columns, memory, pipeline
+from headwater.preprocessing import columns, memory, pipeline, primary_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
@@ -146,7 +146,7 @@ def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
     pk = pa.array(keys)
     token = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex(pk)
+        index = primary_keys._KeyIndex(pk)
     finally:
         memory._SPILL_DIR.reset(token)
     assert index.sorted is not None
@@ -168,11 +168,11 @@ def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
     with pytest.raises(headwater.SchemaError, match="here: string values cannot match primary key of type int64"):
         index.rows(pa.array(["x"]), "here")
     # Non-integer keys go through Arrow's index_in; an empty key matches nothing.
-    text = pipeline._KeyIndex(pa.array(["b", "a", "c"]))
+    text = primary_keys._KeyIndex(pa.array(["b", "a", "c"]))
     assert text.sorted is None
     rows, unmatched = text.rows(pa.array(["c", None, "z", "a"]), "here")
     assert rows.tolist() == [2, -1, -1, 1] and unmatched == 1
-    empty = pipeline._KeyIndex(pa.array([], type=pa.int64()))
+    empty = primary_keys._KeyIndex(pa.array([], type=pa.int64()))
     rows, unmatched = empty.rows(pa.array([1, None, 3]), "here")
     assert rows.tolist() == [-1, -1, -1] and unmatched == 2
 
@@ -202,7 +202,7 @@ def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypa
     spill = memory._SPILL_DIR.set(tmp_path)
     budget = memory._SORT_BUDGET.set(1 << 20 if order == "shuffled-duckdb-sort" else None)
     try:
-        index = pipeline._KeyIndex.stream(con, "t", "id", n, "table `t`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "t", "id", n, "table `t`: primary key `id`")
     finally:
         memory._SORT_BUDGET.reset(budget)
         memory._SPILL_DIR.reset(spill)
@@ -223,7 +223,7 @@ def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypa
     # A null key is named with its count.
     con.execute("CREATE TABLE bad AS SELECT * FROM (VALUES (1), (NULL), (3), (NULL)) v(id)")
     with pytest.raises(headwater.SchemaError, match=r"table `bad`: primary key `id` has 2 null value\(s\)"):
-        pipeline._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
+        primary_keys._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
 
 
 def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,7 +244,7 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     con.unregister("k_src")
     spill = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
     finally:
         memory._SPILL_DIR.reset(spill)
     assert index.arrow is None and index.values is not None
@@ -259,9 +259,9 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
         assert unmatched == want.null_count - col.null_count > 0
 
     # A weak hash (the string's length) makes values share hashes with keys.
-    monkeypatch.setattr(pipeline, "KEY_HASH", "length({})")
+    monkeypatch.setattr(primary_keys, "KEY_HASH", "length({})")
     con.execute("CREATE TABLE d AS SELECT * FROM (VALUES ('a'), ('bb'), ('ccc')) v(id)")
-    weak = pipeline._KeyIndex.stream(con, "d", "id", 3, "d")
+    weak = primary_keys._KeyIndex.stream(con, "d", "id", 3, "d")
     assert weak.values is not None
     rows, unmatched = weak.rows(pa.array(["x", "bb", "yyy", None, "ccc"]), "here")
     assert rows.tolist() == [-1, 1, -1, -1, 2] and unmatched == 2
@@ -271,8 +271,8 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     con.execute("CREATE TABLE r AS SELECT * FROM (VALUES ('a'), ('bb'), ('a')) v(id)")
     plans = [SimpleNamespace(name=t, primary_key="id") for t in ("c", "r")]
     with pytest.raises(headwater.SchemaError, match=r"table `r`: primary key `id` has 1 duplicated value\(s\), e.g. 'a' appears 2 times"):
-        pipeline._primary_keys(src, plans, {"c": 3, "r": 3})  # type: ignore[arg-type]
-    exact = pipeline._primary_keys(src, plans[:1], {"c": 3})["c"]  # type: ignore[arg-type]
+        primary_keys._primary_keys(src, plans, {"c": 3, "r": 3})  # type: ignore[arg-type]
+    exact = primary_keys._primary_keys(src, plans[:1], {"c": 3})["c"]  # type: ignore[arg-type]
     assert exact.values is None and exact.sorted is None
     assert exact.rows(pa.array(["b", "x", "cc"]), "here")[0].tolist() == [1, -1, 2]
 
@@ -312,12 +312,12 @@ def test_other_keys_indexed_by_the_hash_of_their_text(
     )
     spill = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
     finally:
         memory._SPILL_DIR.reset(spill)
     assert index.arrow is None and index.values is not None and isinstance(index.sorted, np.memmap)
     keys = con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks()
-    exact = pipeline._KeyIndex(keys)
+    exact = primary_keys._KeyIndex(keys)
     assert exact.sorted is None  # Arrow's index_in over the whole column
     col = con.execute("SELECT v FROM f").to_arrow_table().column(0).combine_chunks()
     rows, unmatched = index.rows(col, "here")
@@ -332,11 +332,11 @@ def test_float_keys_by_text_match_as_arrow_does() -> None:
     values: ``-0.0`` is not ``0.0``, and NaN matches NaN."""
     con = duckdb.connect()
     con.execute("CREATE TABLE s AS SELECT * FROM (VALUES (0.0::DOUBLE), (1.5), ('nan'::DOUBLE), (-2.25), (0.1)) v(id)")
-    index = pipeline._KeyIndex.stream(con, "s", "id", 5, "s")
+    index = primary_keys._KeyIndex.stream(con, "s", "id", 5, "s")
     assert index.values is not None
     col = pa.array([-0.0, 0.0, 1.5, float("nan"), 7.0, None, 0.1, 0.30000000000000004 - 0.2])
     rows, unmatched = index.rows(col, "here")
-    exact = pipeline._KeyIndex(con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks())
+    exact = primary_keys._KeyIndex(con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks())
     want, want_unmatched = exact.rows(col, "here")
     assert rows.tolist() == want.tolist() and unmatched == want_unmatched
     assert rows[1:4].tolist() == [0, 1, 2] and rows[6] == 4
@@ -353,7 +353,7 @@ def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: py
         values, counts = np.unique(keys, return_counts=True)
         dup = values[counts > 1]
         want = (len(dup), int(dup[0]), int(counts[counts > 1][0])) if len(dup) else (0, None, 0)
-        assert pipeline._duplicates(keys) == want, (trial, keys.tolist())
+        assert primary_keys._duplicates(keys) == want, (trial, keys.tolist())
 
 
 TEXT_SCHEMA = """
@@ -681,7 +681,7 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
     names = ["zeta", "alpha", "émile", "Beta", "", "m"]
     n = 5000
     keys = pa.array(np.arange(n, dtype=np.int64))
-    index = pipeline._KeyIndex(keys)
+    index = primary_keys._KeyIndex(keys)
     labels = [None if rng.random() < 0.1 else names[int(rng.integers(0, len(names)))] for _ in range(n)]
     labels[:40] = ["m"] * 40  # the first chunk sees one category only
     token = memory._SPILL_DIR.set(tmp_path)
