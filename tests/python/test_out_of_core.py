@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pytest
 
 import headwater
-from headwater.preprocessing import columns, memory, pipeline, primary_keys
+from headwater.preprocessing import columns, memory, pipeline, primary_keys, tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
@@ -686,7 +686,7 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
     labels[:40] = ["m"] * 40  # the first chunk sees one category only
     token = memory._SPILL_DIR.set(tmp_path)
     try:
-        res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+        res = tasks._TaskResult(index, "kind", "categorical", with_splits=False)
         for a in range(0, n, 700):
             b = min(a + 700, n)
             batch = pa.record_batch(
@@ -702,6 +702,6 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
     np.testing.assert_array_equal(valid, want_valid)
     ok = np.asarray(valid).astype(bool)
     np.testing.assert_array_equal(np.asarray(values)[ok], want_values[ok])
-    res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+    res = tasks._TaskResult(index, "kind", "categorical", with_splits=False)
     with pytest.raises(headwater.SchemaError, match="task `kind` target: cannot encode struct"):
         res.add(pa.record_batch([keys[:1], pa.nulls(1, pa.int64()), pa.array([{"x": 1}])], names=["k", "o", "t"]))
