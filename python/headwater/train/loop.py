@@ -30,7 +30,6 @@ Must never: let ranks apply different updates; log telemetry from ranks > 0.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -38,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.config import TrainConfig
 from headwater.train.evaluate import (
     Evaluator,
@@ -49,7 +48,7 @@ from headwater.train.evaluate import (
     telemetry_row,
 )
 from headwater.train.mesh import Mesh, Padder, host, host_shard
-from headwater.train.records import DrainRecorder, JsonlSink, Progress
+from headwater.train.records import Progress
 from headwater.train.summary import RunLog, describe_layout
 from headwater.train.verdict import VERDICTS, VerdictTracker
 
@@ -73,102 +72,26 @@ class Trainer:
         sampler's ``next_train_batch`` then returns that many batches); 1
         in ``headwater train``, more to replay several ranks' streams in one
         process (the cluster test's reference run)."""
-        from jax.sharding import PartitionSpec as P
-
-        from headwater import telemetry as T
-        from headwater.train import model as M
-        from headwater.train.device import tables_to_device
-        from headwater.train.optim import make_schedule
-
         self.cfg, self.sampler, self.rank, self.world, self.wb = cfg, sampler, rank, world, run
         self.log = RunLog()
-        self.model_cfg = cfg.model
-        if cfg.auto_categories:
-            meta = sampler.database_metadata()
-            self.model_cfg = dataclasses.replace(cfg.model, max_categories=M.max_categories(meta))
+        self.model_cfg = model_config(cfg, sampler)
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        mesh = Mesh(streams)
-        self.mesh = mesh
-        b = int(cfg.sampler_kwargs(rank).get("default_batch_size", 0))
-        per = mesh.devices_per_stream
-        if b % per:
-            raise ConfigError(
-                f"{cfg.where('sampler', 'default_batch_size')}: default_batch_size = {b} does "
-                f"not split over this process's {per} local devices; use a multiple of {per}"
-            )
+        self.mesh = Mesh(streams)
         #: How the global batch is formed (stated in the run summary).
-        self.batch_layout = {
-            "per_process_batch": b * streams,
-            "local_devices": mesh.local_devices,
-            "per_device_batch": b // per,
-            "devices": mesh.devices,
-            "processes": mesh.world,
-            "global_batch": b // per * mesh.devices,
-            "platform": mesh.platform,
-        }
-        self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
-        # Every rank initialises the same parameters from the same seed.
-        local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
-        self.params = mesh.replicate(local)
-        self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.batch_layout = batch_layout(cfg, rank, self.mesh, streams)
         self.stop, self.stopped = stop or C.StopFlag(), False
-        self.ckpt = C.Checkpointer(run_dir, cfg.train.keep_checkpoints)
-        self.start_step = 0
-        if checkpoint is not None:  # resume: the meta of the last checkpoint
-            self.start_step = int(checkpoint["step"])
-            self.params, self.opt_state, _ = self.ckpt.restore(
-                self.start_step, self.params, self.opt_state
-            )
-            sampler.load_state_dict(checkpoint["sampler"])
-        self.train_fn = mesh.step_fn(
-            M.make_train_step(self.model_cfg, cfg.optim, axis_name="data"),
-            in_specs=(P(), P(), P("data"), P(), P()),
-            out_specs=(P(), P(), P()),
-        )
-        self.eval_fn = mesh.step_fn(
-            M.make_eval_step(self.model_cfg, axis_name="data"),
-            in_specs=(P(), P("data"), P(), P()),
-            out_specs=P(),
-        )
-        self.lr = make_schedule(cfg.optim)
-        self.pad = Padder(mesh, self.model_cfg.max_categories)
-        # Its own padder: evaluation never changes the training batches' shapes.
-        self.evaluator = Evaluator(
-            sampler,
-            mesh,
-            Padder(mesh, self.model_cfg.max_categories),
-            self.model_cfg,
-            (self.col, self.cat),
-        )
+        self._init_state(col_np, cat_np, run_dir, checkpoint)
+        self._init_steps()
         self.run_dir = run_dir
-        lg, lead = cfg.logging, rank == 0
-        if lead and lg.jsonl and checkpoint is not None:
-            C.truncate_jsonl(
-                run_dir / "metrics.jsonl",
-                self.start_step,
-                final_phase=self.start_step == cfg.train.steps,
-            )
-        self.jsonl = (
-            JsonlSink(run_dir / "metrics.jsonl", append=checkpoint is not None)
-            if lead and lg.jsonl
-            else None
+        self.jsonl, self.drains, self.hook = open_sinks(
+            cfg,
+            sampler,
+            run_dir,
+            rank,
+            run,
+            resumed_at=self.start_step if checkpoint is not None else None,
         )
-        self.drains = (
-            DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
-            if lg.record_drains
-            else None
-        )
-        sinks: list[Any] = []
-        if run is not None:
-            from headwater.telemetry import WandbSink
-
-            sinks.append(WandbSink(run))
-        if self.jsonl is not None:
-            sinks.append(self.jsonl)
-        self.hook = T.StepHook(
-            self.drains or sampler, sinks=sinks, buffered=cfg.train.buffered_telemetry
-        )
-        self.progress = Progress(cfg.train.steps, cfg.train.log_every, lead)
+        self.progress = Progress(cfg.train.steps, cfg.train.log_every, rank == 0)
         self.verdict = VerdictTracker(world, cfg.train.warmup_steps)
         #: Each step's ``(verdict, culprit rank, reason)`` until its row is logged.
         self._verdicts: dict[int, tuple[str, int, str]] = {}
@@ -187,6 +110,65 @@ class Trainer:
         self._last: Any = None
         #: Steps/s of the train step replaying a cached batch (NaN until measured).
         self.replayed_rate = math.nan
+
+    def _init_state(
+        self,
+        col_np: np.ndarray,
+        cat_np: np.ndarray,
+        run_dir: Path,
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        """The frozen tables and the replicated parameters and optimiser
+        state on the mesh: initialised from the seed (the same on every
+        rank), then, on resume, restored from the checkpoint with the
+        sampler's state."""
+        from headwater.train import model as M
+        from headwater.train.device import tables_to_device
+
+        cfg, mesh = self.cfg, self.mesh
+        self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
+        # Every rank initialises the same parameters from the same seed.
+        local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
+        self.params = mesh.replicate(local)
+        self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.ckpt = C.Checkpointer(run_dir, cfg.train.keep_checkpoints)
+        self.start_step = 0
+        if checkpoint is not None:  # resume: the meta of the last checkpoint
+            self.start_step = int(checkpoint["step"])
+            self.params, self.opt_state, _ = self.ckpt.restore(
+                self.start_step, self.params, self.opt_state
+            )
+            self.sampler.load_state_dict(checkpoint["sampler"])
+
+    def _init_steps(self) -> None:
+        """The jitted train and eval steps over the mesh, the learning-rate
+        schedule, the batch padder and the evaluator (with its own padder:
+        evaluation never changes the training batches' shapes)."""
+        from jax.sharding import PartitionSpec as P
+
+        from headwater.train import model as M
+        from headwater.train.optim import make_schedule
+
+        cfg, mesh, model_cfg = self.cfg, self.mesh, self.model_cfg
+        self.train_fn = mesh.step_fn(
+            M.make_train_step(model_cfg, cfg.optim, axis_name="data"),
+            in_specs=(P(), P(), P("data"), P(), P()),
+            out_specs=(P(), P(), P()),
+        )
+        self.eval_fn = mesh.step_fn(
+            M.make_eval_step(model_cfg, axis_name="data"),
+            in_specs=(P(), P("data"), P(), P()),
+            out_specs=P(),
+        )
+        self.lr = make_schedule(cfg.optim)
+        self.pad = Padder(mesh, model_cfg.max_categories)
+        self.evaluator = Evaluator(
+            self.sampler,
+            mesh,
+            Padder(mesh, model_cfg.max_categories),
+            model_cfg,
+            (self.col, self.cat),
+        )
 
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""
