@@ -32,7 +32,6 @@ FILE_EXCEPTIONS: dict[str, str] = {
 }
 FUNCTION_EXCEPTIONS: dict[str, str] = {
     "headwater.bench.run_bench": "TODO(issue 31)",
-    "headwater.telemetry.schema.Schema.__init__": "TODO(issue 31)",
 }
 
 
