@@ -199,6 +199,59 @@ def _train_comparison(
     return train_comparison(path, batch_size, seq_len, factors, steps, seeds, overrides=overrides)
 
 
+def _process_scaling_of(
+    runs: list[dict[str, Any]], path: str | list[str], threads: list[int], steps: int,
+    conditions: dict[str, Any], rounds: int,
+) -> dict[str, Any]:
+    """:func:`_process_scaling` over a window as long as ``steps`` batches of
+    the one-thread run (``runs``' fewest threads), ``conditions`` the
+    sampler's keys for each process."""
+    one = min(runs, key=lambda r: r["threads"])
+    rate = one["batches_per_s"] / one["threads"]
+    # Long enough for `steps` batches at one thread's rate; the window
+    # opens once every process has had several times this run's
+    # opening and warm-up (plus the interpreter's start) to get there.
+    ready = one["first_batch_seconds"] + conditions["warmup"] / rate
+    return _process_scaling(
+        path,
+        max(threads),
+        max(steps / rate, 0.5),
+        2.0 + 3 * ready * max(threads),
+        conditions,
+        rounds,
+    )
+
+
+def _runs_summary(
+    db: str | os.PathLike[str], paths: list[str], runs: list[dict[str, Any]], steps: int,
+    warmup: int, batch_size: int, seq_len: int, ncpu: int, page_cache: str,
+) -> dict[str, Any]:
+    """The head of :func:`run_bench`'s result: the database, the conditions,
+    the thread runs, the best rate and the scaling against the first run."""
+    base = runs[0]
+    best = max(runs, key=lambda r: r["batches_per_s"])
+    return {
+        "db": str(Path(db).resolve()),
+        "databases": len(paths),
+        "db_bytes": sum(_native.Database(p).bytes_on_disk for p in paths),
+        "conditions": {
+            "batch_size": batch_size,
+            "sequence_length": seq_len,
+            "steps": steps,
+            "warmup": warmup,
+            "cpus": ncpu,
+            "page_cache": page_cache,
+        },
+        "runs": runs,
+        "batches_per_s": best["batches_per_s"],
+        "batches_per_s_per_core": base["batches_per_s"] / base["threads"],
+        "scaling": {
+            f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"]
+            for r in runs
+        },
+    }
+
+
 def run_bench(
     db: str | os.PathLike[str] | None = None,
     batch_size: int = 32,
@@ -236,10 +289,71 @@ def run_bench(
     evaluation metrics at equal steps); ``train_overrides`` are ``headwater
     train --set`` values for those runs.
     """
+    _check_bench_args(telemetry, train_steps, pack_factors)
+    db, path, weights = _bench_source(db)
+    paths = [path] if isinstance(path, str) else path
+    ncpu = os.cpu_count() or 1
+    threads = threads or sorted({1, ncpu})
+    on = telemetry != "off"
+    runs = _thread_runs(path, threads, steps, warmup, batch_size, seq_len, on, weights, page_cache)
+    handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
+    conditions = {
+        "warmup": warmup, "batch_size": batch_size, "sequence_length": seq_len, "telemetry": on,
+        "database_weights": weights, "page_cache": page_cache,
+    }
+    procs = _process_scaling_of(runs, path, threads, steps, conditions, rounds) if process_scaling else None
+    # In the result's order: the peak RSS is read before the comparisons run.
+    head = _runs_summary(db, paths, runs, steps, warmup, batch_size, seq_len, ncpu, page_cache)
+    peak_rss = _native.peak_rss_bytes()
+    packing = None
+    if pack_factors:
+        packing = _packing_comparison(
+            path, max(threads), steps, warmup, batch_size, seq_len, pack_factors, rounds, page_cache
+        )
+    training = None
+    if train_steps:
+        training = _train_comparison(
+            path, batch_size, seq_len, pack_factors or [], train_steps, train_seeds,
+            train_overrides or [],
+        )
+    load = os.getloadavg()
+    cost = None
+    if telemetry == "both":
+        cost = _telemetry_ratio(
+            path, max(threads), steps, warmup, batch_size, seq_len, 3, weights, page_cache
+        )
+    return {
+        **head, "handoff_us_median": handoff, "handoff_us_min": handoff_min,
+        "peak_rss_bytes": peak_rss, "telemetry": telemetry, "packing": packing,
+        "process_scaling": procs, "training": training, "load_average": load,
+        "telemetry_cost": cost,
+    }
+
+
+def _thread_runs(
+    path: str | list[str], threads: list[int], steps: int, warmup: int, batch_size: int,
+    seq_len: int, telemetry: bool, weights: Any, page_cache: str,
+) -> list[dict[str, Any]]:
+    """One :func:`_native.bench_sampler` run per thread count, in order."""
+    return [
+        _native.bench_sampler(
+            path, t, steps, warmup, batch_size, seq_len, telemetry=telemetry,
+            database_weights=weights, page_cache=page_cache,
+        )
+        for t in threads
+    ]
+
+
+def _check_bench_args(telemetry: str, train_steps: int, pack_factors: list[int] | None) -> None:
     if train_steps and not pack_factors:
         raise ValueError("train_steps needs pack_factors: the comparison is unpacked against packed")
     if telemetry not in ("on", "off", "both"):
         raise ValueError(f"telemetry must be 'on', 'off' or 'both', got {telemetry!r}")
+
+
+def _bench_source(db: str | os.PathLike[str] | None) -> tuple[Any, str | list[str], Any]:
+    """``(db, sampler path(s), database weights)``: ``db`` or the default
+    database, a mixture file resolved to its databases and weights."""
     if db is None:
         from headwater.data.default_db import default_database
 
@@ -247,89 +361,7 @@ def run_bench(
     from headwater.mixture import sampler_source
 
     path, keys = sampler_source(db)
-    weights = keys.get("database_weights")
-    paths = [path] if isinstance(path, str) else path
-    ncpu = os.cpu_count() or 1
-    threads = threads or sorted({1, ncpu})
-    on = telemetry != "off"
-    runs = [
-        _native.bench_sampler(
-            path, t, steps, warmup, batch_size, seq_len, telemetry=on, database_weights=weights,
-            page_cache=page_cache,
-        )
-        for t in threads
-    ]
-    handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
-    base = runs[0]
-    procs = None
-    if process_scaling:
-        one = min(runs, key=lambda r: r["threads"])
-        rate = one["batches_per_s"] / one["threads"]
-        # Long enough for `steps` batches at one thread's rate; the window
-        # opens once every process has had several times this run's
-        # opening and warm-up (plus the interpreter's start) to get there.
-        ready = one["first_batch_seconds"] + warmup / rate
-        procs = _process_scaling(
-            path,
-            max(threads),
-            max(steps / rate, 0.5),
-            2.0 + 3 * ready * max(threads),
-            {
-                "warmup": warmup, "batch_size": batch_size, "sequence_length": seq_len, "telemetry": on,
-                "database_weights": weights, "page_cache": page_cache,
-            },
-            rounds,
-        )
-    best = max(runs, key=lambda r: r["batches_per_s"])
-    return {
-        "db": str(Path(db).resolve()),
-        "databases": len(paths),
-        "db_bytes": sum(_native.Database(p).bytes_on_disk for p in paths),
-        "conditions": {
-            "batch_size": batch_size,
-            "sequence_length": seq_len,
-            "steps": steps,
-            "warmup": warmup,
-            "cpus": ncpu,
-            "page_cache": page_cache,
-        },
-        "runs": runs,
-        "batches_per_s": best["batches_per_s"],
-        "batches_per_s_per_core": base["batches_per_s"] / base["threads"],
-        "scaling": {
-            f"{r['threads']}/{base['threads']}": r["batches_per_s"] / base["batches_per_s"]
-            for r in runs
-        },
-        "handoff_us_median": handoff,
-        "handoff_us_min": handoff_min,
-        "peak_rss_bytes": _native.peak_rss_bytes(),
-        "telemetry": telemetry,
-        "packing": (
-            _packing_comparison(
-                path, max(threads), steps, warmup, batch_size, seq_len, pack_factors, rounds,
-                page_cache,
-            )
-            if pack_factors
-            else None
-        ),
-        "process_scaling": procs,
-        "training": (
-            _train_comparison(
-                path, batch_size, seq_len, pack_factors or [], train_steps, train_seeds,
-                train_overrides or [],
-            )
-            if train_steps
-            else None
-        ),
-        "load_average": os.getloadavg(),
-        "telemetry_cost": (
-            _telemetry_ratio(
-                path, max(threads), steps, warmup, batch_size, seq_len, 3, weights, page_cache
-            )
-            if telemetry == "both"
-            else None
-        ),
-    }
+    return db, path, keys.get("database_weights")
 
 
 def format_bench(r: dict[str, Any]) -> str:

@@ -18,54 +18,13 @@ def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Open ``db_dir`` (headers, sizes, content hash) and summarise it as a
     dict; a mixture file gives ``{"mixture", "databases": [...]}``, each
     database's summary with its name and share of batches."""
-    from headwater.mixture import is_mixture_file, read_mixture, sampler_args
+    from headwater.mixture import is_mixture_file
 
     if is_mixture_file(db_dir):
-        entries = read_mixture(db_dir)
-        paths, keys = sampler_args(entries)
-        weights = keys["database_weights"]
-        total = sum(weights) or 1.0
-        dbs = []
-        seen: list[str] = []
-        for p, w in zip(paths, weights, strict=True):
-            name, n = Path(p).name, 1
-            while name in seen:
-                n += 1
-                name = f"{Path(p).name}#{n}"
-            seen.append(name)
-            dbs.append({"name": name, "share": w / total, **inspect(p)})
-        embedders = {(d["embedder"]["name"], d["embedder"]["dim"]) for d in dbs}
-        return {
-            "mixture": str(Path(db_dir).resolve()),
-            "databases": dbs,
-            "one_embedder": len(embedders) == 1,
-        }
+        return _inspect_mixture(db_dir)
     db = _native.Database(Path(db_dir))
     meta = json.loads(db.metadata_json())
-    tables = []
-    for t in meta["tables"]:
-        stypes = Counter(meta["columns"][c]["stype"] for c in t["columns"])
-        stypes.update(u["stype"] for u in t["unstored_columns"])
-        tables.append(
-            {
-                "name": t["name"],
-                "rows": t["num_rows"],
-                "primary_key": t["primary_key"],
-                "time_column": t["time_column"],
-                "columns_by_type": dict(sorted(stypes.items())),
-                "foreign_keys": [
-                    {
-                        "column": fk["column"],
-                        "references": meta["tables"][fk["references"]]["name"],
-                        "edges": fk["num_edges"],
-                        "null": fk["num_null"],
-                        "dangling": fk["num_dangling"],
-                    }
-                    for fk in t["foreign_keys"]
-                ],
-                "bytes": meta["files"][t["file"]]["bytes"],
-            }
-        )
+    tables = [_table_summary(meta, t) for t in meta["tables"]]
     tasks = [
         {
             "name": k["name"],
@@ -95,6 +54,57 @@ def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
         },
         "bytes_on_disk": db.bytes_on_disk,
         "files": {k: v["bytes"] for k, v in meta["files"].items()},
+    }
+
+
+def _inspect_mixture(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Each database of the mixture file ``path``: its summary, a name unique
+    in the mixture (``name#2`` for a repeat) and its share of batches."""
+    from headwater.mixture import read_mixture, sampler_args
+
+    entries = read_mixture(path)
+    paths, keys = sampler_args(entries)
+    weights = keys["database_weights"]
+    total = sum(weights) or 1.0
+    dbs = []
+    seen: list[str] = []
+    for p, w in zip(paths, weights, strict=True):
+        name, n = Path(p).name, 1
+        while name in seen:
+            n += 1
+            name = f"{Path(p).name}#{n}"
+        seen.append(name)
+        dbs.append({"name": name, "share": w / total, **inspect(p)})
+    embedders = {(d["embedder"]["name"], d["embedder"]["dim"]) for d in dbs}
+    return {
+        "mixture": str(Path(path).resolve()),
+        "databases": dbs,
+        "one_embedder": len(embedders) == 1,
+    }
+
+
+def _table_summary(meta: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    """One table of ``metadata_json()``: rows, keys, columns by semantic type
+    (stored and unstored), foreign keys with their edge counts, bytes."""
+    stypes = Counter(meta["columns"][c]["stype"] for c in t["columns"])
+    stypes.update(u["stype"] for u in t["unstored_columns"])
+    return {
+        "name": t["name"],
+        "rows": t["num_rows"],
+        "primary_key": t["primary_key"],
+        "time_column": t["time_column"],
+        "columns_by_type": dict(sorted(stypes.items())),
+        "foreign_keys": [
+            {
+                "column": fk["column"],
+                "references": meta["tables"][fk["references"]]["name"],
+                "edges": fk["num_edges"],
+                "null": fk["num_null"],
+                "dangling": fk["num_dangling"],
+            }
+            for fk in t["foreign_keys"]
+        ],
+        "bytes": meta["files"][t["file"]]["bytes"],
     }
 
 

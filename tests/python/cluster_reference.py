@@ -18,9 +18,10 @@ from typing import Any
 
 from headwater.train.config import load_config
 from headwater.train.launcher import resolve_database
-from headwater.train.loop import Trainer, open_sampler
+from headwater.train.loop import Trainer
 from headwater.train.mesh import digest, param_norm
 from headwater.train.origins import parse_overrides
+from headwater.train.rank import open_sampler
 
 
 class Streams:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from headwater import _native
+from headwater.train import attention as A
 from headwater.train import device as DV
 from headwater.train import model as M
 from headwater.train.optim import MUON_WEIGHTS, OptConfig, param_labels
@@ -323,16 +324,16 @@ def test_qk_normalisation_has_a_finite_gradient_at_zero() -> None:
     zero = jnp.zeros((4,), jnp.float32)
     naive = jax.grad(lambda x: (x / jnp.maximum(jnp.linalg.norm(x), 1e-6)).sum())(zero)
     assert np.isnan(np.asarray(naive)).all()
-    assert np.isfinite(np.asarray(jax.grad(lambda x: M._l2_normalize(x).sum())(zero))).all()
+    assert np.isfinite(np.asarray(jax.grad(lambda x: A._l2_normalize(x).sum())(zero))).all()
     x = jnp.asarray([3.0, -4.0, 0.0, 1e-9])
     np.testing.assert_allclose(
-        M._l2_normalize(x), x / jnp.maximum(jnp.linalg.norm(x), 1e-6), rtol=1e-6
+        A._l2_normalize(x), x / jnp.maximum(jnp.linalg.norm(x), 1e-6), rtol=1e-6
     )
 
 
 def _brute_force_masks(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n_seq, s = b["column_ids"].shape
-    out = {k: np.zeros((n_seq, s, s), bool) for k in M.ATTENTION_KINDS}
+    out = {k: np.zeros((n_seq, s, s), bool) for k in A.ATTENTION_KINDS}
     for q in range(n_seq):
         rows, cols, pad, adj = (
             b["seq_row_ids"][q],
@@ -360,9 +361,9 @@ def _brute_force_masks(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def test_attention_masks_match_brute_force(setup: Setup) -> None:
     np_batch = setup.np_batches[2]  # user_country: a parent seed with children
     assert np_batch["fk_adj"].any() and np_batch["is_padding"].any()
-    got = jax.jit(lambda b: M.attention_masks(b, M.ATTENTION_KINDS))(setup.batches[2])
+    got = jax.jit(lambda b: A.attention_masks(b, A.ATTENTION_KINDS))(setup.batches[2])
     want = _brute_force_masks(np_batch)
-    for kind in M.ATTENTION_KINDS:
+    for kind in A.ATTENTION_KINDS:
         np.testing.assert_array_equal(np.asarray(got[kind]), want[kind], err_msg=kind)
     pad = np_batch["is_padding"].astype(bool)
     for kind, m in got.items():

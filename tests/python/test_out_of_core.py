@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pytest
 
 import headwater
-from headwater.preprocessing import pipeline
+from headwater.preprocessing import columns, memory, pipeline, primary_keys, tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
@@ -88,7 +88,7 @@ def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
     schema = tmp_path / "schema.toml"
     schema.write_text(TASK)
     settings: list[tuple[Any, ...]] = []
-    configure = pipeline._configure_duckdb
+    configure = memory._configure_duckdb
 
     def spy(con: duckdb.DuckDBPyConnection, budget: int, temp: Path) -> None:
         configure(con, budget, temp)
@@ -98,13 +98,13 @@ def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
         assert row is not None
         settings.append(row)
 
-    monkeypatch.setattr(pipeline, "_configure_duckdb", spy)
+    monkeypatch.setattr(pipeline, "_configure_duckdb", spy)  # where preprocess() looks it up
     # Uncompressed: 8 bytes per number/timestamp, ~9 per note, 1 per flag.
     raw_mib = (1_000_000 * (8 * 4 + 10) + 20_000 * 34) / 2**20
     # The tiny run also spills every column array, row times and foreign
     # keys included, to file-backed maps (the default run: none at this size).
     spilled: list[bool] = []
-    column_array = pipeline._column_array
+    column_array = memory.column_array
 
     def spy_array(n: int, dtype: Any) -> np.ndarray:
         a = column_array(n, dtype)
@@ -112,12 +112,12 @@ def test_duckdb_limit_far_below_the_data_spills_and_changes_no_byte(
             spilled.append(isinstance(a, np.memmap))
         return a
 
-    monkeypatch.setattr(pipeline, "_column_array", spy_array)
-    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1)
+    monkeypatch.setattr(memory, "column_array", spy_array)
+    monkeypatch.setattr(memory, "SPILL_MIN_ROWS", 1)
     tiny = headwater.preprocess(src, tmp_path / "tiny", schema=schema, embedder="hash", progress=False, memory_limit="48MiB")
     tiny_spilled = list(spilled)
     spilled.clear()
-    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1 << 20)
+    monkeypatch.setattr(memory, "SPILL_MIN_ROWS", 1 << 20)
     default = headwater.preprocess(src, tmp_path / "default", schema=schema, embedder="hash", progress=False)
     assert len(tiny_spilled) > 10 and all(tiny_spilled), tiny_spilled
     assert spilled and not any(spilled), spilled
@@ -144,11 +144,11 @@ def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
     if order == "shuffled":
         rng.shuffle(keys)
     pk = pa.array(keys)
-    token = pipeline._SPILL_DIR.set(tmp_path)
+    token = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex(pk)
+        index = primary_keys._KeyIndex(pk)
     finally:
-        pipeline._SPILL_DIR.reset(token)
+        memory._SPILL_DIR.reset(token)
     assert index.sorted is not None
     assert (index.order is None) == (order == "ascending")
     assert isinstance(index.sorted, np.memmap) == (order == "shuffled")
@@ -168,11 +168,11 @@ def test_key_index_matches_arrow_index_in(order: str, tmp_path: Path) -> None:
     with pytest.raises(headwater.SchemaError, match="here: string values cannot match primary key of type int64"):
         index.rows(pa.array(["x"]), "here")
     # Non-integer keys go through Arrow's index_in; an empty key matches nothing.
-    text = pipeline._KeyIndex(pa.array(["b", "a", "c"]))
+    text = primary_keys._KeyIndex(pa.array(["b", "a", "c"]))
     assert text.sorted is None
     rows, unmatched = text.rows(pa.array(["c", None, "z", "a"]), "here")
     assert rows.tolist() == [2, -1, -1, 1] and unmatched == 1
-    empty = pipeline._KeyIndex(pa.array([], type=pa.int64()))
+    empty = primary_keys._KeyIndex(pa.array([], type=pa.int64()))
     rows, unmatched = empty.rows(pa.array([1, None, 3]), "here")
     assert rows.tolist() == [-1, -1, -1] and unmatched == 2
 
@@ -199,13 +199,13 @@ def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypa
             raise AssertionError("argsort called for a sort past the budget")
 
         monkeypatch.setattr(np, "argsort", no_argsort)
-    spill = pipeline._SPILL_DIR.set(tmp_path)
-    budget = pipeline._SORT_BUDGET.set(1 << 20 if order == "shuffled-duckdb-sort" else None)
+    spill = memory._SPILL_DIR.set(tmp_path)
+    budget = memory._SORT_BUDGET.set(1 << 20 if order == "shuffled-duckdb-sort" else None)
     try:
-        index = pipeline._KeyIndex.stream(con, "t", "id", n, "table `t`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "t", "id", n, "table `t`: primary key `id`")
     finally:
-        pipeline._SORT_BUDGET.reset(budget)
-        pipeline._SPILL_DIR.reset(spill)
+        memory._SORT_BUDGET.reset(budget)
+        memory._SPILL_DIR.reset(spill)
     monkeypatch.undo()
     assert index.arrow is None and isinstance(index.sorted, np.memmap)
     assert (index.order is None) == (order == "ascending")
@@ -223,7 +223,7 @@ def test_key_index_streamed_from_the_source(order: str, tmp_path: Path, monkeypa
     # A null key is named with its count.
     con.execute("CREATE TABLE bad AS SELECT * FROM (VALUES (1), (NULL), (3), (NULL)) v(id)")
     with pytest.raises(headwater.SchemaError, match=r"table `bad`: primary key `id` has 2 null value\(s\)"):
-        pipeline._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
+        primary_keys._KeyIndex.stream(con, "bad", "id", 4, "table `bad`: primary key `id`")
 
 
 def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,8 +232,8 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     private memory. Lookups equal Arrow's hash lookup over the whole column;
     a value sharing a key's hash is not that key; keys sharing a hash fall
     back to the exact lookup, and repeated keys are still named."""
-    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 5000)
-    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 1000)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", 5000)
+    monkeypatch.setattr(memory, "SPILL_MIN_ROWS", 1000)
     rng = np.random.default_rng(5)
     n = 60_000
     keys = np.array([f"k{i}-é{i % 97}" for i in range(n - 1)] + [""], dtype=object)
@@ -242,11 +242,11 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     con.register("k_src", pa.table({"id": pa.array(keys, pa.string())}))
     con.execute("CREATE TABLE s AS SELECT id FROM k_src")
     con.unregister("k_src")
-    spill = pipeline._SPILL_DIR.set(tmp_path)
+    spill = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
     finally:
-        pipeline._SPILL_DIR.reset(spill)
+        memory._SPILL_DIR.reset(spill)
     assert index.arrow is None and index.values is not None
     assert isinstance(index.sorted, np.memmap) and index.sorted.dtype == np.uint64
     values = np.concatenate([rng.choice(keys, size=3000), [f"miss{i}" for i in range(3000)], [""]])
@@ -259,9 +259,9 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
         assert unmatched == want.null_count - col.null_count > 0
 
     # A weak hash (the string's length) makes values share hashes with keys.
-    monkeypatch.setattr(pipeline, "KEY_HASH", "length({})")
+    monkeypatch.setattr(primary_keys, "KEY_HASH", "length({})")
     con.execute("CREATE TABLE d AS SELECT * FROM (VALUES ('a'), ('bb'), ('ccc')) v(id)")
-    weak = pipeline._KeyIndex.stream(con, "d", "id", 3, "d")
+    weak = primary_keys._KeyIndex.stream(con, "d", "id", 3, "d")
     assert weak.values is not None
     rows, unmatched = weak.rows(pa.array(["x", "bb", "yyy", None, "ccc"]), "here")
     assert rows.tolist() == [-1, 1, -1, -1, 2] and unmatched == 2
@@ -271,8 +271,8 @@ def test_string_keys_indexed_by_hash_and_confirmed_by_value(tmp_path: Path, monk
     con.execute("CREATE TABLE r AS SELECT * FROM (VALUES ('a'), ('bb'), ('a')) v(id)")
     plans = [SimpleNamespace(name=t, primary_key="id") for t in ("c", "r")]
     with pytest.raises(headwater.SchemaError, match=r"table `r`: primary key `id` has 1 duplicated value\(s\), e.g. 'a' appears 2 times"):
-        pipeline._primary_keys(src, plans, {"c": 3, "r": 3})  # type: ignore[arg-type]
-    exact = pipeline._primary_keys(src, plans[:1], {"c": 3})["c"]  # type: ignore[arg-type]
+        primary_keys._primary_keys(src, plans, {"c": 3, "r": 3})  # type: ignore[arg-type]
+    exact = primary_keys._primary_keys(src, plans[:1], {"c": 3})["c"]  # type: ignore[arg-type]
     assert exact.values is None and exact.sorted is None
     assert exact.rows(pa.array(["b", "x", "cc"]), "here")[0].tolist() == [1, -1, 2]
 
@@ -298,8 +298,8 @@ def test_other_keys_indexed_by_the_hash_of_their_text(
     their DuckDB text beside the texts (no key column in private memory), and
     every lookup equals Arrow's exact lookup over the whole key column: hits,
     misses, nulls, and referencing values of another type cast to the key's."""
-    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 997)
-    monkeypatch.setattr(pipeline, "SPILL_MIN_ROWS", 100)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", 997)
+    monkeypatch.setattr(memory, "SPILL_MIN_ROWS", 100)
     n = 5000
     con = duckdb.connect()
     con.execute(f"CREATE TABLE s AS SELECT {key} AS id FROM range({n}) t(i) ORDER BY hash(i)")
@@ -310,14 +310,14 @@ def test_other_keys_indexed_by_the_hash_of_their_text(
         f"UNION ALL SELECT ({miss}){cast} FROM range(700) t(i) "
         f"UNION ALL SELECT NULL FROM range(50)) ORDER BY hash(v)"
     )
-    spill = pipeline._SPILL_DIR.set(tmp_path)
+    spill = memory._SPILL_DIR.set(tmp_path)
     try:
-        index = pipeline._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
+        index = primary_keys._KeyIndex.stream(con, "s", "id", n, "table `s`: primary key `id`")
     finally:
-        pipeline._SPILL_DIR.reset(spill)
+        memory._SPILL_DIR.reset(spill)
     assert index.arrow is None and index.values is not None and isinstance(index.sorted, np.memmap)
     keys = con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks()
-    exact = pipeline._KeyIndex(keys)
+    exact = primary_keys._KeyIndex(keys)
     assert exact.sorted is None  # Arrow's index_in over the whole column
     col = con.execute("SELECT v FROM f").to_arrow_table().column(0).combine_chunks()
     rows, unmatched = index.rows(col, "here")
@@ -332,11 +332,11 @@ def test_float_keys_by_text_match_as_arrow_does() -> None:
     values: ``-0.0`` is not ``0.0``, and NaN matches NaN."""
     con = duckdb.connect()
     con.execute("CREATE TABLE s AS SELECT * FROM (VALUES (0.0::DOUBLE), (1.5), ('nan'::DOUBLE), (-2.25), (0.1)) v(id)")
-    index = pipeline._KeyIndex.stream(con, "s", "id", 5, "s")
+    index = primary_keys._KeyIndex.stream(con, "s", "id", 5, "s")
     assert index.values is not None
     col = pa.array([-0.0, 0.0, 1.5, float("nan"), 7.0, None, 0.1, 0.30000000000000004 - 0.2])
     rows, unmatched = index.rows(col, "here")
-    exact = pipeline._KeyIndex(con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks())
+    exact = primary_keys._KeyIndex(con.execute("SELECT id FROM s").to_arrow_table().column(0).combine_chunks())
     want, want_unmatched = exact.rows(col, "here")
     assert rows.tolist() == want.tolist() and unmatched == want_unmatched
     assert rows[1:4].tolist() == [0, 1, 2] and rows[6] == 4
@@ -346,14 +346,14 @@ def test_duplicate_keys_counted_on_the_sorted_keys_across_chunks(monkeypatch: py
     """Duplicated integer keys are found on the sorted keys chunk by chunk
     (runs that straddle a chunk boundary counted once), matching a count
     over the whole array."""
-    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", 7)
     rng = np.random.default_rng(3)
     for trial in range(200):
         keys = np.sort(rng.integers(0, 60, size=int(rng.integers(0, 80))))
         values, counts = np.unique(keys, return_counts=True)
         dup = values[counts > 1]
         want = (len(dup), int(dup[0]), int(counts[counts > 1][0])) if len(dup) else (0, None, 0)
-        assert pipeline._duplicates(keys) == want, (trial, keys.tolist())
+        assert primary_keys._duplicates(keys) == want, (trial, keys.tolist())
 
 
 TEXT_SCHEMA = """
@@ -389,7 +389,7 @@ def test_text_columns_streamed_in_chunks_write_the_same_bytes(
     schema = tmp_path / "schema.toml"
     schema.write_text(TEXT_SCHEMA)
     whole = pipeline.preprocess(src, tmp_path / "whole", schema, embedder="hash", progress=False)
-    monkeypatch.setattr(pipeline, "CHUNK_ROWS", 37)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", 37)
     chunked = pipeline.preprocess(src, tmp_path / "chunked", schema, embedder="hash", progress=False)
     assert _hashes(chunked) == _hashes(whole)
     meta = json.loads(headwater.Database(chunked).metadata_json())
@@ -406,15 +406,15 @@ def test_text_columns_streamed_in_chunks_write_the_same_bytes(
 
 
 def test_memory_limit_sizes_and_errors() -> None:
-    assert pipeline.parse_size("512MiB") == 512 << 20
-    assert pipeline.parse_size("2GiB") == 2 << 30
-    assert pipeline.parse_size("1.5G") == 3 << 29
-    assert pipeline.parse_size("300MB") == 300 * 10**6
-    assert pipeline.parse_size(1 << 30) == 1 << 30
+    assert memory.parse_size("512MiB") == 512 << 20
+    assert memory.parse_size("2GiB") == 2 << 30
+    assert memory.parse_size("1.5G") == 3 << 29
+    assert memory.parse_size("300MB") == 300 * 10**6
+    assert memory.parse_size(1 << 30) == 1 << 30
     with pytest.raises(ValueError, match="memory_limit '12 parsecs'"):
-        pipeline.parse_size("12 parsecs")
+        memory.parse_size("12 parsecs")
     with pytest.raises(ValueError, match="memory_limit '1MiB': at least 48MiB"):
-        pipeline.parse_size("1MiB")
+        memory.parse_size("1MiB")
 
 
 def test_cli_memory_limit_flag(tmp_path: Path) -> None:
@@ -649,15 +649,15 @@ def test_spool_spills_what_it_is_given_and_opens_nothing_when_empty(tmp_path: Pa
     rng = np.random.default_rng(3)
     chunks = [rng.integers(0, 1 << 30, size=n).astype(np.uint32) for n in (5, 0, 70_000, 1)]
     spill = tmp_path / "spill"
-    token = pipeline._SPILL_DIR.set(spill)
+    token = memory._SPILL_DIR.set(spill)
     try:
-        full, empty = pipeline._Spool(np.uint32), pipeline._Spool(np.uint8)
+        full, empty = memory._Spool(np.uint32), memory._Spool(np.uint8)
         for c in chunks:
             full.append(c)
             empty.append(np.empty(0, np.uint8))
         opened = {p.name for p in Path("/proc/self/fd").iterdir() if "spool" in _fd_target(p)}
     finally:
-        pipeline._SPILL_DIR.reset(token)
+        memory._SPILL_DIR.reset(token)
     assert len(opened) == 1, opened
     got = full.array()
     assert isinstance(got, np.memmap)
@@ -681,12 +681,12 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
     names = ["zeta", "alpha", "émile", "Beta", "", "m"]
     n = 5000
     keys = pa.array(np.arange(n, dtype=np.int64))
-    index = pipeline._KeyIndex(keys)
+    index = primary_keys._KeyIndex(keys)
     labels = [None if rng.random() < 0.1 else names[int(rng.integers(0, len(names)))] for _ in range(n)]
     labels[:40] = ["m"] * 40  # the first chunk sees one category only
-    token = pipeline._SPILL_DIR.set(tmp_path)
+    token = memory._SPILL_DIR.set(tmp_path)
     try:
-        res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+        res = tasks._TaskResult(index, "kind", "categorical", with_splits=False)
         for a in range(0, n, 700):
             b = min(a + 700, n)
             batch = pa.record_batch(
@@ -696,12 +696,12 @@ def test_categorical_task_target_streamed_as_the_whole_column_encodes(tmp_path: 
             res.add(batch)
         values, valid, categories = res.target()
     finally:
-        pipeline._SPILL_DIR.reset(token)
-    want_values, want_valid, want_categories = pipeline.encode_column("categorical", pa.array(labels, pa.string()), "w")
+        memory._SPILL_DIR.reset(token)
+    want_values, want_valid, want_categories = columns.encode_column("categorical", pa.array(labels, pa.string()), "w")
     assert categories == want_categories == sorted(set(names), key=lambda s: s.encode())
     np.testing.assert_array_equal(valid, want_valid)
     ok = np.asarray(valid).astype(bool)
     np.testing.assert_array_equal(np.asarray(values)[ok], want_values[ok])
-    res = pipeline._TaskResult(index, "kind", "categorical", with_splits=False)
+    res = tasks._TaskResult(index, "kind", "categorical", with_splits=False)
     with pytest.raises(headwater.SchemaError, match="task `kind` target: cannot encode struct"):
         res.add(pa.record_batch([keys[:1], pa.nulls(1, pa.int64()), pa.array([{"x": 1}])], names=["k", "o", "t"]))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from headwater.preprocessing.sources import Source, quote
 
 if TYPE_CHECKING:
-    from headwater.preprocessing.pipeline import TablePlan
+    from headwater.preprocessing.plan import TablePlan
     from headwater.preprocessing.schema import Schema
 
 MODES = ("propose", "none")

@@ -150,7 +150,26 @@ class Schema:
         self._sentinel = sentinel
         self._sentinel_list = sentinel.tolist()
 
-        # Histograms as a padded [n_hist, max_buckets] grid.
+        self._histogram_grid(hists, midpoint)
+
+        # Reduced key order and where each value comes from in unpack()'s flat vector.
+        off = self._unpack_offsets()
+        out_keys, out_src, kind_out = self._reduced_layout(off)
+        if len(set(out_keys)) != len(out_keys):
+            raise ValueError("telemetry schema: a reduced key collides with another key")
+        #: Keys of a reduced dict, in order.
+        self.reduced_keys: tuple[str, ...] = tuple(out_keys)
+        #: Reduced key -> MIN, MAX, SUM, SUM_MAX, RANK, BUCKET, QUANTILE or HIST_MAX.
+        self.reduced_kinds: dict[str, str] = kind_out
+        self._out_src = np.array(out_src, dtype=np.intp)
+        self._drained_index = {k: i for i, k in enumerate(keys)}
+
+    def _histogram_grid(
+        self, hists: list[tuple[str, list[float], int]], midpoint: list[bool]
+    ) -> None:
+        """The histograms ``(key, edges, first bucket position)`` as a padded
+        ``[n_hist, max_buckets]`` grid of edges, the (row, column) of each
+        drained bucket in it, and each histogram's quantile rule."""
         nb = max((len(e) for _, e, _ in hists), default=1)
         self._edges = np.full((self.n_hist, nb), _INF)
         self._hrow = np.concatenate(
@@ -167,9 +186,10 @@ class Schema:
         self._midpoint = np.array(midpoint, dtype=bool)
         self._nbuckets = np.array([len(e) for _, e, _ in hists], dtype=np.intp)
 
-        # Reduced key order and where each value comes from in unpack()'s
-        # flat vector [mins, min_rank, maxs, max_rank, counters, counter_max,
-        # counter_rank, buckets, quantiles (n_hist x 2)].
+    def _unpack_offsets(self) -> dict[str, int]:
+        """Where each part starts in :meth:`unpack`'s flat vector [mins,
+        min_rank, maxs, max_rank, counters, counter_max, counter_rank,
+        buckets, quantiles (n_hist x 2)]."""
         off = {}
         o = 0
         for name, n in (
@@ -185,15 +205,7 @@ class Schema:
         ):
             off[name] = o
             o += n
-        out_keys, out_src, kind_out = self._reduced_layout(off)
-        if len(set(out_keys)) != len(out_keys):
-            raise ValueError("telemetry schema: a reduced key collides with another key")
-        #: Keys of a reduced dict, in order.
-        self.reduced_keys: tuple[str, ...] = tuple(out_keys)
-        #: Reduced key -> MIN, MAX, SUM, SUM_MAX, RANK, BUCKET, QUANTILE or HIST_MAX.
-        self.reduced_kinds: dict[str, str] = kind_out
-        self._out_src = np.array(out_src, dtype=np.intp)
-        self._drained_index = {k: i for i, k in enumerate(keys)}
+        return off
 
     def _reduced_layout(self, off: dict[str, int]) -> tuple[list[str], list[int], dict[str, str]]:
         """Reduced key order, where each value sits in :meth:`unpack`'s flat

@@ -168,7 +168,7 @@ class _Start:
 
 
 def _train_here(cfg: TrainConfig, db: Path, run_dir: Path, **kw: Any) -> dict[str, Any]:
-    from headwater.train.loop import train_rank
+    from headwater.train.rank import train_rank
 
     return train_rank(cfg, db, run_dir, **kw)
 
@@ -403,7 +403,7 @@ def _launch_many(
 
 def worker_main(rank: int, spec_json: str) -> int:
     """One rank of a multi-process run (``python -m headwater.train --worker``)."""
-    from headwater.train.loop import train_rank
+    from headwater.train.rank import train_rank
 
     spec = json.loads(spec_json)
     try:

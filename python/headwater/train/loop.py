@@ -1,9 +1,7 @@
-"""One rank of ``headwater train``: the relational transformer fed by the
-sampler, with the telemetry hook every step.
-
-Owns: :func:`train_rank` (join the loopback job, open the sampler and the
-W&B run, build the model, run the steps, write ``rank-<r>.json``) and
-:class:`Trainer` (the per-step loop and validation).
+"""One rank's step loop: :class:`Trainer` holds the model, the optimiser
+state and the step functions, and runs the steps, validation, evaluation
+passes and checkpoints (:func:`headwater.train.rank.train_rank` builds one
+per rank and writes its summary).
 
 Data parallelism: one device per process, a 1-D mesh over processes (axis
 ``data``, :mod:`headwater.train.mesh`). Each rank samples its slice of the
@@ -17,14 +15,6 @@ wait (blocked in ``next_train_batch``), host → device (padding, the shape
 agreement, building the global arrays), compute (the jitted step, until the
 loss is on the host), telemetry (drain, cross-rank reduction, sinks) and the
 rest (progress, W&B logging of the trainer's own metrics).
-
-Outputs, under ``<logging.dir>/<run name>/``: ``wandb/`` (rank 0, offline by
-default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
-losses, timings, a digest of the final parameters, the evaluation
-results), ``rank-<r>.log`` (ranks > 0, multi-process runs),
-``checkpoints/<step>/`` (every ``train.checkpoint_every`` steps, at the end
-and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoint`;
-``headwater eval`` scores one: :mod:`headwater.train.eval_run`).
 
 Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
@@ -40,20 +30,16 @@ Must never: let ranks apply different updates; log telemetry from ranks > 0.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.config import TrainConfig
-from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.evaluate import (
     Evaluator,
     PassInterrupted,
@@ -61,174 +47,10 @@ from headwater.train.evaluate import (
     flat_row,
     telemetry_row,
 )
-from headwater.train.mesh import Mesh, Padder, digest, host, host_shard, param_norm
-from headwater.train.records import DrainRecorder, JsonlSink, Progress
-from headwater.train.summary import RunLog, describe_layout, format_summary, summarise
+from headwater.train.mesh import Mesh, Padder, host, host_shard
+from headwater.train.records import Progress
+from headwater.train.summary import RunLog, describe_layout
 from headwater.train.verdict import VERDICTS, VerdictTracker
-
-
-def train_rank(
-    cfg: TrainConfig,
-    db: Path,
-    run_dir: Path,
-    *,
-    rank: int = 0,
-    world: int = 1,
-    port: int = 0,
-    joined: bool = False,
-    resume: bool = False,
-    stop: C.StopFlag | None = None,
-) -> dict[str, Any]:
-    """Train on this process as ``rank`` of ``world``; return its summary.
-
-    With ``world > 1`` the process joins the loopback ``jax.distributed``
-    job on ``port`` first, unless it has ``joined`` a job already (a
-    cluster launcher's); it leaves the job only after a successful run: a
-    failed rank exits without the shutdown barrier, see the launcher.
-    ``resume``: continue from the run directory's last checkpoint. ``stop``:
-    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
-    installed here, *after* joining the job: ``jax.distributed`` installs
-    its own SIGTERM handler (its preemption notifier), which would swallow
-    the signal.
-    """
-    import jax
-
-    from headwater.telemetry import initialize_loopback
-
-    if world > 1 and not joined:
-        initialize_loopback(rank, world, port)
-    stop = (stop or C.StopFlag(hard_on_second=True)).install()
-    try:
-        summary = _train(cfg, db, run_dir, rank, world, resume, stop)
-    finally:
-        stop.restore()
-    if world > 1:
-        jax.distributed.shutdown()
-    return summary
-
-
-def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0) -> Any:
-    """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
-    keys, its exporter on ``port`` (0 = none); a rejected value is a
-    :class:`ConfigError` naming where it was set."""
-    from headwater import _native
-    from headwater.mixture import open_sampler as open_mixture_sampler
-
-    kw = cfg.sampler_kwargs(rank)
-    lg = cfg.logging
-    if port:
-        kw.update(prometheus_port=port, prometheus_host=lg.prometheus_host, local_rank=0)
-    if lg.otlp_endpoint:
-        kw["otlp_endpoint"] = lg.otlp_endpoint
-    try:
-        return open_mixture_sampler(db, rank=rank, world_size=world, **kw)
-    except (ValueError, _native.ConfigError) as e:
-        raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
-
-
-def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
-    """The W&B run; ``run_id``: resume that run (rows earlier attempts logged
-    are not logged again, :class:`~headwater.train.checkpoint.ResumedRun`)."""
-    import wandb
-
-    lg = cfg.logging
-    os.environ.setdefault("WANDB_SILENT", "true")
-    logged = C.logged_steps(run_dir, run_id) if run_id else {}
-    run = wandb.init(
-        mode=lg.wandb_mode,  # type: ignore[arg-type]  # checked in LoggingSection
-        project=lg.wandb_project,
-        name=run_dir.name,
-        dir=str(run_dir),
-        config=cfg.to_dict(),
-        id=run_id,
-        resume="allow" if run_id else None,
-    )
-    run.define_metric("trainer/step")
-    run.define_metric("trainer/*", step_metric="trainer/step")
-    run.define_metric("val/*", step_metric="trainer/step")
-    run.define_metric("eval/*", step_metric="trainer/step")
-    return C.ResumedRun(run, logged) if run_id else run
-
-
-def _train(
-    cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int, resume: bool, stop: C.StopFlag
-) -> dict[str, Any]:
-    lg = cfg.logging
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = C.committed_steps(run_dir)[-1] if resume else 0
-    meta = C.read_meta(run_dir, start) if resume else None
-    port = exporter_port(lg.prometheus_port, rank)
-    sampler = open_sampler(cfg, db, rank, world, port)
-    endpoints = _endpoints(cfg, run_dir, rank, port)
-    run = None
-    if rank == 0 and lg.wandb_mode != "disabled":
-        run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
-    try:
-        with sampler:
-            _check_schema(cfg, sampler, rank)
-            trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
-            if rank == 0:
-                trainer.announce(db, endpoints)
-            wall, final_val = trainer.run_steps()
-            if port and lg.prometheus_linger_s > 0:
-                time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
-    except BaseException:
-        # Keep what was logged: close the W&B run as failed (the files are
-        # flushed when their objects go), then let the error through.
-        if run is not None:
-            run.finish(exit_code=1)
-        raise
-    param_digest = digest(trainer.params)
-    summary = summarise(
-        trainer.log,
-        warmup_steps=cfg.train.warmup_steps,
-        world=world,
-        wall=wall,
-        rank=rank,
-        final_val_loss=final_val,
-        param_digest=param_digest,
-        param_norm=param_norm(trainer.params),
-        metrics_endpoints=endpoints,
-        wandb_dir=str(Path(run.dir).parent) if run is not None else None,
-        config=cfg.to_dict(),
-        batch_layout=trainer.batch_layout,
-        **trainer.verdict.summary(trainer.replayed_rate),
-        telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
-        start_step=trainer.start_step,
-        interrupted=stop.name if trainer.stopped else None,
-        interrupted_signal=stop.signum if trainer.stopped else 0,
-        checkpoint=trainer.ckpt.figures(),
-    )
-    if run is not None:
-        run.summary.update({"trainer/param_digest": param_digest})
-        run.finish()
-    (run_dir / f"rank-{rank}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    if rank == 0:
-        print(format_summary(summary, profile=cfg.train.profile), flush=True)
-    return summary
-
-
-def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:
-    """Every rank's ``/metrics`` URL (none without an exporter); rank 0
-    writes them to the run's Prometheus ``file_sd`` targets file."""
-    if not port:
-        return []
-    targets = rank_endpoints(cfg.logging.prometheus_host, port)
-    if rank == 0:
-        sd = write_file_sd(run_dir, targets, run_dir.name)
-        print(f"Prometheus file_sd targets: {sd}", flush=True)
-    return [f"http://{t}/metrics" for t in targets]
-
-
-def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
-    """Every rank must pack the same telemetry layout and feed the same
-    batch shapes: compared by hash before the first collective."""
-    from headwater.train.cluster import check_same_schema, schema_hash
-
-    kw = cfg.sampler_kwargs(rank)
-    shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
-    describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
-    check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)
 
 
 class Trainer:
@@ -250,102 +72,26 @@ class Trainer:
         sampler's ``next_train_batch`` then returns that many batches); 1
         in ``headwater train``, more to replay several ranks' streams in one
         process (the cluster test's reference run)."""
-        from jax.sharding import PartitionSpec as P
-
-        from headwater import telemetry as T
-        from headwater.train import model as M
-        from headwater.train.device import tables_to_device
-        from headwater.train.optim import make_schedule
-
         self.cfg, self.sampler, self.rank, self.world, self.wb = cfg, sampler, rank, world, run
         self.log = RunLog()
-        self.model_cfg = cfg.model
-        if cfg.auto_categories:
-            meta = sampler.database_metadata()
-            self.model_cfg = dataclasses.replace(cfg.model, max_categories=M.max_categories(meta))
+        self.model_cfg = model_config(cfg, sampler)
         col_np, cat_np = sampler.column_embeddings(), sampler.categorical_embeddings()
-        mesh = Mesh(streams)
-        self.mesh = mesh
-        b = int(cfg.sampler_kwargs(rank).get("default_batch_size", 0))
-        per = mesh.devices_per_stream
-        if b % per:
-            raise ConfigError(
-                f"{cfg.where('sampler', 'default_batch_size')}: default_batch_size = {b} does "
-                f"not split over this process's {per} local devices; use a multiple of {per}"
-            )
+        self.mesh = Mesh(streams)
         #: How the global batch is formed (stated in the run summary).
-        self.batch_layout = {
-            "per_process_batch": b * streams,
-            "local_devices": mesh.local_devices,
-            "per_device_batch": b // per,
-            "devices": mesh.devices,
-            "processes": mesh.world,
-            "global_batch": b // per * mesh.devices,
-            "platform": mesh.platform,
-        }
-        self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
-        # Every rank initialises the same parameters from the same seed.
-        local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
-        self.params = mesh.replicate(local)
-        self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.batch_layout = batch_layout(cfg, rank, self.mesh, streams)
         self.stop, self.stopped = stop or C.StopFlag(), False
-        self.ckpt = C.Checkpointer(run_dir, cfg.train.keep_checkpoints)
-        self.start_step = 0
-        if checkpoint is not None:  # resume: the meta of the last checkpoint
-            self.start_step = int(checkpoint["step"])
-            self.params, self.opt_state, _ = self.ckpt.restore(
-                self.start_step, self.params, self.opt_state
-            )
-            sampler.load_state_dict(checkpoint["sampler"])
-        self.train_fn = mesh.step_fn(
-            M.make_train_step(self.model_cfg, cfg.optim, axis_name="data"),
-            in_specs=(P(), P(), P("data"), P(), P()),
-            out_specs=(P(), P(), P()),
-        )
-        self.eval_fn = mesh.step_fn(
-            M.make_eval_step(self.model_cfg, axis_name="data"),
-            in_specs=(P(), P("data"), P(), P()),
-            out_specs=P(),
-        )
-        self.lr = make_schedule(cfg.optim)
-        self.pad = Padder(mesh, self.model_cfg.max_categories)
-        # Its own padder: evaluation never changes the training batches' shapes.
-        self.evaluator = Evaluator(
-            sampler,
-            mesh,
-            Padder(mesh, self.model_cfg.max_categories),
-            self.model_cfg,
-            (self.col, self.cat),
-        )
+        self._init_state(col_np, cat_np, run_dir, checkpoint)
+        self._init_steps()
         self.run_dir = run_dir
-        lg, lead = cfg.logging, rank == 0
-        if lead and lg.jsonl and checkpoint is not None:
-            C.truncate_jsonl(
-                run_dir / "metrics.jsonl",
-                self.start_step,
-                final_phase=self.start_step == cfg.train.steps,
-            )
-        self.jsonl = (
-            JsonlSink(run_dir / "metrics.jsonl", append=checkpoint is not None)
-            if lead and lg.jsonl
-            else None
+        self.jsonl, self.drains, self.hook = open_sinks(
+            cfg,
+            sampler,
+            run_dir,
+            rank,
+            run,
+            resumed_at=self.start_step if checkpoint is not None else None,
         )
-        self.drains = (
-            DrainRecorder(sampler, run_dir / f"drains-rank{rank}.jsonl")
-            if lg.record_drains
-            else None
-        )
-        sinks: list[Any] = []
-        if run is not None:
-            from headwater.telemetry import WandbSink
-
-            sinks.append(WandbSink(run))
-        if self.jsonl is not None:
-            sinks.append(self.jsonl)
-        self.hook = T.StepHook(
-            self.drains or sampler, sinks=sinks, buffered=cfg.train.buffered_telemetry
-        )
-        self.progress = Progress(cfg.train.steps, cfg.train.log_every, lead)
+        self.progress = Progress(cfg.train.steps, cfg.train.log_every, rank == 0)
         self.verdict = VerdictTracker(world, cfg.train.warmup_steps)
         #: Each step's ``(verdict, culprit rank, reason)`` until its row is logged.
         self._verdicts: dict[int, tuple[str, int, str]] = {}
@@ -364,6 +110,65 @@ class Trainer:
         self._last: Any = None
         #: Steps/s of the train step replaying a cached batch (NaN until measured).
         self.replayed_rate = math.nan
+
+    def _init_state(
+        self,
+        col_np: np.ndarray,
+        cat_np: np.ndarray,
+        run_dir: Path,
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        """The frozen tables and the replicated parameters and optimiser
+        state on the mesh: initialised from the seed (the same on every
+        rank), then, on resume, restored from the checkpoint with the
+        sampler's state."""
+        from headwater.train import model as M
+        from headwater.train.device import tables_to_device
+
+        cfg, mesh = self.cfg, self.mesh
+        self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
+        # Every rank initialises the same parameters from the same seed.
+        local = M.init_params(cfg.train.seed, self.model_cfg, int(col_np.shape[1]))
+        self.params = mesh.replicate(local)
+        self.opt_state = mesh.replicate(M.init_opt_state(local, cfg.optim))
+        self.ckpt = C.Checkpointer(run_dir, cfg.train.keep_checkpoints)
+        self.start_step = 0
+        if checkpoint is not None:  # resume: the meta of the last checkpoint
+            self.start_step = int(checkpoint["step"])
+            self.params, self.opt_state, _ = self.ckpt.restore(
+                self.start_step, self.params, self.opt_state
+            )
+            self.sampler.load_state_dict(checkpoint["sampler"])
+
+    def _init_steps(self) -> None:
+        """The jitted train and eval steps over the mesh, the learning-rate
+        schedule, the batch padder and the evaluator (with its own padder:
+        evaluation never changes the training batches' shapes)."""
+        from jax.sharding import PartitionSpec as P
+
+        from headwater.train import model as M
+        from headwater.train.optim import make_schedule
+
+        cfg, mesh, model_cfg = self.cfg, self.mesh, self.model_cfg
+        self.train_fn = mesh.step_fn(
+            M.make_train_step(model_cfg, cfg.optim, axis_name="data"),
+            in_specs=(P(), P(), P("data"), P(), P()),
+            out_specs=(P(), P(), P()),
+        )
+        self.eval_fn = mesh.step_fn(
+            M.make_eval_step(model_cfg, axis_name="data"),
+            in_specs=(P(), P("data"), P(), P()),
+            out_specs=P(),
+        )
+        self.lr = make_schedule(cfg.optim)
+        self.pad = Padder(mesh, model_cfg.max_categories)
+        self.evaluator = Evaluator(
+            self.sampler,
+            mesh,
+            Padder(mesh, model_cfg.max_categories),
+            model_cfg,
+            (self.col, self.cat),
+        )
 
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""

@@ -3,6 +3,7 @@
 Owns: :class:`ModelConfig`, parameter init, the forward pass (value encoder →
 blocks of column / feature / neighbour attention + MLP → decoder heads on the
 target cell), the loss dispatch of §4g and the jitted train / eval steps. The
+attention masks and the attention itself are :mod:`headwater.train.attention`; the
 host → device conversion of sampler batches is :mod:`headwater.train.device`.
 
 Plain JAX + optax, no flax: the model is a handful of matrices in a nested
@@ -88,6 +89,7 @@ import optax
 from jax import lax
 
 from headwater import _native
+from headwater.train.attention import ATTENTION_KINDS, MASK_FILL, _attention, attention_masks
 from headwater.train.optim import OptConfig, make_optimizer
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
@@ -96,8 +98,6 @@ NUM_STYPES = 5
 #: ``target_stype`` takes one of the first four codes.
 NUM_TARGET_STYPES = 4
 TIMESTAMP_DIM = 15
-MASK_FILL = -1e9
-ATTENTION_KINDS = ("column", "feature", "outbound", "inbound", "neighbour")
 
 #: The 20 batch tensors of seed 000 §3b, defined once in Rust.
 BATCH_KEYS: tuple[str, ...] = tuple(_native.BATCH_KEYS)
@@ -270,74 +270,12 @@ def _unit_rms(table: jax.Array) -> jax.Array:
     return t * lax.rsqrt(jnp.maximum(ms, 1e-12))
 
 
-def _l2_normalize(x: jax.Array) -> jax.Array:
-    """``x / max(||x||, 1e-6)`` with a gradient that is finite at ``x = 0``."""
-    return x * lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))
-
-
 def _project_table(table: jax.Array, w: jax.Array, dtype: jnp.dtype) -> jax.Array:
     return _unit_rms(table).astype(dtype) @ w.astype(dtype)
 
 
 def _take(table: jax.Array, ids: jax.Array) -> jax.Array:
     return jnp.take(table, ids.astype(jnp.int32), axis=0, mode="clip")
-
-
-def attention_masks(batch: Mapping[str, jax.Array], kinds: tuple[str, ...]) -> dict[str, jax.Array]:
-    """Boolean masks ``[B, S, S]`` (query i, key j) for each attention kind.
-
-    ``mask[b, i, j]`` is the relation of the kind between cells i and j, and
-    both i and j non-padding; or ``i == j``.
-    """
-    valid = batch["is_padding"] == 0
-    rows = batch["seq_row_ids"].astype(jnp.int32)
-    s = rows.shape[1]
-    both_valid = valid[:, :, None] & valid[:, None, :]
-    eye = jnp.eye(s, dtype=jnp.bool_)[None]
-    out_rel = None
-    if any(k in kinds for k in ("outbound", "inbound", "neighbour")):
-        adj = batch["fk_adj"] != 0
-        # out_rel[b, i, j] = fk_adj[b, rows[b, i], rows[b, j]]
-        out_rel = jax.vmap(lambda a, r: a[r][:, r])(adj, rows)
-    masks = {}
-    for kind in kinds:
-        if kind == "column":
-            col = batch["column_ids"]
-            seg = batch["segment_ids"]
-            rel = (col[:, :, None] == col[:, None, :]) & (seg[:, :, None] == seg[:, None, :])
-        elif kind == "feature":
-            rel = rows[:, :, None] == rows[:, None, :]
-        else:
-            assert out_rel is not None
-            if kind == "outbound":
-                rel = out_rel
-            elif kind == "inbound":
-                rel = jnp.swapaxes(out_rel, 1, 2)
-            else:
-                rel = out_rel | jnp.swapaxes(out_rel, 1, 2)
-        masks[kind] = (rel & both_valid) | eye
-    return masks
-
-
-def _attention(
-    wqkv: jax.Array,
-    wo: jax.Array,
-    qk_scale: jax.Array,
-    x: jax.Array,
-    mask: jax.Array,
-    cfg: ModelConfig,
-) -> jax.Array:
-    b, s, d = x.shape
-    h, dh, dt = cfg.num_heads, cfg.head_dim, cfg.dtype
-    qkv = jnp.einsum("bsd,kde->kbse", x, wqkv.astype(dt))
-    q, k, v = (t.reshape(b, s, h, dh).astype(jnp.float32) for t in qkv)
-    q = _l2_normalize(q) * qk_scale[None, None, :, None]
-    k = _l2_normalize(k)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    scores = jnp.where(mask[:, None], scores, MASK_FILL)
-    probs = jax.nn.softmax(scores, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs, v).astype(dt).reshape(b, s, d)
-    return o @ wo.astype(dt)
 
 
 def _block(blk: Params, h: jax.Array, masks: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -349,7 +287,7 @@ def _block(blk: Params, h: jax.Array, masks: jax.Array, cfg: ModelConfig) -> jax
     def sub_layer(h: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
         norm, wqkv, wo, qk_scale, mask = xs
         x = rms_norm(h, norm, cfg.norm_eps, dt)
-        return h + _attention(wqkv, wo, qk_scale, x, mask, cfg), None
+        return h + _attention(wqkv, wo, qk_scale, x, mask, cfg.num_heads, dt), None
 
     xs = (blk["attn_norm"], blk["wqkv"], blk["wo"], blk["qk_scale"], masks)
     h, _ = lax.scan(sub_layer, h, xs)

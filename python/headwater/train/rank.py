@@ -1,0 +1,199 @@
+"""One rank of ``headwater train``, start to end: :func:`train_rank` joins
+the loopback job, opens the sampler (:func:`open_sampler`), the W&B run and
+the exporter's endpoints, checks that every rank packs the same telemetry
+and feeds the same shapes, hands them to a :class:`~headwater.train.loop.Trainer`
+for the steps, and writes the rank's summary.
+
+Outputs, under ``<logging.dir>/<run name>/``: ``wandb/`` (rank 0, offline by
+default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
+losses, timings, a digest of the final parameters, the evaluation
+results), ``rank-<r>.log`` (ranks > 0, multi-process runs),
+``checkpoints/<step>/`` (every ``train.checkpoint_every`` steps, at the end
+and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoint`;
+``headwater eval`` scores one: :mod:`headwater.train.eval_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from headwater.errors import ConfigError
+from headwater.train import checkpoint as C
+from headwater.train.config import TrainConfig
+from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
+from headwater.train.loop import Trainer
+from headwater.train.mesh import digest, param_norm
+from headwater.train.summary import format_summary, summarise
+
+
+def train_rank(
+    cfg: TrainConfig,
+    db: Path,
+    run_dir: Path,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    port: int = 0,
+    joined: bool = False,
+    resume: bool = False,
+    stop: C.StopFlag | None = None,
+) -> dict[str, Any]:
+    """Train on this process as ``rank`` of ``world``; return its summary.
+
+    With ``world > 1`` the process joins the loopback ``jax.distributed``
+    job on ``port`` first, unless it has ``joined`` a job already (a
+    cluster launcher's); it leaves the job only after a successful run: a
+    failed rank exits without the shutdown barrier, see the launcher.
+    ``resume``: continue from the run directory's last checkpoint. ``stop``:
+    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
+    installed here, *after* joining the job: ``jax.distributed`` installs
+    its own SIGTERM handler (its preemption notifier), which would swallow
+    the signal.
+    """
+    import jax
+
+    from headwater.telemetry import initialize_loopback
+
+    if world > 1 and not joined:
+        initialize_loopback(rank, world, port)
+    stop = (stop or C.StopFlag(hard_on_second=True)).install()
+    try:
+        summary = _train(cfg, db, run_dir, rank, world, resume, stop)
+    finally:
+        stop.restore()
+    if world > 1:
+        jax.distributed.shutdown()
+    return summary
+
+
+
+def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0) -> Any:
+    """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
+    keys, its exporter on ``port`` (0 = none); a rejected value is a
+    :class:`ConfigError` naming where it was set."""
+    from headwater import _native
+    from headwater.mixture import open_sampler as open_mixture_sampler
+
+    kw = cfg.sampler_kwargs(rank)
+    lg = cfg.logging
+    if port:
+        kw.update(prometheus_port=port, prometheus_host=lg.prometheus_host, local_rank=0)
+    if lg.otlp_endpoint:
+        kw["otlp_endpoint"] = lg.otlp_endpoint
+    try:
+        return open_mixture_sampler(db, rank=rank, world_size=world, **kw)
+    except (ValueError, _native.ConfigError) as e:
+        raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
+
+
+
+def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
+    """The W&B run; ``run_id``: resume that run (rows earlier attempts logged
+    are not logged again, :class:`~headwater.train.checkpoint.ResumedRun`)."""
+    import wandb
+
+    lg = cfg.logging
+    os.environ.setdefault("WANDB_SILENT", "true")
+    logged = C.logged_steps(run_dir, run_id) if run_id else {}
+    run = wandb.init(
+        mode=lg.wandb_mode,  # type: ignore[arg-type]  # checked in LoggingSection
+        project=lg.wandb_project,
+        name=run_dir.name,
+        dir=str(run_dir),
+        config=cfg.to_dict(),
+        id=run_id,
+        resume="allow" if run_id else None,
+    )
+    run.define_metric("trainer/step")
+    run.define_metric("trainer/*", step_metric="trainer/step")
+    run.define_metric("val/*", step_metric="trainer/step")
+    run.define_metric("eval/*", step_metric="trainer/step")
+    return C.ResumedRun(run, logged) if run_id else run
+
+
+
+def _train(
+    cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int, resume: bool, stop: C.StopFlag
+) -> dict[str, Any]:
+    lg = cfg.logging
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = C.committed_steps(run_dir)[-1] if resume else 0
+    meta = C.read_meta(run_dir, start) if resume else None
+    port = exporter_port(lg.prometheus_port, rank)
+    sampler = open_sampler(cfg, db, rank, world, port)
+    endpoints = _endpoints(cfg, run_dir, rank, port)
+    run = None
+    if rank == 0 and lg.wandb_mode != "disabled":
+        run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
+    try:
+        with sampler:
+            _check_schema(cfg, sampler, rank)
+            trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
+            if rank == 0:
+                trainer.announce(db, endpoints)
+            wall, final_val = trainer.run_steps()
+            if port and lg.prometheus_linger_s > 0:
+                time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
+    except BaseException:
+        # Keep what was logged: close the W&B run as failed (the files are
+        # flushed when their objects go), then let the error through.
+        if run is not None:
+            run.finish(exit_code=1)
+        raise
+    param_digest = digest(trainer.params)
+    summary = summarise(
+        trainer.log,
+        warmup_steps=cfg.train.warmup_steps,
+        world=world,
+        wall=wall,
+        rank=rank,
+        final_val_loss=final_val,
+        param_digest=param_digest,
+        param_norm=param_norm(trainer.params),
+        metrics_endpoints=endpoints,
+        wandb_dir=str(Path(run.dir).parent) if run is not None else None,
+        config=cfg.to_dict(),
+        batch_layout=trainer.batch_layout,
+        **trainer.verdict.summary(trainer.replayed_rate),
+        telemetry_reductions={e["key"]: e["reduction"] for e in trainer.hook.schema.entries},
+        start_step=trainer.start_step,
+        interrupted=stop.name if trainer.stopped else None,
+        interrupted_signal=stop.signum if trainer.stopped else 0,
+        checkpoint=trainer.ckpt.figures(),
+    )
+    if run is not None:
+        run.summary.update({"trainer/param_digest": param_digest})
+        run.finish()
+    (run_dir / f"rank-{rank}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    if rank == 0:
+        print(format_summary(summary, profile=cfg.train.profile), flush=True)
+    return summary
+
+
+
+def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:
+    """Every rank's ``/metrics`` URL (none without an exporter); rank 0
+    writes them to the run's Prometheus ``file_sd`` targets file."""
+    if not port:
+        return []
+    targets = rank_endpoints(cfg.logging.prometheus_host, port)
+    if rank == 0:
+        sd = write_file_sd(run_dir, targets, run_dir.name)
+        print(f"Prometheus file_sd targets: {sd}", flush=True)
+    return [f"http://{t}/metrics" for t in targets]
+
+
+
+def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
+    """Every rank must pack the same telemetry layout and feed the same
+    batch shapes: compared by hash before the first collective."""
+    from headwater.train.cluster import check_same_schema, schema_hash
+
+    kw = cfg.sampler_kwargs(rank)
+    shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
+    describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
+    check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)
