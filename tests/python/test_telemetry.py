@@ -668,6 +668,7 @@ EXTRA_REDUCTIONS = {
     "databases/remaining_fraction_min": "MIN",
     "databases/remaining_fraction_worst": "MAX",
     "databases/other_seeds": "SUM",
+    "io/major_faults": "SUM",
 }
 
 
@@ -767,6 +768,7 @@ PROM_COUNTERS = {
     "headwater_sampler_resumes_total": "resumes",
     "headwater_packing_contexts_cut_total": "packing/contexts_cut",
     "headwater_mixture_other_seeds_drawn_total": "databases/other_seeds",
+    "headwater_io_major_faults_total": "io/major_faults",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
