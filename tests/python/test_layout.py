@@ -16,6 +16,7 @@ not a loop between rooms.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,3 +198,132 @@ def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:
     assert _cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
     two = {"x": {"y"}, "y": {"z", "x"}, "z": {"x"}, "p": {"q"}, "q": {"p", "x"}}
     assert _cycles(two) == [["x", "y", "x"], ["p", "q", "p"]]
+
+
+# The Rust sources: the same no-loop rule over `src/`, one node per file.
+RUST_SOURCE = ROOT / "src"
+# Rooms a room must never reach (STYLE.md, "Arrows point down"): the
+# measurement vocabulary imports nothing of the crate, `format` knows nothing
+# of sampling, `batch` and `telemetry` know nothing of each other.
+RUST_FORBIDDEN: dict[str, set[str]] = {
+    "readings": {
+        "batch",
+        "config",
+        "format",
+        "pipeline",
+        "preprocess",
+        "sampler",
+        "seeds",
+        "telemetry",
+    },
+    "format": {"batch", "pipeline", "preprocess", "sampler", "seeds", "telemetry"},
+    "batch": {"pipeline", "telemetry"},
+    "telemetry": {"batch", "pipeline", "sampler", "seeds"},
+    "sampler": {"batch", "pipeline", "telemetry"},
+    "seeds": {"batch", "pipeline", "sampler", "telemetry"},
+}
+_RUST_PATH = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+_RUST_USE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.M | re.S)
+
+
+def _rust_modules() -> dict[tuple[str, ...], Path]:
+    """Every file of `src/` by module path (`("pipeline", "maker", "draw")`;
+    a `mod.rs` or `lib.rs` by its folder's path)."""
+    out: dict[tuple[str, ...], Path] = {}
+    for path in sorted(RUST_SOURCE.rglob("*.rs")):
+        parts = list(path.relative_to(RUST_SOURCE).with_suffix("").parts)
+        if parts[-1] in ("mod", "lib"):
+            parts.pop()
+        out[tuple(parts)] = path
+    return out
+
+
+def _rust_paths(text: str) -> Iterator[str]:
+    """The `crate::…` and `super::…` paths a file names: in `use` items
+    (groups expanded one level) and inline."""
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", text, flags=re.S)
+    for m in _RUST_USE.finditer(text):
+        body = re.sub(r"\s+", "", m.group(1))
+        head, brace, rest = body.partition("{")
+        if not brace:
+            yield body
+            continue
+        for item in rest.rstrip("}").split(","):
+            if item:
+                yield head + item.split("{")[0]
+    yield from (m.group(1) for m in _RUST_PATH.finditer(_RUST_USE.sub("", text)))
+
+
+def _rust_target(
+    module: tuple[str, ...], path: str, modules: dict[tuple[str, ...], Path]
+) -> tuple[str, ...] | None:
+    """The file a path from `module` lands in (its longest module prefix)."""
+    parts = path.split("::")
+    base = list(module)
+    if parts[0] == "crate":
+        base, parts = [], parts[1:]
+    while parts and parts[0] in ("super", "self"):
+        if parts[0] == "super":
+            base = base[:-1]
+        parts = parts[1:]
+    full = base + parts
+    for n in range(len(full), -1, -1):
+        if tuple(full[:n]) in modules:
+            return tuple(full[:n])
+    return None
+
+
+def _rust_graph() -> dict[str, set[str]]:
+    """File → the files it names, leaving out a module's edges to its own
+    ancestors and descendants (a `mod.rs` re-exporting its files, or a file
+    using its parent's items, is one room, not a loop between rooms)."""
+    modules = _rust_modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = set()
+        for p in _rust_paths(path.read_text()):
+            target = _rust_target(module, p, modules)
+            if target is None or target == module:
+                continue
+            n = min(len(target), len(module))
+            if target[:n] == module[:n]:
+                continue
+            edges.add("::".join(target) or "crate")
+        graph["::".join(module) or "crate"] = edges
+    return graph
+
+
+def test_no_rust_use_cycles_and_arrows_point_down() -> None:
+    graph = _rust_graph()
+    cycles = _cycles(graph)
+    assert not cycles, "use cycles between src/ files (arrows must point down):\n" + (
+        "\n".join(" -> ".join(c) for c in cycles)
+    )
+    wrong = sorted(
+        f"{a} -> {b}"
+        for a, bs in graph.items()
+        for b in bs
+        if b.split("::")[0] in RUST_FORBIDDEN.get(a.split("::")[0], set())
+    )
+    assert not wrong, "a room reaches a room above it:\n" + "\n".join(wrong)
+
+
+def test_the_rust_use_graph_sees_groups_inline_paths_and_super() -> None:
+    text = """
+use crate::batch::{Batch, FxMap};
+use super::draw::{BuildBuffers, Planned};
+use crate::seeds::{self, Split};
+fn f() { let x = crate::format::Database::open(); let y = super::plan::derive(1); }
+// use crate::telemetry::Nope;
+"""
+    paths = set(_rust_paths(text))
+    assert {"crate::batch::Batch", "super::draw::BuildBuffers", "crate::seeds::Split"} <= paths
+    assert {"crate::format::Database::open", "super::plan::derive"} <= paths
+    assert not any("telemetry" in p for p in paths)
+    modules = _rust_modules()
+    here = ("pipeline", "maker", "build")
+    assert here in modules
+    assert _rust_target(here, "super::draw::Planned", modules) == ("pipeline", "maker", "draw")
+    assert _rust_target(here, "crate::batch::Batch", modules) == ("batch",)
+    assert _rust_target(here, "crate::readings::stage", modules) == ("readings",)
