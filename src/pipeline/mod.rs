@@ -29,6 +29,7 @@
 mod eval;
 mod maker;
 mod mixture;
+mod producer;
 mod report;
 mod rss;
 pub mod state;
@@ -43,7 +44,6 @@ pub use state::{SamplerState, StreamState};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
@@ -54,6 +54,7 @@ use crate::seeds::Split;
 use crate::telemetry::export::otel;
 use crate::telemetry::export::prometheus::{self, PromSplit};
 use crate::telemetry::Recorder;
+use producer::{spawn_producer, Producer};
 
 /// The splits that have a producer.
 pub const PRODUCED: [Split; 2] = [Split::Train, Split::Val];
@@ -74,13 +75,6 @@ pub fn telemetry_index(split: Split) -> usize {
         .iter()
         .position(|&s| s == split)
         .expect("every split has telemetry")
-}
-
-struct Producer {
-    rx: Receiver<Result<MadeBatch>>,
-    handle: Option<JoinHandle<()>>,
-    /// Dropped to stop this producer alone (a restart).
-    halt: Option<Sender<()>>,
 }
 
 /// One produced split: its producer (replaced on a restart), the delivered
@@ -104,65 +98,6 @@ pub struct Sampler {
     pid: u32,
     /// Per split of [`TELEMETRY_SPLITS`]: the drain recorder and the exporters.
     telemetry: Telemetry,
-}
-
-/// The error to stop with when building the next batch would take the
-/// process's private memory past `cap` (`None`: it fits, or memory cannot
-/// be read), counting the `building` batches in flight as not yet
-/// allocated. The batch size is predicted from this split's last batch.
-fn over_cap(
-    core: &SamplerCore,
-    state: &SplitState,
-    building: usize,
-    tx: &Sender<Result<MadeBatch>>,
-    cap: u64,
-) -> Option<Error> {
-    let private = current_private_bytes()?;
-    let next = state.predicted_batch_bytes(&core.cfg, core.segment_slots(), core.embedding_dim());
-    // The batches being built may not have allocated yet: count them too.
-    if private.saturating_add(next.saturating_mul(building as u64 + 1)) <= cap {
-        return None;
-    }
-    let queued = tx.len() as u64;
-    let per_split = (core.cfg.num_prefetch + core.stream_depth()) as u64;
-    let slots = per_split * PRODUCED.len() as u64;
-    Some(Error::Resource(format!(
-        "private memory (RssAnon) {private} bytes + the next {} batch (~{next} bytes) would exceed max_rss_bytes {cap}. \
-         Prefetch queues: {queued} batches waiting in this split's queue (~{} bytes); at most {slots} batches \
-         ({} queued + {} being built per split × {} splits, ~{} bytes) can be held; the rest ({} bytes) is the process \
-         (interpreter, model, consumers' batches, sampler scratch). The mapped database is not counted. \
-         Lower num_prefetch, num_threads, default_batch_size or default_sequence_length, or raise max_rss_bytes",
-        state.split.name(),
-        queued * next,
-        core.cfg.num_prefetch,
-        core.stream_depth(),
-        PRODUCED.len(),
-        slots * next,
-        private.saturating_sub(queued * next),
-    )))
-}
-
-fn produce(
-    core: Arc<SamplerCore>,
-    mut state: SplitState,
-    tx: Sender<Result<MadeBatch>>,
-    stop: Receiver<()>,
-    halt: Receiver<()>,
-) {
-    let depth = core.stream_depth();
-    let cap = core.cfg.max_rss_bytes;
-    core.stream_batches(
-        &mut state,
-        depth,
-        |state, building| cap.and_then(|cap| over_cap(&core, state, building, &tx, cap)),
-        |msg| {
-            select! {
-                send(tx, msg) -> sent => sent.is_ok(),
-                recv(stop) -> _ => false,
-                recv(halt) -> _ => false,
-            }
-        },
-    );
 }
 
 impl Sampler {
@@ -574,32 +509,6 @@ impl Sampler {
         }
         otel::flush();
     }
-}
-
-/// Start a producer thread for `state`'s split.
-fn spawn_producer(
-    core: &Arc<SamplerCore>,
-    state: SplitState,
-    stop: &Receiver<()>,
-) -> Result<Producer> {
-    let split = state.split;
-    let (tx, rx) = bounded(core.cfg.num_prefetch);
-    let (halt_tx, halt_rx) = bounded::<()>(0);
-    let (c, s) = (core.clone(), stop.clone());
-    let handle = std::thread::Builder::new()
-        .name(format!("headwater-{}", split.name()))
-        .spawn(move || produce(c, state, tx, s, halt_rx))
-        .map_err(|e| {
-            Error::Worker(format!(
-                "cannot start the {} producer thread: {e}",
-                split.name()
-            ))
-        })?;
-    Ok(Producer {
-        rx,
-        handle: Some(handle),
-        halt: Some(halt_tx),
-    })
 }
 
 impl Drop for Sampler {
