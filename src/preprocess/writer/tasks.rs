@@ -1,0 +1,243 @@
+//! `tasks/<k>.bin`: cell tasks (a stored column's non-null cells as seeds)
+//! and tasks whose targets are supplied (SQL queries, imported labels).
+//!
+//! Invariants: a task's anchors are global row ids of its anchor table, its
+//! observation times are `i64::MAX` for a non-temporal seed, and a supplied
+//! target becomes a virtual column of the anchor table. Never: hold a
+//! per-seed array; every section is streamed a chunk of seeds at a time.
+
+use super::columns::stream_values;
+use super::{
+    check_len, check_name, digest, ColumnData, DatabaseWriter, TaskInput, TaskTarget, PART_CHUNK,
+};
+use crate::error::{Error, Result};
+use crate::format::{bit, pack_bits, FileKind, FileWriter, MappedFile, Section, TaskMeta};
+use crate::seeds::Split;
+
+impl DatabaseWriter {
+    fn check_task_name(&self, name: &str) -> Result<()> {
+        check_name("task", name)?;
+        if self.tasks.iter().any(|k| k.name == name) {
+            return Err(Error::Preprocess(format!("task `{name}` declared twice")));
+        }
+        Ok(())
+    }
+
+    /// A cell-masking task: every row of `table` whose `column` is not null is
+    /// a seed; the target is that cell; the observation time is the row's time.
+    pub fn add_cell_task(
+        &mut self,
+        name: &str,
+        table: &str,
+        column: &str,
+        description: Option<String>,
+    ) -> Result<()> {
+        self.check_task_name(name)?;
+        let t = self.table_index(table).ok_or_else(|| {
+            Error::Preprocess(format!("task `{name}`: unknown anchor table `{table}`"))
+        })?;
+        let tm = self.tables[t].clone();
+        let col = tm
+            .columns
+            .iter()
+            .map(|&c| &self.columns[c as usize])
+            .find(|c| c.name == column)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Preprocess(format!(
+                    "task `{name}`: table `{table}` has no stored column `{column}`"
+                ))
+            })?;
+        if !col.stype.is_target() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: column `{table}.{column}` is {}, which no decoder head predicts (numerical, boolean, timestamp, categorical)",
+                col.stype.name()
+            )));
+        }
+        let f = MappedFile::open(&self.staging.join(&tm.file), FileKind::Table, None)?;
+        let slot = col.slot.expect("stored column") as usize;
+        let n = tm.num_rows as usize;
+        let validity: &[u8] = f.section(2 * slot + 1, Some(n.div_ceil(8)))?;
+        // The seeds are the rows with a value; each section is streamed a
+        // chunk of seeds at a time (a pass over the validity bits per
+        // section), so no per-seed array is held.
+        let num_seeds = (0..n).filter(|&r| bit(validity, r)).count();
+        if num_seeds == 0 {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: column `{table}.{column}` has no non-null values (zero seeds)"
+            )));
+        }
+        let size = col.stype.value_size();
+        let raw: &[u8] = f.section(2 * slot, Some(n * size))?;
+        let row_time = self.table_row_time(t)?;
+        let base = tm.row_offset as u32;
+        let k = self.tasks.len();
+        let file = format!("tasks/{k}.bin");
+        let path = self.staging.join(&file);
+        let mut w = FileWriter::create(&path, FileKind::Task, 4)?;
+        let mut temporal = false;
+        let seeds = || (0..n).filter(|&r| bit(validity, r));
+        let mut anchors: Vec<u32> = Vec::with_capacity(PART_CHUNK);
+        w.begin_section()?;
+        for r in seeds() {
+            anchors.push(base + r as u32);
+            if anchors.len() == PART_CHUNK {
+                w.append(Section::of(&anchors))?;
+                anchors.clear();
+            }
+        }
+        w.append(Section::of(&anchors))?;
+        drop(anchors);
+        let mut obs: Vec<i64> = Vec::with_capacity(PART_CHUNK);
+        w.begin_section()?;
+        for r in seeds() {
+            let o = match row_time[r] {
+                i64::MIN => i64::MAX,
+                t => t,
+            };
+            temporal |= o != i64::MAX;
+            obs.push(o);
+            if obs.len() == PART_CHUNK {
+                w.append(Section::of(&obs))?;
+                obs.clear();
+            }
+        }
+        w.append(Section::of(&obs))?;
+        drop(obs);
+        let mut values: Vec<u8> = Vec::with_capacity(PART_CHUNK * size);
+        w.begin_section()?;
+        for r in seeds() {
+            values.extend_from_slice(&raw[r * size..(r + 1) * size]);
+            if values.len() >= PART_CHUNK * size {
+                w.append(Section(&values))?;
+                values.clear();
+            }
+        }
+        w.append(Section(&values))?;
+        drop(values);
+        w.section(Section(&pack_bits(std::iter::repeat_n(true, num_seeds))))?;
+        let (len, sum) = w.finish()?;
+        let meta = TaskMeta {
+            idx: k as u32,
+            name: name.to_string(),
+            kind: "cell".into(),
+            file: file.clone(),
+            anchor_table: t as u32,
+            target_column: col.idx,
+            target_stype: col.stype,
+            num_seeds: num_seeds as u64,
+            num_null_targets: 0,
+            temporal,
+            query: None,
+            description,
+            stored_splits: false,
+        };
+        self.files.insert(file, digest(len, sum));
+        self.tasks.push(meta);
+        Ok(())
+    }
+
+    /// A task whose targets are supplied (SQL query or imported labels).
+    pub fn add_task(&mut self, input: TaskInput<'_>) -> Result<()> {
+        self.check_task_name(&input.name)?;
+        let name = input.name.clone();
+        let t = self.table_index(&input.anchor_table).ok_or_else(|| {
+            Error::Preprocess(format!(
+                "task `{name}`: unknown anchor table `{}`",
+                input.anchor_table
+            ))
+        })?;
+        let tm = self.tables[t].clone();
+        let n = input.anchor_rows.len();
+        if n == 0 {
+            return Err(Error::Preprocess(format!(
+                "task `{name}` has zero rows (no seeds)"
+            )));
+        }
+        check_len(
+            &format!("task `{name}` observation times"),
+            input.obs_time.len(),
+            n,
+        )?;
+        if let Some((i, &r)) = input
+            .anchor_rows
+            .iter()
+            .enumerate()
+            .find(|(_, &r)| r as u64 >= tm.num_rows)
+        {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: row {i} anchors row {r} of `{}`, which has {} rows",
+                tm.name, tm.num_rows
+            )));
+        }
+        if let Some(codes) = input.splits {
+            check_len(&format!("task `{name}` stored splits"), codes.len(), n)?;
+            if let Some((i, &c)) = codes
+                .iter()
+                .enumerate()
+                .find(|(_, &c)| Split::from_code(c).is_none())
+            {
+                return Err(Error::Preprocess(format!(
+                    "task `{name}`: row {i} has split code {c}; expected 0 (train), 1 (val) or 2 (test)"
+                )));
+            }
+        }
+        let TaskTarget::Values { stype, data } = input.target;
+        if !stype.is_target() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: target semantic type {} has no decoder head",
+                stype.name()
+            )));
+        }
+        let enc = self.scan(&format!("task `{name}` target"), n, &data)?;
+        let categories = match &data {
+            ColumnData::Categorical { categories, .. } => categories.clone(),
+            _ => vec![],
+        };
+        let num_null = enc.stats.null_count;
+        let col = self.new_column(
+            t as u32,
+            &name,
+            stype,
+            "task target",
+            false,
+            None,
+            enc.stats.clone(),
+            categories,
+        );
+        let k = self.tasks.len();
+        let meta = TaskMeta {
+            idx: k as u32,
+            name,
+            kind: input.kind,
+            file: format!("tasks/{k}.bin"),
+            anchor_table: t as u32,
+            target_column: col,
+            target_stype: stype,
+            num_seeds: n as u64,
+            num_null_targets: num_null,
+            temporal: input.obs_time.iter().any(|&o| o != i64::MAX),
+            query: input.query,
+            description: input.description,
+            stored_splits: input.splits.is_some(),
+        };
+        // Every section is written a chunk at a time: the task's rows
+        // stay in the caller's (spilled) arrays.
+        let path = self.staging.join(&meta.file);
+        let num_sections = 4 + input.splits.is_some() as usize;
+        let mut w = FileWriter::create(&path, FileKind::Task, num_sections)?;
+        let base = tm.row_offset as u32;
+        stream_values(&mut w, n, |r, buf: &mut Vec<u32>| {
+            buf.extend(input.anchor_rows[r].iter().map(|&a| a + base));
+        })?;
+        w.section(Section::of(input.obs_time))?;
+        enc.encoding.write(&mut w, n, &data)?;
+        if let Some(codes) = input.splits {
+            w.section(Section(codes))?;
+        }
+        let (len, sum) = w.finish()?;
+        self.files.insert(meta.file.clone(), digest(len, sum));
+        self.tasks.push(meta);
+        Ok(())
+    }
+}
