@@ -152,21 +152,38 @@ impl Encoding {
     }
 }
 
+/// Whether each row is present (validity byte not 0).
+fn present(valid: &[u8]) -> impl Iterator<Item = bool> + '_ {
+    valid.iter().map(|&v| v != 0)
+}
+
+/// A column's values and validity each hold one entry per row (`n`).
+fn check_lengths(what: &str, n: usize, data: &ColumnData<'_>) -> Result<()> {
+    let (len, valid) = match data {
+        ColumnData::Unstored => return Ok(()),
+        ColumnData::Numerical { values, valid } => (values.len(), valid),
+        ColumnData::Boolean { values, valid } => (values.len(), valid),
+        ColumnData::Timestamp { values, valid } => (values.len(), valid),
+        ColumnData::Categorical { codes, valid, .. } | ColumnData::Text { codes, valid, .. } => {
+            (codes.len(), valid)
+        }
+        ColumnData::TextIds { ids, valid } => (ids.len(), valid),
+    };
+    check_len(what, len, n)?;
+    check_len(&format!("{what} validity"), valid.len(), n)
+}
+
 impl DatabaseWriter {
     /// The first pass over a column: checks its lengths and values, computes
     /// its statistics, and fixes its [`Encoding`] (interning a text
     /// dictionary). Nothing per row is kept; [`Encoding::write`] is the
     /// second pass.
     pub(super) fn scan(&mut self, what: &str, n: usize, data: &ColumnData<'_>) -> Result<Scanned> {
-        let valid_of =
-            |valid: &[u8]| -> Result<()> { check_len(&format!("{what} validity"), valid.len(), n) };
+        check_lengths(what, n, data)?;
         Ok(match data {
             ColumnData::Unstored => unreachable!("unstored columns are not encoded"),
             ColumnData::Numerical { values, valid } => {
-                check_len(what, values.len(), n)?;
-                valid_of(valid)?;
-                let (rs, stats) =
-                    column_stats(values.iter().zip(valid.iter()).map(|(&x, &v)| (x, v != 0)));
+                let (rs, stats) = column_stats(values.iter().copied().zip(present(valid)));
                 Scanned {
                     encoding: Encoding::Numerical {
                         mean: rs.mean,
@@ -177,14 +194,8 @@ impl DatabaseWriter {
                 }
             }
             ColumnData::Boolean { values, valid } => {
-                check_len(what, values.len(), n)?;
-                valid_of(valid)?;
-                let (_, stats) = column_stats(
-                    values
-                        .iter()
-                        .zip(valid.iter())
-                        .map(|(&x, &v)| ((x != 0) as u8 as f64, v != 0)),
-                );
+                let as_f64 = values.iter().map(|&x| (x != 0) as u8 as f64);
+                let (_, stats) = column_stats(as_f64.zip(present(valid)));
                 Scanned {
                     encoding: Encoding::Boolean,
                     stats,
@@ -192,14 +203,8 @@ impl DatabaseWriter {
                 }
             }
             ColumnData::Timestamp { values, valid } => {
-                check_len(what, values.len(), n)?;
-                valid_of(valid)?;
-                let (rs, stats) = column_stats(
-                    values
-                        .iter()
-                        .zip(valid.iter())
-                        .map(|(&x, &v)| (x as f64, v != 0)),
-                );
+                let as_f64 = values.iter().map(|&x| x as f64);
+                let (rs, stats) = column_stats(as_f64.zip(present(valid)));
                 Scanned {
                     encoding: Encoding::Timestamp,
                     stats,
@@ -210,30 +215,8 @@ impl DatabaseWriter {
                 codes,
                 valid,
                 categories,
-            } => {
-                check_len(what, codes.len(), n)?;
-                valid_of(valid)?;
-                let k = categories.len() as u32;
-                if let Some((i, c)) = first_at_least(codes, valid, k as usize) {
-                    return Err(Error::Preprocess(format!(
-                        "{what}: row {i} has category code {c}, only {k} categories"
-                    )));
-                }
-                let counted = count_stats(n, valid);
-                Scanned {
-                    encoding: Encoding::Categorical {
-                        start: self.cat_strings.len() as u32,
-                    },
-                    stats: ColumnStats {
-                        max: (k.saturating_sub(1)) as f64,
-                        ..counted
-                    },
-                    ts: None,
-                }
-            }
+            } => self.scan_categorical(what, codes, valid, categories.len())?,
             ColumnData::TextIds { ids, valid } => {
-                check_len(what, ids.len(), n)?;
-                valid_of(valid)?;
                 let known = self.texts.len();
                 if let Some((i, id)) = first_at_least(ids, valid, known) {
                     return Err(Error::Preprocess(format!(
@@ -252,8 +235,6 @@ impl DatabaseWriter {
                 offsets,
                 bytes,
             } => {
-                check_len(what, codes.len(), n)?;
-                valid_of(valid)?;
                 let dict_len = offsets.len().saturating_sub(1);
                 let global = intern_dictionary(&mut self.texts, what, offsets, bytes)?;
                 if let Some((i, c)) = first_at_least(codes, valid, dict_len) {
@@ -267,6 +248,35 @@ impl DatabaseWriter {
                     ts: None,
                 }
             }
+        })
+    }
+
+    /// [`Self::scan`] of a categorical column of `k` categories: every
+    /// valid code indexes one; its categories will start at the next global
+    /// category index.
+    fn scan_categorical(
+        &self,
+        what: &str,
+        codes: &[u32],
+        valid: &[u8],
+        k: usize,
+    ) -> Result<Scanned> {
+        let k = k as u32;
+        if let Some((i, c)) = first_at_least(codes, valid, k as usize) {
+            return Err(Error::Preprocess(format!(
+                "{what}: row {i} has category code {c}, only {k} categories"
+            )));
+        }
+        let counted = count_stats(codes.len(), valid);
+        Ok(Scanned {
+            encoding: Encoding::Categorical {
+                start: self.cat_strings.len() as u32,
+            },
+            stats: ColumnStats {
+                max: (k.saturating_sub(1)) as f64,
+                ..counted
+            },
+            ts: None,
         })
     }
 

@@ -12,6 +12,7 @@ use super::columns::intern_dictionary;
 use super::{digest, DatabaseWriter};
 use crate::error::{Error, Result};
 use crate::format::{FileKind, FileWriter, Section};
+use crate::preprocess::texts::TextTable;
 
 impl DatabaseWriter {
     /// Strings to embed, in table order: column names, category labels, text values.
@@ -50,7 +51,7 @@ impl DatabaseWriter {
 
     /// Write an embeddings file of the strings `offs`/`bytes` (end offsets
     /// with a leading 0, UTF-8) and their vectors `emb`.
-    pub(super) fn write_embeddings(
+    fn write_embeddings(
         &mut self,
         file: &str,
         emb: &[f16],
@@ -80,12 +81,7 @@ impl DatabaseWriter {
     }
 
     /// [`Self::write_embeddings`] of a list of strings.
-    pub(super) fn write_string_embeddings(
-        &mut self,
-        file: &str,
-        emb: &[f16],
-        texts: &[String],
-    ) -> Result<()> {
+    fn write_string_embeddings(&mut self, file: &str, emb: &[f16], texts: &[String]) -> Result<()> {
         let mut offs = Vec::with_capacity(texts.len() + 1);
         let mut bytes = Vec::new();
         offs.push(0u64);
@@ -94,5 +90,24 @@ impl DatabaseWriter {
             offs.push(bytes.len() as u64);
         }
         self.write_embeddings(file, emb, &offs, &bytes)
+    }
+
+    /// Write the three embeddings files (column names, category labels,
+    /// text values) with the front end's vectors; the numbers of text values
+    /// and category labels. The text table is released here.
+    pub(super) fn write_all_embeddings(
+        &mut self,
+        column_emb: &[f16],
+        categorical_emb: &[f16],
+        text_emb: &[f16],
+    ) -> Result<(u64, u64)> {
+        let col_texts = self.column_texts();
+        self.write_string_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
+        let cat_texts = std::mem::take(&mut self.cat_strings);
+        self.write_string_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
+        let text_values = std::mem::replace(&mut self.texts, TextTable::in_memory());
+        let (offs, bytes) = text_values.sections();
+        self.write_embeddings("text_embeddings.bin", text_emb, offs, bytes)?;
+        Ok((text_values.len() as u64, cat_texts.len() as u64))
     }
 }

@@ -12,9 +12,10 @@
 //! - `resume.rs`: reusing the staged tables of an interrupted run;
 //! - `tasks.rs`: `tasks/<k>.bin`, for cell tasks and supplied targets;
 //! - `embeddings.rs`: the strings to embed and the `*_embeddings.bin` files;
+//! - `graph_file.rs`: `graph.bin`, once every table is in;
 //! - this file: the staging directory, the state every part shares, and
-//!   [`DatabaseWriter::finish`]: `graph.bin`, `metadata.json` and the
-//!   atomic publish.
+//!   [`DatabaseWriter::finish`]: the files above in order, `metadata.json`
+//!   and the atomic publish.
 //!
 //! Invariants: everything is written into `<out>.partial` and renamed into
 //! place only by `finish`, after which the directory opens with every
@@ -31,18 +32,17 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::graph::{build_reverse, write_forward, write_reverse};
-use super::spill::SpillArray;
 use super::stats::RunningStats;
 use super::texts::TextTable;
 use crate::error::{Error, Result};
 use crate::format::{
-    ColumnMeta, EmbedderMeta, FileDigest, FileKind, FileWriter, MappedFile, Metadata, Section,
-    TableMeta, TaskMeta, TimestampStats, FORMAT_VERSION,
+    ColumnMeta, EmbedderMeta, FileDigest, MappedFile, Metadata, TableMeta, TaskMeta,
+    TimestampStats, FORMAT_VERSION,
 };
 
 mod columns;
 mod embeddings;
+mod graph_file;
 mod input;
 mod resume;
 mod tables;
@@ -233,103 +233,20 @@ impl DatabaseWriter {
                     .into(),
             ));
         }
-        // Resolve foreign-key targets now that every table is known.
-        let offsets: Vec<u64> = self.tables.iter().map(|t| t.row_offset).collect();
-        let sizes: Vec<u64> = self.tables.iter().map(|t| t.num_rows).collect();
-        for t in 0..self.tables.len() {
-            for j in 0..self.fk_refs[t].len() {
-                let target = &self.fk_refs[t][j];
-                let r = self.table_index(target).ok_or_else(|| {
-                    Error::Preprocess(format!(
-                        "table `{}` foreign key `{}` references unknown table `{target}`",
-                        self.tables[t].name, self.tables[t].foreign_keys[j].column
-                    ))
-                })?;
-                if let Some(&bad) = self
-                    .table_parents(t, j)?
-                    .iter()
-                    .find(|&&p| p != u32::MAX && p as u64 >= sizes[r])
-                {
-                    return Err(Error::Preprocess(format!(
-                        "table `{}` foreign key `{}` points at row {bad} of `{target}`, which has {} rows",
-                        self.tables[t].name, self.tables[t].foreign_keys[j].column, sizes[r]
-                    )));
-                }
-                self.tables[t].foreign_keys[j].references = r as u32;
-            }
-        }
-        let n = self.num_rows as usize;
-        let path = self.staging.join("graph.bin");
-        let mut w = FileWriter::create(&path, FileKind::Graph, 7)?;
-        // row_table, streamed table by table.
-        w.begin_section()?;
-        for t in &self.tables {
-            let run = vec![t.idx as u16; (t.num_rows as usize).min(1 << 16)];
-            let mut left = t.num_rows as usize;
-            while left > 0 {
-                let k = left.min(run.len());
-                w.append(Section::of(&run[..k]))?;
-                left -= k;
-            }
-        }
-        // Every row's time, concatenated into a spill file (read at random
-        // while sorting children), and streamed out.
-        let mut row_time = SpillArray::<i64>::zeroed(&self.staging.join("row_time.spill"), n)?;
-        w.begin_section()?;
-        for t in 0..self.tables.len() {
-            let times = self.table_row_time(t)?;
-            let at = self.tables[t].row_offset as usize;
-            row_time[at..at + times.len()].copy_from_slice(times);
-            w.append(Section::of(times))?;
-        }
-        // Global row → (table, local row), walking the tables in order.
-        let bounds: Vec<u64> = self
-            .tables
-            .iter()
-            .map(|t| t.row_offset + t.num_rows)
-            .collect();
-        let fk_parents = (0..self.tables.len())
-            .map(|t| {
-                (0..self.tables[t].foreign_keys.len())
-                    .map(|j| self.table_parents(t, j))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let tables = &self.tables;
-        let parents = |r: usize, out: &mut Vec<u32>| {
-            let t = bounds.partition_point(|&b| b <= r as u64);
-            let local = r - offsets[t] as usize;
-            for (j, fk) in tables[t].foreign_keys.iter().enumerate() {
-                let p = fk_parents[t][j][local];
-                if p != u32::MAX {
-                    out.push(p + offsets[fk.references as usize] as u32);
-                }
-            }
-        };
-        let num_edges = write_forward(&mut w, n, parents)?;
-        let rev = build_reverse(&self.staging, n, &row_time, parents)?;
-        write_reverse(&mut w, &rev, &row_time)?;
-        drop(rev);
-        drop(row_time);
-        let (len, sum) = w.finish()?;
-        self.files.insert("graph.bin".into(), digest(len, sum));
-        let col_texts = self.column_texts();
-        self.write_string_embeddings("column_embeddings.bin", column_emb, &col_texts)?;
-        let cat_texts = std::mem::take(&mut self.cat_strings);
-        self.write_string_embeddings("categorical_embeddings.bin", categorical_emb, &cat_texts)?;
-        let text_values = std::mem::replace(&mut self.texts, TextTable::in_memory());
-        let (offs, bytes) = text_values.sections();
-        self.write_embeddings("text_embeddings.bin", text_emb, offs, bytes)?;
+        self.resolve_foreign_keys()?;
+        let num_edges = self.write_graph()?;
+        let (num_text, num_categorical) =
+            self.write_all_embeddings(column_emb, categorical_emb, text_emb)?;
         let mut meta = Metadata {
             format_version: FORMAT_VERSION,
             content_hash: String::new(),
             producer: format!("headwater {}", env!("CARGO_PKG_VERSION")),
             source: self.source.clone(),
             embedder: self.embedder.clone(),
-            num_rows: n as u64,
+            num_rows: self.num_rows,
             num_edges,
-            num_text_embeddings: text_values.len() as u64,
-            num_categorical_embeddings: cat_texts.len() as u64,
+            num_text_embeddings: num_text,
+            num_categorical_embeddings: num_categorical,
             timestamp_stats: TimestampStats {
                 mean_us: self.ts_stats.mean,
                 std_us: self.ts_stats.scale(),
@@ -341,13 +258,20 @@ impl DatabaseWriter {
             files: std::mem::take(&mut self.files),
         };
         meta.content_hash = meta.compute_content_hash();
+        self.publish(&meta, overwrite)?;
+        Ok(meta)
+    }
+
+    /// Write `metadata.json`, drop the scratch files and rename the staging
+    /// directory to `out` (an existing one only if `overwrite`), then open
+    /// it with every payload checksum verified.
+    fn publish(self, meta: &Metadata, overwrite: bool) -> Result<()> {
         let meta_path = self.staging.join("metadata.json");
         fs::write(
             &meta_path,
-            serde_json::to_vec_pretty(&meta).expect("serialisable"),
+            serde_json::to_vec_pretty(meta).expect("serialisable"),
         )
         .map_err(io(&meta_path))?;
-        drop(text_values);
         for d in ["parts", "scratch"] {
             let p = self.staging.join(d);
             fs::remove_dir_all(&p).map_err(io(&p))?;
@@ -376,6 +300,6 @@ impl DatabaseWriter {
         // Make sure a published database opens and every payload checksum
         // holds: the write-time verification (open alone hashes no payload).
         crate::format::Database::open_with(&self.out, crate::format::Verify::Full)?;
-        Ok(meta)
+        Ok(())
     }
 }

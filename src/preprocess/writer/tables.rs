@@ -235,27 +235,7 @@ impl DatabaseWriter {
             n,
         )?;
         let (len, sum) = writer.finish()?;
-        let mut fk_meta = Vec::new();
-        let mut fk_refs = Vec::new();
-        for fk in foreign_keys {
-            check_len(
-                &format!("table `{}` foreign key `{}`", spec.name, fk.column),
-                fk.parents.len(),
-                n,
-            )?;
-            fk_meta.push(ForeignKeyMeta {
-                column: fk.column.clone(),
-                references: u32::MAX, // resolved in finish()
-                num_edges: fk
-                    .parents
-                    .iter()
-                    .filter(|&&p| parent_row(p).is_some())
-                    .count() as u64,
-                num_null: fk.num_null,
-                num_dangling: fk.num_dangling,
-            });
-            fk_refs.push(fk.references.clone());
-        }
+        let (fk_meta, fk_refs) = foreign_key_meta(&spec.name, n, foreign_keys)?;
         let table = TableMeta {
             idx: t,
             name: spec.name.clone(),
@@ -270,29 +250,7 @@ impl DatabaseWriter {
         };
         // Restart record: graph inputs + new strings, then the JSON that marks
         // the table complete (written last).
-        let part_bin = self.staging.join(format!("parts/{t}.bin"));
-        let (offs, bytes) = self.texts.tail(text_before);
-        let mut pw = FileWriter::create(&part_bin, FileKind::Graph, foreign_keys.len() + 3)?;
-        pw.section(Section::of(row_time))?;
-        // Each foreign key's parents as u32 (`u32::MAX` = none), converted a
-        // chunk at a time: never a whole column's copy.
-        let mut chunk: Vec<u32> = Vec::with_capacity(PART_CHUNK);
-        for fk in foreign_keys {
-            pw.begin_section()?;
-            for part in fk.parents.chunks(PART_CHUNK) {
-                chunk.clear();
-                chunk.extend(part.iter().map(|&p| parent_row(p).unwrap_or(u32::MAX)));
-                pw.append(Section::of(&chunk))?;
-            }
-        }
-        // The new strings' offsets from 0, a chunk at a time.
-        let base = offs[0];
-        stream_values(&mut pw, offs.len(), |r, buf: &mut Vec<u64>| {
-            buf.extend(offs[r].iter().map(|&o| o - base));
-        })?;
-        pw.section(Section(bytes))?;
-        pw.finish()?;
-        let graph_part = MappedFile::open(&part_bin, FileKind::Graph, Some(fk_refs.len() + 3))?;
+        let graph_part = self.write_part(t, text_before, row_time, foreign_keys)?;
         let part = TablePart {
             fingerprint: spec.fingerprint.clone(),
             table: table.clone(),
@@ -319,6 +277,73 @@ impl DatabaseWriter {
         self.tables.push(table);
         Ok(())
     }
+    /// Write table `t`'s staged graph inputs, `parts/<t>.bin`: its row
+    /// times, each foreign key's parents as u32 (`u32::MAX` = none) and the
+    /// text values it added (those from `text_before` on); mapped back, as
+    /// `finish` reads them.
+    fn write_part(
+        &self,
+        t: u32,
+        text_before: usize,
+        row_time: &[i64],
+        foreign_keys: &[ForeignKeyInput<'_>],
+    ) -> Result<MappedFile> {
+        let part_bin = self.staging.join(format!("parts/{t}.bin"));
+        let (offs, bytes) = self.texts.tail(text_before);
+        let mut pw = FileWriter::create(&part_bin, FileKind::Graph, foreign_keys.len() + 3)?;
+        pw.section(Section::of(row_time))?;
+        // Each foreign key's parents as u32 (`u32::MAX` = none), converted a
+        // chunk at a time: never a whole column's copy.
+        let mut chunk: Vec<u32> = Vec::with_capacity(PART_CHUNK);
+        for fk in foreign_keys {
+            pw.begin_section()?;
+            for part in fk.parents.chunks(PART_CHUNK) {
+                chunk.clear();
+                chunk.extend(part.iter().map(|&p| parent_row(p).unwrap_or(u32::MAX)));
+                pw.append(Section::of(&chunk))?;
+            }
+        }
+        // The new strings' offsets from 0, a chunk at a time.
+        let base = offs[0];
+        stream_values(&mut pw, offs.len(), |r, buf: &mut Vec<u64>| {
+            buf.extend(offs[r].iter().map(|&o| o - base));
+        })?;
+        pw.section(Section(bytes))?;
+        pw.finish()?;
+        MappedFile::open(&part_bin, FileKind::Graph, Some(foreign_keys.len() + 3))
+    }
+}
+
+/// The metadata of table `table`'s foreign keys (each target resolved in
+/// `finish`) and the names of the tables they reference; every key holds a
+/// parent per row (`n`).
+fn foreign_key_meta(
+    table: &str,
+    n: usize,
+    foreign_keys: &[ForeignKeyInput<'_>],
+) -> Result<(Vec<ForeignKeyMeta>, Vec<String>)> {
+    let mut fk_meta = Vec::new();
+    let mut fk_refs = Vec::new();
+    for fk in foreign_keys {
+        check_len(
+            &format!("table `{table}` foreign key `{}`", fk.column),
+            fk.parents.len(),
+            n,
+        )?;
+        fk_meta.push(ForeignKeyMeta {
+            column: fk.column.clone(),
+            references: u32::MAX, // resolved in finish()
+            num_edges: fk
+                .parents
+                .iter()
+                .filter(|&&p| parent_row(p).is_some())
+                .count() as u64,
+            num_null: fk.num_null,
+            num_dangling: fk.num_dangling,
+        });
+        fk_refs.push(fk.references.clone());
+    }
+    Ok((fk_meta, fk_refs))
 }
 
 /// Metadata record of a column that is not stored.

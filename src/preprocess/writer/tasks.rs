@@ -11,7 +11,9 @@ use super::{
     check_len, check_name, digest, ColumnData, DatabaseWriter, TaskInput, TaskTarget, PART_CHUNK,
 };
 use crate::error::{Error, Result};
-use crate::format::{bit, pack_bits, FileKind, FileWriter, MappedFile, Section, TaskMeta};
+use crate::format::{
+    bit, pack_bits, ColumnMeta, FileKind, FileWriter, MappedFile, Section, TaskMeta,
+};
 use crate::seeds::Split;
 
 impl DatabaseWriter {
@@ -33,27 +35,8 @@ impl DatabaseWriter {
         description: Option<String>,
     ) -> Result<()> {
         self.check_task_name(name)?;
-        let t = self.table_index(table).ok_or_else(|| {
-            Error::Preprocess(format!("task `{name}`: unknown anchor table `{table}`"))
-        })?;
-        let tm = self.tables[t].clone();
-        let col = tm
-            .columns
-            .iter()
-            .map(|&c| &self.columns[c as usize])
-            .find(|c| c.name == column)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Preprocess(format!(
-                    "task `{name}`: table `{table}` has no stored column `{column}`"
-                ))
-            })?;
-        if !col.stype.is_target() {
-            return Err(Error::Preprocess(format!(
-                "task `{name}`: column `{table}.{column}` is {}, which no decoder head predicts (numerical, boolean, timestamp, categorical)",
-                col.stype.name()
-            )));
-        }
+        let (t, col) = self.cell_target(name, table, column)?;
+        let tm = &self.tables[t];
         let f = MappedFile::open(&self.staging.join(&tm.file), FileKind::Table, None)?;
         let slot = col.slot.expect("stored column") as usize;
         let n = tm.num_rows as usize;
@@ -77,44 +60,20 @@ impl DatabaseWriter {
         let mut w = FileWriter::create(&path, FileKind::Task, 4)?;
         let mut temporal = false;
         let seeds = || (0..n).filter(|&r| bit(validity, r));
-        let mut anchors: Vec<u32> = Vec::with_capacity(PART_CHUNK);
-        w.begin_section()?;
-        for r in seeds() {
-            anchors.push(base + r as u32);
-            if anchors.len() == PART_CHUNK {
-                w.append(Section::of(&anchors))?;
-                anchors.clear();
-            }
-        }
-        w.append(Section::of(&anchors))?;
-        drop(anchors);
-        let mut obs: Vec<i64> = Vec::with_capacity(PART_CHUNK);
-        w.begin_section()?;
-        for r in seeds() {
+        stream_seeds(&mut w, seeds(), 1, |r, buf: &mut Vec<u32>| {
+            buf.push(base + r as u32);
+        })?;
+        stream_seeds(&mut w, seeds(), 1, |r, buf: &mut Vec<i64>| {
             let o = match row_time[r] {
                 i64::MIN => i64::MAX,
                 t => t,
             };
             temporal |= o != i64::MAX;
-            obs.push(o);
-            if obs.len() == PART_CHUNK {
-                w.append(Section::of(&obs))?;
-                obs.clear();
-            }
-        }
-        w.append(Section::of(&obs))?;
-        drop(obs);
-        let mut values: Vec<u8> = Vec::with_capacity(PART_CHUNK * size);
-        w.begin_section()?;
-        for r in seeds() {
-            values.extend_from_slice(&raw[r * size..(r + 1) * size]);
-            if values.len() >= PART_CHUNK * size {
-                w.append(Section(&values))?;
-                values.clear();
-            }
-        }
-        w.append(Section(&values))?;
-        drop(values);
+            buf.push(o);
+        })?;
+        stream_seeds(&mut w, seeds(), size, |r, buf: &mut Vec<u8>| {
+            buf.extend_from_slice(&raw[r * size..(r + 1) * size]);
+        })?;
         w.section(Section(&pack_bits(std::iter::repeat_n(true, num_seeds))))?;
         let (len, sum) = w.finish()?;
         let meta = TaskMeta {
@@ -137,17 +96,44 @@ impl DatabaseWriter {
         Ok(())
     }
 
-    /// A task whose targets are supplied (SQL query or imported labels).
-    pub fn add_task(&mut self, input: TaskInput<'_>) -> Result<()> {
-        self.check_task_name(&input.name)?;
-        let name = input.name.clone();
+    /// The anchor table and target column of cell task `name`: a stored
+    /// column of `table` that a decoder head predicts.
+    fn cell_target(&self, name: &str, table: &str, column: &str) -> Result<(usize, ColumnMeta)> {
+        let t = self.table_index(table).ok_or_else(|| {
+            Error::Preprocess(format!("task `{name}`: unknown anchor table `{table}`"))
+        })?;
+        let col = self.tables[t]
+            .columns
+            .iter()
+            .map(|&c| &self.columns[c as usize])
+            .find(|c| c.name == column)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Preprocess(format!(
+                    "task `{name}`: table `{table}` has no stored column `{column}`"
+                ))
+            })?;
+        if !col.stype.is_target() {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: column `{table}.{column}` is {}, which no decoder head predicts (numerical, boolean, timestamp, categorical)",
+                col.stype.name()
+            )));
+        }
+        Ok((t, col))
+    }
+
+    /// The anchor table of supplied task `input`, after checking its rows:
+    /// at least one, an observation time (and a stored split code, if any)
+    /// per row, each anchor a row of the table.
+    fn check_task_rows(&self, input: &TaskInput<'_>) -> Result<usize> {
+        let name = &input.name;
         let t = self.table_index(&input.anchor_table).ok_or_else(|| {
             Error::Preprocess(format!(
                 "task `{name}`: unknown anchor table `{}`",
                 input.anchor_table
             ))
         })?;
-        let tm = self.tables[t].clone();
+        let tm = &self.tables[t];
         let n = input.anchor_rows.len();
         if n == 0 {
             return Err(Error::Preprocess(format!(
@@ -182,6 +168,16 @@ impl DatabaseWriter {
                 )));
             }
         }
+        Ok(t)
+    }
+
+    /// A task whose targets are supplied (SQL query or imported labels).
+    pub fn add_task(&mut self, input: TaskInput<'_>) -> Result<()> {
+        self.check_task_name(&input.name)?;
+        let name = input.name.clone();
+        let t = self.check_task_rows(&input)?;
+        let tm = self.tables[t].clone();
+        let n = input.anchor_rows.len();
         let TaskTarget::Values { stype, data } = input.target;
         if !stype.is_target() {
             return Err(Error::Preprocess(format!(
@@ -240,4 +236,25 @@ impl DatabaseWriter {
         self.tasks.push(meta);
         Ok(())
     }
+}
+
+/// Write one section of a cell task: `each` appends `per_seed` values of
+/// seed row `r`, flushed every [`PART_CHUNK`] seeds, so no per-seed array
+/// is held.
+fn stream_seeds<T: bytemuck::Pod>(
+    w: &mut FileWriter,
+    seeds: impl Iterator<Item = usize>,
+    per_seed: usize,
+    mut each: impl FnMut(usize, &mut Vec<T>),
+) -> Result<()> {
+    let mut buf: Vec<T> = Vec::with_capacity(PART_CHUNK * per_seed);
+    w.begin_section()?;
+    for r in seeds {
+        each(r, &mut buf);
+        if buf.len() >= PART_CHUNK * per_seed {
+            w.append(Section::of(&buf))?;
+            buf.clear();
+        }
+    }
+    w.append(Section::of(&buf))
 }
