@@ -20,9 +20,9 @@ use half::f16;
 
 use super::header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 use super::metadata::{Metadata, SemanticType};
+use super::split::Split;
 use super::verify::Verify;
 use crate::error::{Error, Result};
-use crate::seeds::Split;
 
 /// Zero-copy view of `graph.bin`.
 #[derive(Clone, Copy)]

@@ -99,6 +99,7 @@ mod database;
 mod header;
 mod metadata;
 mod page_cache;
+mod split;
 mod verify;
 mod writer;
 
@@ -111,6 +112,7 @@ pub use metadata::{
     TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
 pub use page_cache::PageCache;
+pub use split::Split;
 pub use verify::{verify_database, Verify, VerifyReport};
 pub use writer::{align_up, FileWriter, Section};
 

@@ -12,9 +12,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::format::{
-    bit, pack_bits, ColumnMeta, FileKind, FileWriter, MappedFile, Section, TaskMeta,
+    bit, pack_bits, ColumnMeta, FileKind, FileWriter, MappedFile, Section, Split, TaskMeta,
 };
-use crate::seeds::Split;
 
 impl DatabaseWriter {
     fn check_task_name(&self, name: &str) -> Result<()> {
