@@ -241,7 +241,7 @@ impl Database {
     /// ([`PageCache`]); `Lazy` does nothing.
     pub fn warm_page_cache(&self, mode: super::PageCache) -> Result<()> {
         for f in self.files() {
-            super::page_cache::apply(f, mode)?;
+            super::page_cache::apply(f.map(), f.path(), mode)?;
         }
         Ok(())
     }

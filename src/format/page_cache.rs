@@ -12,7 +12,7 @@
 //!
 //! The three eager modes are for a database that fits in memory, so their
 //! maps are also advised huge pages (`madvise(MADV_HUGEPAGE)`) when created,
-//! before the header is read ([`super::Database::open_for`]): where
+//! before the header is read (`Database::open_for`): where
 //! transparent huge pages are `madvise` or `always` and the filesystem keeps
 //! large folios (ext4 from Linux 6.16, xfs), the pages they read enter the
 //! page cache as 2 MiB folios and are mapped by 2 MiB entries, so random
@@ -20,10 +20,16 @@
 //! instead of per 4 KiB. Pages already in the page cache keep their size.
 //! `lazy` does not advise it: faults on a database larger than memory would
 //! read 2 MiB each.
+//!
+//! This module knows memory maps, not the file format: it is below
+//! `header.rs` (which advises a fresh map before reading its header) and
+//! never imports it, so the two do not form a loop.
 
+use std::path::Path;
+
+use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use super::header::MappedFile;
 use crate::error::{Error, Result};
 
 /// How an opened database's files are brought into the page cache.
@@ -57,16 +63,15 @@ fn memlock_limit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Apply `mode` to one mapped file.
-pub(super) fn apply(file: &MappedFile, mode: PageCache) -> Result<()> {
-    let map = file.map();
+/// Apply `mode` to the map of the file at `path` (named in errors).
+pub(super) fn apply(map: &Mmap, path: &Path, mode: PageCache) -> Result<()> {
     match mode {
         PageCache::Lazy => Ok(()),
         PageCache::Willneed => map
             .advise(memmap2::Advice::WillNeed)
-            .map_err(|e| Error::io(file.path(), e)),
+            .map_err(|e| Error::io(path, e)),
         PageCache::Populate => {
-            populate(file);
+            populate(map);
             Ok(())
         }
         PageCache::Mlock => map.lock().map_err(|e| Error::Config {
@@ -74,7 +79,7 @@ pub(super) fn apply(file: &MappedFile, mode: PageCache) -> Result<()> {
             what: format!(
                 "\"mlock\": locking {} ({} bytes) failed: {e}; RLIMIT_MEMLOCK is {} \
                  (raise it with `ulimit -l`, or use page_cache=\"populate\")",
-                file.path().display(),
+                path.display(),
                 map.len(),
                 memlock_limit()
             ),
@@ -86,15 +91,14 @@ pub(super) fn apply(file: &MappedFile, mode: PageCache) -> Result<()> {
 /// (a page faulted in first starts readahead in small folios); a kernel
 /// without transparent huge pages refuses (`EINVAL`), which leaves 4 KiB
 /// pages, as before.
-pub(super) fn advise_huge_pages(map: &memmap2::Mmap) {
+pub(super) fn advise_huge_pages(map: &Mmap) {
     #[cfg(target_os = "linux")]
     let _ = map.advise(memmap2::Advice::HugePage);
     #[cfg(not(target_os = "linux"))]
     let _ = map;
 }
 
-fn populate(file: &MappedFile) {
-    let map = file.map();
+fn populate(map: &Mmap) {
     #[cfg(target_os = "linux")]
     if map.advise(memmap2::Advice::PopulateRead).is_ok() {
         return;
