@@ -6,7 +6,7 @@
 //! content hash — all in time independent of the database size (no payload
 //! byte is read at open, except the one-byte stored split codes of tasks that
 //! keep their source's splits, which are bounds-checked here). Payload checksums and the O(rows) content checks
-//! run only with [`Verify::Full`] (and in `headwater verify`). So the views
+//! run only with `verify="full"` (and in `headwater verify`). So the views
 //! must be safe on garbage payloads: [`GraphView::parents`] and
 //! [`GraphView::children`] return an empty slice for out-of-range CSR
 //! offsets, and [`GraphView::table_of`] rejects a row id whose `row_table`
@@ -18,10 +18,9 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 
-use super::header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
+use super::header::{FileKind, MappedFile};
 use super::metadata::{Metadata, SemanticType};
 use super::split::Split;
-use super::verify::Verify;
 use crate::error::{Error, Result};
 
 /// Zero-copy view of `graph.bin`.
@@ -202,39 +201,9 @@ fn values(
 
 impl Database {
     /// Open and validate the database in `dir` in time independent of its
-    /// size ([`Verify::Header`]).
+    /// size (`Verify::Header`; `verify.rs` adds the other levels).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
-        Self::open_with(dir, Verify::Header)
-    }
-
-    /// Open `dir`; [`Verify::Full`] also hashes every payload and checks
-    /// the graph and task contents (reads the whole database).
-    pub fn open_with(dir: impl AsRef<Path>, verify: Verify) -> Result<Self> {
-        Self::open_checked(dir.as_ref(), verify, false)
-    }
-
-    /// Open `dir` as the sampler does: checked as `verify` says, its maps
-    /// advised huge pages unless `page_cache` is `Lazy`, then brought into
-    /// the page cache as `page_cache` says.
-    pub fn open_for(
-        dir: impl AsRef<Path>,
-        verify: Verify,
-        page_cache: super::PageCache,
-    ) -> Result<Self> {
-        let db = Self::open_checked(dir.as_ref(), verify, page_cache != super::PageCache::Lazy)?;
-        db.warm_page_cache(page_cache)?;
-        Ok(db)
-    }
-
-    fn open_checked(dir: &Path, verify: Verify, huge_pages: bool) -> Result<Self> {
-        let db = Self::open_headers(dir, huge_pages)?;
-        if verify == Verify::Full {
-            for f in db.files() {
-                f.verify_payload(&mut |_| {})?;
-            }
-            db.validate_contents()?;
-        }
-        Ok(db)
+        Self::open_headers(dir.as_ref(), false)
     }
 
     /// Bring every mapped file into the page cache as `mode` says
@@ -254,53 +223,12 @@ impl Database {
             .chain([&self.column_emb, &self.categorical_emb, &self.text_emb])
     }
 
-    fn open_headers(dir: &Path, huge_pages: bool) -> Result<Self> {
+    /// Read `metadata.json`, then map and check every file it lists (with
+    /// `huge_pages`, each map advised huge pages before its header is read)
+    /// and every section's length: O(metadata).
+    pub(super) fn open_headers(dir: &Path, huge_pages: bool) -> Result<Self> {
         let dir = dir.to_path_buf();
-        let meta_path = dir.join("metadata.json");
-        if !dir.is_dir() {
-            return Err(Error::io(
-                &dir,
-                std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "not a directory (expected a headwater database)",
-                ),
-            ));
-        }
-        if !meta_path.is_file() {
-            return Err(Error::format(
-                &dir,
-                "is not a headwater database: it has no metadata.json (build one with `headwater preprocess`)",
-            ));
-        }
-        let raw = std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
-        // Check the version before the full parse so an incompatible file
-        // yields a version error, not a schema error.
-        let probe: serde_json::Value = serde_json::from_slice(&raw)
-            .map_err(|e| Error::format(&meta_path, format!("not valid JSON: {e}")))?;
-        let version = probe
-            .get("format_version")
-            .and_then(serde_json::Value::as_u64)
-            .ok_or_else(|| Error::format(&meta_path, "missing `format_version`"))?;
-        if !(MIN_READ_VERSION as u64..=FORMAT_VERSION as u64).contains(&version) {
-            return Err(Error::Version {
-                file: meta_path,
-                found: version as u32,
-                min: MIN_READ_VERSION,
-                max: FORMAT_VERSION,
-            });
-        }
-        let meta: Metadata = serde_json::from_value(probe)
-            .map_err(|e| Error::format(&meta_path, format!("invalid metadata: {e}")))?;
-        let want_hash = meta.compute_content_hash();
-        if want_hash != meta.content_hash {
-            return Err(Error::format(
-                &meta_path,
-                format!(
-                    "content hash mismatch: stored {}, computed {want_hash} (metadata was edited)",
-                    meta.content_hash
-                ),
-            ));
-        }
+        let (meta_path, meta) = Metadata::read(&dir)?;
         let open = |rel: &str, kind: FileKind, n: Option<usize>| -> Result<MappedFile> {
             let path = dir.join(rel);
             let f = MappedFile::open_advised(&path, kind, n, huge_pages)?;

@@ -5,8 +5,12 @@
 //! the same bytes — the content hash depends on that.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::header::{FORMAT_VERSION, MIN_READ_VERSION};
+use crate::error::{Error, Result};
 
 /// How a column's values are encoded and which decoder head predicts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -292,6 +296,57 @@ pub struct Metadata {
 }
 
 impl Metadata {
+    /// Read and check `dir/metadata.json`: a directory holding one, of a
+    /// format version this build reads (checked before the full parse, so
+    /// an incompatible file yields a version error, not a schema error),
+    /// whose content hash matches. Returns its path and the metadata.
+    pub(crate) fn read(dir: &Path) -> Result<(PathBuf, Metadata)> {
+        let meta_path = dir.join("metadata.json");
+        if !dir.is_dir() {
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a directory (expected a headwater database)",
+                ),
+            ));
+        }
+        if !meta_path.is_file() {
+            return Err(Error::format(
+                dir,
+                "is not a headwater database: it has no metadata.json (build one with `headwater preprocess`)",
+            ));
+        }
+        let raw = std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
+        let probe: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| Error::format(&meta_path, format!("not valid JSON: {e}")))?;
+        let version = probe
+            .get("format_version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| Error::format(&meta_path, "missing `format_version`"))?;
+        if !(MIN_READ_VERSION as u64..=FORMAT_VERSION as u64).contains(&version) {
+            return Err(Error::Version {
+                file: meta_path,
+                found: version as u32,
+                min: MIN_READ_VERSION,
+                max: FORMAT_VERSION,
+            });
+        }
+        let meta: Metadata = serde_json::from_value(probe)
+            .map_err(|e| Error::format(&meta_path, format!("invalid metadata: {e}")))?;
+        let want_hash = meta.compute_content_hash();
+        if want_hash != meta.content_hash {
+            return Err(Error::format(
+                &meta_path,
+                format!(
+                    "content hash mismatch: stored {}, computed {want_hash} (metadata was edited)",
+                    meta.content_hash
+                ),
+            ));
+        }
+        Ok((meta_path, meta))
+    }
+
     /// The content hash of this metadata (ignoring the stored hash).
     pub fn compute_content_hash(&self) -> String {
         let mut m = self.clone();

@@ -5,12 +5,18 @@
 //! (`verify="full"`) additionally runs [`Database::validate_contents`] and
 //! hashes every payload. [`verify_database`] is `headwater verify`: the same
 //! checks, reporting every corrupt file rather than stopping at the first.
+//!
+//! The open entry points that take a level ([`Database::open_with`],
+//! [`Database::open_for`]) live here, above `database.rs`, whose
+//! `Database::open` is the O(metadata) open these checks start from:
+//! `database` never imports this module, so the two do not form a loop.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::database::Database;
+use super::page_cache::PageCache;
 use crate::error::{Error, Result};
 
 /// How much of a database is checked when it is opened.
@@ -59,6 +65,32 @@ pub fn verify_database(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result
 }
 
 impl Database {
+    /// Open `dir`; [`Verify::Full`] also hashes every payload and checks
+    /// the graph and task contents (reads the whole database).
+    pub fn open_with(dir: impl AsRef<Path>, verify: Verify) -> Result<Self> {
+        Self::open_checked(dir.as_ref(), verify, false)
+    }
+
+    /// Open `dir` as the sampler does: checked as `verify` says, its maps
+    /// advised huge pages unless `page_cache` is `Lazy`, then brought into
+    /// the page cache as `page_cache` says.
+    pub fn open_for(dir: impl AsRef<Path>, verify: Verify, page_cache: PageCache) -> Result<Self> {
+        let db = Self::open_checked(dir.as_ref(), verify, page_cache != PageCache::Lazy)?;
+        db.warm_page_cache(page_cache)?;
+        Ok(db)
+    }
+
+    fn open_checked(dir: &Path, verify: Verify, huge_pages: bool) -> Result<Self> {
+        let db = Self::open_headers(dir, huge_pages)?;
+        if verify == Verify::Full {
+            for f in db.files() {
+                f.verify_payload(&mut |_| {})?;
+            }
+            db.validate_contents()?;
+        }
+        Ok(db)
+    }
+
     /// The O(rows + edges + seeds) checks [`Verify::Full`] adds: CSR offsets
     /// monotone and in range, CSR targets and task anchors valid row ids,
     /// `row_table` agreeing with the metadata's table ranges. The first
