@@ -77,6 +77,94 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// The magic of the mapped bytes `b` (at least [`FIXED_HEADER`] long) is
+/// `kind`'s.
+fn check_magic(path: &Path, b: &[u8], kind: FileKind) -> Result<()> {
+    let magic = &b[0..8];
+    match FileKind::from_magic(magic) {
+        Some(k) if k == kind => Ok(()),
+        Some(k) => Err(Error::format(
+            path,
+            format!(
+                "is a {k:?} file, expected a {kind:?} file (magic {:?})",
+                String::from_utf8_lossy(kind.magic())
+            ),
+        )),
+        None => Err(Error::format(
+            path,
+            format!(
+                "not a headwater file: bad magic {:02x?} (expected {:?})",
+                magic,
+                String::from_utf8_lossy(kind.magic())
+            ),
+        )),
+    }
+}
+
+/// The section count and payload start of the mapped bytes `b`, after
+/// checking that the section table fits, the header checksum and the
+/// declared length.
+fn check_header(path: &Path, b: &[u8]) -> Result<(usize, usize)> {
+    let len = b.len();
+    let bad = |what: String| Error::format(path, what);
+    let n = le_u32(b, 12) as usize;
+    let table_end = FIXED_HEADER
+        .checked_add(
+            n.checked_mul(SECTION_ENTRY)
+                .ok_or_else(|| bad("section count overflows".into()))?,
+        )
+        .ok_or_else(|| bad("section count overflows".into()))?;
+    if table_end > len {
+        return Err(bad(format!(
+            "truncated: section table of {n} entries ends at byte {table_end}, file has {len} bytes"
+        )));
+    }
+    let payload_start = align_up(table_end, ALIGN);
+    if payload_start > len {
+        return Err(bad(format!(
+            "truncated: payload would start at byte {payload_start}, file has {len} bytes"
+        )));
+    }
+    let mut h = Xxh3::new();
+    h.update(&b[0..32]);
+    h.update(&b[40..payload_start]);
+    if h.digest() != le_u64(b, 32) {
+        return Err(bad("corrupt header: header checksum mismatch".into()));
+    }
+    let declared_len = le_u64(b, 16) as usize;
+    if declared_len != len {
+        return Err(bad(format!(
+            "truncated or extended: header says {declared_len} bytes, file has {len} bytes"
+        )));
+    }
+    Ok((n, payload_start))
+}
+
+/// The `n` entries of the section table of `b`, each checked to be aligned
+/// and inside the payload.
+fn section_table(
+    path: &Path,
+    b: &[u8],
+    n: usize,
+    payload_start: usize,
+) -> Result<Vec<(usize, usize)>> {
+    let len = b.len();
+    let bad = |what: String| Error::format(path, what);
+    let mut sections = Vec::with_capacity(n);
+    for i in 0..n {
+        let off = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY) as usize;
+        let slen = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY + 8) as usize;
+        let end = off.checked_add(slen);
+        if off % ALIGN != 0 || off < payload_start || end.is_none_or(|e| e > len) {
+            return Err(bad(format!(
+                "corrupt section table: section {i} at offset {off} length {slen} is outside the payload (file has {len} bytes)"
+            )));
+        }
+        sections.push((off, slen));
+    }
+    Ok(sections)
+}
+
 impl MappedFile {
     /// Map `path` and validate it as a `kind` file with `expected_sections`
     /// sections (`None` = any count).
@@ -108,23 +196,7 @@ impl MappedFile {
             super::page_cache::advise_huge_pages(&mmap);
         }
         let b = &mmap[..];
-        let magic = &b[0..8];
-        match FileKind::from_magic(magic) {
-            Some(k) if k == kind => {}
-            Some(k) => {
-                return Err(bad(format!(
-                    "is a {k:?} file, expected a {kind:?} file (magic {:?})",
-                    String::from_utf8_lossy(kind.magic())
-                )))
-            }
-            None => {
-                return Err(bad(format!(
-                    "not a headwater file: bad magic {:02x?} (expected {:?})",
-                    magic,
-                    String::from_utf8_lossy(kind.magic())
-                )))
-            }
-        }
+        check_magic(path, b, kind)?;
         let version = le_u32(b, 8);
         if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(Error::Version {
@@ -134,53 +206,13 @@ impl MappedFile {
                 max: FORMAT_VERSION,
             });
         }
-        let n = le_u32(b, 12) as usize;
-        let table_end = FIXED_HEADER
-            .checked_add(
-                n.checked_mul(SECTION_ENTRY)
-                    .ok_or_else(|| bad("section count overflows".into()))?,
-            )
-            .ok_or_else(|| bad("section count overflows".into()))?;
-        if table_end > len {
-            return Err(bad(format!(
-                "truncated: section table of {n} entries ends at byte {table_end}, file has {len} bytes"
-            )));
-        }
-        let payload_start = align_up(table_end, ALIGN);
-        if payload_start > len {
-            return Err(bad(format!(
-                "truncated: payload would start at byte {payload_start}, file has {len} bytes"
-            )));
-        }
-        let mut h = Xxh3::new();
-        h.update(&b[0..32]);
-        h.update(&b[40..payload_start]);
-        if h.digest() != le_u64(b, 32) {
-            return Err(bad("corrupt header: header checksum mismatch".into()));
-        }
-        let declared_len = le_u64(b, 16) as usize;
-        if declared_len != len {
-            return Err(bad(format!(
-                "truncated or extended: header says {declared_len} bytes, file has {len} bytes"
-            )));
-        }
+        let (n, payload_start) = check_header(path, b)?;
         if let Some(want) = expected_sections {
             if want != n {
                 return Err(bad(format!("has {n} sections, expected {want}")));
             }
         }
-        let mut sections = Vec::with_capacity(n);
-        for i in 0..n {
-            let off = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY) as usize;
-            let slen = le_u64(b, FIXED_HEADER + i * SECTION_ENTRY + 8) as usize;
-            let end = off.checked_add(slen);
-            if off % ALIGN != 0 || off < payload_start || end.is_none_or(|e| e > len) {
-                return Err(bad(format!(
-                    "corrupt section table: section {i} at offset {off} length {slen} is outside the payload (file has {len} bytes)"
-                )));
-            }
-            sections.push((off, slen));
-        }
+        let sections = section_table(path, b, n, payload_start)?;
         let payload_checksum = le_u64(b, 24);
         Ok(MappedFile {
             path: path.to_path_buf(),
