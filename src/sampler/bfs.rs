@@ -333,7 +333,7 @@ pub fn bfs(
         .push(g.row_table.get(seed as usize).copied().unwrap_or(0));
     out.cells = seed_cells.min(p.max_cells);
     out.budget = p.max_cells;
-    let max_rows = p.max_cells.min(u16::MAX as usize - 1);
+    let max_rows = max_rows(p);
     s.frontier.clear();
     s.frontier.push(seed);
     let cutoff = if p.temporal_filter {
@@ -347,105 +347,151 @@ pub fn bfs(
         }
         s.parents.clear();
         s.children.clear();
-        for &u in s.frontier.iter().take(AHEAD) {
-            prefetch_lists(g, u);
-        }
-        for i in 0..s.frontier.len() {
-            let u = s.frontier[i];
-            if let Some(&next) = s.frontier.get(i + AHEAD) {
-                prefetch_lists(g, next);
-            }
-            for &par in g.parents(u) {
-                if s.visited.insert(par) {
-                    prefetch(g.row_time, par as usize);
-                    prefetch(g.row_table, par as usize);
-                    s.parents.push(par);
-                }
-            }
-        }
-        // A parent dated after the cutoff is future data (it can only be
-        // reached through a row without a time); parents are otherwise
-        // taken unconditionally. (An out-of-range id from a corrupt payload
-        // is dropped at inclusion.)
-        let before = s.parents.len();
-        s.parents.retain(|&par| {
-            let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
-            t == i64::MIN || t <= cutoff
-        });
-        out.temporal_filtered += (before - s.parents.len()) as u64;
-        for i in 0..s.frontier.len() {
-            let u = s.frontier[i];
-            let (ids, times) = g.children(u);
-            let visible = times.partition_point(|&t| t <= cutoff);
-            out.temporal_filtered += (ids.len() - visible) as u64;
-            if visible > p.child_width {
-                out.children_capped += (visible - p.child_width) as u64;
-            }
-            let start = s.children.len();
-            let (copy, picked, children) = (&mut s.copy, &mut s.picked, &mut s.children);
-            sample_k(&ids[..visible], p.child_width, rng, copy, picked, children);
-            // Drop already-visited children (keep order of the rest).
-            let mut w = start;
-            for r in start..s.children.len() {
-                let c = s.children[r];
-                if s.visited.insert(c) {
-                    prefetch(g.row_time, c as usize);
-                    prefetch(g.row_table, c as usize);
-                    s.children[w] = c;
-                    w += 1;
-                }
-            }
-            s.children.truncate(w);
-        }
+        reach_parents(g, cutoff, s, out);
+        reach_children(g, cutoff, p.child_width, rng, s, out);
         // Ties within a hop are broken at random; parents stay first.
         shuffle(&mut s.parents, rng);
         shuffle(&mut s.children, rng);
-        s.frontier.clear();
-        for list in [0, 1] {
-            let n = if list == 0 {
-                s.parents.len()
-            } else {
-                s.children.len()
-            };
-            for i in 0..n {
-                let r = if list == 0 {
-                    s.parents[i]
-                } else {
-                    s.children[i]
-                };
-                // Only rows whose table checks out are read (corrupt payloads
-                // give a smaller subgraph, never an out-of-bounds read).
-                let Some((t, &c)) = g.table_of(r).and_then(|t| Some((t, row_cells.get(t)?))) else {
-                    continue;
-                };
-                let c = c as usize;
-                if out.cells + c > p.max_cells || out.rows.len() >= max_rows {
-                    out.cells_dropped += c as u64;
-                    continue;
-                }
-                // The next hop (and the edge list) reads its CSR offsets.
-                prefetch(g.fwd_offsets, r as usize);
-                prefetch(g.rev_offsets, r as usize);
-                s.visited.set_local(r, out.rows.len() as u16);
-                out.rows.push(r);
-                out.depth.push(hop as u8);
-                out.tables.push(t as u16);
-                out.cells += c;
-                out.max_depth = hop as u8;
-                s.frontier.push(r);
-                // The leak check reads the row's own time, not the CSR times
-                // or the cutoff the filter used, so it stays an independent
-                // witness (and lights up when the filter is off).
-                if leaks(g.row_time[r as usize], obs_time) {
-                    out.temporal_leaks += 1;
-                }
-            }
-        }
+        include_hop(g, row_cells, hop, obs_time, p, s, out);
     }
     for (i, &r) in out.rows.iter().enumerate() {
         for &par in g.parents(r) {
             if let Some(j) = s.visited.local(par) {
                 out.edges.push((i as u16, j));
+            }
+        }
+    }
+}
+
+/// Rows a subgraph holds at most: the cell budget, and what a `u16` local
+/// index can name.
+fn max_rows(p: &BfsParams) -> usize {
+    p.max_cells.min(u16::MAX as usize - 1)
+}
+
+/// One hop's parents: the unvisited parents of the frontier, in frontier
+/// order, into `s.parents`; those dated after `cutoff` are dropped and
+/// counted as filtered.
+#[inline]
+fn reach_parents(g: &GraphView<'_>, cutoff: i64, s: &mut BfsScratch, out: &mut Subgraph) {
+    for &u in s.frontier.iter().take(AHEAD) {
+        prefetch_lists(g, u);
+    }
+    for i in 0..s.frontier.len() {
+        let u = s.frontier[i];
+        if let Some(&next) = s.frontier.get(i + AHEAD) {
+            prefetch_lists(g, next);
+        }
+        for &par in g.parents(u) {
+            if s.visited.insert(par) {
+                prefetch(g.row_time, par as usize);
+                prefetch(g.row_table, par as usize);
+                s.parents.push(par);
+            }
+        }
+    }
+    // A parent dated after the cutoff is future data (it can only be
+    // reached through a row without a time); parents are otherwise
+    // taken unconditionally. (An out-of-range id from a corrupt payload
+    // is dropped at inclusion.)
+    let before = s.parents.len();
+    s.parents.retain(|&par| {
+        let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
+        t == i64::MIN || t <= cutoff
+    });
+    out.temporal_filtered += (before - s.parents.len()) as u64;
+}
+
+/// One hop's children: per frontier row, at most `child_width` of its
+/// children visible at `cutoff`, sampled, the unvisited ones kept in order
+/// into `s.children`; hidden and capped children are counted.
+#[inline]
+fn reach_children(
+    g: &GraphView<'_>,
+    cutoff: i64,
+    child_width: usize,
+    rng: &mut Xoshiro256pp,
+    s: &mut BfsScratch,
+    out: &mut Subgraph,
+) {
+    for i in 0..s.frontier.len() {
+        let u = s.frontier[i];
+        let (ids, times) = g.children(u);
+        let visible = times.partition_point(|&t| t <= cutoff);
+        out.temporal_filtered += (ids.len() - visible) as u64;
+        if visible > child_width {
+            out.children_capped += (visible - child_width) as u64;
+        }
+        let start = s.children.len();
+        let (copy, picked, children) = (&mut s.copy, &mut s.picked, &mut s.children);
+        sample_k(&ids[..visible], child_width, rng, copy, picked, children);
+        // Drop already-visited children (keep order of the rest).
+        let mut w = start;
+        for r in start..s.children.len() {
+            let c = s.children[r];
+            if s.visited.insert(c) {
+                prefetch(g.row_time, c as usize);
+                prefetch(g.row_table, c as usize);
+                s.children[w] = c;
+                w += 1;
+            }
+        }
+        s.children.truncate(w);
+    }
+}
+
+/// Include hop `hop`'s rows, parents first, while they fit the budget: each
+/// becomes a subgraph row and part of the next frontier; rows that do not
+/// fit are counted as dropped cells, rows after `obs_time` as leaks.
+#[inline]
+fn include_hop(
+    g: &GraphView<'_>,
+    row_cells: &[u16],
+    hop: usize,
+    obs_time: i64,
+    p: &BfsParams,
+    s: &mut BfsScratch,
+    out: &mut Subgraph,
+) {
+    let max_rows = max_rows(p);
+    s.frontier.clear();
+    for list in [0, 1] {
+        let n = if list == 0 {
+            s.parents.len()
+        } else {
+            s.children.len()
+        };
+        for i in 0..n {
+            let r = if list == 0 {
+                s.parents[i]
+            } else {
+                s.children[i]
+            };
+            // Only rows whose table checks out are read (corrupt payloads
+            // give a smaller subgraph, never an out-of-bounds read).
+            let Some((t, &c)) = g.table_of(r).and_then(|t| Some((t, row_cells.get(t)?))) else {
+                continue;
+            };
+            let c = c as usize;
+            if out.cells + c > p.max_cells || out.rows.len() >= max_rows {
+                out.cells_dropped += c as u64;
+                continue;
+            }
+            // The next hop (and the edge list) reads its CSR offsets.
+            prefetch(g.fwd_offsets, r as usize);
+            prefetch(g.rev_offsets, r as usize);
+            s.visited.set_local(r, out.rows.len() as u16);
+            out.rows.push(r);
+            out.depth.push(hop as u8);
+            out.tables.push(t as u16);
+            out.cells += c;
+            out.max_depth = hop as u8;
+            s.frontier.push(r);
+            // The leak check reads the row's own time, not the CSR times
+            // or the cutoff the filter used, so it stays an independent
+            // witness (and lights up when the filter is off).
+            if leaks(g.row_time[r as usize], obs_time) {
+                out.temporal_leaks += 1;
             }
         }
     }
