@@ -74,105 +74,11 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
     }
     for i in 0..spec.tables {
         let n = spec.rows[i];
-        let nfk = spec.fks_per_table.min(i);
-        let mut parents: Vec<(usize, Vec<i64>)> = Vec::new();
-        for f in 0..nfk {
-            let target = rng.below(i as u64) as usize;
-            let m = spec.rows[target] as u64;
-            let hub = i == 1 && f == 0 && spec.hub_share > 0.0;
-            let p: Vec<i64> = (0..n)
-                .map(|_| {
-                    if rng.next_f64() < spec.null_fk || m == 0 {
-                        -1
-                    } else if hub && rng.next_f64() < spec.hub_share {
-                        0
-                    } else {
-                        rng.below(m) as i64
-                    }
-                })
-                .collect();
-            parents.push((target, p));
-        }
+        let parents = synth_parents(&mut rng, spec, i);
         let temporal = spec.temporal[i];
-        let row_time: Vec<i64> = (0..n)
-            .map(|r| {
-                if !temporal {
-                    return i64::MIN;
-                }
-                // Never older than any parent.
-                let floor = parents
-                    .iter()
-                    .filter(|(_, p)| p[r] >= 0)
-                    .map(|(t, p)| times[*t][p[r] as usize])
-                    .filter(|&x| x != i64::MIN)
-                    .max()
-                    .unwrap_or(BASE_US);
-                floor + rng.below(30 * DAY_US as u64) as i64
-            })
-            .collect();
-        let x: Vec<f64> = (0..n).map(|_| rng.next_f64() * 100.0).collect();
-        // About 10% nulls, but never all: every table keeps a cell task.
-        let ok: Vec<u8> = (0..n)
-            .map(|r| (r == 0 || rng.next_f64() > 0.1) as u8)
-            .collect();
-        let flags: Vec<u8> = (0..n).map(|_| (rng.next_f64() > 0.5) as u8).collect();
-        let codes: Vec<u32> = (0..n).map(|_| rng.below(5) as u32).collect();
-        let tcodes: Vec<u32> = (0..n)
-            .map(|_| rng.below(texts.len() as u64) as u32)
-            .collect();
-        let all: Vec<u8> = vec![1; n];
-        let mut columns = vec![
-            ColumnInput {
-                name: "id".into(),
-                stype: SemanticType::Identifier,
-                source_type: "BIGINT".into(),
-                inferred: false,
-                data: ColumnData::Unstored,
-            },
-            ColumnInput {
-                name: "x".into(),
-                stype: SemanticType::Numerical,
-                source_type: "DOUBLE".into(),
-                inferred: false,
-                data: ColumnData::Numerical {
-                    values: &x,
-                    valid: &ok,
-                },
-            },
-            ColumnInput {
-                name: "flag".into(),
-                stype: SemanticType::Boolean,
-                source_type: "BOOLEAN".into(),
-                inferred: false,
-                data: ColumnData::Boolean {
-                    values: &flags,
-                    valid: &all,
-                },
-            },
-            ColumnInput {
-                name: "kind".into(),
-                stype: SemanticType::Categorical,
-                source_type: "VARCHAR".into(),
-                inferred: false,
-                data: ColumnData::Categorical {
-                    codes: &codes,
-                    valid: &all,
-                    categories: cats.clone(),
-                },
-            },
-            ColumnInput {
-                name: "label".into(),
-                stype: SemanticType::Text,
-                source_type: "VARCHAR".into(),
-                inferred: false,
-                data: ColumnData::Text {
-                    codes: &tcodes,
-                    valid: &all,
-                    offsets: &offsets,
-                    bytes: &bytes,
-                },
-            },
-        ];
+        let row_time = synth_row_time(&mut rng, n, temporal, &parents, &times);
+        let values = SynthValues::draw(&mut rng, n, texts.len());
+        let mut columns = values.columns(&cats, &offsets, &bytes);
         let valid_time: Vec<u8> = row_time.iter().map(|&t| (t != i64::MIN) as u8).collect();
         if temporal {
             columns.push(ColumnInput {
@@ -219,9 +125,174 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
         })?;
         times.push(row_time);
     }
-    // One cell task per table, and a value task on the last table whose
-    // observation times are at or after the anchor row's time.
-    for name in &names {
+    add_synth_tasks(&mut w, &mut rng, spec, &names, &times)?;
+    let dim = 8;
+    let zeros = |k: usize| vec![f16::from_f32(0.1); k * dim];
+    let (c, k, t) = (
+        w.column_texts().len(),
+        w.category_texts().len(),
+        w.num_text_values(),
+    );
+    w.finish(&zeros(c), &zeros(k), &zeros(t), true)
+}
+
+/// Table `i`'s foreign keys: per key, the referenced (earlier) table and a
+/// parent row per row (`-1`: null).
+fn synth_parents(rng: &mut Xoshiro256pp, spec: &SynthSpec, i: usize) -> Vec<(usize, Vec<i64>)> {
+    let n = spec.rows[i];
+    let nfk = spec.fks_per_table.min(i);
+    let mut parents: Vec<(usize, Vec<i64>)> = Vec::new();
+    for f in 0..nfk {
+        let target = rng.below(i as u64) as usize;
+        let m = spec.rows[target] as u64;
+        let hub = i == 1 && f == 0 && spec.hub_share > 0.0;
+        let p: Vec<i64> = (0..n)
+            .map(|_| {
+                if rng.next_f64() < spec.null_fk || m == 0 {
+                    -1
+                } else if hub && rng.next_f64() < spec.hub_share {
+                    0
+                } else {
+                    rng.below(m) as i64
+                }
+            })
+            .collect();
+        parents.push((target, p));
+    }
+    parents
+}
+
+/// Row times of a table of `n` rows (`i64::MIN` for all unless `temporal`):
+/// each never older than any of its parents' times (`times` per table).
+fn synth_row_time(
+    rng: &mut Xoshiro256pp,
+    n: usize,
+    temporal: bool,
+    parents: &[(usize, Vec<i64>)],
+    times: &[Vec<i64>],
+) -> Vec<i64> {
+    (0..n)
+        .map(|r| {
+            if !temporal {
+                return i64::MIN;
+            }
+            // Never older than any parent.
+            let floor = parents
+                .iter()
+                .filter(|(_, p)| p[r] >= 0)
+                .map(|(t, p)| times[*t][p[r] as usize])
+                .filter(|&x| x != i64::MIN)
+                .max()
+                .unwrap_or(BASE_US);
+            floor + rng.below(30 * DAY_US as u64) as i64
+        })
+        .collect()
+}
+
+/// The random values of one table's stored columns (besides its time).
+struct SynthValues {
+    x: Vec<f64>,
+    ok: Vec<u8>,
+    flags: Vec<u8>,
+    codes: Vec<u32>,
+    tcodes: Vec<u32>,
+    all: Vec<u8>,
+}
+
+impl SynthValues {
+    /// Draw `n` rows of values; text codes index `num_texts` strings.
+    fn draw(rng: &mut Xoshiro256pp, n: usize, num_texts: usize) -> Self {
+        let x: Vec<f64> = (0..n).map(|_| rng.next_f64() * 100.0).collect();
+        // About 10% nulls, but never all: every table keeps a cell task.
+        let ok: Vec<u8> = (0..n)
+            .map(|r| (r == 0 || rng.next_f64() > 0.1) as u8)
+            .collect();
+        let flags: Vec<u8> = (0..n).map(|_| (rng.next_f64() > 0.5) as u8).collect();
+        let codes: Vec<u32> = (0..n).map(|_| rng.below(5) as u32).collect();
+        let tcodes: Vec<u32> = (0..n).map(|_| rng.below(num_texts as u64) as u32).collect();
+        SynthValues {
+            x,
+            ok,
+            flags,
+            codes,
+            tcodes,
+            all: vec![1; n],
+        }
+    }
+
+    /// The columns `id`, `x`, `flag`, `kind` (of `cats`) and `label` (of the
+    /// text dictionary `offsets`/`bytes`).
+    fn columns<'a>(
+        &'a self,
+        cats: &[String],
+        offsets: &'a [i64],
+        bytes: &'a [u8],
+    ) -> Vec<ColumnInput<'a>> {
+        vec![
+            ColumnInput {
+                name: "id".into(),
+                stype: SemanticType::Identifier,
+                source_type: "BIGINT".into(),
+                inferred: false,
+                data: ColumnData::Unstored,
+            },
+            ColumnInput {
+                name: "x".into(),
+                stype: SemanticType::Numerical,
+                source_type: "DOUBLE".into(),
+                inferred: false,
+                data: ColumnData::Numerical {
+                    values: &self.x,
+                    valid: &self.ok,
+                },
+            },
+            ColumnInput {
+                name: "flag".into(),
+                stype: SemanticType::Boolean,
+                source_type: "BOOLEAN".into(),
+                inferred: false,
+                data: ColumnData::Boolean {
+                    values: &self.flags,
+                    valid: &self.all,
+                },
+            },
+            ColumnInput {
+                name: "kind".into(),
+                stype: SemanticType::Categorical,
+                source_type: "VARCHAR".into(),
+                inferred: false,
+                data: ColumnData::Categorical {
+                    codes: &self.codes,
+                    valid: &self.all,
+                    categories: cats.to_vec(),
+                },
+            },
+            ColumnInput {
+                name: "label".into(),
+                stype: SemanticType::Text,
+                source_type: "VARCHAR".into(),
+                inferred: false,
+                data: ColumnData::Text {
+                    codes: &self.tcodes,
+                    valid: &self.all,
+                    offsets,
+                    bytes,
+                },
+            },
+        ]
+    }
+}
+
+/// One cell task per table, and a value task on the last table whose
+/// observation times are at or after the anchor row's time.
+fn add_synth_tasks(
+    w: &mut DatabaseWriter,
+    rng: &mut Xoshiro256pp,
+    spec: &SynthSpec,
+    names: &[String],
+    times: &[Vec<i64>],
+) -> Result<()> {
+    for name in names {
         w.add_cell_task(&format!("{name}.x"), name, "x", None)?;
     }
     let last = spec.tables - 1;
@@ -255,13 +326,5 @@ pub fn synth_database(out: &Path, spec: &SynthSpec) -> Result<Metadata> {
         query: None,
         description: Some("synthetic boolean target".into()),
         splits: None,
-    })?;
-    let dim = 8;
-    let zeros = |k: usize| vec![f16::from_f32(0.1); k * dim];
-    let (c, k, t) = (
-        w.column_texts().len(),
-        w.category_texts().len(),
-        w.num_text_values(),
-    );
-    w.finish(&zeros(c), &zeros(k), &zeros(t), true)
+    })
 }
