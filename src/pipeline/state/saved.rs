@@ -1,201 +1,25 @@
-//! Sampler state: where each split's stream stands, and its saved form.
+//! The saved form of the sampler state (`state_dict()`): [`SamplerState`],
+//! versioned JSON with a format tag, and the refusals of a state that does
+//! not fit the sampler it is restored into (see the parent module's doc).
 //!
-//! [`StreamState`] is everything a split's batch stream depends on besides
-//! the snapshot and the config (see the scheme in `crate::seeds`): the next
-//! step, one global position counter per task, the world-size history, and
-//! the telemetry that must continue across a resume (last pick per task, the
-//! mix window, the resume count). It holds nothing rank-specific, so every
-//! rank of a run holds the same value, and nothing proportional to the
-//! number of seeds: epoch orders are recomputed from (seed, epoch).
-//!
-//! The producer owns a working copy that runs ahead of the consumer; the
-//! pipeline keeps a **delivered** copy that advances only when a batch is
-//! handed to the consumer (by the task and step the batch carries), so a
-//! state taken at any moment counts prefetched batches as not consumed.
-//!
-//! [`SamplerState`] is the saved form (`state_dict()`): versioned JSON with
-//! a format tag, the snapshot content hash, the stream-relevant config
-//! ([`StreamConfig`], and its hash), the task names, and per split the step,
-//! world-size history, resume count, per task (pool size, epoch, cursor,
-//! last pick) and the mix window. Restoring refuses, naming the field, a
-//! state of another format or version, another snapshot, other tasks, a
-//! different stream config value, or pool sizes that do not match; harmless
-//! settings (rank, world size, threads, prefetch, telemetry, ports, RSS cap)
-//! may differ. The `debug_*` fault knobs are not part of the state (a run
-//! with an injected fault is not one to resume). A different world size is
-//! a reshard: the history gains a span and the cursors continue.
-//!
-//! Stream keys ([`StreamConfig`]): `split_ratios`, `split_seed` (which seeds
-//! are in a pool), `seed` (orders, picks, BFS generators), `task_weights`
-//! (effective, per task) and `task_pick` (the pick of every step),
-//! `default_batch_size` (positions per rank per step), `pool_fraction` (the
-//! pool itself), and `default_sequence_length`, `bfs_child_width`,
-//! `max_hops`, `temporal_filter`: these four change no seed, only each
-//! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
-//! the layout; `pack_factor` counts only with `pack`), and are refused because the promise is bit-identical
-//! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
-//! ranks of a consistent run.
+//! Invariants: every refusal is an [`Error::State`] naming the field that
+//! differs; a state of another format or version is refused before its
+//! fields are read. Never: hand out a stream from a state that failed a
+//! check, or reach into the running pipeline; this file converts between a
+//! [`StreamState`] and its saved form, and nothing else.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SamplerConfig, TaskPick};
+use super::{StreamConfig, StreamState};
 use crate::error::{Error, Result};
-use crate::seeds::MixWindow;
 use crate::seeds::{epoch_cursor, Split};
 
 /// The `format` tag of a saved state.
 pub const STATE_FORMAT: &str = "headwater-sampler-state";
 /// The state version this build writes and reads.
 pub const STATE_VERSION: u32 = 2;
-
-/// Where one split's stream stands.
-#[derive(Debug, Clone)]
-pub struct StreamState {
-    /// The next step to make (producer) or deliver (delivered copy).
-    pub step: u64,
-    /// Per task: global pool positions consumed so far (all ranks).
-    pub drawn: Vec<u64>,
-    /// Per task: the last step that picked it.
-    pub last_picked: Vec<Option<u64>>,
-    /// The recent picks behind `mix/tv_distance` and the exhaust forecast.
-    pub mix: MixWindow,
-    /// `(first step, world size)` spans, the first at step 0, steps
-    /// increasing: which world size consumed each step (for replay).
-    pub world_sizes: Vec<(u64, u32)>,
-    /// Times this stream was restored from a saved state.
-    pub resumes: u64,
-}
-
-impl StreamState {
-    /// Step 0 of a stream over `num_tasks` tasks at `world_size` ranks, with
-    /// a mix window of `window` picks.
-    pub fn new(num_tasks: usize, world_size: u32, window: usize) -> Self {
-        StreamState {
-            step: 0,
-            drawn: vec![0; num_tasks],
-            last_picked: vec![None; num_tasks],
-            mix: MixWindow::new(num_tasks, window),
-            world_sizes: vec![(0, world_size)],
-            resumes: 0,
-        }
-    }
-
-    /// The world size that consumes (or consumed) `step`.
-    pub fn world_size_at(&self, step: u64) -> u32 {
-        let i = self.world_sizes.partition_point(|&(from, _)| from <= step);
-        self.world_sizes[i.saturating_sub(1)].1
-    }
-
-    /// Record that `step` (the current one) picked `task` and consumed
-    /// `world size · batch_size` of its pool.
-    pub fn advance(&mut self, task: usize, batch_size: usize) {
-        let w = self.world_size_at(self.step) as u64;
-        self.drawn[task] += w * batch_size as u64;
-        self.last_picked[task] = Some(self.step);
-        self.mix.push(task as u32);
-        self.step += 1;
-    }
-
-    /// Continue with `world_size` ranks from the current step on.
-    pub fn reshard(&mut self, world_size: u32) {
-        if self.world_size_at(self.step) == world_size {
-            return;
-        }
-        match self.world_sizes.last_mut() {
-            Some(last) if last.0 == self.step => last.1 = world_size,
-            _ => self.world_sizes.push((self.step, world_size)),
-        }
-    }
-}
-
-/// The config keys the stream depends on: a state is only restored under
-/// the same values. `task_weights` is the effective list (uniform when
-/// unset).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StreamConfig {
-    /// Which seeds are in each split.
-    pub split_ratios: [f64; 3],
-    /// Seed of the split hash.
-    pub split_seed: u64,
-    /// Seed of the orders, picks and BFS generators.
-    pub seed: u64,
-    /// Effective weight per task (mixture order; for a mixture these
-    /// already carry the database shares).
-    pub task_weights: Vec<f64>,
-    /// Effective share of batches per database (mixture order; `[1.0]`
-    /// for one database).
-    pub database_weights: Vec<f64>,
-    /// How each step's task is chosen.
-    pub task_pick: TaskPick,
-    /// Positions per rank per step (B).
-    pub default_batch_size: usize,
-    /// Cells per sequence (S).
-    pub default_sequence_length: usize,
-    /// BFS children per row per hop.
-    pub bfs_child_width: usize,
-    /// BFS depth.
-    pub max_hops: usize,
-    /// Children filtered by observation time.
-    pub temporal_filter: bool,
-    /// Share of each global pool kept.
-    pub pool_fraction: f64,
-    /// Several seeds' contexts per sequence (absent in states saved before
-    /// packing existed: false).
-    #[serde(default)]
-    pub pack: bool,
-    /// Segments per sequence in effect: `pack_factor` with `pack`, else 1
-    /// (so an unpacked stream does not depend on the ignored value).
-    #[serde(default = "one")]
-    pub pack_factor: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-impl StreamConfig {
-    /// The stream keys of `cfg`, with `weights` its effective task weights
-    /// (metadata order).
-    pub fn of(cfg: &SamplerConfig, weights: &[f64], database_shares: &[f64]) -> Self {
-        StreamConfig {
-            split_ratios: cfg.split_ratios,
-            split_seed: cfg.split_seed,
-            seed: cfg.seed,
-            task_weights: weights.to_vec(),
-            database_weights: database_shares.to_vec(),
-            task_pick: cfg.task_pick,
-            default_batch_size: cfg.default_batch_size,
-            default_sequence_length: cfg.default_sequence_length,
-            bfs_child_width: cfg.bfs_child_width,
-            max_hops: cfg.max_hops,
-            temporal_filter: cfg.temporal_filter,
-            pool_fraction: cfg.pool_fraction,
-            pack: cfg.pack,
-            pack_factor: cfg.segments_per_sequence(),
-        }
-    }
-
-    /// The sampler config keys of the stream, named as in
-    /// [`crate::config::FIELDS`] (read off this struct's fields, so the list
-    /// is defined here once). Every rank must use the same values: the ranks
-    /// read one global stream, so a per-rank value would make them disagree
-    /// about the pools, the orders or the picks.
-    pub fn keys() -> Vec<String> {
-        let v = serde_json::to_value(Self::of(&SamplerConfig::default(), &[], &[]))
-            .expect("serialisable");
-        v.as_object().expect("object").keys().cloned().collect()
-    }
-
-    /// xxh3 of the canonical JSON, as 16 hex digits: equal on every rank of
-    /// a run whose ranks share the stream (compare it across ranks).
-    pub fn hash(&self) -> String {
-        let s = serde_json::to_string(self).expect("serialisable");
-        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(s.as_bytes()))
-    }
-}
 
 /// One task's pool in a saved split.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -383,6 +207,18 @@ impl SamplerState {
                 ),
             ));
         }
+        self.check_snapshot(content_hash, databases, tasks)?;
+        self.check_config(mine)
+    }
+
+    /// The databases (names, then each content hash), the snapshot's hash
+    /// and the task names are the ones this state was taken on.
+    fn check_snapshot(
+        &self,
+        content_hash: &str,
+        databases: &[DatabaseRecord],
+        tasks: &[String],
+    ) -> Result<()> {
         let names = |d: &[DatabaseRecord]| d.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
         if names(&self.databases) != names(databases) {
             return Err(refuse(
@@ -429,6 +265,12 @@ impl SamplerState {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The stream keys and their hash are the ones this state was taken
+    /// under; the first key that differs is named.
+    fn check_config(&self, mine: &StreamConfig) -> Result<()> {
         if &self.config != mine {
             let a = serde_json::to_value(&self.config).expect("serialisable");
             let b = serde_json::to_value(mine).expect("serialisable");
@@ -533,129 +375,5 @@ impl SamplerState {
         }
         st.resumes = rec.resumes;
         Ok(st)
-    }
-}
-
-impl super::SamplerCore {
-    /// The stream keys of this sampler's config (effective task weights).
-    pub fn stream_config(&self) -> StreamConfig {
-        let shares: Vec<f64> = self.dbs.iter().map(|d| d.share).collect();
-        StreamConfig::of(&self.cfg, self.weights(), &shares)
-    }
-
-    /// The mixture's databases as a state records them (name, content hash).
-    pub fn database_records(&self) -> Vec<DatabaseRecord> {
-        self.dbs
-            .iter()
-            .map(|d| DatabaseRecord {
-                name: d.name.clone(),
-                content_hash: d.db.content_hash().to_string(),
-            })
-            .collect()
-    }
-
-    /// The saved form of `streams` (split, stream, global pool sizes).
-    pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
-        SamplerState::capture(
-            &self.content_hash(),
-            &self.database_records(),
-            self.stream_config(),
-            self.task_names(),
-            streams,
-        )
-    }
-
-    /// The streams of `fresh`'s splits restored from `saved` (refusing an
-    /// incompatible state), continued at this sampler's world size, each
-    /// counting one more resume; logs the resume (and a reshard).
-    pub fn restore(
-        &self,
-        saved: &SamplerState,
-        fresh: &[super::SplitState],
-    ) -> Result<Vec<StreamState>> {
-        saved.check(
-            &self.content_hash(),
-            &self.database_records(),
-            &self.stream_config(),
-            self.task_names(),
-        )?;
-        let mut out = Vec::with_capacity(fresh.len());
-        let mut notes = Vec::new();
-        for f in fresh {
-            let mut st = saved.stream(f.split, &f.pool_lens(), super::MIX_WINDOW)?;
-            let before = st.world_size_at(st.step);
-            st.reshard(self.cfg.world_size);
-            st.resumes += 1;
-            notes.push(if before == self.cfg.world_size {
-                format!("{} at step {}", f.split.name(), st.step)
-            } else {
-                format!(
-                    "{} at step {} (reshard: world size {before} -> {})",
-                    f.split.name(),
-                    st.step,
-                    self.cfg.world_size
-                )
-            });
-            out.push(st);
-        }
-        let msg = format!(
-            "rank {} resumed from a saved sampler state: {}",
-            self.cfg.rank,
-            notes.join(", ")
-        );
-        tracing::info!("{msg}");
-        if !tracing::dispatcher::has_been_set() {
-            eprintln!("headwater: {msg}");
-        }
-        Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_keys_are_config_keys() {
-        let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 14, "{keys:?}");
-        for k in &keys {
-            assert!(
-                crate::config::FIELDS.iter().any(|f| f.name == k),
-                "stream key {k} is not a sampler config key"
-            );
-        }
-        for harmless in [
-            "rank",
-            "world_size",
-            "num_threads",
-            "num_prefetch",
-            "debug_batch_delay_ms",
-        ] {
-            assert!(
-                !keys.iter().any(|k| k == harmless),
-                "{harmless} is not a stream key"
-            );
-        }
-    }
-
-    #[test]
-    fn world_size_history_and_advance() {
-        let mut s = StreamState::new(2, 4, 8);
-        s.advance(0, 3); // step 0 at world size 4
-        s.advance(1, 3);
-        s.reshard(4); // same size: no new span
-        assert_eq!(s.world_sizes, vec![(0, 4)]);
-        s.reshard(2);
-        s.reshard(3); // resharded twice before any step: one span
-        assert_eq!(s.world_sizes, vec![(0, 4), (2, 3)]);
-        s.advance(0, 3);
-        assert_eq!(s.drawn, vec![12 + 9, 12]);
-        assert_eq!(
-            (s.world_size_at(1), s.world_size_at(2), s.world_size_at(99)),
-            (4, 3, 3)
-        );
-        assert_eq!(s.last_picked, vec![Some(2), Some(1)]);
-        assert_eq!(s.mix.picks().collect::<Vec<_>>(), vec![0, 1, 0]);
     }
 }
