@@ -1,0 +1,278 @@
+//! Sampler configuration: the one definition of every sampler key — the
+//! `[sampler]` table of training configs, the Python `Sampler(...)` keywords
+//! and `config=` mapping (same `snake_case` names), the `.pyi` and the README
+//! defaults are all checked against it.
+//!
+//! A key is one field of [`SamplerConfig`] (its default in `Default`), one
+//! row of [`FIELDS`] (type, allowed range, doc) and, if its range is not
+//! just its type, one check in [`SamplerConfig::validate`], which is the only
+//! check. Input is a JSON-like mapping deserialised once
+//! ([`SamplerConfig::from_json`]): unknown keys are rejected naming the key,
+//! and a value of the wrong type is reported with the same range text as an
+//! out-of-range value of the right type.
+//!
+//! Invariant: a `SamplerConfig` that passed [`SamplerConfig::validate`] is
+//! safe to sample with; every rejection is an [`Error::Config`] naming the
+//! key, the value and the allowed range.
+//!
+//! Files: this one holds the config types, parsing and the accessors;
+//! `fields.rs` the [`FIELDS`] data table (one row per key); `validate.rs`
+//! [`SamplerConfig::validate`]; `resolve.rs` the values resolved against a
+//! database or mixture (weights by name, telemetry databases).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+mod fields;
+mod resolve;
+mod validate;
+
+use fields::names;
+pub use fields::{bad, field, FieldDoc, FIELDS};
+
+/// How the task of each batch is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskPick {
+    /// Weighted random by `task_weights` (uniform by default).
+    Weighted,
+    /// Cycle through the tasks (those with seeds in the split), by step.
+    RoundRobin,
+}
+
+/// Task weights: a list in metadata order, or a `{task name: weight}`
+/// mapping (unlisted tasks keep weight 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskWeights {
+    /// One weight per task, metadata order.
+    List(Vec<f64>),
+    /// Weights by task name.
+    ByName(BTreeMap<String, f64>),
+}
+
+impl From<Vec<f64>> for TaskWeights {
+    fn from(v: Vec<f64>) -> Self {
+        TaskWeights::List(v)
+    }
+}
+
+/// Every sampler key (see the module doc): field order is [`FIELDS`] order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplerConfig {
+    /// This process's rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// Train / val / test shares of each task's seeds (sum to 1).
+    pub split_ratios: [f64; 3],
+    /// Seed of the split hash; independent of `seed`, `rank`, `world_size`.
+    pub split_seed: u64,
+    /// Seed of all sampling randomness (combined with rank and split).
+    pub seed: u64,
+    /// Capacity of each prefetch channel (batches).
+    pub num_prefetch: usize,
+    /// Sequences per batch (B).
+    pub default_batch_size: usize,
+    /// Cells per sequence (S).
+    pub default_sequence_length: usize,
+    /// At most this many children sampled per row per hop.
+    pub bfs_child_width: usize,
+    /// BFS hops from the seed row.
+    pub max_hops: usize,
+    /// Pack several seeds' contexts into each sequence (segments; see
+    /// `crate::batch::pack`). Off: one seed per sequence, the seed layout.
+    pub pack: bool,
+    /// With `pack`: seeds (segments) per sequence on average, so
+    /// `B·pack_factor` seeds per rank per step; 0: per task, as many as
+    /// fill `S` on average (`SamplerCore::seeds_per_step`). Ignored without
+    /// `pack`.
+    pub pack_factor: usize,
+    /// Task weights; `None` = uniform.
+    pub task_weights: Option<TaskWeights>,
+    /// How the task of each batch is chosen.
+    pub task_pick: TaskPick,
+    /// Database weights of a mixture (a list in the order the databases
+    /// were given, or `{database name: weight}`); `None` = uniform.
+    pub database_weights: Option<TaskWeights>,
+    /// Databases of a mixture with their own telemetry series (the K with
+    /// the largest weights; ties by order); the rest are folded into
+    /// aggregates and a worst-database pointer. Ignored when
+    /// `telemetry_databases` lists databases.
+    pub telemetry_top_databases: usize,
+    /// Databases of a mixture with their own telemetry series, by name and
+    /// in this order; when non-empty the list replaces
+    /// `telemetry_top_databases` (K = its length). Empty = the top K.
+    pub telemetry_databases: Vec<String>,
+    /// Threads in the sampler's pool; `None` = available parallelism.
+    pub num_threads: Option<usize>,
+    /// Fail fast when the process RSS exceeds this many bytes.
+    pub max_rss_bytes: Option<u64>,
+    /// What opening the database checks: `header` (O(metadata)) or `full`.
+    pub verify: crate::format::Verify,
+    /// How the mapped files enter the page cache at open: `lazy`,
+    /// `willneed`, `populate` or `mlock` ([`crate::format::PageCache`]).
+    pub page_cache: crate::format::PageCache,
+    /// Filter children by the seed's observation time. Turning it off is a
+    /// diagnostic: the temporal-leak invariant then lights up.
+    pub temporal_filter: bool,
+    /// Record step telemetry (drain API, Prometheus). Off only to measure
+    /// its cost.
+    pub telemetry: bool,
+    /// Serve Prometheus `/metrics` on `prometheus_port + local_rank`.
+    pub prometheus_port: Option<u16>,
+    /// Address the exporter binds (loopback by default).
+    pub prometheus_host: String,
+    /// Rank within this machine (default: `rank`), offsets the port.
+    pub local_rank: Option<u32>,
+    /// OTLP/HTTP base URL for stage spans (else `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub otlp_endpoint: Option<String>,
+    /// Keep this share of each global seed pool (an evenly spaced subset of
+    /// the split's seeds, at least one): a diagnostic knob for tiny pools.
+    /// Part of the stream: every rank must use the same value (ranks with
+    /// different values would read different pools and repeat or skip
+    /// seeds; compare `state_dict()["config_hash"]` across ranks).
+    pub pool_fraction: f64,
+    /// Fault injection: the producer sleeps this long per batch (inside the
+    /// timed stage), to simulate a slow sampler and starve the prefetch queue.
+    pub debug_batch_delay_ms: f64,
+    /// Fault injection: every N-th draw of a pool repeats the seed drawn
+    /// before it (0 = off), so `invariants/duplicate_seeds` must fire.
+    pub debug_repeat_seed_every: u64,
+    /// Fault injection: the producer panics when making this step.
+    pub debug_panic_at_step: Option<u64>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            rank: 0,
+            world_size: 1,
+            split_ratios: [0.8, 0.1, 0.1],
+            split_seed: 0,
+            seed: 0,
+            num_prefetch: 3,
+            default_batch_size: 32,
+            default_sequence_length: 1024,
+            bfs_child_width: 16,
+            max_hops: 3,
+            pack: false,
+            pack_factor: 0,
+            task_weights: None,
+            task_pick: TaskPick::Weighted,
+            database_weights: None,
+            telemetry_top_databases: 8,
+            telemetry_databases: Vec::new(),
+            num_threads: None,
+            max_rss_bytes: None,
+            verify: crate::format::Verify::Header,
+            page_cache: crate::format::PageCache::Lazy,
+            temporal_filter: true,
+            telemetry: true,
+            prometheus_port: None,
+            prometheus_host: "127.0.0.1".into(),
+            local_rank: None,
+            otlp_endpoint: None,
+            pool_fraction: 1.0,
+            debug_batch_delay_ms: 0.0,
+            debug_repeat_seed_every: 0,
+            debug_panic_at_step: None,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Deserialise a JSON object of keys (missing keys keep their defaults).
+    /// Unknown keys and values of the wrong type are [`Error::Config`]
+    /// naming the key, the value and the allowed range. Does not validate.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self> {
+        let obj = v.as_object().ok_or_else(|| Error::Config {
+            key: "config".into(),
+            what: format!("expected a mapping of sampler keys, got {v}"),
+        })?;
+        if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
+            return Err(Error::Config {
+                key: k.clone(),
+                what: format!("unknown sampler key; known keys: {}", names()),
+            });
+        }
+        serde_json::from_value(v.clone()).map_err(|_| {
+            // Find the key whose value does not deserialise, for the error.
+            for (k, val) in obj {
+                let one =
+                    serde_json::Value::Object([(k.clone(), val.clone())].into_iter().collect());
+                if serde_json::from_value::<SamplerConfig>(one).is_err() {
+                    return bad(k, val);
+                }
+            }
+            Error::Config {
+                key: "config".into(),
+                what: format!("cannot read {v}"),
+            }
+        })
+    }
+
+    /// This config as a JSON object (every key).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a config serialises")
+    }
+
+    /// Seeds' contexts per sequence on average: `pack_factor` with `pack`
+    /// (0: per task, measured when the sampler is made; see
+    /// `SamplerCore::seeds_per_step`), else 1.
+    pub fn segments_per_sequence(&self) -> usize {
+        if self.pack {
+            self.pack_factor
+        } else {
+            1
+        }
+    }
+
+    /// The exporter address for this rank, when Prometheus is on.
+    pub fn prometheus_addr(&self) -> Option<std::net::SocketAddr> {
+        let p = u32::from(self.prometheus_port?) + self.local_rank.unwrap_or(self.rank);
+        let ip: std::net::IpAddr = self.prometheus_host.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, u16::try_from(p).ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_the_struct_in_order() {
+        let v = SamplerConfig::default().to_json();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = FIELDS.iter().map(|f| f.name).collect();
+        let mut got = keys.clone();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn wrong_type_and_out_of_range_give_the_same_range() {
+        let neg = SamplerConfig::from_json(&serde_json::json!({"default_batch_size": -1}))
+            .unwrap_err()
+            .to_string();
+        let zero = SamplerConfig::from_json(&serde_json::json!({"default_batch_size": 0}))
+            .unwrap()
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        let range = field("default_batch_size").unwrap().range;
+        assert!(neg.contains(range) && neg.contains("-1"), "{neg}");
+        assert!(zero.contains(range) && zero.contains("got 0"), "{zero}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let e = SamplerConfig::from_json(&serde_json::json!({"rank": 0, "bogus": 1})).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+    }
+}

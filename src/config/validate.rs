@@ -1,0 +1,258 @@
+//! [`SamplerConfig::validate`]: the only check of a sampler config.
+//!
+//! Invariants: every rejection is an [`Error::Config`](crate::error::Error::Config)
+//! naming the key, the value and the key's allowed range from
+//! [`FIELDS`](super::FIELDS) (via [`bad`]). Never: change a value; a config
+//! is accepted or refused as given.
+
+use super::{bad, SamplerConfig, TaskWeights};
+use crate::error::Result;
+
+impl SamplerConfig {
+    /// Check every value; with `task_names` (the database's tasks), also
+    /// the task weights against them.
+    pub fn validate(&self, task_names: Option<&[String]>) -> Result<()> {
+        if self.world_size == 0 {
+            return Err(bad("world_size", 0));
+        }
+        if self.rank >= self.world_size {
+            return Err(bad(
+                "rank",
+                format!("{} with world_size {}", self.rank, self.world_size),
+            ));
+        }
+        let r = self.split_ratios;
+        let sum: f64 = r.iter().sum();
+        if r.iter().any(|x| !x.is_finite() || *x < 0.0) || (sum - 1.0).abs() > 1e-6 {
+            return Err(bad("split_ratios", format!("{r:?} (sum {sum})")));
+        }
+        let int_range = |key: &str, v: usize, lo: usize, hi: usize| -> Result<()> {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(bad(key, v))
+            }
+        };
+        int_range("num_prefetch", self.num_prefetch, 1, 1024)?;
+        int_range("default_batch_size", self.default_batch_size, 1, 65_536)?;
+        int_range(
+            "default_sequence_length",
+            self.default_sequence_length,
+            1,
+            65_535,
+        )?;
+        int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
+        int_range("max_hops", self.max_hops, 0, 64)?;
+        int_range("pack_factor", self.pack_factor, 0, 64)?;
+        int_range(
+            "telemetry_top_databases",
+            self.telemetry_top_databases,
+            0,
+            1024,
+        )?;
+        self.validate_telemetry_databases()?;
+        if let Some(dw) = &self.database_weights {
+            let w: Vec<f64> = match dw {
+                TaskWeights::List(w) => w.clone(),
+                TaskWeights::ByName(m) => m.values().copied().collect(),
+            };
+            if let Some(x) = w.iter().find(|x| !x.is_finite() || **x < 0.0) {
+                return Err(bad("database_weights", format!("a weight of {x}")));
+            }
+        }
+        if let Some(n) = self.num_threads {
+            int_range("num_threads", n, 1, 1024)?;
+        }
+        if self.max_rss_bytes == Some(0) {
+            return Err(bad("max_rss_bytes", 0));
+        }
+        self.validate_weights(task_names)?;
+        if let Some(p) = self.prometheus_port {
+            let port = u32::from(p) + self.local_rank.unwrap_or(self.rank);
+            if p == 0 || port > u32::from(u16::MAX) {
+                return Err(bad(
+                    "prometheus_port",
+                    format!("{p} (+ local rank = {port})"),
+                ));
+            }
+            if self.prometheus_host.parse::<std::net::IpAddr>().is_err() {
+                return Err(bad(
+                    "prometheus_host",
+                    format!("{:?}", self.prometheus_host),
+                ));
+            }
+        }
+        if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
+            return Err(bad("pool_fraction", self.pool_fraction));
+        }
+        if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
+            return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
+        }
+        Ok(())
+    }
+
+    fn validate_telemetry_databases(&self) -> Result<()> {
+        let names = &self.telemetry_databases;
+        if names.len() > 1024 {
+            return Err(bad(
+                "telemetry_databases",
+                format!("a list of {} names", names.len()),
+            ));
+        }
+        if let Some(i) = (1..names.len()).find(|&i| names[..i].contains(&names[i])) {
+            return Err(bad(
+                "telemetry_databases",
+                format!("{:?} listed twice in {names:?}", names[i]),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_weights(&self, task_names: Option<&[String]>) -> Result<()> {
+        let Some(tw) = &self.task_weights else {
+            return Ok(());
+        };
+        let w: Vec<f64> = match (tw, task_names) {
+            (_, Some(names)) => {
+                let w = self.weights_for(names)?;
+                if w.len() != names.len() {
+                    return Err(bad(
+                        "task_weights",
+                        format!("{} weights for {} tasks {names:?}", w.len(), names.len()),
+                    ));
+                }
+                w
+            }
+            (TaskWeights::List(w), None) => w.clone(),
+            (TaskWeights::ByName(m), None) => m.values().copied().collect(),
+        };
+        if let Some(x) = w.iter().find(|x| !x.is_finite() || **x < 0.0) {
+            return Err(bad("task_weights", format!("a weight of {x}")));
+        }
+        if task_names.is_some() && w.iter().all(|&x| x == 0.0) {
+            return Err(bad("task_weights", "all weights 0"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::field;
+    use super::*;
+    use crate::error::Error;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("t{i}")).collect()
+    }
+
+    #[test]
+    fn rejections_name_the_key() {
+        let ok = SamplerConfig::default();
+        ok.validate(Some(&names(2))).unwrap();
+        let cases: Vec<(SamplerConfig, &str)> = vec![
+            (
+                SamplerConfig {
+                    rank: 2,
+                    world_size: 2,
+                    ..ok.clone()
+                },
+                "rank",
+            ),
+            (
+                SamplerConfig {
+                    split_ratios: [0.5, 0.1, 0.1],
+                    ..ok.clone()
+                },
+                "split_ratios",
+            ),
+            (
+                SamplerConfig {
+                    default_batch_size: 0,
+                    ..ok.clone()
+                },
+                "default_batch_size",
+            ),
+            (
+                SamplerConfig {
+                    default_sequence_length: 0,
+                    ..ok.clone()
+                },
+                "default_sequence_length",
+            ),
+            (
+                SamplerConfig {
+                    task_weights: Some(vec![1.0].into()),
+                    ..ok.clone()
+                },
+                "task_weights",
+            ),
+            (
+                SamplerConfig {
+                    task_weights: Some(vec![1.0, -1.0].into()),
+                    ..ok.clone()
+                },
+                "task_weights",
+            ),
+            (
+                SamplerConfig {
+                    task_weights: Some(vec![0.0, 0.0].into()),
+                    ..ok.clone()
+                },
+                "task_weights",
+            ),
+        ];
+        for (c, key) in cases {
+            match c.validate(Some(&names(2))) {
+                Err(Error::Config { key: k, what }) => {
+                    assert_eq!(k, key);
+                    assert!(what.contains(field(key).unwrap().range), "{what}");
+                }
+                other => panic!("{key}: expected Config, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn telemetry_databases_are_distinct_bounded_and_names_of_the_mixture() {
+        let dbs: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let listed = |names: &[&str]| SamplerConfig {
+            telemetry_databases: names.iter().map(|n| (*n).to_string()).collect(),
+            ..SamplerConfig::default()
+        };
+        let c = listed(&["c", "a"]);
+        c.validate(None).unwrap();
+        assert_eq!(c.telemetry_databases_for(&dbs).unwrap(), Some(vec![2, 0]));
+        let none = SamplerConfig::default();
+        assert_eq!(none.telemetry_databases_for(&dbs).unwrap(), None);
+        let range = field("telemetry_databases").unwrap().range;
+        let e = listed(&["a", "b", "a"])
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`telemetry_databases`")
+                && e.contains("\"a\" listed twice")
+                && e.contains(range),
+            "{e}"
+        );
+        let many: Vec<String> = (0..1025).map(|i| format!("d{i}")).collect();
+        let names: Vec<&str> = many.iter().map(String::as_str).collect();
+        let e = listed(&names).validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("a list of 1025 names") && e.contains(range),
+            "{e}"
+        );
+        listed(&names[..1024]).validate(None).unwrap();
+        let e = listed(&["b", "nope"])
+            .telemetry_databases_for(&dbs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`telemetry_databases`")
+                && e.contains("unknown database \"nope\"")
+                && e.contains(r#"["a", "b", "c"]"#),
+            "{e}"
+        );
+    }
+}
