@@ -122,7 +122,7 @@ pub(crate) fn sampler_config_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList
     let defaults = SamplerConfig::default().to_json();
     let stream = StreamConfig::keys();
     let out = PyList::empty(py);
-    for f in &FIELDS {
+    for f in FIELDS {
         let d = PyDict::new(py);
         d.set_item("name", f.name)?;
         d.set_item("type", f.ty)?;
