@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::sampler::batch_dict;
+use super::batch::batch_dict;
 use super::to_py;
 use crate::pipeline;
 use crate::seeds::Split;

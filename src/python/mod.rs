@@ -23,6 +23,7 @@ use crate::error::Error;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod batch;
 mod bench;
 mod config;
 mod database;

@@ -9,8 +9,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
+use super::batch::batch_dict;
 use super::to_py;
-use crate::batch::{Batch, TensorData};
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
@@ -81,18 +81,6 @@ pub struct Sampler {
     last_pointers: Mutex<Vec<(&'static str, usize)>>,
 }
 
-fn arr<'py, T: numpy::Element>(
-    py: Python<'py>,
-    v: Vec<T>,
-    shape: &[usize],
-    ptrs: &mut Vec<(&'static str, usize)>,
-    key: &'static str,
-) -> PyResult<Bound<'py, PyAny>> {
-    ptrs.push((key, v.as_ptr() as usize));
-    let a = PyArray1::from_vec(py, v);
-    Ok(a.reshape(shape)?.into_any())
-}
-
 /// Every tensor of a batch dict, in order: `[{"name", "dtype", "shape"}]`
 /// (`shape` as symbols: `B`, `S`, `R`, `U`, `D` or a number).
 #[pyfunction]
@@ -106,30 +94,6 @@ pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         out.append(d)?;
     }
     Ok(out)
-}
-
-/// The batch dict: one NumPy array per `TENSORS` row, owning the Rust buffer.
-pub(super) fn batch_dict<'py>(
-    py: Python<'py>,
-    b: Batch,
-    ptrs: &mut Vec<(&'static str, usize)>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (spec, shape, data) in b.into_tensors() {
-        let (k, s) = (spec.name, &shape[..]);
-        let a = match data {
-            TensorData::I8(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::U8(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::U16(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::I32(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::U32(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::U64(v) => arr(py, v, s, ptrs, k)?,
-            TensorData::F16(v) => arr::<f16>(py, v, s, ptrs, k)?,
-            TensorData::F32(v) => arr(py, v, s, ptrs, k)?,
-        };
-        d.set_item(k, a)?;
-    }
-    Ok(d)
 }
 
 impl Sampler {
