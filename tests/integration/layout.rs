@@ -14,12 +14,7 @@ const DATA_TABLES: &[&str] = &[];
 
 /// Files over the limit while their room is being split.
 // issue 31: being split
-const BEING_SPLIT: &[&str] = &[
-    "src/batch/assemble.rs",
-    "src/pipeline/maker.rs",
-    "src/pipeline/mod.rs",
-    "src/telemetry/table.rs",
-];
+const BEING_SPLIT: &[&str] = &["src/telemetry/table.rs"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -53,7 +48,13 @@ fn no_source_file_is_over_600_lines_unless_a_named_data_table() {
         }
         over.push(rel.clone());
         if DATA_TABLES.contains(&rel.as_str()) {
-            if !text.contains("data table") {
+            let module_doc = text
+                .lines()
+                .take_while(|l| l.starts_with("//!"))
+                .map(|l| l.trim_start_matches("//!").trim())
+                .collect::<Vec<_>>()
+                .join(" ");
+            if !module_doc.contains("data table") {
                 problems.push(format!(
                     "{rel}: listed as a data table, but its module doc does not say so"
                 ));
