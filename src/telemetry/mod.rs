@@ -1,6 +1,6 @@
 //! Step telemetry: what the sampler did, per delivered batch, per split.
 //!
-//! Every metric is one row of the metric table ([`METRICS`], `table.rs`):
+//! Every metric is one row of the metric table ([`METRICS`], `rows.rs`; the row type is `table.rs`):
 //! key, reduction, bucket rule, Prometheus name/type/unit/help and how its
 //! value is taken from the readings (`crate::readings`, the measurement
 //! vocabulary) a [`BatchReport`] points to. The pipeline hands one report per
@@ -20,6 +20,7 @@
 pub mod export;
 mod hist;
 mod report;
+mod rows;
 mod schema;
 mod step;
 mod table;
@@ -29,10 +30,11 @@ pub use hist::{
     LATENCY_OCTAVES, LATENCY_SUB_BUCKETS,
 };
 pub use report::BatchReport;
+pub use rows::METRICS;
 pub use schema::{SchemaEntry, TelemetrySchema, PREFIX};
 pub use step::StepRecorder;
 pub use table::{
-    BucketRule, Measure, MetricDef, PromType, Reduction, TrainerGauge, METRICS, TRAINER_GAUGES,
+    BucketRule, Measure, MetricDef, PromType, Reduction, TrainerGauge, TRAINER_GAUGES,
 };
 
 /// Something that consumes every delivered batch's report: the drain

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::hist::QuantileRule;
-use super::table::{MetricDef, Reduction, METRICS};
+use super::rows::METRICS;
+use super::table::{MetricDef, Reduction};
 
 /// Every key starts with this.
 pub const PREFIX: &str = "sampler/";
