@@ -384,10 +384,8 @@ pub fn field(key: &str) -> Option<&'static FieldDoc> {
 /// The config error for `key` holding `value` (shown as given).
 pub fn bad(key: &str, value: impl std::fmt::Display) -> Error {
     let range = field(key).map_or("see the docs", |f| f.range);
-    Error::Config {
-        key: key.to_string(),
-        what: format!("got {value}, allowed: {range}"),
-    }
+    let what = format!("got {value}, allowed: {range}");
+    Error::config_value(key, value.to_string(), what)
 }
 
 fn names() -> String {
@@ -399,15 +397,17 @@ impl SamplerConfig {
     /// Unknown keys and values of the wrong type are [`Error::Config`]
     /// naming the key, the value and the allowed range. Does not validate.
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {
-        let obj = v.as_object().ok_or_else(|| Error::Config {
-            key: "config".into(),
-            what: format!("expected a mapping of sampler keys, got {v}"),
+        let obj = v.as_object().ok_or_else(|| {
+            Error::config(
+                "config",
+                format!("expected a mapping of sampler keys, got {v}"),
+            )
         })?;
         if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
-            return Err(Error::Config {
-                key: k.clone(),
-                what: format!("unknown sampler key; known keys: {}", names()),
-            });
+            return Err(Error::config(
+                k.clone(),
+                format!("unknown sampler key; known keys: {}", names()),
+            ));
         }
         serde_json::from_value(v.clone()).map_err(|_| {
             // Find the key whose value does not deserialise, for the error.
@@ -418,10 +418,7 @@ impl SamplerConfig {
                     return bad(k, val);
                 }
             }
-            Error::Config {
-                key: "config".into(),
-                what: format!("cannot read {v}"),
-            }
+            Error::config("config", format!("cannot read {v}"))
         })
     }
 
@@ -438,12 +435,10 @@ impl SamplerConfig {
             Some(TaskWeights::List(w)) => Ok(w.clone()),
             Some(TaskWeights::ByName(m)) => {
                 if let Some(k) = m.keys().find(|k| !task_names.contains(k)) {
-                    return Err(Error::Config {
-                        key: "task_weights".into(),
-                        what: format!(
-                            "unknown task {k:?}; the database's tasks are {task_names:?}"
-                        ),
-                    });
+                    return Err(Error::config(
+                        "task_weights",
+                        format!("unknown task {k:?}; the database's tasks are {task_names:?}"),
+                    ));
                 }
                 Ok(task_names
                     .iter()
@@ -611,12 +606,10 @@ impl SamplerConfig {
             }
             Some(TaskWeights::ByName(m)) => {
                 if let Some(k) = m.keys().find(|k| !db_names.contains(k)) {
-                    return Err(Error::Config {
-                        key: "database_weights".into(),
-                        what: format!(
-                            "unknown database {k:?}; the mixture's databases are {db_names:?}"
-                        ),
-                    });
+                    return Err(Error::config(
+                        "database_weights",
+                        format!("unknown database {k:?}; the mixture's databases are {db_names:?}"),
+                    ));
                 }
                 db_names
                     .iter()
@@ -645,15 +638,14 @@ impl SamplerConfig {
         self.telemetry_databases
             .iter()
             .map(|name| {
-                db_names
-                    .iter()
-                    .position(|d| d == name)
-                    .ok_or_else(|| Error::Config {
-                        key: "telemetry_databases".into(),
-                        what: format!(
+                db_names.iter().position(|d| d == name).ok_or_else(|| {
+                    Error::config(
+                        "telemetry_databases",
+                        format!(
                             "unknown database {name:?}; the mixture's databases are {db_names:?}"
                         ),
-                    })
+                    )
+                })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
@@ -744,7 +736,7 @@ mod tests {
         ];
         for (c, key) in cases {
             match c.validate(Some(&names(2))) {
-                Err(Error::Config { key: k, what }) => {
+                Err(Error::Config { key: k, what, .. }) => {
                     assert_eq!(k, key);
                     assert!(what.contains(field(key).unwrap().range), "{what}");
                 }

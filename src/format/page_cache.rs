@@ -71,6 +71,7 @@ pub(super) fn apply(file: &MappedFile, mode: PageCache) -> Result<()> {
         }
         PageCache::Mlock => map.lock().map_err(|e| Error::Config {
             key: "page_cache".into(),
+            value: None,
             what: format!(
                 "\"mlock\": locking {} ({} bytes) failed: {e}; RLIMIT_MEMLOCK is {} \
                  (raise it with `ulimit -l`, or use page_cache=\"populate\")",
