@@ -48,6 +48,10 @@ pub enum Error {
     Config {
         /// The key.
         key: String,
+        /// The offending value as given (JSON for a value read from a
+        /// mapping), when one value is at fault; `None` for an unknown key
+        /// or a failure of the setting as a whole.
+        value: Option<String>,
         /// What is wrong: the value and the allowed range.
         what: String,
     },
@@ -95,6 +99,29 @@ impl Error {
     pub(crate) fn format(file: impl Into<PathBuf>, what: impl Into<String>) -> Self {
         Error::Format {
             file: file.into(),
+            what: what.into(),
+        }
+    }
+
+    /// A config error about `key` as a whole (an unknown key, a setting
+    /// that cannot work here), naming no single value.
+    pub fn config(key: impl Into<String>, what: impl Into<String>) -> Self {
+        Error::Config {
+            key: key.into(),
+            value: None,
+            what: what.into(),
+        }
+    }
+
+    /// A config error about the value `value` of `key`.
+    pub fn config_value(
+        key: impl Into<String>,
+        value: impl Into<String>,
+        what: impl Into<String>,
+    ) -> Self {
+        Error::Config {
+            key: key.into(),
+            value: Some(value.into()),
             what: what.into(),
         }
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from headwater import _native
+from headwater.rows import BenchRun
 
 
 def _handoff_us(db: str | list[str], batch_size: int, seq_len: int, samples: int) -> tuple[float, float]:
@@ -85,7 +86,7 @@ def _packing_comparison(
     configuration alike); ratios are against the unpacked run."""
     configs: list[tuple[str, bool, int]] = [("unpacked", False, 1)]
     configs += [(f"pack_factor={f or 'auto'}", True, f) for f in factors]
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, BenchRun] = {}
     for _ in range(rounds):
         for name, pack, factor in configs:
             r = _native.bench_sampler(

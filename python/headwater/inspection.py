@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from headwater import _native
+from headwater.rows import VerifyReport
 
 
 def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def verify(db_dir: str | os.PathLike[str], progress: bool = True) -> dict[str, Any]:
+def verify(db_dir: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     """Fully check ``db_dir``: every payload checksum (reads every byte) and
     the graph/task contents. Returns ``{"files", "bytes", "errors"}``, one
     message per problem naming its file; a damaged header raises."""

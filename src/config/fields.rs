@@ -224,10 +224,8 @@ pub fn field(key: &str) -> Option<&'static FieldDoc> {
 /// The config error for `key` holding `value` (shown as given).
 pub fn bad(key: &str, value: impl std::fmt::Display) -> Error {
     let range = field(key).map_or("see the docs", |f| f.range);
-    Error::Config {
-        key: key.to_string(),
-        what: format!("got {value}, allowed: {range}"),
-    }
+    let what = format!("got {value}, allowed: {range}");
+    Error::config_value(key, value.to_string(), what)
 }
 
 /// Every key, comma-separated (for the unknown-key error).

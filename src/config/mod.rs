@@ -190,15 +190,17 @@ impl SamplerConfig {
     /// Unknown keys and values of the wrong type are [`Error::Config`]
     /// naming the key, the value and the allowed range. Does not validate.
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {
-        let obj = v.as_object().ok_or_else(|| Error::Config {
-            key: "config".into(),
-            what: format!("expected a mapping of sampler keys, got {v}"),
+        let obj = v.as_object().ok_or_else(|| {
+            Error::config(
+                "config",
+                format!("expected a mapping of sampler keys, got {v}"),
+            )
         })?;
         if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
-            return Err(Error::Config {
-                key: k.clone(),
-                what: format!("unknown sampler key; known keys: {}", names()),
-            });
+            return Err(Error::config(
+                k.clone(),
+                format!("unknown sampler key; known keys: {}", names()),
+            ));
         }
         serde_json::from_value(v.clone()).map_err(|_| {
             // Find the key whose value does not deserialise, for the error.
@@ -209,10 +211,7 @@ impl SamplerConfig {
                     return bad(k, val);
                 }
             }
-            Error::Config {
-                key: "config".into(),
-                what: format!("cannot read {v}"),
-            }
+            Error::config("config", format!("cannot read {v}"))
         })
     }
 

@@ -18,12 +18,10 @@ impl SamplerConfig {
             Some(TaskWeights::List(w)) => Ok(w.clone()),
             Some(TaskWeights::ByName(m)) => {
                 if let Some(k) = m.keys().find(|k| !task_names.contains(k)) {
-                    return Err(Error::Config {
-                        key: "task_weights".into(),
-                        what: format!(
-                            "unknown task {k:?}; the database's tasks are {task_names:?}"
-                        ),
-                    });
+                    return Err(Error::config(
+                        "task_weights",
+                        format!("unknown task {k:?}; the database's tasks are {task_names:?}"),
+                    ));
                 }
                 Ok(task_names
                     .iter()
@@ -54,12 +52,10 @@ impl SamplerConfig {
             }
             Some(TaskWeights::ByName(m)) => {
                 if let Some(k) = m.keys().find(|k| !db_names.contains(k)) {
-                    return Err(Error::Config {
-                        key: "database_weights".into(),
-                        what: format!(
-                            "unknown database {k:?}; the mixture's databases are {db_names:?}"
-                        ),
-                    });
+                    return Err(Error::config(
+                        "database_weights",
+                        format!("unknown database {k:?}; the mixture's databases are {db_names:?}"),
+                    ));
                 }
                 db_names
                     .iter()
@@ -88,15 +84,14 @@ impl SamplerConfig {
         self.telemetry_databases
             .iter()
             .map(|name| {
-                db_names
-                    .iter()
-                    .position(|d| d == name)
-                    .ok_or_else(|| Error::Config {
-                        key: "telemetry_databases".into(),
-                        what: format!(
+                db_names.iter().position(|d| d == name).ok_or_else(|| {
+                    Error::config(
+                        "telemetry_databases",
+                        format!(
                             "unknown database {name:?}; the mixture's databases are {db_names:?}"
                         ),
-                    })
+                    )
+                })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)

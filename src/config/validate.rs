@@ -204,7 +204,7 @@ mod tests {
         ];
         for (c, key) in cases {
             match c.validate(Some(&names(2))) {
-                Err(Error::Config { key: k, what }) => {
+                Err(Error::Config { key: k, what, .. }) => {
                     assert_eq!(k, key);
                     assert!(what.contains(field(key).unwrap().range), "{what}");
                 }

@@ -76,6 +76,7 @@ pub(super) fn apply(map: &Mmap, path: &Path, mode: PageCache) -> Result<()> {
         }
         PageCache::Mlock => map.lock().map_err(|e| Error::Config {
             key: "page_cache".into(),
+            value: None,
             what: format!(
                 "\"mlock\": locking {} ({} bytes) failed: {e}; RLIMIT_MEMLOCK is {} \
                  (raise it with `ulimit -l`, or use page_cache=\"populate\")",

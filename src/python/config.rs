@@ -81,10 +81,10 @@ pub(crate) fn merged(
         for item in m.items()?.iter() {
             let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
             let k: String = k.extract().map_err(|_| {
-                to_py(Error::Config {
-                    key: "config".into(),
-                    what: format!("keys must be strings, got {k}"),
-                })
+                to_py(Error::config(
+                    "config",
+                    format!("keys must be strings, got {k}"),
+                ))
             })?;
             let v = to_value(&k, &v).map_err(to_py)?;
             out.insert(k, v);
@@ -93,10 +93,10 @@ pub(crate) fn merged(
     };
     if let Some(c) = config.filter(|c| !c.is_none()) {
         let m = c.cast::<PyMapping>().map_err(|_| {
-            to_py(Error::Config {
-                key: "config".into(),
-                what: format!("expected a mapping of sampler keys, got {c}"),
-            })
+            to_py(Error::config(
+                "config",
+                format!("expected a mapping of sampler keys, got {c}"),
+            ))
         })?;
         take(m)?;
     }

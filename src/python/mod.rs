@@ -62,8 +62,15 @@ fn config_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
             ns.set_item(
                 "__doc__",
                 "A configuration key is unknown or has a bad value (names the key, \
-                 the value and the allowed range).",
+                 the value and the allowed range). Raised by the core, it carries \
+                 them as attributes: `key`, `value` (the offending value as given, \
+                 or None for an unknown key or a failure of the setting as a whole) \
+                 and `what` (the message after the key); all None when raised by \
+                 Python code that names no key.",
             )?;
+            for field in ["key", "value", "what"] {
+                ns.set_item(field, py.None())?;
+            }
             let bases = PyTuple::new(
                 py,
                 [
@@ -92,7 +99,8 @@ create_exception!(
     _native,
     StateError,
     HeadwaterError,
-    "A saved sampler state cannot be restored (other snapshot, config or version)."
+    "A saved sampler state cannot be restored (other snapshot, config or version); \
+     `field` names the state field that does not fit and `what` says how."
 );
 create_exception!(
     _native,
@@ -113,6 +121,19 @@ create_exception!(
     "A resource limit such as max_rss_bytes would be exceeded."
 );
 
+/// `t(msg)` with `fields` set as attributes of the instance: an error
+/// carries its fields, so nobody parses its message.
+fn with_fields(t: &Bound<'_, PyType>, msg: String, fields: &[(&str, Option<&str>)]) -> PyErr {
+    let make = || -> PyResult<PyErr> {
+        let exc = t.call1((msg,))?;
+        for (name, v) in fields {
+            exc.setattr(*name, *v)?;
+        }
+        Ok(PyErr::from_value(exc))
+    };
+    make().unwrap_or_else(|e| e)
+}
+
 /// Convert a core error into the matching Python exception.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -122,11 +143,22 @@ pub(crate) fn to_py(e: Error) -> PyErr {
         }
         Error::Io { .. } => PyOSError::new_err(msg),
         Error::Format { .. } | Error::Version { .. } => FormatError::new_err(msg),
-        Error::Config { .. } => Python::attach(|py| match config_error(py) {
-            Ok(t) => PyErr::from_type(t.clone(), msg),
+        Error::Config { key, value, what } => Python::attach(|py| match config_error(py) {
+            Ok(t) => with_fields(
+                t,
+                msg,
+                &[
+                    ("key", Some(&key)),
+                    ("value", value.as_deref()),
+                    ("what", Some(&what)),
+                ],
+            ),
             Err(e) => e,
         }),
-        Error::State { .. } => StateError::new_err(msg),
+        Error::State { field, what } => Python::attach(|py| {
+            let t = py.get_type::<StateError>();
+            with_fields(&t, msg, &[("field", Some(&field)), ("what", Some(&what))])
+        }),
         Error::InvalidArgument { .. } => PyValueError::new_err(msg),
         Error::Preprocess(_) => SchemaError::new_err(msg),
         Error::Shutdown => SamplerShutdown::new_err(msg),
@@ -142,7 +174,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("SchemaError", py.get_type::<SchemaError>())?;
     m.add("ConfigError", config_error(py)?)?;
-    m.add("StateError", py.get_type::<StateError>())?;
+    let state_error = py.get_type::<StateError>();
+    for field in ["field", "what"] {
+        state_error.setattr(field, py.None())?;
+    }
+    m.add("StateError", state_error)?;
     m.add("SamplerShutdown", py.get_type::<SamplerShutdown>())?;
     m.add("WorkerError", py.get_type::<WorkerError>())?;
     m.add("ResourceError", py.get_type::<ResourceError>())?;

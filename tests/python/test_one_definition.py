@@ -260,3 +260,115 @@ def test_the_exported_verdict_codes_are_the_trainers() -> None:
     (row,) = [g for g in headwater._native.trainer_gauges() if g["key"] == "trainer/verdict"]
     codes = ", ".join(f"{i} {v}" for i, v in enumerate(VERDICTS))
     assert row["help"].endswith(codes), (row["help"], codes)
+
+
+# ----------------------------------------------------------------------------
+# Metric keys: the diag signals and the dashboard name a table row once
+# ----------------------------------------------------------------------------
+
+PKG = ROOT / "python" / "headwater"
+TABLE_KEYS = {r["key"] for r in N.metric_table()} | {g["key"] for g in N.trainer_gauges()}
+#: Where a key may be spelled: the argument that names a row.
+NAMING_CALLS = {"reduced", "culprit_of", "across", "increase", "quantile", "prom", "_heatmap"}
+#: Keyword values that are words for people, not keys.
+PROSE_KEYWORDS = {"what", "unit", "name"}
+#: Text only the PromQL helpers and the reducer's suffix rule may hold.
+DERIVED = ("headwater_", "_argmin_rank", "_argmax_rank", "_p50", "_p95")
+PROMQL = ("min(", "max(", "sum(", " by (", "rate(", "increase(", "histogram_quantile")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            out.add(id(first.value))
+    return out
+
+
+def _pieces(source: str) -> list[tuple[str, str]]:
+    """``(piece, where)`` for every string piece of ``source`` (f-string parts
+    included) outside docstrings, prose keywords and the calls naming a row,
+    with ``where`` = ``"named"`` for a row key in a naming position."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    named: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in PROSE_KEYWORDS:
+            skip.update(id(n) for n in ast.walk(node.value))
+        if isinstance(node, ast.keyword) and node.arg == "metric":
+            named.update(id(n) for n in ast.walk(node.value))
+        if isinstance(node, ast.Call):
+            f = node.func
+            fname = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if fname in NAMING_CALLS:
+                for a in node.args:
+                    named.update(id(n) for n in ast.walk(a))
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CULPRIT_SUFFIX" for t in node.targets
+        ):
+            skip.update(id(n) for n in ast.walk(node.value))
+    return [
+        (n.value, "named" if id(n) in named else "other")
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+    ]
+
+
+def hand_restated(source: str, promql_allowed: bool = False) -> list[str]:
+    """The string pieces of ``source`` that restate a metric key, a derived
+    key or a reduction by hand instead of naming the table row."""
+
+    def restated(piece: str, where: str) -> bool:
+        if any(d in piece for d in DERIVED):
+            return True
+        if not promql_allowed and any(q in piece for q in PROMQL):
+            return True
+        keyish = where != "named" and not any(c.isspace() for c in piece)
+        return keyish and any(k in piece for k in TABLE_KEYS)
+
+    return [piece for piece, where in _pieces(source) if restated(piece, where)]
+
+
+def test_signals_and_dashboard_name_each_metric_by_its_row_only() -> None:
+    """A signal names its row (``metric=``) and a dashboard query its row
+    key; the reduced key, the culprit sibling, the Prometheus name and the
+    PromQL aggregation are derived (``diag.signals.reduced`` /
+    ``culprit_of``, ``dashboards.widgets``)."""
+    for path in [PKG / "diag" / "signals.py", PKG / "dashboards" / "panels.py"]:
+        assert hand_restated(path.read_text(encoding="utf-8")) == [], path
+    widgets = (PKG / "dashboards" / "widgets.py").read_text(encoding="utf-8")
+    assert hand_restated(widgets, promql_allowed=True) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'Signal(metric="pool/exhaust_events", rule=share(True, "x"))\nK = f"{P}pool/remaining_max"\n',
+        'Signal(metric="queue/depth_min", culprit_key=f"{P}queue/depth_min_argmin_rank")\n',
+        'series(rows, "sampler/padding/fraction_p50")\n',
+        'Q(f"max(headwater_mix_tv_distance_ratio{SEL})", "cluster max")\n',
+        'Q(f"min({prom(\'mix/tv_distance\')}{SEL})", "cluster min")\n',
+        'Q(f"sum by (rank) ({rate})", "rank")\n',
+    ],
+)
+def test_a_hand_restated_key_or_reduction_is_caught(source: str) -> None:
+    assert hand_restated(source), source
+
+
+def test_the_derived_keys_are_the_reducers() -> None:
+    """Every signal's key and culprit key is one the Python reducer writes
+    for a database (the per-task prefix: a prefix of its task keys)."""
+    from headwater.diag import SIGNALS
+    from headwater.telemetry import PREFIX
+
+    sch = T.Schema(N.telemetry_schema_for(["a", "b"], 3, 64))
+    keys = set(sch.reduced_keys) | {g["key"] for g in N.trainer_gauges()}
+    for name, sig in SIGNALS.items():
+        if sig.metric == "tasks/{task}":
+            assert {f"{sig.key}a", f"{sig.key}b"} <= keys and sig.key == f"{PREFIX}tasks/", name
+            continue
+        assert sig.key in keys, (name, sig.key)
+        if sig.culprit_key is not None:
+            assert sig.culprit_key in keys, (name, sig.culprit_key)

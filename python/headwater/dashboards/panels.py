@@ -3,11 +3,12 @@
 Every query reads the per-rank series of the sampler's Prometheus exporter
 (``Sampler(..., prometheus_port=...)``), filtered by ``rank=~"$rank"`` and
 ``split="$split"``, and reduces them across ranks the way the metric demands:
-``min`` for ``*_min`` gauges, ``max`` for ``*_max`` gauges and the TV distance,
-``sum`` for counter rates, and ``sum by (le)`` of the buckets before
-``histogram_quantile`` (never an average of per-rank quantiles). The metric
-names are the exporter's (``headwater._native.metric_table()``); a test
-checks every name used here against it.
+``min`` / ``max`` for ``MIN`` / ``MAX`` gauges, ``sum`` for counter rates,
+and ``sum by (le)`` of the buckets before ``histogram_quantile`` (never an
+average of per-rank quantiles). A query names its metric by its key in the
+metric table (``headwater._native.metric_table()``); the Prometheus name and
+the reduction come from the row (:mod:`.widgets`), so the rows here say only
+what a panel shows.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 
 from headwater.dashboards.widgets import (
     DATASOURCE,
-    SEL,
     PanelBuilder,
     Q,
     _heatmap,
-    _quantile,
-    _rate,
     _stat,
     _timeseries,
+    across,
+    increase,
+    prom,
+    quantile,
+    worst,
 )
 
 #: Row titles, top to bottom.
@@ -52,10 +55,10 @@ def _pool_health() -> list[PanelBuilder]:
             "near 0 (a pool keeps running out). The ranks read the same global pools, so the "
             "per-rank series coincide; ranks that differ run different stream configs.",
             [
-                Q(f"min(headwater_pool_remaining_min_seeds{SEL})", "cluster min"),
-                Q(f"max(headwater_pool_remaining_max_seeds{SEL})", "cluster max"),
-                Q(f"min by (rank) (headwater_pool_remaining_min_seeds{SEL})", "rank {{rank}} min"),
-                Q(f"max by (rank) (headwater_pool_remaining_max_seeds{SEL})", "rank {{rank}} max"),
+                Q(across("pool/remaining_min"), "cluster min"),
+                Q(across("pool/remaining_max"), "cluster max"),
+                Q(across("pool/remaining_min", by="rank"), "rank {{rank}} min"),
+                Q(across("pool/remaining_max", by="rank"), "rank {{rank}} max"),
             ],
         ),
         _timeseries(
@@ -65,8 +68,8 @@ def _pool_health() -> list[PanelBuilder]:
             "together (pools drain at matching speeds). Pathological: min near 0 while max stays "
             "high; one task's pool drains much faster than the mix intends.",
             [
-                Q(f"min(headwater_pool_remaining_fraction_min_ratio{SEL})", "cluster min"),
-                Q(f"max(headwater_pool_remaining_fraction_max_ratio{SEL})", "cluster max"),
+                Q(across("pool/remaining_fraction_min"), "cluster min"),
+                Q(across("pool/remaining_fraction_max"), "cluster max"),
             ],
             unit="percentunit",
             max_val=1,
@@ -78,9 +81,9 @@ def _pool_health() -> list[PanelBuilder]:
             "at epoch boundaries. Pathological: a sustained high rate (tiny pools, seeds "
             "repeat often).",
             [
-                Q(f"sum({_rate('headwater_pool_exhaust_events_total')})", "cluster"),
+                Q(across("pool/exhaust_events"), "cluster"),
                 Q(
-                    f"sum by (rank) ({_rate('headwater_pool_exhaust_events_total')})",
+                    across("pool/exhaust_events", by="rank"),
                     "rank {{rank}}",
                 ),
             ],
@@ -91,7 +94,7 @@ def _pool_health() -> list[PanelBuilder]:
             "Batches since the least recently picked weighted task was picked (cluster max). "
             "Healthy: bounded and flat; every task gets picked. Pathological: grows without "
             "bound, a task is starved.",
-            [Q(f"max(headwater_pool_steps_since_pick_max_batches{SEL})", "cluster max")],
+            [Q(across("pool/steps_since_pick_max"), "cluster max")],
             span=12,
         ),
         _timeseries(
@@ -99,7 +102,7 @@ def _pool_health() -> list[PanelBuilder]:
             "Forecast batches until the first active pool runs out (cluster min). Healthy: "
             "large, or a steady countdown that resets on reshuffle. Pathological: stuck near 0; "
             "pools run out every few batches.",
-            [Q(f"min(headwater_pool_steps_to_exhaust_min_batches{SEL})", "cluster min")],
+            [Q(across("pool/steps_to_exhaust_min"), "cluster min")],
             span=12,
         ),
     ]
@@ -114,7 +117,7 @@ def _task_mix() -> list[PanelBuilder]:
             "Pathological: a band that shrinks to 0 (task starved) or drifts from its weight.",
             [
                 Q(
-                    f"sum by (task) ({_rate('headwater_task_seeds_drawn_total')})",
+                    across("tasks/{task}", by="task"),
                     "{{task}}",
                 )
             ],
@@ -128,8 +131,8 @@ def _task_mix() -> list[PanelBuilder]:
             "(cluster max, i.e. the worst rank; per rank too). Healthy: small and steady. "
             "Pathological: high or rising; the sampler is not delivering the requested mix.",
             [
-                Q(f"max(headwater_mix_tv_distance_ratio{SEL})", "cluster max"),
-                Q(f"max by (rank) (headwater_mix_tv_distance_ratio{SEL})", "rank {{rank}}"),
+                Q(across("mix/tv_distance"), "cluster max"),
+                Q(across("mix/tv_distance", by="rank"), "rank {{rank}}"),
             ],
             unit="percentunit",
         ),
@@ -152,10 +155,10 @@ def _database_mix() -> list[PanelBuilder]:
             "Pathological: a band at 0 (a database starved). Empty for one database.",
             [
                 Q(
-                    f"sum by (database) ({_rate('headwater_database_seeds_drawn_total')})",
+                    across("databases/{database}/seeds", by="database"),
                     "{{database}}",
                 ),
-                Q(f"sum({_rate('headwater_mixture_other_seeds_drawn_total')})", "other databases"),
+                Q(across("databases/other_seeds"), "other databases"),
             ],
             unit="cps",
             span=12,
@@ -168,13 +171,13 @@ def _database_mix() -> list[PanelBuilder]:
             "the TV distance of the recent database mix from the weights. Healthy: bounded, "
             "flat; TV small. Pathological: a wait that grows with the run (starved database).",
             [
-                Q(f"max(headwater_mixture_steps_since_pick_max_batches{SEL})", "cluster max"),
-                Q(f"max(headwater_mixture_steps_since_pick_worst_index{SEL})", "worst database index"),
+                Q(across("databases/steps_since_pick_max"), "cluster max"),
+                Q(across("databases/steps_since_pick_worst"), "worst database index"),
                 Q(
-                    f"max by (database) (headwater_database_steps_since_pick_batches{SEL})",
+                    across("databases/{database}/steps_since_pick", by="database"),
                     "{{database}}",
                 ),
-                Q(f"max(headwater_mix_database_tv_distance_ratio{SEL})", "database TV distance"),
+                Q(across("mix/database_tv_distance"), "database TV distance"),
             ],
             span=12,
         ),
@@ -185,14 +188,14 @@ def _database_mix() -> list[PanelBuilder]:
             "its pools' exhaust events/s. Healthy: a sawtooth. Pathological: one database "
             "pinned near 0 (its pools are tiny for its weight).",
             [
-                Q(f"min(headwater_mixture_remaining_fraction_min_ratio{SEL})", "cluster min"),
-                Q(f"max(headwater_mixture_remaining_fraction_worst_index{SEL})", "worst database index"),
+                Q(across("databases/remaining_fraction_min"), "cluster min"),
+                Q(across("databases/remaining_fraction_worst"), "worst database index"),
                 Q(
-                    f"min by (database) (headwater_database_remaining_fraction_min_ratio{SEL})",
+                    across("databases/{database}/remaining_fraction_min", by="database"),
                     "{{database}}",
                 ),
                 Q(
-                    f"sum by (database) ({_rate('headwater_database_exhaust_events_total')})",
+                    across("databases/{database}/exhaust_events", by="database"),
                     "{{database}} exhausts/s",
                 ),
             ],
@@ -208,7 +211,7 @@ def _bfs() -> list[PanelBuilder]:
             "BFS hops reached per sequence (bucket increases summed over ranks). Healthy: a "
             "stable distribution with most sequences several hops deep. Pathological: mass at "
             "0 hops (seeds without neighbours) or a sudden shift.",
-            "headwater_bfs_depth_hops",
+            "bfs/depth",
             unit="short",
         ),
         _heatmap(
@@ -216,14 +219,14 @@ def _bfs() -> list[PanelBuilder]:
             "Rows per sequence (bucket increases summed over ranks). Healthy: a tight band "
             "near what the sequence budget holds. Pathological: a long tail of tiny sequences "
             "(isolated seeds) or a sudden shift.",
-            "headwater_bfs_sequence_rows",
+            "bfs/rows",
             unit="short",
         ),
         _heatmap(
             "Padding fraction",
             "Padded share of each sequence (bucket increases summed over ranks). Healthy: mass "
             "near 0. Pathological: mass near 1; compute wasted on padding.",
-            "headwater_padding_fraction_ratio",
+            "padding/fraction",
             unit="percentunit",
         ),
         _timeseries(
@@ -231,8 +234,8 @@ def _bfs() -> list[PanelBuilder]:
             "Median and 95th percentile of the padding fraction from the cluster-merged "
             "buckets. Healthy: p95 low (a few %). Pathological: p50 high, or p95 near 1.",
             [
-                Q(_quantile(0.5, "headwater_padding_fraction_ratio"), "p50"),
-                Q(_quantile(0.95, "headwater_padding_fraction_ratio"), "p95"),
+                Q(quantile(0.5, "padding/fraction"), "p50"),
+                Q(quantile(0.95, "padding/fraction"), "p95"),
             ],
             unit="percentunit",
             max_val=1,
@@ -247,9 +250,9 @@ def _bfs() -> list[PanelBuilder]:
             "pack_factor = 0), a small cut rate (1 segment, no cuts without pack). Pathological: "
             "most contexts cut (pack_factor too high for the neighbourhoods reached).",
             [
-                Q(_quantile(0.5, "headwater_packing_segments_per_sequence"), "segments p50"),
-                Q(_quantile(0.95, "headwater_packing_segments_per_sequence"), "segments p95"),
-                Q(f"sum({_rate('headwater_packing_contexts_cut_total')})", "contexts cut/s"),
+                Q(quantile(0.5, "packing/segments_per_sequence"), "segments p50"),
+                Q(quantile(0.95, "packing/segments_per_sequence"), "segments p95"),
+                Q(across("packing/contexts_cut"), "contexts cut/s"),
             ],
             span=6,
         ),
@@ -258,7 +261,7 @@ def _bfs() -> list[PanelBuilder]:
             "Cells of reached rows cut by the sequence budget, per second, cluster sum. "
             "Healthy: 0 or a small steady rate. Pathological: a large or rising rate; the "
             "sequence length is too short for the neighbourhoods reached.",
-            [Q(f"sum({_rate('headwater_truncation_cells_dropped_total')})", "cluster")],
+            [Q(across("truncation/cells_dropped"), "cluster")],
             unit="cps",
             span=6,
         ),
@@ -267,7 +270,7 @@ def _bfs() -> list[PanelBuilder]:
             "Visible children not sampled because of bfs_child_width, per second, cluster sum. "
             "Healthy: a steady rate set by the cap. Pathological: a jump; hub rows dominate "
             "and neighbourhoods are sampled thinly.",
-            [Q(f"sum({_rate('headwater_bfs_children_capped_total')})", "cluster")],
+            [Q(across("bfs/children_capped"), "cluster")],
             unit="cps",
             span=6,
         ),
@@ -276,14 +279,14 @@ def _bfs() -> list[PanelBuilder]:
             "Children hidden by the observation-time filter, per second, cluster sum. Healthy: "
             "steady, roughly proportional to batches/s. Pathological: 0 on a temporal database "
             "(the filter is not applied) or a sudden swing.",
-            [Q(f"sum({_rate('headwater_bfs_temporal_filtered_total')})", "cluster")],
+            [Q(across("bfs/temporal_filtered"), "cluster")],
             unit="cps",
             span=6,
         ),
     ]
 
 
-_WAIT_SHARE = f"sum by (rank) ({_rate('headwater_queue_wait_seconds_sum')})"
+_WAIT_SHARE = across("queue/wait_seconds", by="rank")
 
 
 def _queue() -> list[PanelBuilder]:
@@ -294,14 +297,14 @@ def _queue() -> list[PanelBuilder]:
             "the cluster min. Healthy: above 0; the sampler runs ahead of training. "
             "Pathological: 0 on a rank; that rank's training step waits for data.",
             [
-                Q(f"min by (rank) (headwater_queue_depth_batches{SEL})", "rank {{rank}}"),
-                Q(f"min(headwater_queue_depth_batches{SEL})", "cluster min"),
+                Q(across("queue/depth_min", by="rank"), "rank {{rank}}"),
+                Q(across("queue/depth_min"), "cluster min"),
             ],
         ),
         _timeseries(
             "Data-wait share per rank",
             "Seconds the consumer blocked in next_*_batch per second of wall time, per rank "
-            "(rate of headwater_queue_wait_seconds_sum); the share of training time spent "
+            f"(rate of {prom('queue/wait_seconds')}_sum); the share of training time spent "
             "waiting for data. Healthy: ~0%. Pathological: a few % or more, input-bound.",
             [Q(_WAIT_SHARE, "rank {{rank}}")],
             unit="percentunit",
@@ -311,7 +314,7 @@ def _queue() -> list[PanelBuilder]:
             "The largest per-rank data-wait share (cluster max): in synchronous data-parallel "
             "training the slowest rank sets the pace. Healthy: ~0%. Pathological: above a few "
             "%; the whole job is input-bound.",
-            [Q(f"max({_WAIT_SHARE})", "worst rank")],
+            [Q(worst(_WAIT_SHARE), "worst rank")],
             unit="percentunit",
         ),
     ]
@@ -325,8 +328,8 @@ def _stage_latency() -> list[PanelBuilder]:
             "Healthy: flat, with p95 close to p50. Pathological: p95 far above p50 (stragglers) "
             "or a rising trend.",
             [
-                Q(_quantile(0.5, f"headwater_stage_{s}_seconds"), "p50"),
-                Q(_quantile(0.95, f"headwater_stage_{s}_seconds"), "p95"),
+                Q(quantile(0.5, f"stage/{s}_seconds"), "p50"),
+                Q(quantile(0.95, f"stage/{s}_seconds"), "p95"),
             ],
             unit="s",
             span=6,
@@ -336,29 +339,27 @@ def _stage_latency() -> list[PanelBuilder]:
 
 
 def _invariants() -> list[PanelBuilder]:
-    dup = "headwater_invariant_duplicate_seeds_total"
-    leak = "headwater_invariant_temporal_leaks_total"
     return [
         _stat(
             "Duplicate seeds (time range)",
             "Seeds drawn twice in one epoch on one rank, over the dashboard's time range "
             "(cluster sum). Healthy: 0 (green). Pathological: anything above 0 (red) is a bug.",
-            Q(f"sum(increase({dup}{SEL}[$__range]))", "duplicates", instant=True),
+            Q(increase("invariants/duplicate_seeds"), "duplicates", instant=True),
         ),
         _stat(
             "Temporal leaks (time range)",
             "Rows with a time after the seed's observation time, over the dashboard's time "
             "range (cluster sum). Healthy: 0 (green). Pathological: above 0 (red); future "
             "information leaks into training.",
-            Q(f"sum(increase({leak}{SEL}[$__range]))", "leaks", instant=True),
+            Q(increase("invariants/temporal_leaks"), "leaks", instant=True),
         ),
         _timeseries(
             "Invariant violations/s per rank",
             "Rates of duplicate seeds and temporal leaks per rank. Healthy: flat at 0. "
             "Pathological: any non-zero series, which names the offending rank.",
             [
-                Q(f"sum by (rank) ({_rate(dup)})", "duplicate seeds rank {{rank}}"),
-                Q(f"sum by (rank) ({_rate(leak)})", "temporal leaks rank {{rank}}"),
+                Q(across("invariants/duplicate_seeds", by="rank"), "duplicate seeds rank {{rank}}"),
+                Q(across("invariants/temporal_leaks", by="rank"), "temporal leaks rank {{rank}}"),
             ],
             unit="cps",
             span=12,
@@ -374,8 +375,8 @@ def _throughput() -> list[PanelBuilder]:
             "ranks equal. Pathological: dips (stalls), or one rank below the rest (it holds "
             "back the synchronous step).",
             [
-                Q(f"sum({_rate('headwater_batches_delivered_total')})", "cluster"),
-                Q(f"sum by (rank) ({_rate('headwater_batches_delivered_total')})", "rank {{rank}}"),
+                Q(across("batches"), "cluster"),
+                Q(across("batches", by="rank"), "rank {{rank}}"),
             ],
             unit="ops",
             span=24,
@@ -387,8 +388,8 @@ def _throughput() -> list[PanelBuilder]:
             "flat across restarts and database sizes. Pathological: growing with the database "
             "(a cold page cache read, verify=\"full\"), or one rank far slower (its disk).",
             [
-                Q(f"max by (rank) (headwater_sampler_startup_seconds{SEL})", "rank {{rank}}"),
-                Q(f"max(headwater_sampler_startup_seconds{SEL})", "slowest rank"),
+                Q(across("startup_seconds", by="rank"), "rank {{rank}}"),
+                Q(across("startup_seconds"), "slowest rank"),
             ],
             unit="s",
             span=12,
@@ -400,10 +401,7 @@ def _throughput() -> list[PanelBuilder]:
             "Healthy: one step per job restart. Pathological: repeated resumes (a crash loop) "
             "or ranks disagreeing (some ranks restarted, others not).",
             [
-                Q(
-                    f"sum by (rank) (increase(headwater_sampler_resumes_total{SEL}[$__range]))",
-                    "rank {{rank}}",
-                ),
+                Q(increase("resumes", by="rank"), "rank {{rank}}"),
             ],
             unit="short",
             span=12,
@@ -428,7 +426,7 @@ def _variables() -> list[dash_b.QueryVariable | dash_b.DatasourceVariable | dash
         .id("rank")
         .label("Rank")
         .datasource(DATASOURCE)
-        .query("label_values(headwater_batches_delivered_total, rank)")
+        .query(f"label_values({prom('batches')}, rank)")
         .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dash_m.VariableSort.NUMERICAL_ASC)
         .multi(True)

@@ -1,9 +1,17 @@
 """The panel and query builders every dashboard row is made of.
 
 Owns: the label matcher (:data:`SEL`) and rate range (:data:`RI`) every query
-carries, :class:`Q` (one Prometheus target), the PromQL helpers (``rate``,
-``histogram_quantile`` over buckets summed by ``le``, heatmap increases)
-and the three panel kinds (time series, heatmap, stat).
+carries, :class:`Q` (one Prometheus target), the PromQL of a metric-table
+row (:func:`across`, :func:`increase`, :func:`quantile`, :func:`prom`) and
+the three panel kinds (time series, heatmap, stat).
+
+A query names its metric by its row of the metric table
+(``_native.metric_table()``); the Prometheus name, and how the row is
+reduced across ranks (``min`` / ``max`` of a gauge by its ``MIN`` / ``MAX``
+reduction, ``sum`` of the rate of a summed counter or histogram sum,
+``sum by (le)`` of a histogram's buckets), come from that row.
+
+Must never: spell a Prometheus name or restate a row's reduction by hand.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import heatmap as heatmap_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
+from headwater import _native
+from headwater.rows import MetricRow
+
 #: The label matcher every query carries (Grafana substitutes the variables).
 SEL = '{rank=~"$rank", split="$split"}'
 #: The range of every ``rate`` / ``increase`` in a time series.
@@ -30,16 +41,64 @@ RI = "[$__rate_interval]"
 DATASOURCE = dash_m.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 
+#: The metric table (Rust), by key.
+METRICS: dict[str, MetricRow] = {r["key"]: r for r in _native.metric_table()}
+#: The PromQL aggregation across ranks of each reduction.
+AGGREGATION = {"MIN": "min", "MAX": "max", "SUM": "sum"}
+
+
+def prom(key: str) -> str:
+    """The Prometheus name of metric-table row ``key``."""
+    return METRICS[key]["prometheus"]
+
+
+def _row(key: str, *reductions: str) -> MetricRow:
+    row = METRICS[key]
+    if row["reduction"] not in reductions:
+        raise ValueError(f"{key!r} is a {row['reduction']} row, not {' or '.join(reductions)}")
+    return row
+
+
 def _rate(metric: str) -> str:
     return f"rate({metric}{SEL}{RI})"
 
 
-def _quantile(q: float, histogram: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) ({_rate(histogram + '_bucket')}))"
+def across(key: str, by: str | None = None) -> str:
+    """Row ``key`` reduced across ranks as its reduction says (``by``: one
+    series per value of that label): ``min`` / ``max`` of a ``MIN`` /
+    ``MAX`` gauge, ``sum`` of the rate of a ``SUM`` counter (of the
+    ``_sum`` series of a ``SUM`` histogram)."""
+    row = _row(key, *AGGREGATION)
+    name = row["prometheus"]
+    if row["reduction"] == "SUM":
+        inner = _rate(f"{name}_sum" if row["prometheus_type"] == "histogram" else name)
+    else:
+        inner = f"{name}{SEL}"
+    agg = AGGREGATION[row["reduction"]]
+    return f"{agg} by ({by}) ({inner})" if by else f"{agg}({inner})"
 
 
-def _heat(histogram: str) -> str:
-    return f"sum by (le) (increase({histogram}_bucket{SEL}{RI}))"
+def worst(per_rank: str) -> str:
+    """The largest series of the per-rank expression ``per_rank`` (the worst rank)."""
+    return f"max({per_rank})"
+
+
+def increase(key: str, by: str | None = None) -> str:
+    """The ``SUM`` counter ``key`` summed over ranks and the dashboard's time range."""
+    name = _row(key, "SUM")["prometheus"]
+    inner = f"increase({name}{SEL}[$__range])"
+    return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
+
+
+def quantile(q: float, key: str) -> str:
+    """Quantile ``q`` of the histogram row ``key`` from the buckets summed over ranks."""
+    name = _row(key, "HISTOGRAM")["prometheus"]
+    return f"histogram_quantile({q}, sum by (le) ({_rate(name + '_bucket')}))"
+
+
+def _heat(key: str) -> str:
+    name = _row(key, "HISTOGRAM")["prometheus"]
+    return f"sum by (le) (increase({name}_bucket{SEL}{RI}))"
 
 
 @dataclass(frozen=True)
@@ -116,7 +175,7 @@ def _timeseries(
     return p
 
 
-def _heatmap(title: str, description: str, histogram: str, *, unit: str) -> heatmap_b.Panel:
+def _heatmap(title: str, description: str, key: str, *, unit: str) -> heatmap_b.Panel:
     return (
         heatmap_b.Panel()
         .title(title)
@@ -137,7 +196,7 @@ def _heatmap(title: str, description: str, histogram: str, *, unit: str) -> heat
         .cell_values(heatmap_b.CellValues().unit("short"))
         .show_tooltip()
         .show_legend()
-        .with_target(_target(Q(_heat(histogram), "{{le}}", heatmap=True), "A"))
+        .with_target(_target(Q(_heat(key), "{{le}}", heatmap=True), "A"))
     )
 
 

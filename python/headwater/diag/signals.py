@@ -1,17 +1,25 @@
 """The sampler-health signals of ``headwater diag`` and their healthy bands.
 
-Owns: :class:`Signal` (a name, the reduced telemetry key it reads, the
-statistic taken over a run's steps, what that statistic is in words, its
-unit, its healthy band and, for cross-rank signals, the ``_arg*_rank``
-sibling naming the culprit) and :data:`SIGNALS`.
+Owns: :class:`Signal` (a name, the metric-table row it reads, the statistic
+taken over a run's steps, what that statistic is in words, its unit, its
+healthy band and whether the ``_arg*_rank`` sibling names a culprit) and
+:data:`SIGNALS`.
+
+A signal names its metric once, as the key of its row in the metric table
+(``_native.metric_table()``) or of a trainer gauge (``trainer_gauges()``);
+the reduced key it reads (:func:`reduced`: the prefix, a histogram's
+quantile suffix) and its culprit key (:func:`culprit_of`: ``_argmin_rank``
+for a ``MIN`` row, ``_argmax_rank`` for ``MAX`` and ``SUM``) follow from the
+row, so a key renamed in Rust cannot leave a signal reading nothing.
 
 Every statistic is defined together with its *trace*: the same quantity over
 the steps (a running share, a running total, a running ratio, or the
 per-step values whose median or maximum is taken), so a plot of the trace
 shows exactly the number the verdict judges.
 
-Must never: read a key that is not in the reduced telemetry, or skip a task
-(every task of the database is traced, whatever its name).
+Must never: read a key that is not in the reduced telemetry, spell a metric's
+reduced or culprit key by hand, or skip a task (every task of the database
+is traced, whatever its name).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from headwater import _native
+from headwater.rows import MetricRow, TrainerGaugeRow
 from headwater.telemetry import PREFIX as P
 
 INF = math.inf
@@ -30,19 +40,62 @@ Rows = list[dict[str, float]]
 Ctx = Mapping[str, Any]
 #: ``(statistic, traces)``: traces are label → values, one per row.
 Measure = Callable[[Rows, Ctx], tuple[float, dict[str, np.ndarray]]]
+#: A statistic of one reduced key: the key → its :data:`Measure`.
+Rule = Callable[[str], Measure]
+
+#: The metric table (Rust) and the trainer's gauges, by key.
+METRICS: dict[str, MetricRow] = {r["key"]: r for r in _native.metric_table()}
+TRAINER_GAUGES: dict[str, TrainerGaugeRow] = {g["key"]: g for g in _native.trainer_gauges()}
+#: The reducer's culprit sibling of each reduction (``headwater.telemetry``).
+CULPRIT_SUFFIX = {"MIN": "_argmin_rank", "MAX": "_argmax_rank", "SUM": "_argmax_rank"}
+
+
+def reduced(metric: str, quantile: str | None = None) -> str:
+    """The reduced telemetry key of the table row ``metric``: prefixed; a
+    histogram's ``quantile`` (``"p50"``, ``"p95"``) appended; a per-task
+    row's ``{task}`` left off (the keys of every task start with it). A
+    trainer gauge's key is logged as it is."""
+    if metric in TRAINER_GAUGES:
+        return metric
+    row = METRICS.get(metric)
+    if row is None:
+        raise KeyError(f"{metric!r} is neither a metric_table() nor a trainer_gauges() row")
+    if (row["reduction"] == "HISTOGRAM") != (quantile is not None):
+        raise ValueError(f"{metric!r} ({row['reduction']}) read with quantile {quantile!r}")
+    key = f"{P}{metric.removesuffix('{task}')}"
+    return f"{key}_{quantile}" if quantile else key
+
+
+def culprit_of(metric: str) -> str:
+    """The key naming the rank behind the reduced value of ``metric``: the
+    reducer's ``_arg*_rank`` sibling of a table row (by its reduction), a
+    trainer gauge's ``<key>_rank`` gauge."""
+    if metric in TRAINER_GAUGES:
+        key = f"{metric}_rank"
+        if key not in TRAINER_GAUGES:
+            raise KeyError(f"trainer gauge {metric!r} has no {key!r} gauge")
+        return key
+    row = METRICS[metric]
+    if row["reduction"] not in CULPRIT_SUFFIX or row["per_task"] or row["per_database"]:
+        raise ValueError(f"{metric!r} ({row['reduction']}) names no culprit rank")
+    return reduced(metric) + CULPRIT_SUFFIX[row["reduction"]]
 
 
 @dataclasses.dataclass(frozen=True)
 class Signal:
     """One health signal: its statistic must stay inside ``healthy``."""
 
-    name: str
-    key: str  # the reduced key it reads
-    measure: Measure
+    metric: str  # the metric-table row (or trainer gauge) it reads
+    rule: Rule  # the statistic, given the reduced key
     healthy: tuple[float, float]
     what: str  # the statistic, in words
     unit: str  # the statistic's unit (axis label)
-    culprit_key: str | None = None  # the _arg*_rank sibling naming the culprit
+    #: The name (default: the reduced key without the prefix).
+    name: str = ""
+    #: A histogram row: the quantile read (``"p50"``).
+    quantile: str | None = None
+    #: The row's ``_arg*_rank`` sibling names the culprit.
+    culprit: bool = False
     #: A counter: its culprit is read only at steps where it counted something
     #: (at a step where every rank has 0, the tie names rank 0).
     counter: bool = False
@@ -51,6 +104,26 @@ class Signal:
     per_step: bool = False
     #: Only the second half of the judged steps counts (a windowed metric).
     late: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.key.removeprefix(P))
+        if self.culprit:
+            culprit_of(self.metric)  # the row has one
+
+    @property
+    def key(self) -> str:
+        """The reduced key it reads."""
+        return reduced(self.metric, self.quantile)
+
+    @property
+    def culprit_key(self) -> str | None:
+        """The ``_arg*_rank`` sibling naming the culprit, if it has one."""
+        return culprit_of(self.metric) if self.culprit else None
+
+    @property
+    def measure(self) -> Measure:
+        return self.rule(self.key)
 
     def stat(self, rows: Rows, ctx: Ctx) -> float:
         return self.measure(rows, ctx)[0]
@@ -82,264 +155,295 @@ def _last(x: np.ndarray) -> float:
     return float(x[-1]) if x.size else math.nan
 
 
-def share(key: str, positive: bool, label: str) -> Measure:
-    """The share of steps where ``key`` is > 0 (``positive``) or <= 0."""
+def share(positive: bool, label: str) -> Rule:
+    """The share of steps where the key is > 0 (``positive``) or <= 0."""
 
-    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-        x = series(rows, key)
-        hit = np.where(np.isnan(x), np.nan, ((x > 0) == positive).astype(float))
-        run = _running_mean(hit)
-        return _last(run), {label: run}
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            x = series(rows, key)
+            hit = np.where(np.isnan(x), np.nan, ((x > 0) == positive).astype(float))
+            run = _running_mean(hit)
+            return _last(run), {label: run}
 
-    return f
+        return f
 
-
-def median(key: str, label: str, late: bool = False) -> Measure:
-    """The median of ``key`` per step (``late``: over the second half only)."""
-
-    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-        x = series(rows, key)
-        judged = x[len(x) // 2 :] if late else x
-        judged = judged[~np.isnan(judged)]
-        return (float(np.median(judged)) if judged.size else math.nan), {label: x}
-
-    return f
+    return rule
 
 
-def maximum(key: str, label: str) -> Measure:
-    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-        x = series(rows, key)
-        return (float(np.nanmax(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
+def median(label: str, late: bool = False) -> Rule:
+    """The median of the key per step (``late``: over the second half only)."""
 
-    return f
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            x = series(rows, key)
+            judged = x[len(x) // 2 :] if late else x
+            judged = judged[~np.isnan(judged)]
+            return (float(np.median(judged)) if judged.size else math.nan), {label: x}
+
+        return f
+
+    return rule
 
 
-def total(key: str, label: str) -> Measure:
+def maximum(label: str) -> Rule:
+    """The largest value of the key over the steps."""
+
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            x = series(rows, key)
+            return (float(np.nanmax(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
+
+        return f
+
+    return rule
+
+
+def total(label: str) -> Rule:
     """The run total of a counter (traced as the running total)."""
 
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            run = np.cumsum(np.nan_to_num(series(rows, key)))
+            return (_last(run) if run.size else 0.0), {label: run}
+
+        return f
+
+    return rule
+
+
+def task_shares(prefix: str) -> Measure:
+    """Each task's running share of drawn seeds (``prefix``: the per-task
+    keys' common start); the statistic is the smallest final share among
+    tasks with a configured weight > 0."""
+
     def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-        run = np.cumsum(np.nan_to_num(series(rows, key)))
-        return (_last(run) if run.size else 0.0), {label: run}
+        weights: Mapping[str, float] = ctx["task_weights"]
+        drawn = {t: np.cumsum(np.nan_to_num(series(rows, f"{prefix}{t}"))) for t in weights}
+        all_drawn = np.sum(list(drawn.values()), axis=0) if drawn else np.zeros(len(rows))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            traces = {
+                t: np.where(all_drawn > 0, d / np.maximum(all_drawn, 1e-300), np.nan)
+                for t, d in drawn.items()
+            }
+        weighted = [t for t, w in weights.items() if w > 0]
+        finals = [_last(traces[t]) for t in weighted]
+        value = min(finals) if finals and not any(math.isnan(v) for v in finals) else math.nan
+        return value, traces
 
     return f
 
 
-def task_shares(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-    """Each task's running share of drawn seeds; the statistic is the
-    smallest final share among tasks with a configured weight > 0."""
-    weights: Mapping[str, float] = ctx["task_weights"]
-    drawn = {t: np.cumsum(np.nan_to_num(series(rows, f"{P}tasks/{t}"))) for t in weights}
-    all_drawn = np.sum(list(drawn.values()), axis=0) if drawn else np.zeros(len(rows))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        traces = {
-            t: np.where(all_drawn > 0, d / np.maximum(all_drawn, 1e-300), np.nan)
-            for t, d in drawn.items()
-        }
-    weighted = [t for t, w in weights.items() if w > 0]
-    finals = [_last(traces[t]) for t in weighted]
-    value = min(finals) if finals and not any(math.isnan(v) for v in finals) else math.nan
-    return value, traces
-
-
-def truncated_share(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+def truncated_share(dropped_key: str) -> Measure:
     """Cells dropped by the budget per cell of budget (dropped / (batches · S))."""
-    dropped = series(rows, f"{P}truncation/cells_dropped")
-    budget = series(rows, f"{P}batches") * ctx["sequence_length"]
-    run = _running_ratio(dropped, budget)
-    return _last(run), {"dropped / budget (running)": run}
+    batches_key = reduced("batches")
+
+    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+        dropped = series(rows, dropped_key)
+        budget = series(rows, batches_key) * ctx["sequence_length"]
+        run = _running_ratio(dropped, budget)
+        return _last(run), {"dropped / budget (running)": run}
+
+    return f
 
 
-def remaining_spread(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+def remaining_spread(min_key: str) -> Measure:
     """remaining_min / remaining_max per step (smallest pool left vs largest);
     the statistic is its median."""
-    lo, hi = series(rows, f"{P}pool/remaining_min"), series(rows, f"{P}pool/remaining_max")
-    ratio = lo / np.maximum(hi, 1.0)
-    ok = ratio[~np.isnan(ratio)]
-    return (float(np.median(ok)) if ok.size else math.nan), {"min / max per step": ratio}
-
-
-def data_wait_share(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-    """Seconds the ranks blocked on the queue over rank-seconds of training."""
-    wait = series(rows, f"{P}queue/wait_seconds")
-    step = series(rows, "trainer/step_seconds") * ctx["processes"]
-    run = _running_ratio(wait, step)
-    return _last(run), {"wait / rank time (running)": run}
-
-
-def verdict_share(code: int, label: str) -> Measure:
-    """The share of steps the trainer's live verdict (``trainer/verdict``,
-    the index in :data:`headwater.train.verdict.VERDICTS`) was ``code``."""
+    max_key = reduced("pool/remaining_max")
 
     def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-        x = series(rows, "trainer/verdict")
-        hit = np.where(np.isnan(x), np.nan, (x == code).astype(float))
-        run = _running_mean(hit)
-        return _last(run), {label: run}
+        lo, hi = series(rows, min_key), series(rows, max_key)
+        ratio = lo / np.maximum(hi, 1.0)
+        ok = ratio[~np.isnan(ratio)]
+        return (float(np.median(ok)) if ok.size else math.nan), {"min / max per step": ratio}
 
     return f
 
 
-#: Every signal, in table order (data, not logic: one entry per signal).
+#: The trainer's step time, as its loop logs it (not an exported gauge).
+STEP_SECONDS = "trainer/step_seconds"
+
+
+def data_wait_share(wait_key: str) -> Measure:
+    """Seconds the ranks blocked on the queue over rank-seconds of training."""
+
+    def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+        wait = series(rows, wait_key)
+        step = series(rows, STEP_SECONDS) * ctx["processes"]
+        run = _running_ratio(wait, step)
+        return _last(run), {"wait / rank time (running)": run}
+
+    return f
+
+
+def verdict_share(code: int, label: str) -> Rule:
+    """The share of steps the trainer's live verdict (the index in
+    :data:`headwater.train.verdict.VERDICTS`) was ``code``."""
+
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            x = series(rows, key)
+            hit = np.where(np.isnan(x), np.nan, (x == code).astype(float))
+            run = _running_mean(hit)
+            return _last(run), {label: run}
+
+        return f
+
+    return rule
+
+
+#: Every signal, in table order (data, not logic: one entry per signal, each
+#: naming its metric once).
 _TABLE: tuple[Signal, ...] = (
     Signal(
-        "pool/exhaust_events",
-        f"{P}pool/exhaust_events",
-        share(f"{P}pool/exhaust_events", True, "share of steps so far"),
-        (0.0, 0.2),
-        "share of steps in which some pool was exhausted",
-        "share of steps",
-        f"{P}pool/exhaust_events_argmax_rank",
+        metric="pool/exhaust_events",
+        rule=share(True, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps in which some pool was exhausted",
+        unit="share of steps",
+        culprit=True,
         counter=True,
     ),
     Signal(
-        "pool/steps_to_exhaust_min",
-        f"{P}pool/steps_to_exhaust_min",
-        median(f"{P}pool/steps_to_exhaust_min", "forecast per step"),
-        (25.0, INF),
-        "median forecast of batches until the next pool exhaustion",
-        "batches",
-        f"{P}pool/steps_to_exhaust_min_argmin_rank",
+        metric="pool/steps_to_exhaust_min",
+        rule=median("forecast per step"),
+        healthy=(25.0, INF),
+        what="median forecast of batches until the next pool exhaustion",
+        unit="batches",
+        culprit=True,
         per_step=True,
     ),
     Signal(
-        "pool/remaining_min",
-        f"{P}pool/remaining_min",
-        remaining_spread,
-        (0.02, INF),
-        "median ratio of the emptiest to the fullest pool's remaining seeds",
-        "remaining_min / remaining_max",
-        f"{P}pool/remaining_min_argmin_rank",
+        metric="pool/remaining_min",
+        rule=remaining_spread,
+        healthy=(0.02, INF),
+        what="median ratio of the emptiest to the fullest pool's remaining seeds",
+        unit="remaining_min / remaining_max",
+        culprit=True,
         per_step=True,
     ),
     Signal(
-        "tasks/min_share",
-        f"{P}tasks/",
-        task_shares,
-        (0.05, 1.0),
-        "smallest share of drawn seeds among the weighted tasks",
-        "share of drawn seeds",
+        metric="tasks/{task}",
+        name="tasks/min_share",
+        rule=task_shares,
+        healthy=(0.05, 1.0),
+        what="smallest share of drawn seeds among the weighted tasks",
+        unit="share of drawn seeds",
     ),
     Signal(
-        "pool/steps_since_pick_max",
-        f"{P}pool/steps_since_pick_max",
-        maximum(f"{P}pool/steps_since_pick_max", "per step"),
-        (0.0, 60.0),
-        "longest wait, in batches, of a weighted task since it was last picked",
-        "batches",
-        f"{P}pool/steps_since_pick_max_argmax_rank",
+        metric="pool/steps_since_pick_max",
+        rule=maximum("per step"),
+        healthy=(0.0, 60.0),
+        what="longest wait, in batches, of a weighted task since it was last picked",
+        unit="batches",
+        culprit=True,
         per_step=True,
     ),
     Signal(
-        "databases/steps_since_pick_max",
-        f"{P}databases/steps_since_pick_max",
-        maximum(f"{P}databases/steps_since_pick_max", "per step"),
-        (0.0, 30.0),
-        "longest wait, in batches, of a database with weight > 0 since it was last picked "
-        "(a mixture's starved database; 0 for one database)",
-        "batches",
+        metric="databases/steps_since_pick_max",
+        rule=maximum("per step"),
+        healthy=(0.0, 30.0),
+        what="longest wait, in batches, of a database with weight > 0 since it was last "
+        "picked (a mixture's starved database; 0 for one database)",
+        unit="batches",
         per_step=True,
     ),
     Signal(
-        "mix/tv_distance",
-        f"{P}mix/tv_distance",
-        median(f"{P}mix/tv_distance", "per step", late=True),
-        (0.0, 0.25),
-        "median total-variation distance between the drawn and the configured task mix "
+        metric="mix/tv_distance",
+        rule=median("per step", late=True),
+        healthy=(0.0, 0.25),
+        what="median total-variation distance between the drawn and the configured task mix "
         "(second half of the run)",
-        "TV distance",
+        unit="TV distance",
         per_step=True,
         late=True,
     ),
     Signal(
-        "truncation/cells_dropped",
-        f"{P}truncation/cells_dropped",
-        truncated_share,
-        (0.0, 2.0),
-        "cells cut by the sequence budget per cell of budget",
-        "dropped cells / budget cells",
+        metric="truncation/cells_dropped",
+        rule=truncated_share,
+        healthy=(0.0, 2.0),
+        what="cells cut by the sequence budget per cell of budget",
+        unit="dropped cells / budget cells",
     ),
     Signal(
-        "padding/fraction_p50",
-        f"{P}padding/fraction_p50",
-        median(f"{P}padding/fraction_p50", "batch p50 per step"),
-        (0.05, 0.85),
-        "median share of padding cells in a sequence",
-        "share of cells",
+        metric="padding/fraction",
+        quantile="p50",
+        rule=median("batch p50 per step"),
+        healthy=(0.05, 0.85),
+        what="median share of padding cells in a sequence",
+        unit="share of cells",
         per_step=True,
     ),
     Signal(
-        "packing/segments_per_sequence_p50",
-        f"{P}packing/segments_per_sequence_p50",
-        median(f"{P}packing/segments_per_sequence_p50", "batch p50 per step"),
-        (1.0, 1.0),
-        "median seeds' contexts per sequence (above 1: packing is on, padding should be low)",
-        "segments",
+        metric="packing/segments_per_sequence",
+        quantile="p50",
+        rule=median("batch p50 per step"),
+        healthy=(1.0, 1.0),
+        what="median seeds' contexts per sequence (above 1: packing is on, padding should be "
+        "low)",
+        unit="segments",
         per_step=True,
     ),
     Signal(
-        "queue/depth_min",
-        f"{P}queue/depth_min",
-        share(f"{P}queue/depth_min", False, "share of steps so far"),
-        (0.0, 0.2),
-        "share of steps that found the batch queue empty",
-        "share of steps",
-        f"{P}queue/depth_min_argmin_rank",
+        metric="queue/depth_min",
+        rule=share(False, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps that found the batch queue empty",
+        unit="share of steps",
+        culprit=True,
     ),
     Signal(
-        "queue/wait_seconds",
-        f"{P}queue/wait_seconds",
-        data_wait_share,
-        (0.0, 0.05),
-        "share of the ranks' training time spent waiting for a batch",
-        "share of time",
-        f"{P}queue/wait_seconds_argmax_rank",
+        metric="queue/wait_seconds",
+        rule=data_wait_share,
+        healthy=(0.0, 0.05),
+        what="share of the ranks' training time spent waiting for a batch",
+        unit="share of time",
+        culprit=True,
         counter=True,
     ),
     Signal(
-        "verdict/input_bound",
-        "trainer/verdict",
-        verdict_share(1, "share of steps so far"),
-        (0.0, 0.5),  # a loaded CPU makes some healthy steps wait: half the run
-        "share of steps the trainer judged input_bound (the wait spread over the ranks)",
-        "share of steps",
+        metric="trainer/verdict",
+        name="verdict/input_bound",
+        rule=verdict_share(1, "share of steps so far"),
+        healthy=(0.0, 0.5),  # a loaded CPU makes some healthy steps wait: half the run
+        what="share of steps the trainer judged input_bound (the wait spread over the ranks)",
+        unit="share of steps",
     ),
     Signal(
-        "verdict/input_straggler",
-        "trainer/verdict",
-        verdict_share(2, "share of steps so far"),
-        (0.0, 0.2),
-        "share of steps the trainer judged input_straggler (one rank's wait dominates)",
-        "share of steps",
-        "trainer/verdict_rank",
+        metric="trainer/verdict",
+        name="verdict/input_straggler",
+        rule=verdict_share(2, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps the trainer judged input_straggler (one rank's wait dominates)",
+        unit="share of steps",
+        culprit=True,
         counter=True,
     ),
     Signal(
-        "stage/total_seconds_p50",
-        f"{P}stage/total_seconds_p50",
-        median(f"{P}stage/total_seconds_p50", "batch p50 per step"),
-        (0.0, 0.05),
-        "median time to make one batch",
-        "seconds",
+        metric="stage/total_seconds",
+        quantile="p50",
+        rule=median("batch p50 per step"),
+        healthy=(0.0, 0.05),
+        what="median time to make one batch",
+        unit="seconds",
         per_step=True,
     ),
     Signal(
-        "invariants/temporal_leaks",
-        f"{P}invariants/temporal_leaks",
-        total(f"{P}invariants/temporal_leaks", "running total"),
-        (0.0, 0.0),
-        "rows dated after the seed's observation time (run total)",
-        "rows",
-        f"{P}invariants/temporal_leaks_argmax_rank",
+        metric="invariants/temporal_leaks",
+        rule=total("running total"),
+        healthy=(0.0, 0.0),
+        what="rows dated after the seed's observation time (run total)",
+        unit="rows",
+        culprit=True,
         counter=True,
     ),
     Signal(
-        "invariants/duplicate_seeds",
-        f"{P}invariants/duplicate_seeds",
-        total(f"{P}invariants/duplicate_seeds", "running total"),
-        (0.0, 0.0),
-        "seeds drawn twice in one epoch (run total)",
-        "seeds",
-        f"{P}invariants/duplicate_seeds_argmax_rank",
+        metric="invariants/duplicate_seeds",
+        rule=total("running total"),
+        healthy=(0.0, 0.0),
+        what="seeds drawn twice in one epoch (run total)",
+        unit="seeds",
+        culprit=True,
         counter=True,
     ),
 )

@@ -10,7 +10,9 @@ Owns: :data:`TRAINER_DEFAULTS` (the trainer's own choice of ``[sampler]``
 values for the main job: a small ``B`` and ``S`` so a CPU step stays under a
 second; validated like a user's table), :data:`LAUNCHER_KEYS`,
 :func:`check_table`, :func:`stream_keys` and :func:`explain` (a sampler
-error, prefixed with the value's origin).
+error, prefixed with the value's origin). The key a sampler error is about
+is its ``ConfigError.key``; only an error raised by Python code without one
+is searched for a key it names (:func:`named_key`).
 
 ``[ranks.N]`` may not set a key that defines the batch stream (the keys a
 saved sampler state records: ``stream`` in the sampler's schema): the ranks
@@ -52,6 +54,17 @@ LAUNCHER_KEYS: dict[str, str] = {
 
 #: Sampler keywords the trainer fills from ``[logging]``.
 LOGGING_KEYS = ("prometheus_port", "prometheus_host", "otlp_endpoint")
+
+
+def error_key(error: BaseException | str, candidates: Iterable[str]) -> tuple[str | None, str]:
+    """The key ``error`` is about and what it says about it: a sampler
+    ``ConfigError``'s ``key`` and ``what`` (the message after the key); for
+    an error without them (raised by Python code, or a bare message) the
+    first of ``candidates`` its message names and the whole message."""
+    key, what = getattr(error, "key", None), getattr(error, "what", None)
+    if isinstance(key, str) and isinstance(what, str):
+        return key, what
+    return named_key(str(error), candidates), str(error)
 
 
 def named_key(message: str, candidates: Iterable[str]) -> str | None:
@@ -114,32 +127,42 @@ def check_table(
     try:
         _native.validate_sampler_config(merged, task_names)
     except ValueError as e:
-        raise ConfigError(explain(str(e), layers, origins)) from None
+        err = ConfigError(explain(e, layers, origins))
+        if isinstance(e, ConfigError) and e.key in merged:
+            section = next(s for s, t in reversed(layers) if e.key in t)
+            err.key, err.value, err.what = f"{section}.{e.key}", e.value, e.what
+        raise err from None
 
 
-def explain(message: str, layers: Sequence[tuple[str, Mapping[str, Any]]], origins: Origins) -> str:
-    """``message`` prefixed with the origin of the key it names (the last
-    layer that set it)."""
+def explain(
+    error: BaseException | str,
+    layers: Sequence[tuple[str, Mapping[str, Any]]],
+    origins: Origins,
+) -> str:
+    """A sampler error prefixed with the origin of its key (the last layer
+    that set it), naming the key once."""
     keys = {k for _, t in layers for k in t}
-    key = named_key(message, keys)
-    if key is None:
-        return f"{origins.source}: [sampler] {message}"
+    key, what = error_key(error, keys)
+    if key is None or key not in keys:
+        return f"{origins.source}: [sampler] {error}"
     section = next(s for s, t in reversed(layers) if key in t)
     dotted = f"{section}.{key}"
     if section == "default":
-        return f"default: `sampler.{key}` (the trainer's default): {message}"
-    return f"{origins.of(dotted)}: `{dotted}`: {message}"
+        return f"default: `sampler.{key}` (the trainer's default): {what}"
+    return f"{origins.of(dotted)}: `{dotted}`: {what}"
 
 
-def explain_logging(message: str, origins: Origins, rank: int, port: int | None) -> str | None:
+def explain_logging(
+    error: BaseException | str, origins: Origins, rank: int, port: int | None
+) -> str | None:
     """A sampler error about a key the trainer set from ``[logging]``, under
-    that key and its flag; None if the message names none."""
-    key = named_key(message, LOGGING_KEYS)
-    if key is None:
+    that key and its flag; None if it is about none of them."""
+    key, what = error_key(error, LOGGING_KEYS)
+    if key not in LOGGING_KEYS:
         return None
     dotted = f"logging.{key}"
     flag = FLAGS.get(dotted)
     extra = f" (flag {flag})" if flag else ""
     if key == "prometheus_port" and port:
         extra += f"; rank {rank} serves port {port} + {rank} = {port + rank}"
-    return f"{origins.of(dotted)}: `{dotted}`{extra}: {message}"
+    return f"{origins.of(dotted)}: `{dotted}`{extra}: {what}"

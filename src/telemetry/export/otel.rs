@@ -46,6 +46,7 @@ pub fn install(endpoint: &str, rank: u32) -> Result<()> {
         }
         return Err(Error::Config {
             key: "otlp_endpoint".into(),
+            value: None,
             what: format!("this process already exports spans to {existing}; one endpoint per process (asked for {endpoint})"),
         });
     }
@@ -57,6 +58,7 @@ pub fn install(endpoint: &str, rank: u32) -> Result<()> {
         .build()
         .map_err(|e| Error::Config {
             key: "otlp_endpoint".into(),
+            value: None,
             what: format!("cannot export spans to {url}: {e}"),
         })?;
     let provider = SdkTracerProvider::builder()
@@ -73,6 +75,7 @@ pub fn install(endpoint: &str, rank: u32) -> Result<()> {
         tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer));
     tracing::subscriber::set_global_default(subscriber).map_err(|e| Error::Config {
         key: "otlp_endpoint".into(),
+        value: None,
         what: format!("a global tracing subscriber is already installed: {e}"),
     })?;
     *g = Some((endpoint.to_string(), provider));

@@ -62,6 +62,7 @@ pub fn install(addr: SocketAddr, schema: &TelemetrySchema) -> Result<()> {
         }
         return Err(Error::Config {
             key: "prometheus_port".into(),
+            value: None,
             what: format!("this process already exports on {existing}; one exporter per process (asked for {addr})"),
         });
     }
@@ -81,11 +82,13 @@ pub fn install(addr: SocketAddr, schema: &TelemetrySchema) -> Result<()> {
             .set_buckets_for_metric(Matcher::Full(def.prometheus.to_string()), &edges)
             .map_err(|e| Error::Config {
                 key: "prometheus".into(),
+                value: None,
                 what: e.to_string(),
             })?;
     }
     b.install().map_err(|e| Error::Config {
         key: "prometheus_port".into(),
+        value: None,
         what: format!("cannot serve /metrics on {addr}: {e}"),
     })?;
     for g in TRAINER_GAUGES {

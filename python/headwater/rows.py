@@ -1,0 +1,190 @@
+"""The typed rows of the native tables, as the binding hands them to Python.
+
+Each native table function returns a list of plain dicts; these
+``TypedDict`` s name every field and its type, so a consumer's
+``row["reduction"]`` is checked by mypy (pydantic-core's
+``list_all_errors() -> list[ErrorTypeInfo]`` is the model). ``_native.pyi``
+imports them; ``tests/python/test_rows.py`` checks every row the extension
+returns against them, so a field added in Rust and not here (or a renamed
+enum value) fails a test.
+
+Owns: :class:`MetricRow` (``metric_table()``), :class:`TrainerGaugeRow`
+(``trainer_gauges()``), :class:`SchemaEntry` (``telemetry_schema()``),
+:class:`TensorRow` (``batch_tensors()``), :class:`ConfigKeyRow`
+(``sampler_config_schema()``), :class:`SamplerConfigDict` (a whole,
+normalised sampler config), :class:`EvalTaskRow`, :class:`VerifyReport`
+and :class:`BenchRun`, and the ``Literal`` types of the tables' enum columns.
+
+Must never: hold a value of a table (a key, a default, a range): those are
+the extension's; only the shape of a row lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+#: How a metric is reduced across ranks (``Reduction::name`` in Rust).
+Reduction = Literal["MIN", "MAX", "SUM", "HISTOGRAM"]
+#: The Prometheus type a metric is exported as.
+PromType = Literal["gauge", "counter", "histogram"]
+#: The bucket edges of a histogram metric.
+BucketRule = Literal["hops", "pow2_up_to_s", "padding_ratio", "latency"]
+#: How a quantile is read from a histogram's buckets.
+QuantileRule = Literal["upper_edge", "midpoint"]
+#: A batch tensor's NumPy dtype name.
+Dtype = Literal["int8", "uint8", "uint16", "int32", "uint32", "uint64", "float16", "float32"]
+#: A sampler config value as JSON gives it (a key's type is in ``ConfigKeyRow.type``).
+ConfigValue = bool | int | float | str | list[float] | list[str] | dict[str, float] | None
+
+
+class MetricRow(TypedDict):
+    """One row of the metric table (``metric_table()``)."""
+
+    key: str  # without the prefix; per-task rows as ``tasks/{task}``
+    reduction: Reduction
+    per_task: bool
+    per_database: bool
+    prometheus: str
+    prometheus_type: PromType
+    unit: str
+    help: str
+    buckets: BucketRule | None  # None for scalars
+    quantile: QuantileRule | None  # None for scalars
+
+
+class TrainerGaugeRow(TypedDict):
+    """One trainer gauge the exporter serves (``trainer_gauges()``)."""
+
+    key: str
+    prometheus: str
+    unit: str
+    help: str
+
+
+class SchemaEntry(TypedDict):
+    """One entry of a sampler's telemetry layout (``telemetry_schema()``)."""
+
+    key: str  # with the prefix, per-task keys expanded
+    reduction: Reduction
+    edges: list[float] | None  # None for scalars
+    quantile: QuantileRule | None  # None for scalars
+    help: str
+    prometheus: str
+    unit: str
+
+
+class TensorRow(TypedDict):
+    """One batch tensor (``batch_tensors()``): name, dtype and shape symbols."""
+
+    name: str
+    dtype: Dtype
+    shape: list[str]  # symbols: "B", "S", "R", "U", "D", "K", digits
+
+
+class ConfigKeyRow(TypedDict):
+    """One sampler config key (``sampler_config_schema()``)."""
+
+    name: str
+    type: str  # the Python type, as the stub's keyword writes it
+    default: ConfigValue
+    range: str
+    doc: str
+    stream: bool  # the key defines the batch stream
+
+
+class SamplerConfigDict(TypedDict):
+    """A whole sampler config, every key (``Sampler.config()``,
+    ``validate_sampler_config()``)."""
+
+    rank: int
+    world_size: int
+    split_ratios: list[float]
+    split_seed: int
+    seed: int
+    num_prefetch: int
+    default_batch_size: int
+    default_sequence_length: int
+    bfs_child_width: int
+    max_hops: int
+    pack: bool
+    pack_factor: int
+    task_weights: list[float] | dict[str, float] | None
+    task_pick: str
+    database_weights: list[float] | dict[str, float] | None
+    telemetry_top_databases: int
+    telemetry_databases: list[str]
+    num_threads: int | None
+    max_rss_bytes: int | None
+    verify: str
+    page_cache: str
+    temporal_filter: bool
+    telemetry: bool
+    prometheus_port: int | None
+    prometheus_host: str
+    local_rank: int | None
+    otlp_endpoint: str | None
+    pool_fraction: float
+    debug_batch_delay_ms: float
+    debug_repeat_seed_every: int
+    debug_panic_at_step: int | None
+
+
+class EvalTaskRow(TypedDict):
+    """One task of an evaluation pass (``EvalPass.tasks()``)."""
+
+    task: str
+    seeds: int  # seeds of the split
+    rank_seeds: int  # of them on this rank
+    batches: int
+
+
+class VerifyReport(TypedDict):
+    """What ``verify_database()`` found."""
+
+    files: int
+    bytes: int
+    errors: list[str]  # one message per problem, naming its file
+
+
+class BenchRun(TypedDict):
+    """One ``bench_sampler()`` run's figures (``BenchRun`` in Rust)."""
+
+    threads: int
+    telemetry: bool
+    batches: int
+    seconds: float
+    batches_per_s: float
+    cells_per_s: float
+    seeds_per_s: float
+    pack: bool
+    segments: int
+    contexts_cut: float
+    fill: float
+    bfs_ms: float
+    assemble_ms: float
+    collate_ms: float
+    total_ms: float
+    rss_bytes: int
+    databases: int
+    first_batch_seconds: float
+    telemetry_us: float
+    drained_values: int
+
+
+__all__ = [
+    "BenchRun",
+    "BucketRule",
+    "ConfigKeyRow",
+    "ConfigValue",
+    "Dtype",
+    "EvalTaskRow",
+    "MetricRow",
+    "PromType",
+    "QuantileRule",
+    "Reduction",
+    "SamplerConfigDict",
+    "SchemaEntry",
+    "TensorRow",
+    "TrainerGaugeRow",
+    "VerifyReport",
+]
