@@ -321,7 +321,19 @@ def _queue() -> list[PanelBuilder]:
 
 
 def _stage_latency() -> list[PanelBuilder]:
-    return [
+    faults = _timeseries(
+        "Major page faults/s per rank",
+        "Pages the sampler read from disk while building batches, per second, per rank and "
+        "cluster sum (getrusage of the building thread). Healthy: ~0 once the database is in "
+        "the page cache. Pathological: a steady rate with rising stage latency; the sampler "
+        "waits on the disk (a database larger than memory, or a cold cache).",
+        [
+            Q(across("io/major_faults", by="rank"), "rank {{rank}}"),
+            Q(across("io/major_faults"), "cluster"),
+        ],
+        span=6,
+    )
+    return [faults] + [
         _timeseries(
             f"Stage latency: {s}",
             f"p50 and p95 of the {s} stage time per batch, from buckets summed over ranks. "
