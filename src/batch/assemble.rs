@@ -146,6 +146,7 @@ fn prefetch_row(ctx: &SeqContext<'_>, table: u16, row: u32) {
 /// Write one sequence: cells of `sub` (seed row first, target cell first),
 /// `fk_adj` (`r` = the batch's max rows), and the three permutations.
 /// `seed_pos` indexes the task's seed list (for a virtual target's value).
+#[inline]
 pub fn assemble_sequence(
     ctx: &SeqContext<'_>,
     sub: &Subgraph,
@@ -175,7 +176,7 @@ pub fn assemble_sequence(
 /// Write the cells of `sub`'s rows in order (the seed row first, led by its
 /// target cell) until the sequence is full; records each row's first
 /// position in `s.row_start`. Returns the cells written.
-#[inline]
+#[inline(always)]
 fn write_cells(
     ctx: &SeqContext<'_>,
     sub: &Subgraph,
