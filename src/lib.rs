@@ -1,11 +1,25 @@
 //! headwater: an observability-first sampler that turns a relational database
 //! into training batches for relational transformers.
 //!
-//! Module map (one job per folder; see ARCHITECTURE.md):
-//! - [`format`]: the on-disk format — byte layout, headers, writer, mmap reader.
+//! Module map (one job per room, arrows pointing down; see ARCHITECTURE.md):
+//! - [`error`], [`rng`], [`prefetch`]: the crate's error type, pinned
+//!   generators, the software-prefetch hint.
+//! - [`readings`]: the measurement vocabulary every producer fills and
+//!   telemetry only reads; [`probes`]: kernel readings (page faults).
+//! - [`config`]: every sampler key once (`SamplerConfig`, the `FIELDS`
+//!   table), parsed and validated at the edge.
+//! - [`format`]: the on-disk format — byte layout, headers, writer, mmap
+//!   reader, verification, page-cache modes.
 //! - [`preprocess`]: relational tables → format (offline).
-//! - [`error`]: the crate's error type.
-//! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3 appears.
+//! - [`seeds`]: splits, rank slices, seed pools, task picking.
+//! - [`sampler`]: the BFS from a seed row.
+//! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
+//! - [`pipeline`]: making batches (plan, draw, build), producers, delivery,
+//!   evaluation passes, resume state.
+//! - [`telemetry`]: the metric table, the drain and the exporters.
+//! - [`bench`]: the measurement behind `headwater bench`.
+//! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3
+//!   appears.
 
 pub mod batch;
 pub mod bench;
