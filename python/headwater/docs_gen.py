@@ -286,7 +286,7 @@ def config_page(
         "",
         "## `[sampler]`",
         "",
-        f"The sampler's {len(schema)} keys, defined once in `src/config.rs` and listed by",
+        f"The sampler's {len(schema)} keys, defined once in `src/config/` and listed by",
         "`headwater._native.sampler_config_schema()`; the same names are",
         "`headwater.Sampler(...)` keywords and keys of its `config=` mapping.",
         "*Trainer default*: what `headwater train` uses when `[sampler]` does not say",
