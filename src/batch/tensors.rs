@@ -139,10 +139,6 @@ pub struct TensorSpec {
     pub shape: Shape,
 }
 
-const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
-    TensorSpec { name, dtype, shape }
-}
-
 /// Every tensor of a batch dict, in export order: the 20 tensors of seed
 /// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
 /// the drawn seeds, so an anomalous step can be identified and replayed)
@@ -155,34 +151,142 @@ const fn t(name: &'static str, dtype: Dtype, shape: Shape) -> TensorSpec {
 /// unused slots; without `pack`, `K = 1`), then `db_idx` (the batch's
 /// database: its index in the sampler's mixture, 0 for a single database;
 /// `task_idx` is the task's index among the mixture's tasks).
-pub static TENSORS: [TensorSpec; 27] = [
-    t("semantic_types", Dtype::I8, Shape::BS),
-    t("column_ids", Dtype::I32, Shape::BS),
-    t("seq_row_ids", Dtype::U16, Shape::BS),
-    t("numeric_values", Dtype::F32, Shape::BS),
-    t("timestamp_values", Dtype::F32, Shape::BST),
-    t("bool_values", Dtype::U8, Shape::BS),
-    t("categorical_embed_ids", Dtype::U32, Shape::BS),
-    t("text_embed_ids", Dtype::U32, Shape::BS),
-    t("is_null", Dtype::U8, Shape::BS),
-    t("is_target", Dtype::U8, Shape::BS),
-    t("is_padding", Dtype::U8, Shape::BS),
-    t("fk_adj", Dtype::U8, Shape::BRR),
-    t("col_perm", Dtype::U16, Shape::BS),
-    t("out_perm", Dtype::U16, Shape::BS),
-    t("in_perm", Dtype::U16, Shape::BS),
-    t("text_batch_embeddings", Dtype::F16, Shape::UD),
-    t("target_stype", Dtype::U8, Shape::One),
-    t("task_idx", Dtype::U32, Shape::One),
-    t("cat_emb_start", Dtype::U32, Shape::One),
-    t("cat_emb_count", Dtype::U32, Shape::One),
-    t("fingerprint", Dtype::U64, Shape::One),
-    t("seq_valid", Dtype::U8, Shape::B),
-    t("segment_ids", Dtype::U16, Shape::BS),
-    t("target_pos", Dtype::U16, Shape::BK),
-    t("target_count", Dtype::U8, Shape::B),
-    t("segment_seeds", Dtype::U32, Shape::BK),
-    t("db_idx", Dtype::U32, Shape::One),
+pub static TENSORS: &[TensorSpec] = &[
+    TensorSpec {
+        name: "semantic_types",
+        dtype: Dtype::I8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "column_ids",
+        dtype: Dtype::I32,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "seq_row_ids",
+        dtype: Dtype::U16,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "numeric_values",
+        dtype: Dtype::F32,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "timestamp_values",
+        dtype: Dtype::F32,
+        shape: Shape::BST,
+    },
+    TensorSpec {
+        name: "bool_values",
+        dtype: Dtype::U8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "categorical_embed_ids",
+        dtype: Dtype::U32,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "text_embed_ids",
+        dtype: Dtype::U32,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "is_null",
+        dtype: Dtype::U8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "is_target",
+        dtype: Dtype::U8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "is_padding",
+        dtype: Dtype::U8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "fk_adj",
+        dtype: Dtype::U8,
+        shape: Shape::BRR,
+    },
+    TensorSpec {
+        name: "col_perm",
+        dtype: Dtype::U16,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "out_perm",
+        dtype: Dtype::U16,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "in_perm",
+        dtype: Dtype::U16,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "text_batch_embeddings",
+        dtype: Dtype::F16,
+        shape: Shape::UD,
+    },
+    TensorSpec {
+        name: "target_stype",
+        dtype: Dtype::U8,
+        shape: Shape::One,
+    },
+    TensorSpec {
+        name: "task_idx",
+        dtype: Dtype::U32,
+        shape: Shape::One,
+    },
+    TensorSpec {
+        name: "cat_emb_start",
+        dtype: Dtype::U32,
+        shape: Shape::One,
+    },
+    TensorSpec {
+        name: "cat_emb_count",
+        dtype: Dtype::U32,
+        shape: Shape::One,
+    },
+    TensorSpec {
+        name: "fingerprint",
+        dtype: Dtype::U64,
+        shape: Shape::One,
+    },
+    TensorSpec {
+        name: "seq_valid",
+        dtype: Dtype::U8,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "segment_ids",
+        dtype: Dtype::U16,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "target_pos",
+        dtype: Dtype::U16,
+        shape: Shape::BK,
+    },
+    TensorSpec {
+        name: "target_count",
+        dtype: Dtype::U8,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "segment_seeds",
+        dtype: Dtype::U32,
+        shape: Shape::BK,
+    },
+    TensorSpec {
+        name: "db_idx",
+        dtype: Dtype::U32,
+        shape: Shape::One,
+    },
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.

@@ -86,7 +86,7 @@ pub struct Sampler {
 #[pyfunction]
 pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let out = PyList::empty(py);
-    for t in &crate::batch::TENSORS {
+    for t in crate::batch::TENSORS {
         let d = PyDict::new(py);
         d.set_item("name", t.name)?;
         d.set_item("dtype", t.dtype.name())?;
