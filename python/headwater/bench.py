@@ -201,7 +201,7 @@ def _train_comparison(
 
 
 def _process_scaling_of(
-    runs: list[dict[str, Any]], path: str | list[str], threads: list[int], steps: int,
+    runs: list[BenchRun], path: str | list[str], threads: list[int], steps: int,
     conditions: dict[str, Any], rounds: int,
 ) -> dict[str, Any]:
     """:func:`_process_scaling` over a window as long as ``steps`` batches of
@@ -224,7 +224,7 @@ def _process_scaling_of(
 
 
 def _runs_summary(
-    db: str | os.PathLike[str], paths: list[str], runs: list[dict[str, Any]], steps: int,
+    db: str | os.PathLike[str], paths: list[str], runs: list[BenchRun], steps: int,
     warmup: int, batch_size: int, seq_len: int, ncpu: int, page_cache: str,
 ) -> dict[str, Any]:
     """The head of :func:`run_bench`'s result: the database, the conditions,
@@ -334,7 +334,7 @@ def run_bench(
 def _thread_runs(
     path: str | list[str], threads: list[int], steps: int, warmup: int, batch_size: int,
     seq_len: int, telemetry: bool, weights: Any, page_cache: str,
-) -> list[dict[str, Any]]:
+) -> list[BenchRun]:
     """One :func:`_native.bench_sampler` run per thread count, in order."""
     return [
         _native.bench_sampler(

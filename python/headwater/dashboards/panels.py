@@ -333,7 +333,7 @@ def _stage_latency() -> list[PanelBuilder]:
         ],
         span=6,
     )
-    return [faults] + [
+    stages: list[PanelBuilder] = [
         _timeseries(
             f"Stage latency: {s}",
             f"p50 and p95 of the {s} stage time per batch, from buckets summed over ranks. "
@@ -348,6 +348,7 @@ def _stage_latency() -> list[PanelBuilder]:
         )
         for s in STAGES
     ]
+    return [faults, *stages]
 
 
 def _invariants() -> list[PanelBuilder]:
