@@ -1,7 +1,7 @@
 //! `Sampler`: batches as NumPy arrays that own the Rust buffers (no copy).
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use half::f16;
 use numpy::{PyArray1, PyArrayMethods};
@@ -72,7 +72,7 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
 }
 
 /// How long a blocked wait sleeps between checks for Ctrl-C.
-const WAKE: Duration = Duration::from_millis(50);
+pub(super) const WAKE: Duration = Duration::from_millis(50);
 
 /// The headwater sampler: prefetching producers for the train and val splits.
 #[pyclass(module = "headwater._native", frozen)]
@@ -97,17 +97,17 @@ pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 }
 
 impl Sampler {
+    /// The next batch of `split`: waits (GIL released) for the split's
+    /// delivery gate and then the batch, waking every `WAKE` to check
+    /// signals; safe from any number of threads (see `pipeline`'s doc).
     fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
-        let t0 = Instant::now();
-        let depth = self.inner.queue_depth(split).map_err(to_py)?;
+        let ask = self.inner.ask(split).map_err(to_py)?;
         loop {
             let got = py
-                .detach(|| self.inner.next_batch_timeout(split, Some(WAKE)))
+                .detach(|| self.inner.next_batch_timeout(&ask, Some(WAKE)))
                 .map_err(to_py)?;
             match got {
                 Some(b) => {
-                    self.inner
-                        .deliver(split, &b, depth, t0.elapsed().as_secs_f64());
                     let mut ptrs = Vec::with_capacity(16);
                     let d = batch_dict(py, b.batch, &mut ptrs)?;
                     *self.last_pointers.lock().unwrap() = ptrs;
