@@ -75,6 +75,8 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
 pub(super) const WAKE: Duration = Duration::from_millis(50);
 
 /// The headwater sampler: prefetching producers for the train and val splits.
+/// Shareable between threads: each split's batches go to callers one at a
+/// time, each exactly once and in step order (see `pipeline`'s module doc).
 #[pyclass(module = "headwater._native", frozen)]
 pub struct Sampler {
     inner: pipeline::Sampler,
@@ -149,6 +151,7 @@ impl Sampler {
     }
 
     /// The next training batch (blocks, GIL released; Ctrl-C interrupts).
+    /// From several threads: each batch to exactly one caller, in step order.
     fn next_train_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.next(py, Split::Train)
     }
