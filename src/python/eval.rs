@@ -8,8 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::batch::batch_dict;
-use super::sampler::WAKE;
-use super::to_py;
+use super::{to_py, WAKE};
 use crate::pipeline;
 use crate::seeds::Split;
 

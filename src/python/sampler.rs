@@ -1,7 +1,6 @@
 //! `Sampler`: batches as NumPy arrays that own the Rust buffers (no copy).
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use half::f16;
 use numpy::{PyArray1, PyArrayMethods};
@@ -10,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::batch::batch_dict;
-use super::to_py;
+use super::{to_py, WAKE};
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
@@ -70,9 +69,6 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
     };
     SamplerState::from_json(&json).map_err(to_py)
 }
-
-/// How long a blocked wait sleeps between checks for Ctrl-C.
-pub(super) const WAKE: Duration = Duration::from_millis(50);
 
 /// The headwater sampler: prefetching producers for the train and val splits.
 /// Shareable between threads: each split's batches go to callers one at a
