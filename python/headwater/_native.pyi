@@ -194,7 +194,13 @@ def validate_sampler_config(
 @final
 class Sampler:
     """Prefetching sampler for the train and val splits of one database or a
-    mixture of databases (a list of database folders)."""
+    mixture of databases (a list of database folders).
+
+    Safe to share between threads: each split's batches go to callers one at
+    a time, every batch exactly once and in step order (each caller sees
+    increasing steps); ``state_dict()``, ``drain_step_metrics()``, ``skip()``
+    and ``load_state_dict()`` may run beside them. Waits release the GIL and
+    wake to check Ctrl-C. See docs/sampling.md, "Threads"."""
 
     def __new__(
         cls,
@@ -234,8 +240,11 @@ class Sampler:
         debug_repeat_seed_every: int = 0,
         debug_panic_at_step: int | None = None,
     ) -> Sampler: ...
-    def next_train_batch(self) -> dict[str, npt.NDArray[Any]]: ...
-    def next_val_batch(self) -> dict[str, npt.NDArray[Any]]: ...
+    def next_train_batch(self) -> dict[str, npt.NDArray[Any]]:
+        """The next train batch (blocks, GIL released; Ctrl-C interrupts). From
+        several threads: each batch to exactly one caller, in step order."""
+    def next_val_batch(self) -> dict[str, npt.NDArray[Any]]:
+        """The next val-stream batch; the same thread contract as the train's."""
     def column_embeddings(self) -> npt.NDArray[np.float16]: ...
     def categorical_embeddings(self) -> npt.NDArray[np.float16]: ...
     def database_metadata(self) -> dict[str, Any]: ...
@@ -258,7 +267,9 @@ class Sampler:
         self, step: int, split: str = "train", rank: int | None = None
     ) -> dict[str, npt.NDArray[Any]]: ...
     def export_trainer(self, values: dict[str, float]) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The state as of delivery; taken while another thread receives a
+        batch, each split's state is from before or after that batch."""
     def load_state_dict(self, state: Mapping[str, object] | str | bytes) -> None: ...
     def skip(self, n: int, split: str = "train") -> None: ...
     def eval_batches(
@@ -269,7 +280,8 @@ class Sampler:
 @final
 class EvalPass:
     """A finite, ordered pass over every seed of a val/test split on this rank;
-    each batch taken is recorded in that split's telemetry."""
+    each batch taken is recorded in that split's telemetry. Threads may share
+    one pass: each batch goes to exactly one caller, in pass order."""
 
     def __iter__(self) -> EvalPass: ...
     def __next__(self) -> dict[str, npt.NDArray[Any]]: ...

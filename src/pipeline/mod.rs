@@ -22,11 +22,26 @@
 //! next delivered step is stale — made before a restart — and is dropped).
 //! `state_dict()` reads the delivered copies, so prefetched batches are not
 //! consumed. Restoring a state, `load_state()` and `skip()` restart a
-//! split's producer from a new stream position; restarts must not race
-//! with consumers on other threads (a consumer blocked during one waits on
-//! the new producer).
+//! split's producer from a new stream position.
+//!
+//! **Threads.** Every method takes `&self` and may be called from any number
+//! of threads. Each split has a delivery [`Gate`]: a consumer holds it from
+//! taking a batch off the channel, through the step check and the advance
+//! of the delivered state, to recording the batch in telemetry; so every
+//! batch is delivered exactly once, in step order, to whichever caller gets
+//! it (each caller sees increasing steps), and the split's telemetry sees
+//! the batches in step order. A restart (`skip`, `load_state`) holds the
+//! gate too, so it never lands between a consumer's receive and its
+//! advance. `state()` takes only the delivered copies' locks: taken while
+//! another thread delivers, it holds that split's state either before or
+//! after the batch being handed over, never a state that disagrees with
+//! what callers received. Waiting for the gate is bounded by the caller's
+//! timeout and woken by `shutdown()`, like waiting for a batch; a producer
+//! failure fails every caller alike and never a later delivery out of
+//! order.
 
 mod eval;
+mod gate;
 mod maker;
 mod mixture;
 mod producer;
@@ -35,6 +50,7 @@ mod rss;
 pub mod state;
 
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
+pub use gate::{Gate, Turn};
 pub use maker::{BatchMaker, MadeBatch, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
 pub use report::SplitTelemetry;
 pub use rss::{current_private_bytes, current_rss_bytes, status_bytes};
@@ -77,12 +93,22 @@ pub fn telemetry_index(split: Split) -> usize {
         .expect("every split has telemetry")
 }
 
-/// One produced split: its producer (replaced on a restart), the delivered
-/// stream state and the global pool sizes.
+/// One produced split: its delivery gate, its producer (replaced on a
+/// restart), the delivered stream state and the global pool sizes.
 struct Lane {
+    gate: Gate,
     producer: Mutex<Producer>,
     delivered: Mutex<StreamState>,
     pool_lens: Vec<u64>,
+}
+
+/// One caller's request for the next batch of a split
+/// ([`Sampler::ask`]): when it asked and how many batches were queued then.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    split: Split,
+    t0: Instant,
+    depth: usize,
 }
 
 /// A running sampler: the Rust API (`next_batch`, `iter`) behind the Python
@@ -186,6 +212,7 @@ impl Sampler {
             let delivered = Mutex::new(state.stream.clone());
             let pool_lens = state.pool_lens();
             lanes.push(Lane {
+                gate: Gate::new(),
                 producer: Mutex::new(spawn_producer(&core, state, &stop_rx)?),
                 delivered,
                 pool_lens,
@@ -248,12 +275,17 @@ impl Sampler {
     }
 
     /// Continue every split from `saved` (checked as at construction):
-    /// queued batches are dropped and the producers restarted.
+    /// queued batches are dropped and the producers restarted. Holds every
+    /// split's gate (in lane order) while it restarts them.
     pub fn load_state(&self, saved: &SamplerState) -> Result<()> {
         self.check_open()?;
         let states = Sampler::initial_states(&self.core, Some(saved))?;
-        for (lane, state) in self.lanes.iter().zip(states) {
-            self.restart(lane, state)?;
+        let mut turns = Vec::with_capacity(self.lanes.len());
+        for lane in &self.lanes {
+            turns.push(self.enter_blocking(lane)?);
+        }
+        for ((lane, state), turn) in self.lanes.iter().zip(states).zip(&turns) {
+            self.restart(lane, state, turn)?;
         }
         for t in self.telemetry.iter() {
             t.lock().unwrap().note_resume();
@@ -264,14 +296,25 @@ impl Sampler {
     /// Advance `split`'s stream by `n` batches past the last delivered one
     /// without building them (queued batches are dropped, the producer
     /// restarts after them). Exactly reproducible: the batches after a skip
-    /// are those an unskipped stream delivers `n` steps later.
+    /// are those an unskipped stream delivers `n` steps later. Holds the
+    /// split's gate, so "the last delivered one" is not a moving target.
     pub fn skip(&self, split: Split, n: u64) -> Result<()> {
         self.check_open()?;
         let lane = self.lane(split)?;
+        let turn = self.enter_blocking(lane)?;
         let stream = lane.delivered.lock().unwrap().clone();
         let mut state = self.core.split_state_at(split, stream, self.core.cfg.rank);
         self.core.skip_batches(&mut state, n)?;
-        self.restart(lane, state)
+        self.restart(lane, state, &turn)
+    }
+
+    /// `lane`'s gate, waiting as long as it takes (a consumer holds it for
+    /// at most one batch or its own timeout); `Shutdown` if the sampler
+    /// shuts down meanwhile.
+    fn enter_blocking<'a>(&self, lane: &'a Lane) -> Result<Turn<'a>> {
+        lane.gate
+            .enter(None, Some(&self.stop_rx))?
+            .ok_or(Error::Shutdown)
     }
 
     /// Rebuild batch `step` of `split` as rank `rank` (default: this rank)
@@ -297,8 +340,9 @@ impl Sampler {
     }
 
     /// Stop `lane`'s producer, drop its queue, and start a new one at
-    /// `state`; the delivered copy becomes `state`'s stream.
-    fn restart(&self, lane: &Lane, state: SplitState) -> Result<()> {
+    /// `state`; the delivered copy becomes `state`'s stream. The caller
+    /// holds the lane's gate (`_turn`).
+    fn restart(&self, lane: &Lane, state: SplitState, _turn: &Turn<'_>) -> Result<()> {
         let mut p = lane.producer.lock().unwrap();
         drop(p.halt.take());
         while p.rx.try_recv().is_ok() {}
@@ -310,11 +354,26 @@ impl Sampler {
         Ok(())
     }
 
-    /// The next batch of `split`, waiting at most `timeout` (`None` = forever).
-    /// `Ok(None)` means the wait timed out (callers check signals and retry).
+    /// Ask for the next batch of `split`: notes when and how many batches
+    /// were queued (both recorded with the batch in telemetry). Pass it to
+    /// every [`next_batch_timeout`](Self::next_batch_timeout) retry.
+    pub fn ask(&self, split: Split) -> Result<Ask> {
+        Ok(Ask {
+            split,
+            t0: Instant::now(),
+            depth: self.queue_depth(split)?,
+        })
+    }
+
+    /// The next batch of `ask`'s split, waiting at most `timeout` (`None` =
+    /// forever) for the split's gate and then for the batch; the delivered
+    /// state advances and the batch is recorded in the split's telemetry
+    /// before the gate is left (see the module doc on threads). `Ok(None)`
+    /// means the wait timed out (callers check signals and retry with the
+    /// same `ask`).
     pub fn next_batch_timeout(
         &self,
-        split: Split,
+        ask: &Ask,
         timeout: Option<Duration>,
     ) -> Result<Option<MadeBatch>> {
         if std::process::id() != self.pid {
@@ -324,9 +383,15 @@ impl Sampler {
                 std::process::id()
             )));
         }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
-        }
+        self.check_open()?;
+        let split = ask.split;
+        let lane = self.lane(split)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let Some(_turn) = lane.gate.enter(deadline, Some(&self.stop_rx))? else {
+            return Ok(None);
+        };
+        // Checked inside the gate: a failure another caller met first is
+        // this caller's too.
         if let Some((resource, msg)) = self.failure.lock().unwrap().clone() {
             return Err(if resource {
                 Error::Resource(msg)
@@ -334,8 +399,6 @@ impl Sampler {
                 Error::Worker(msg)
             });
         }
-        let lane = self.lane(split)?;
-        let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let rx = lane.producer.lock().unwrap().rx.clone();
             let got = if let Some(d) = deadline {
@@ -350,34 +413,42 @@ impl Sampler {
                     recv(self.stop_rx) -> _ => None,
                 }
             };
-            if self.closed.load(Ordering::Acquire) {
-                return Err(Error::Shutdown);
-            }
+            self.check_open()?;
             let restarted = || !lane.producer.lock().unwrap().rx.same_channel(&rx);
             match got {
                 Some(Ok(Ok(b))) => {
-                    let mut d = lane.delivered.lock().unwrap();
-                    if b.step < d.step {
+                    if !Sampler::advance(lane, split, &b, &self.core)? {
                         continue; // made before a restart: not part of the stream now
                     }
-                    if b.step > d.step {
-                        return Err(Error::Worker(format!(
-                            "the {} producer made step {} while step {} was due",
-                            split.name(),
-                            b.step,
-                            d.step
-                        )));
-                    }
-                    d.advance(
-                        b.task_idx as usize,
-                        self.core.seeds_per_step(b.task_idx as usize),
-                    );
+                    self.record(split, &b, ask.depth, ask.t0.elapsed().as_secs_f64());
                     return Ok(Some(b));
                 }
                 Some(Err(_)) if restarted() => {} // the split was restarted: wait on the new producer
                 other => return self.failed(split, other),
             }
         }
+    }
+
+    /// Advance `lane`'s delivered state past `b` (the caller holds the
+    /// gate): `false` for a stale batch (made before a restart).
+    fn advance(lane: &Lane, split: Split, b: &MadeBatch, core: &SamplerCore) -> Result<bool> {
+        let mut d = lane.delivered.lock().unwrap();
+        if b.step < d.step {
+            return Ok(false);
+        }
+        if b.step > d.step {
+            return Err(Error::Worker(format!(
+                "the {} producer made step {} while step {} was due",
+                split.name(),
+                b.step,
+                d.step
+            )));
+        }
+        d.advance(
+            b.task_idx as usize,
+            core.seeds_per_step(b.task_idx as usize),
+        );
+        Ok(true)
     }
 
     /// The error for a producer failure, a closed channel or a shutdown.
@@ -411,11 +482,9 @@ impl Sampler {
     /// The next batch of `split`, blocking until one is ready; records it
     /// in the split's telemetry.
     pub fn next_batch(&self, split: Split) -> Result<MadeBatch> {
-        let t0 = Instant::now();
-        let depth = self.queue_depth(split)?;
+        let ask = self.ask(split)?;
         loop {
-            if let Some(b) = self.next_batch_timeout(split, None)? {
-                self.deliver(split, &b, depth, t0.elapsed().as_secs_f64());
+            if let Some(b) = self.next_batch_timeout(&ask, None)? {
                 return Ok(b);
             }
         }
@@ -423,7 +492,7 @@ impl Sampler {
 
     /// Record a batch handed to the consumer: `depth` batches were waiting
     /// when it asked and it blocked `wait_seconds`.
-    pub fn deliver(&self, split: Split, b: &MadeBatch, depth: usize, wait_seconds: f64) {
+    fn record(&self, split: Split, b: &MadeBatch, depth: usize, wait_seconds: f64) {
         if !self.core.cfg.telemetry {
             return;
         }

@@ -1,13 +1,14 @@
 //! `EvalPass`: a finite evaluation pass as a Python iterator of batch dicts.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::batch::batch_dict;
-use super::to_py;
+use super::{to_py, WAKE};
 use crate::pipeline;
 use crate::seeds::Split;
 
@@ -15,9 +16,13 @@ use crate::seeds::Split;
 /// `src/pipeline/eval.rs` for the shard rule); iterate it for batch dicts
 /// whose `seq_valid` marks the sequences to score. Each batch taken is
 /// recorded in the split's telemetry (`drain_step_metrics(split)`, the
-/// Prometheus series labelled with the split).
+/// Prometheus series labelled with the split). Threads may share one pass:
+/// each batch goes to exactly one caller, in pass order; a caller waiting
+/// for another's batch to be built wakes to check signals.
 #[pyclass(module = "headwater._native", frozen)]
 pub struct EvalPass {
+    /// Taken (with a timeout) before `inner`, so waiters can check signals.
+    gate: pipeline::Gate,
     inner: Mutex<pipeline::EvalPass>,
     len: usize,
 }
@@ -58,6 +63,7 @@ impl EvalPass {
         let pass = sampler.eval_pass(split, task, max_seeds).map_err(to_py)?;
         let len = pass.len();
         Ok(EvalPass {
+            gate: pipeline::Gate::new(),
             inner: Mutex::new(pass),
             len,
         })
@@ -71,14 +77,29 @@ impl EvalPass {
     }
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let next = py.detach(|| self.inner.lock().unwrap().next());
-        match next {
-            None => Ok(None),
-            Some(b) => Ok(Some(batch_dict(
-                py,
-                b.map_err(to_py)?.batch,
-                &mut Vec::new(),
-            )?)),
+        loop {
+            // `None`: another caller is building its batch; check signals.
+            let next = py.detach(|| {
+                let turn = self.gate.enter(Some(Instant::now() + WAKE), None).ok()??;
+                let b = self
+                    .inner
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .next();
+                drop(turn);
+                Some(b)
+            });
+            match next {
+                None => py.check_signals()?,
+                Some(None) => return Ok(None),
+                Some(Some(b)) => {
+                    return Ok(Some(batch_dict(
+                        py,
+                        b.map_err(to_py)?.batch,
+                        &mut Vec::new(),
+                    )?))
+                }
+            }
         }
     }
 
@@ -90,7 +111,7 @@ impl EvalPass {
     /// Per task in pass order: `{"task", "seeds", "rank_seeds", "batches"}`
     /// (`seeds` over all ranks, `rank_seeds` this rank's share).
     fn tasks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let pass = self.inner.lock().unwrap();
+        let pass = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let out = PyList::empty(py);
         let names = pass.core().task_names();
         for t in pass.tasks() {

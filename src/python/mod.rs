@@ -12,6 +12,10 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::Error;
 
+/// How long a blocked wait (for a batch, or for a split's or a pass's turn)
+/// sleeps with the GIL released between checks for Ctrl-C.
+pub(crate) const WAKE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The extension's allocator. A batch's tensors (a few MB) are allocated by
 /// the sampler's worker threads and freed by whoever drops the NumPy arrays;
 /// glibc returns such memory to the kernel once a thread's free space passes

@@ -1,7 +1,6 @@
 //! `Sampler`: batches as NumPy arrays that own the Rust buffers (no copy).
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use half::f16;
 use numpy::{PyArray1, PyArrayMethods};
@@ -10,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::batch::batch_dict;
-use super::to_py;
+use super::{to_py, WAKE};
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
@@ -71,10 +70,9 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
     SamplerState::from_json(&json).map_err(to_py)
 }
 
-/// How long a blocked wait sleeps between checks for Ctrl-C.
-const WAKE: Duration = Duration::from_millis(50);
-
 /// The headwater sampler: prefetching producers for the train and val splits.
+/// Shareable between threads: each split's batches go to callers one at a
+/// time, each exactly once and in step order (see `pipeline`'s module doc).
 #[pyclass(module = "headwater._native", frozen)]
 pub struct Sampler {
     inner: pipeline::Sampler,
@@ -97,17 +95,17 @@ pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 }
 
 impl Sampler {
+    /// The next batch of `split`: waits (GIL released) for the split's
+    /// delivery gate and then the batch, waking every `WAKE` to check
+    /// signals; safe from any number of threads (see `pipeline`'s doc).
     fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
-        let t0 = Instant::now();
-        let depth = self.inner.queue_depth(split).map_err(to_py)?;
+        let ask = self.inner.ask(split).map_err(to_py)?;
         loop {
             let got = py
-                .detach(|| self.inner.next_batch_timeout(split, Some(WAKE)))
+                .detach(|| self.inner.next_batch_timeout(&ask, Some(WAKE)))
                 .map_err(to_py)?;
             match got {
                 Some(b) => {
-                    self.inner
-                        .deliver(split, &b, depth, t0.elapsed().as_secs_f64());
                     let mut ptrs = Vec::with_capacity(16);
                     let d = batch_dict(py, b.batch, &mut ptrs)?;
                     *self.last_pointers.lock().unwrap() = ptrs;
@@ -149,6 +147,7 @@ impl Sampler {
     }
 
     /// The next training batch (blocks, GIL released; Ctrl-C interrupts).
+    /// From several threads: each batch to exactly one caller, in step order.
     fn next_train_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.next(py, Split::Train)
     }

@@ -19,4 +19,5 @@ mod resume;
 mod sampler;
 mod scratch;
 mod support;
+mod threads;
 mod writer;
