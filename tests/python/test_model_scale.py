@@ -208,3 +208,24 @@ def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
         toml.write_text(text)
         with pytest.raises(headwater.ConfigError, match=pattern):
             load_config(toml)
+
+
+def test_flops_per_step_match_a_hand_count() -> None:
+    from headwater.train import scale
+
+    cfg = M.ModelConfig(
+        d_model=4, num_layers=1, num_heads=1, mlp_ratio=2, attention=("column",), max_categories=8
+    )
+    # B 2, S 3: T 6 tokens, N 2 targets, d 4, f 8, one kind.
+    qkv_out = 6 * (2 * 4 * 12 + 2 * 4 * 4)  # 768
+    scores_pv = 2 * (2 * 2 * 3 * 3 * 4)  # 288
+    mlp = 2 * (2 * 6 * 4 * 8)  # 768
+    timestamp = 2 * 6 * 15 * 4  # 720
+    heads = 2 * 2 * 4 * (4 + 1 + 1 + 15 + 1) + 2 * 2 * 4 * 8  # 480
+    hand = 3 * (qkv_out + scores_pv + mlp + timestamp + heads)
+    assert scale.train_flops_per_step(cfg, 2, 3) == hand == 9072
+    assert scale.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
+    assert scale.mfu(1e12, 1.0, 1, "cpu") is None
+    t = {"tokens_per_second": 1e3, "model_flops_per_step": 2e9, "device_kind": "cpu", "mfu": None}
+    assert "MFU not known" in scale.format_throughput(t)
+    assert "MFU 12.5%" in scale.format_throughput({**t, "device_kind": "H", "mfu": 0.125})

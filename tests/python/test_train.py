@@ -149,6 +149,10 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     assert 0 < hs["needed_batches_per_second"] < float("inf")
     assert hs["ratio"] == hs["sampler_batches_per_second"] / hs["needed_batches_per_second"]
     assert "replayed;" in r.stdout
+    # Throughput: tokens/s and model FLOPs; no MFU on a CPU (no known peak).
+    tp = s["throughput"]
+    assert tp["tokens_per_second"] > 0 and tp["model_flops_per_step"] > 0
+    assert tp["mfu"] is None and "MFU not known" in r.stdout
 
 
 def _worker_pids(marker: str) -> list[int]:

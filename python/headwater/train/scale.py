@@ -95,3 +95,34 @@ def mfu(flops_per_step: float, steps_per_second: float, devices: int, kind: str)
     if peak is None or not steps_per_second > 0:
         return None
     return flops_per_step * steps_per_second / (peak * devices)
+
+
+def throughput(
+    cfg: Any, global_batch: int, seq_len: int, steps_per_second: float
+) -> dict[str, Any]:
+    """The run summary's ``throughput``: tokens/s, model FLOPs per step and
+    MFU over the local devices' peak (``None`` where the peak is unknown,
+    as on a CPU)."""
+    import jax
+
+    devices = jax.devices()
+    kind = devices[0].device_kind if devices else "unknown"
+    flops = train_flops_per_step(cfg, global_batch, seq_len)
+    return {
+        "tokens_per_second": global_batch * seq_len * steps_per_second,
+        "model_flops_per_step": flops,
+        "device_kind": kind,
+        "peak_flops_per_device": peak_flops(kind),
+        "mfu": mfu(flops, steps_per_second, len(devices), kind),
+    }
+
+
+def format_throughput(t: dict[str, Any]) -> str:
+    """One summary line: tokens/s, FLOPs per step and MFU (or why not)."""
+    head = (
+        f"  {t['tokens_per_second']:,.0f} tokens/s, "
+        f"{t['model_flops_per_step'] / 1e9:.2f} GFLOP per step (model FLOPs, fwd+bwd)"
+    )
+    if t["mfu"] is None:
+        return f"{head}; MFU not known (no peak FLOP/s for {t['device_kind']!r})"
+    return f"{head}; MFU {100 * t['mfu']:.1f}% of {t['device_kind']} bf16 peak"
