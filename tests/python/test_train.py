@@ -248,7 +248,7 @@ BAD_CONFIGS = [
     ("[modle]\nd_model = 8\n", "`modle`"),
     ("[model]\ndmodel = 8\n", "`model.dmodel`"),
     ("[model]\nd_model = 'big'\n", "`model.d_model` must be an integer"),
-    ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] d_model (30) must be divisible"),
+    ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] num_heads (4) must divide d_model (30)"),
     ("[optim]\nlearning_rate = -1.0\n", "[optim]"),
     ("[train]\nsteps = 0\n", "[train] steps must be > 0"),
     ("[sampler]\nrank = 1\n", "`sampler.rank` cannot be set here (set by the launcher"),

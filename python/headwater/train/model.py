@@ -6,10 +6,7 @@ target cell), the loss dispatch of §4g and the jitted train / eval steps. The
 attention masks and the attention itself are :mod:`headwater.train.attention`; the
 host → device conversion of sampler batches is :mod:`headwater.train.device`.
 
-Plain JAX + optax, no flax: the model is a handful of matrices in a nested
-dict, the forward pass is a few pure functions, and the sampler batch is
-already a dict of arrays — a module system would add indirection (and a
-dependency) without removing any code.
+Plain JAX + optax, no flax: a nested dict of matrices and pure functions.
 
 Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
 
@@ -66,8 +63,10 @@ batch. :func:`headwater.train.device.batch_to_device` pads both up to
 once per bucket, not once per batch; padded text rows and ``fk_adj`` rows are
 zeros that no cell indexes.
 
-Not used: ``col_perm`` / ``out_perm`` / ``in_perm`` (attention here is dense
-and masked, ``O(S²)`` per kind; the permutations are for a block-sparse
+Speed (``ModelConfig``): ``attention_impl`` (dense reference or fused
+``dot_product_attention``), one-hot reads of tables up to ``onehot_max_rows``
+rows, ``remat`` policy; ``grad_accum`` micro-batches (:mod:`.accum`).
+Not used: ``col_perm`` / ``out_perm`` / ``in_perm`` (for a block-sparse
 kernel) and ``task_idx`` (logging only).
 
 Must never: read a target cell's value or null bit into the input; zero
@@ -77,6 +76,7 @@ padding hidden states; build masks with per-cell Python loops.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -88,6 +88,7 @@ import optax
 from jax import lax
 
 from headwater import _native
+from headwater.train.accum import accumulated_grads
 from headwater.train.attention import (
     ATTENTION_IMPLS,
     ATTENTION_KINDS,
@@ -95,7 +96,8 @@ from headwater.train.attention import (
     _attention,
     attention_masks,
 )
-from headwater.train.steps import init_opt_state, make_eval_step, make_train_step
+from headwater.train.optim import OptConfig, make_optimizer
+from headwater.train.scale import REMAT_POLICIES, remat
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
 NUMERICAL, BOOLEAN, TIMESTAMP, CATEGORICAL, TEXT = range(5)
@@ -122,8 +124,6 @@ MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS
 #: one-hot matmuls; text tables (a bucket of at least 64 rows, usually
 #: hundreds) and large category tables stay gathers.
 ONEHOT_MAX_ROWS = 256
-#: ``ModelConfig.remat`` values.
-REMAT_POLICIES = ("none", "full", "dots_saveable")
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -434,17 +434,8 @@ def _hidden(
         return _block(blk, h, masks, cfg), None
 
     if cfg.num_layers:
-        h, _ = lax.scan(_remat(layer, cfg.remat), h, params["blocks"])
+        h, _ = lax.scan(remat(layer, cfg.remat), h, params["blocks"])
     return h
-
-
-def _remat(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-    """``fn`` under ``jax.checkpoint`` with ``ModelConfig.remat``'s policy."""
-    if policy == "full":
-        return jax.checkpoint(fn)
-    if policy == "dots_saveable":
-        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
-    return fn
 
 
 def forward(
@@ -537,13 +528,67 @@ def loss_fn(
     return compute_loss(forward(params, batch, col_emb, cat_emb, cfg), batch, cfg)
 
 
-__all__ = [
-    "ModelConfig",
-    "compute_loss",
-    "forward",
-    "init_opt_state",
-    "init_params",
-    "loss_fn",
-    "make_eval_step",
-    "make_train_step",
-]
+# ----------------------------------------------------------------------------
+# Steps
+# ----------------------------------------------------------------------------
+
+
+def init_opt_state(params: Params, opt_cfg: OptConfig) -> Any:
+    return make_optimizer(opt_cfg).init(params)
+
+
+@functools.cache
+def make_train_step(
+    model_cfg: ModelConfig,
+    opt_cfg: OptConfig,
+    axis_name: str | None = None,
+    *,
+    donate: bool = False,
+    grad_accum: int = 1,
+) -> StepFn:
+    """A jitted ``(params, opt_state, batch, col_emb, cat_emb) -> (params, opt_state, metrics)``.
+
+    With ``axis_name``, gradients, loss and metrics are averaged with
+    ``lax.pmean`` over that axis (call it under ``shard_map``/``pmap``/
+    ``vmap`` binding the name); clipping and the update then see the mean.
+    ``donate`` donates ``params`` and ``opt_state`` buffers to the update.
+    ``grad_accum`` micro-batches per step, one update (:mod:`.accum`).
+    Cached per argument set (configs are frozen): one compiled step per shape.
+    """
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+    tx = make_optimizer(opt_cfg)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(
+        params: Params, opt_state: Any, batch: Batch, col_emb: jax.Array, cat_emb: jax.Array
+    ) -> tuple[Params, Any, Metrics]:
+        grads, metrics = accumulated_grads(
+            lambda p, b: grad_fn(p, b, col_emb, cat_emb, model_cfg),
+            target_weights,
+            params,
+            batch,
+            grad_accum,
+        )
+        if axis_name is not None:
+            grads = lax.pmean(grads, axis_name)
+            metrics = lax.pmean(metrics, axis_name)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+@functools.cache
+def make_eval_step(model_cfg: ModelConfig, axis_name: str | None = None) -> StepFn:
+    """A jitted ``(params, batch, col_emb, cat_emb) -> metrics`` (no update)."""
+
+    def step(params: Params, batch: Batch, col_emb: jax.Array, cat_emb: jax.Array) -> Metrics:
+        _, metrics = loss_fn(params, batch, col_emb, cat_emb, model_cfg)
+        if axis_name is not None:
+            metrics = lax.pmean(metrics, axis_name)
+        return metrics
+
+    return jax.jit(step)

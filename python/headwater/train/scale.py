@@ -1,5 +1,6 @@
-"""The model at scale: named presets of :class:`~headwater.train.model.ModelConfig`
-and the model FLOPs of a train step, over a device's peak (MFU).
+"""The model at scale: named presets of :class:`~headwater.train.model.ModelConfig`,
+the rematerialisation policies, and the model FLOPs of a train step over
+a device's peak (MFU).
 
 Presets (``[model] preset = "rt"``; keys set beside it override the
 preset's): ``default`` is ``ModelConfig()`` as it is; ``rt`` is the RT
@@ -26,7 +27,13 @@ reads of small tables are not counted (a gather's work, done as a matmul).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import jax
+
+#: ``ModelConfig.remat`` values (:func:`remat`).
+REMAT_POLICIES = ("none", "full", "dots_saveable")
 
 #: Model presets: ``ModelConfig`` fields by name.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -60,6 +67,17 @@ PEAK_FLOPS: dict[str, float] = {
     "TPU v5p": 459e12,
     "TPU v4": 275e12,
 }
+
+
+def remat(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    """``fn`` (one layer) under ``jax.checkpoint`` with ``policy``: ``full``
+    recomputes it in the backward pass, ``dots_saveable`` keeps its matmul
+    outputs, ``none`` leaves it as it is."""
+    if policy == "full":
+        return jax.checkpoint(fn)
+    if policy == "dots_saveable":
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
+    return fn
 
 
 def preset(name: str) -> dict[str, Any]:
@@ -103,8 +121,6 @@ def throughput(
     """The run summary's ``throughput``: tokens/s, model FLOPs per step and
     MFU over the local devices' peak (``None`` where the peak is unknown,
     as on a CPU)."""
-    import jax
-
     devices = jax.devices()
     kind = devices[0].device_kind if devices else "unknown"
     flops = train_flops_per_step(cfg, global_batch, seq_len)
