@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ TOL_BF16 = 5e-2
 
 @dataclass
 class Case:
+    db: Any
     col: Any
     cat: Any
     batches: dict[str, dict[str, Any]]  # "unpacked" / "packed" -> device batch
@@ -80,7 +82,7 @@ def case(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> Ite
         onehot_max_rows=0,
     )
     params = M.init_params(0, base, int(col.shape[1]))
-    yield Case(col, cat, {"unpacked": unpacked, "packed": packed}, base, params)
+    yield Case(small.path, col, cat, {"unpacked": unpacked, "packed": packed}, base, params)
 
 
 def _run(c: Case, cfgs: tuple[M.ModelConfig, ...], batch: dict[str, Any]) -> list[Any]:
@@ -175,7 +177,8 @@ def test_grad_accum_gives_the_large_batch_update(case: Case) -> None:
     state = M.init_opt_state(case.params, opt)
     out = []
     for g in (1, 2):
-        step = M.make_train_step(case.base, opt, grad_accum=g)
+        # g = 1 is the bench test's cached step (the same arguments).
+        step = M.make_train_step(case.base, opt, **({"grad_accum": g} if g > 1 else {}))
         params, _, metrics = step(case.params, state, batch, case.col, case.cat)
         out.append((params, float(metrics["loss"])))
     (p1, l1), (p2, l2) = out
@@ -229,3 +232,23 @@ def test_flops_per_step_match_a_hand_count() -> None:
     t = {"tokens_per_second": 1e3, "model_flops_per_step": 2e9, "device_kind": "cpu", "mfu": None}
     assert "MFU not known" in scale.format_throughput(t)
     assert "MFU 12.5%" in scale.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
+
+
+def test_bench_model_times_the_device_step(case: Case) -> None:
+    """``headwater bench --model`` (its function, in process) on a CPU with
+    the tiny model of these tests (its train step is already compiled by the
+    grad-accum test): the step's figures, no MFU nor peak memory on a CPU."""
+    import headwater
+    from headwater.train import step_bench
+
+    keys = ("d_model", "num_layers", "num_heads", "compute_dtype", "onehot_max_rows")
+    sets = step_bench.parse_model_sets([f"{k}={json.dumps(getattr(case.base, k))}" for k in keys])
+    assert sets["num_layers"] == 1 and sets["compute_dtype"] == "float32"
+    r = step_bench.run_step_bench(case.db, ["default"], B, S, sets, rounds=1)
+    (res,) = r["step_bench"]
+    assert res["preset"] == "default" and res["model"]["d_model"] == case.base.d_model
+    assert (res["batch_size"], res["seq_len"]) == (B, S)
+    assert res["forward_ms"] > 0 and res["step_ms"] > 0 and res["tokens_per_second"] > 0
+    assert res["mfu"] is None and res["model_flops_per_step"] > 0
+    with pytest.raises(headwater.ConfigError, match="one of default, rt, rt-j"):
+        step_bench.run_step_bench(case.db, ["huge"], B, S, {})
