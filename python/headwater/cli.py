@@ -55,8 +55,16 @@ def _cmd_default_db(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from headwater.bench import format_bench, run_bench
+    from headwater.bench import _bench_source, format_bench, run_bench
 
+    if a.model:
+        from headwater.train.step_bench import parse_model_sets, run_step_bench
+
+        _, path, _ = _bench_source(a.db)
+        sets = parse_model_sets(a.model_set)
+        presets = a.model.split(",")
+        print(json.dumps(run_step_bench(path, presets, a.batch_size, a.seq_len, sets, a.rounds)))
+        return 0
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
     r = run_bench(
@@ -323,8 +331,27 @@ def _add_bench(sub: Sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
+    _add_step_bench_args(pb)
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
+
+
+def _add_step_bench_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --model``: the device-only train step (:mod:`headwater.train.step_bench`)."""
+    pb.add_argument(
+        "--model",
+        metavar="PRESET[,PRESET]",
+        help="instead: time the device-only train step (forward, forward+backward, step, "
+        "tokens/s, MFU, peak memory) of each model preset (default, rt, rt-j) on one cached "
+        "batch; prints JSON",
+    )
+    pb.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [model] key over the presets of --model (repeatable)",
+    )
 
 
 def _add_train(sub: Sub) -> None:

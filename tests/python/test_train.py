@@ -149,6 +149,10 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     assert 0 < hs["needed_batches_per_second"] < float("inf")
     assert hs["ratio"] == hs["sampler_batches_per_second"] / hs["needed_batches_per_second"]
     assert "replayed;" in r.stdout
+    # Throughput: tokens/s and model FLOPs; no MFU on a CPU (no known peak).
+    tp = s["throughput"]
+    assert tp["tokens_per_second"] > 0 and tp["model_flops_per_step"] > 0
+    assert tp["mfu"] is None and "MFU not known" in r.stdout
 
 
 def _worker_pids(marker: str) -> list[int]:
@@ -244,7 +248,7 @@ BAD_CONFIGS = [
     ("[modle]\nd_model = 8\n", "`modle`"),
     ("[model]\ndmodel = 8\n", "`model.dmodel`"),
     ("[model]\nd_model = 'big'\n", "`model.d_model` must be an integer"),
-    ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] d_model (30) must be divisible"),
+    ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] num_heads (4) must divide d_model (30)"),
     ("[optim]\nlearning_rate = -1.0\n", "[optim]"),
     ("[train]\nsteps = 0\n", "[train] steps must be > 0"),
     ("[sampler]\nrank = 1\n", "`sampler.rank` cannot be set here (set by the launcher"),

@@ -9,6 +9,7 @@ the architecture is described there.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,20 @@ def attention_masks(batch: Mapping[str, jax.Array], kinds: tuple[str, ...]) -> d
     return masks
 
 
+#: ``ModelConfig.attention_impl`` values: ``dense`` is the masked float32
+#: einsum (the reference), ``fused`` is ``jax.nn.dot_product_attention`` on the
+#: same boolean masks.
+ATTENTION_IMPLS = ("dense", "fused")
+
+
+def _fused_backend(dt: jnp.dtype) -> Literal["cudnn"] | None:
+    """cuDNN where it applies (a GPU, 16-bit inputs); else ``None``: JAX's
+    choice (XLA in JAX 0.10, which never picks cuDNN on its own)."""
+    if jax.default_backend() == "gpu" and dt in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return None
+
+
 def _attention(
     wqkv: jax.Array,
     wo: jax.Array,
@@ -69,17 +84,36 @@ def _attention(
     mask: jax.Array,
     num_heads: int,
     dt: jnp.dtype,
+    impl: str = "dense",
 ) -> jax.Array:
     """``x [B, S, d]`` attended over ``mask [B, S, S]`` by ``num_heads`` heads
-    of ``d / num_heads``; projections in ``dt``, scores and softmax in float32."""
+    of ``d / num_heads``; projections in ``dt``, scores and softmax in float32.
+
+    ``impl = "fused"``: the normalised ``q``, ``k`` and ``v`` are cast to
+    ``dt`` and go to ``jax.nn.dot_product_attention`` (logits and softmax
+    statistics in float32 there too; the probabilities meet ``v`` in ``dt``).
+    A query whose mask row is all False (never from :func:`attention_masks`,
+    which always allows the diagonal) gets a zero output on both paths."""
     b, s, d = x.shape
     h, dh = num_heads, d // num_heads
     qkv = jnp.einsum("bsd,kde->kbse", x, wqkv.astype(dt))
     q, k, v = (t.reshape(b, s, h, dh).astype(jnp.float32) for t in qkv)
     q = _l2_normalize(q) * qk_scale[None, None, :, None]
     k = _l2_normalize(k)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    scores = jnp.where(mask[:, None], scores, MASK_FILL)
-    probs = jax.nn.softmax(scores, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs, v).astype(dt).reshape(b, s, d)
+    if impl == "fused":
+        o = jax.nn.dot_product_attention(
+            q.astype(dt),
+            k.astype(dt),
+            v.astype(dt),
+            mask=mask[:, None],
+            scale=1.0,
+            implementation=_fused_backend(dt),
+        )
+    else:
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        scores = jnp.where(mask[:, None], scores, MASK_FILL)
+        probs = jax.nn.softmax(scores, axis=-1)
+        o = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    any_key = jnp.any(mask, axis=-1)[:, :, None, None]
+    o = jnp.where(any_key, o, 0).astype(dt).reshape(b, s, d)
     return o @ wo.astype(dt)

@@ -94,6 +94,9 @@ class TrainSection:
     checkpoint_every: int = 100
     #: Checkpoints kept under ``<run>/checkpoints/`` (the oldest go first).
     keep_checkpoints: int = 2
+    #: Micro-batches per step (seed §10): the batch is split into this many,
+    #: their gradients averaged, one optimiser update. Must divide the batch.
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         if self.steps <= 0:
@@ -114,6 +117,8 @@ class TrainSection:
             raise ValueError(f"eval_max_seeds must be >= 1, got {self.eval_max_seeds}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,7 +356,7 @@ def _model_and_optim(
     from headwater.train.model import ModelConfig
     from headwater.train.optim import OptConfig
 
-    model_tbl = dict(raw.get("model", {}))
+    model_tbl = _apply_preset(dict(raw.get("model", {})), origins)
     # max_categories = 0 (the default): the trainer reads it from the database.
     auto_categories = model_tbl.get("max_categories", 0) == 0
     if auto_categories:
@@ -364,6 +369,35 @@ def _model_and_optim(
     model = _dataclass_section(ModelConfig, model_tbl, origins, "model")
     optim = _dataclass_section(OptConfig, optim_tbl, origins, "optim")
     return model, optim, auto_categories
+
+
+def _apply_preset(model_tbl: dict[str, Any], origins: Origins) -> dict[str, Any]:
+    """``[model]`` with its ``preset`` expanded (the keys set beside it win)."""
+    from headwater.train.scale import PRESETS, preset
+
+    name = model_tbl.pop("preset", "default")
+    where = origins.of("model.preset")
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: `model.preset` must be a string, got {name!r}")
+    try:
+        return {**preset(name), **model_tbl}
+    except ValueError:
+        raise ConfigError(
+            f"{where}: `model.preset` must be one of {', '.join(PRESETS)}, got {name!r}"
+        ) from None
+
+
+def _check_grad_accum(train: TrainSection, sampler_layers: list[Any], origins: Origins) -> None:
+    """``train.grad_accum`` divides every rank's batch size."""
+    for rank, layers in sampler_layers:
+        batch = {k: v for _, t in layers for k, v in t.items()}.get("default_batch_size")
+        if isinstance(batch, int) and batch % train.grad_accum:
+            raise ConfigError(
+                f"{origins.of('train.grad_accum')}: `train.grad_accum` ({train.grad_accum}) "
+                f"must divide the batch size (`sampler.default_batch_size` = {batch} on "
+                f"rank {rank}): one of "
+                f"{', '.join(str(g) for g in range(1, batch + 1) if batch % g == 0)}"
+            )
 
 
 def _database_section(raw: Any, origins: Origins) -> DatabaseSection:
@@ -407,12 +441,15 @@ def load_config(
     _check_sections(raw, origins)
     ranks = _ranks(raw, origins)
     sampler = dict(raw.get("sampler", {}))
+    rank_layers = []
     for rank in sorted({0, *ranks}):
         layers = [("default", SC.TRAINER_DEFAULTS), ("sampler", sampler)]
         if rank in ranks:
             layers.append((f"ranks.{rank}", ranks[rank]))
         SC.check_table(layers, origins)
+        rank_layers.append((rank, layers))
     train = _dataclass_section(TrainSection, raw.get("train", {}), origins, "train")
+    _check_grad_accum(train, rank_layers, origins)
     model, optim, auto_categories = _model_and_optim(raw, train, origins)
     return TrainConfig(
         database=_database_section(raw.get("database", {}), origins),

@@ -151,7 +151,9 @@ class Trainer:
 
         cfg, mesh, model_cfg = self.cfg, self.mesh, self.model_cfg
         self.train_fn = mesh.step_fn(
-            M.make_train_step(model_cfg, cfg.optim, axis_name="data"),
+            M.make_train_step(
+                model_cfg, cfg.optim, axis_name="data", grad_accum=cfg.train.grad_accum
+            ),
             in_specs=(P(), P(), P("data"), P(), P()),
             out_specs=(P(), P(), P()),
         )

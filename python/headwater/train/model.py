@@ -6,10 +6,7 @@ target cell), the loss dispatch of §4g and the jitted train / eval steps. The
 attention masks and the attention itself are :mod:`headwater.train.attention`; the
 host → device conversion of sampler batches is :mod:`headwater.train.device`.
 
-Plain JAX + optax, no flax: the model is a handful of matrices in a nested
-dict, the forward pass is a few pure functions, and the sampler batch is
-already a dict of arrays — a module system would add indirection (and a
-dependency) without removing any code.
+Plain JAX + optax, no flax: a nested dict of matrices and pure functions.
 
 Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
 
@@ -66,8 +63,10 @@ batch. :func:`headwater.train.device.batch_to_device` pads both up to
 once per bucket, not once per batch; padded text rows and ``fk_adj`` rows are
 zeros that no cell indexes.
 
-Not used: ``col_perm`` / ``out_perm`` / ``in_perm`` (attention here is dense
-and masked, ``O(S²)`` per kind; the permutations are for a block-sparse
+Speed (``ModelConfig``): ``attention_impl`` (dense reference or fused
+``dot_product_attention``), one-hot reads of tables up to ``onehot_max_rows``
+rows, ``remat`` policy; ``grad_accum`` micro-batches (:mod:`.accum`).
+Not used: ``col_perm`` / ``out_perm`` / ``in_perm`` (for a block-sparse
 kernel) and ``task_idx`` (logging only).
 
 Must never: read a target cell's value or null bit into the input; zero
@@ -89,8 +88,16 @@ import optax
 from jax import lax
 
 from headwater import _native
-from headwater.train.attention import ATTENTION_KINDS, MASK_FILL, _attention, attention_masks
+from headwater.train.accum import accumulated_grads
+from headwater.train.attention import (
+    ATTENTION_IMPLS,
+    ATTENTION_KINDS,
+    MASK_FILL,
+    _attention,
+    attention_masks,
+)
 from headwater.train.optim import OptConfig, make_optimizer
+from headwater.train.scale import REMAT_POLICIES, remat
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
 NUMERICAL, BOOLEAN, TIMESTAMP, CATEGORICAL, TEXT = range(5)
@@ -111,6 +118,12 @@ SEGMENT_KEYS: tuple[str, ...] = tuple(
 )
 #: Every tensor the model reads, in the native list's order.
 MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS
+
+#: Default of ``ModelConfig.onehot_max_rows``: the type, null, mask and bool
+#: tables (5 and 2 rows), the column table and small category tables are
+#: one-hot matmuls; text tables (a bucket of at least 64 rows, usually
+#: hundreds) and large category tables stay gathers.
+ONEHOT_MAX_ROWS = 256
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -136,15 +149,26 @@ class ModelConfig:
     qk_scale_init: float = 8.0
     huber_delta: float = 1.0
     norm_eps: float = 1e-6
-    #: Rematerialise each block in the backward pass (less memory, more time).
-    remat: bool = False
+    #: Rematerialisation of each layer in the backward pass (``jax.checkpoint``
+    #: over the layer scan): ``none``, ``full`` (recompute everything: least
+    #: memory, most time) or ``dots_saveable`` (keep matmul outputs).
+    remat: str = "none"
+    #: ``dense`` (masked float32 einsum, the reference) or ``fused``
+    #: (``jax.nn.dot_product_attention``: cuDNN on a GPU, XLA elsewhere).
+    attention_impl: str = "dense"
+    #: Tables of at most this many rows are read by one-hot matmuls instead of
+    #: gathers (a gather's backward is a scatter-add with heavy index
+    #: collisions on small tables); 0 = gathers everywhere (the reference).
+    onehot_max_rows: int = ONEHOT_MAX_ROWS
 
     def __post_init__(self) -> None:
         if self.d_model <= 0 or self.num_layers < 0 or self.num_heads <= 0:
             raise ValueError("d_model and num_heads must be > 0, num_layers >= 0")
         if self.d_model % self.num_heads:
+            ok = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+                f"num_heads ({self.num_heads}) must divide d_model ({self.d_model}): "
+                f"one of {', '.join(map(str, ok))}"
             )
         bad = [k for k in self.attention if k not in ATTENTION_KINDS]
         if bad:
@@ -155,6 +179,17 @@ class ModelConfig:
             raise ValueError(f"max_categories must be > 0, got {self.max_categories}")
         if self.compute_dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"compute_dtype: {self.compute_dtype!r} is not a float dtype")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat must be one of {', '.join(REMAT_POLICIES)}, got {self.remat!r}"
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, "
+                f"got {self.attention_impl!r}"
+            )
+        if self.onehot_max_rows < 0:
+            raise ValueError(f"onehot_max_rows must be >= 0, got {self.onehot_max_rows}")
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -274,8 +309,16 @@ def _project_table(table: jax.Array, w: jax.Array, dtype: jnp.dtype) -> jax.Arra
     return _unit_rms(table).astype(dtype) @ w.astype(dtype)
 
 
-def _take(table: jax.Array, ids: jax.Array) -> jax.Array:
-    return jnp.take(table, ids.astype(jnp.int32), axis=0, mode="clip")
+def _take(table: jax.Array, ids: jax.Array, onehot_max_rows: int = 0) -> jax.Array:
+    """``table[ids]`` (ids clipped to the table). A table of at most
+    ``onehot_max_rows`` rows is read as ``one_hot(ids) @ table``: the same
+    values (one product per output), and a backward that is a matmul, not a
+    scatter-add."""
+    n = table.shape[0]
+    ids = jnp.clip(ids.astype(jnp.int32), 0, n - 1)
+    if n <= onehot_max_rows:
+        return jax.nn.one_hot(ids, n, dtype=table.dtype) @ table
+    return jnp.take(table, ids, axis=0, mode="clip")
 
 
 def _block(blk: Params, h: jax.Array, masks: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -287,7 +330,8 @@ def _block(blk: Params, h: jax.Array, masks: jax.Array, cfg: ModelConfig) -> jax
     def sub_layer(h: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
         norm, wqkv, wo, qk_scale, mask = xs
         x = rms_norm(h, norm, cfg.norm_eps, dt)
-        return h + _attention(wqkv, wo, qk_scale, x, mask, cfg.num_heads, dt), None
+        o = _attention(wqkv, wo, qk_scale, x, mask, cfg.num_heads, dt, cfg.attention_impl)
+        return h + o, None
 
     xs = (blk["attn_norm"], blk["wqkv"], blk["wo"], blk["qk_scale"], masks)
     h, _ = lax.scan(sub_layer, h, xs)
@@ -325,22 +369,24 @@ def encode(
     text_ids = jnp.where(hide, 0, batch["text_embed_ids"].astype(jnp.int32))
 
     text_table = _project_table(batch["text_batch_embeddings"], enc["emb_proj"][2], dt)
-    values = jnp.stack(
-        [
-            num[..., None] * enc["numeric_w"][0].astype(dt) + enc["numeric_b"].astype(dt),
-            _take(enc["bool_emb"].astype(dt), bools),
-            ts @ enc["timestamp_w"].astype(dt) + enc["timestamp_b"].astype(dt),
-            _take(cat_table, cat_ids),
-            _take(text_table, text_ids),
-        ],
-        axis=2,
-    )  # [B, S, 5, d]
-    value = jnp.take_along_axis(values, st[:, :, None, None], axis=2)[:, :, 0]
-    null_e = _take(enc["null_emb"].astype(dt), st)
-    mask_e = _take(enc["mask_emb"].astype(dt), st)
+    oh = cfg.onehot_max_rows
+    values = [
+        num[..., None] * enc["numeric_w"][0].astype(dt) + enc["numeric_b"].astype(dt),
+        _take(enc["bool_emb"].astype(dt), bools, oh),
+        ts @ enc["timestamp_w"].astype(dt) + enc["timestamp_b"].astype(dt),
+        _take(cat_table, cat_ids, oh),
+        _take(text_table, text_ids, oh),
+    ]
+    # Each cell's own type: a select chain (elementwise forward and backward).
+    value = values[0]
+    for k in range(1, NUM_STYPES):
+        value = jnp.where((st == k)[..., None], values[k], value)
+    null_e = _take(enc["null_emb"].astype(dt), st, oh)
+    mask_e = _take(enc["mask_emb"].astype(dt), st, oh)
     h = jnp.where(is_target[..., None], mask_e, jnp.where(is_null[..., None], null_e, value))
     col_table = _project_table(col_emb, enc["emb_proj"][0], dt)
-    return h + _take(col_table, batch["column_ids"]) + _take(enc["type_emb"].astype(dt), st)
+    col_e = _take(col_table, batch["column_ids"], oh)
+    return h + col_e + _take(enc["type_emb"].astype(dt), st, oh)
 
 
 def target_positions(batch: Mapping[str, jax.Array]) -> jax.Array:
@@ -388,7 +434,7 @@ def _hidden(
         return _block(blk, h, masks, cfg), None
 
     if cfg.num_layers:
-        h, _ = lax.scan(jax.checkpoint(layer) if cfg.remat else layer, h, params["blocks"])
+        h, _ = lax.scan(remat(layer, cfg.remat), h, params["blocks"])
     return h
 
 
@@ -498,6 +544,7 @@ def make_train_step(
     axis_name: str | None = None,
     *,
     donate: bool = False,
+    grad_accum: int = 1,
 ) -> StepFn:
     """A jitted ``(params, opt_state, batch, col_emb, cat_emb) -> (params, opt_state, metrics)``.
 
@@ -505,16 +552,24 @@ def make_train_step(
     ``lax.pmean`` over that axis (call it under ``shard_map``/``pmap``/
     ``vmap`` binding the name); clipping and the update then see the mean.
     ``donate`` donates ``params`` and ``opt_state`` buffers to the update.
-    Cached per argument set (configs are frozen), so callers share one
-    compiled step per batch shape.
+    ``grad_accum`` micro-batches per step, one update (:mod:`.accum`).
+    Cached per argument set (configs are frozen): one compiled step per shape.
     """
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
     tx = make_optimizer(opt_cfg)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(
         params: Params, opt_state: Any, batch: Batch, col_emb: jax.Array, cat_emb: jax.Array
     ) -> tuple[Params, Any, Metrics]:
-        (_, metrics), grads = grad_fn(params, batch, col_emb, cat_emb, model_cfg)
+        grads, metrics = accumulated_grads(
+            lambda p, b: grad_fn(p, b, col_emb, cat_emb, model_cfg),
+            target_weights,
+            params,
+            batch,
+            grad_accum,
+        )
         if axis_name is not None:
             grads = lax.pmean(grads, axis_name)
             metrics = lax.pmean(metrics, axis_name)

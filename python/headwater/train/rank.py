@@ -27,6 +27,7 @@ from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
 from headwater.train.mesh import digest, param_norm
+from headwater.train.scale import throughput
 from headwater.train.summary import format_summary, summarise
 
 
@@ -165,8 +166,16 @@ def _train(
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
     )
+    summary["throughput"] = throughput(
+        trainer.model_cfg,
+        trainer.batch_layout["global_batch"],
+        int(cfg.sampler_kwargs(rank).get("default_sequence_length", 0)),
+        summary["batches_per_second"] / world,
+    )
     if run is not None:
         run.summary.update({"trainer/param_digest": param_digest})
+        if summary["throughput"]["mfu"] is not None:
+            run.summary.update({"trainer/mfu": summary["throughput"]["mfu"]})
         run.finish()
     (run_dir / f"rank-{rank}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if rank == 0:

@@ -146,6 +146,10 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
             f"data wait {100 * s['data_wait_share']:.2f}% of step time"
         ),
     ]
+    if s.get("throughput"):
+        from headwater.train.scale import format_throughput
+
+        lines.append(format_throughput(s["throughput"]))
     if profile:
         lines.append(
             f"  step breakdown (rank {s['rank']}, mean over {s['steady_steps']} steps "

@@ -1,0 +1,254 @@
+"""The model's speed and scale options against their reference paths.
+
+Fused attention (``attention_impl = "fused"``) and one-hot reads of small
+tables (``onehot_max_rows``) against the dense, gathering reference on real
+batches of the small database, packed and unpacked: outputs and gradients
+equal to a stated tolerance. Tiny models (d 16, one layer), float32 where
+the tolerance is tight; one compilation per config and batch shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SmallData, build_small_db
+
+pytest.importorskip("jax")
+
+import jax
+import jax.numpy as jnp
+
+from headwater import _native
+from headwater.train import attention as A
+from headwater.train import device as DV
+from headwater.train import model as M
+
+B, S = 4, 32
+#: float32 compute: fused vs dense, one-hot vs gather (relative to the
+#: largest magnitude of each array).
+TOL_F32 = 2e-5
+#: bfloat16 compute: the fused path multiplies bfloat16 probabilities by
+#: bfloat16 values where dense stays in float32 (8 mantissa bits: ~4e-3).
+TOL_BF16 = 5e-2
+
+
+@dataclass
+class Case:
+    db: Any
+    col: Any
+    cat: Any
+    batches: dict[str, dict[str, Any]]  # "unpacked" / "packed" -> device batch
+    base: M.ModelConfig
+    params: Any
+
+
+def _batch(small: Any, **kw: Any) -> tuple[dict[str, Any], Any, Any, dict[str, Any]]:
+    s = _native.Sampler(
+        small.path, default_batch_size=B, task_pick="round_robin", num_threads=1, **kw
+    )
+    try:
+        # The fourth task in round robin has a categorical target.
+        raw = [s.next_train_batch() for _ in range(4)]
+        col, cat = DV.tables_to_device(s.column_embeddings(), s.categorical_embeddings())
+        meta = s.database_metadata()
+    finally:
+        s.shutdown()
+    b = max(raw, key=lambda r: int(r["target_stype"][0]) == M.CATEGORICAL)
+    return DV.batch_to_device(b), col, cat, meta
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> Iterator[Case]:
+    small = build_small_db(tmp_path_factory.mktemp("scale"), small_data)
+    unpacked, col, cat, meta = _batch(small, default_sequence_length=S)
+    packed, _, _, _ = _batch(small, default_sequence_length=2 * S, pack=True, pack_factor=2)
+    assert int(np.max(np.asarray(packed["target_count"]))) > 1
+    base = M.ModelConfig(
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        max_categories=M.max_categories(meta),
+        compute_dtype="float32",
+        onehot_max_rows=0,
+    )
+    params = M.init_params(0, base, int(col.shape[1]))
+    yield Case(small.path, col, cat, {"unpacked": unpacked, "packed": packed}, base, params)
+
+
+def _run(c: Case, cfgs: tuple[M.ModelConfig, ...], batch: dict[str, Any]) -> list[Any]:
+    """``(outputs, gradients)`` under each config, from one compilation."""
+
+    def one(cfg: M.ModelConfig, p: Any) -> tuple[Any, Any]:
+        def f(p: Any) -> tuple[Any, Any]:
+            out = M.forward(p, batch, c.col, c.cat, cfg)
+            return M.compute_loss(out, batch, cfg)[0], out
+
+        (_, out), grads = jax.value_and_grad(f, has_aux=True)(p)
+        return out, grads
+
+    return jax.jit(lambda p: [one(cfg, p) for cfg in cfgs])(c.params)
+
+
+def _close(a: Any, b: Any, tol: float) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+        assert np.all(np.isfinite(x)) and np.all(np.isfinite(y))
+        scale = max(float(np.max(np.abs(y))), 1e-3)
+        assert float(np.max(np.abs(x - y))) <= tol * scale, (float(np.max(np.abs(x - y))), scale)
+
+
+def _valid_outputs(out: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """Outputs of the real targets only (packed slots past ``target_count``
+    read whatever cell sits at position 0)."""
+    w = np.asarray(M.target_weights(batch)) > 0
+    return {k: np.asarray(v)[w] for k, v in out.items()}
+
+
+@pytest.mark.parametrize("kind", ["unpacked", "packed"])
+def test_fused_attention_and_onehot_match_the_reference(case: Case, kind: str) -> None:
+    batch = case.batches[kind]
+    fast = dataclasses.replace(case.base, attention_impl="fused", onehot_max_rows=M.ONEHOT_MAX_ROWS)
+    (ref_out, ref_grads), (out, grads) = _run(case, (case.base, fast), batch)
+    _close(_valid_outputs(out, batch), _valid_outputs(ref_out, batch), TOL_F32)
+    _close(grads, ref_grads, TOL_F32)
+
+
+def test_fused_attention_in_bfloat16(case: Case) -> None:
+    batch = case.batches["unpacked"]
+    bf = dataclasses.replace(case.base, compute_dtype="bfloat16")
+    fused = dataclasses.replace(bf, attention_impl="fused")
+    (ref_out, ref_grads), (out, grads) = _run(case, (bf, fused), batch)
+    _close(_valid_outputs(out, batch), _valid_outputs(ref_out, batch), TOL_BF16)
+    _close(grads, ref_grads, TOL_BF16)
+
+
+def test_a_query_with_no_key_gets_zero_and_finite_gradients() -> None:
+    rng = np.random.default_rng(0)
+    d, h, s = 8, 2, 6
+    x = jnp.asarray(rng.standard_normal((1, s, d)), jnp.float32)
+    wqkv = jnp.asarray(rng.standard_normal((3, d, d)), jnp.float32)
+    wo = jnp.asarray(np.eye(d), jnp.float32)
+    mask = np.ones((1, s, s), bool)
+    mask[0, 2] = False  # query 2 may see nothing
+    mask = jnp.asarray(mask)
+
+    def f(x: Any, wqkv: Any, impl: str) -> Any:
+        return A._attention(wqkv, wo, jnp.full((h,), 8.0), x, mask, h, jnp.float32, impl)
+
+    def both(x: Any, wqkv: Any) -> Any:
+        outs = [f(x, wqkv, impl) for impl in A.ATTENTION_IMPLS]
+        grads = [
+            jax.grad(lambda x, w, i=i: jnp.sum(f(x, w, i) ** 2), argnums=(0, 1))(x, wqkv)
+            for i in A.ATTENTION_IMPLS
+        ]
+        return outs, grads
+
+    outs, grads = jax.jit(both)(x, wqkv)
+    for out in outs:
+        out = np.asarray(out)
+        assert np.all(out[0, 2] == 0) and np.all(np.isfinite(out))
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+    np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(outs[1]), atol=1e-5)
+
+
+def test_onehot_take_equals_gather() -> None:
+    table = jnp.asarray(np.random.default_rng(1).standard_normal((5, 3)), jnp.float32)
+    ids = jnp.asarray([[0, 4, 4, 7, -1]])  # out of range ids clip, as the gather does
+    np.testing.assert_array_equal(M._take(table, ids, 5), M._take(table, ids, 0))
+
+
+def test_grad_accum_gives_the_large_batch_update(case: Case) -> None:
+    """One step of ``grad_accum = 2`` (two micro-batches of 2) against one
+    step on the batch of 4: equal parameters within a float32 tolerance."""
+    from headwater.train.optim import OptConfig
+
+    opt = OptConfig(warmup_steps=0, total_steps=10)
+    batch = case.batches["unpacked"]
+    state = M.init_opt_state(case.params, opt)
+    out = []
+    for g in (1, 2):
+        # g = 1 is the bench test's cached step (the same arguments).
+        step = M.make_train_step(case.base, opt, **({"grad_accum": g} if g > 1 else {}))
+        params, _, metrics = step(case.params, state, batch, case.col, case.cat)
+        out.append((params, float(metrics["loss"])))
+    (p1, l1), (p2, l2) = out
+    assert abs(l1 - l2) <= 1e-5 * abs(l1)
+    _close(p2, p1, TOL_F32)
+    with pytest.raises(ValueError, match="grad_accum"):
+        M.make_train_step(case.base, opt, grad_accum=0)
+
+
+def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
+    import headwater
+    from headwater.train.config import load_config
+
+    cfg = load_config({"model": {"preset": "rt", "num_layers": 2}})
+    assert (cfg.model.d_model, cfg.model.num_layers, cfg.model.num_heads) == (256, 2, 8)
+    assert cfg.model.d_model * cfg.model.mlp_ratio == 1024
+    rtj = load_config({"model": {"preset": "rt-j"}}).model
+    assert (rtj.d_model, rtj.num_layers, rtj.d_model * rtj.mlp_ratio) == (512, 12, 2048)
+    assert load_config({}).model.d_model == M.ModelConfig().d_model
+    toml = tmp_path / "bad.toml"
+    cases = {
+        '[model]\npreset = "huge"\n': r"bad.toml:2: `model.preset` must be one of default, rt, rt-j",
+        "[train]\ngrad_accum = 0\n": r"bad.toml:2: .*grad_accum must be >= 1",
+        "[train]\ngrad_accum = 3\n": r"bad.toml:2: `train.grad_accum` \(3\) must divide .* 1, 2, 4, 8",
+        "[model]\nd_model = 30\nnum_heads = 4\n": r"bad.toml:3: .*num_heads \(4\) must divide d_model \(30\): one of 1, 2, 3, 5",
+        '[model]\nremat = "some"\n': r"bad.toml:2: .*remat must be one of none, full, dots_saveable",
+        '[model]\nattention_impl = "flash"\n': r"bad.toml:2: .*attention_impl must be one of dense, fused",
+    }
+    for text, pattern in cases.items():
+        toml.write_text(text)
+        with pytest.raises(headwater.ConfigError, match=pattern):
+            load_config(toml)
+
+
+def test_flops_per_step_match_a_hand_count() -> None:
+    from headwater.train import scale
+
+    cfg = M.ModelConfig(
+        d_model=4, num_layers=1, num_heads=1, mlp_ratio=2, attention=("column",), max_categories=8
+    )
+    # B 2, S 3: T 6 tokens, N 2 targets, d 4, f 8, one kind.
+    qkv_out = 6 * (2 * 4 * 12 + 2 * 4 * 4)  # 768
+    scores_pv = 2 * (2 * 2 * 3 * 3 * 4)  # 288
+    mlp = 2 * (2 * 6 * 4 * 8)  # 768
+    timestamp = 2 * 6 * 15 * 4  # 720
+    heads = 2 * 2 * 4 * (4 + 1 + 1 + 15 + 1) + 2 * 2 * 4 * 8  # 480
+    hand = 3 * (qkv_out + scores_pv + mlp + timestamp + heads)
+    assert scale.train_flops_per_step(cfg, 2, 3) == hand == 9072
+    assert scale.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
+    assert scale.mfu(1e12, 1.0, 1, "cpu") is None
+    t = {"tokens_per_second": 1e3, "model_flops_per_step": 2e9, "device_kind": "cpu", "mfu": None}
+    assert "MFU not known" in scale.format_throughput(t)
+    assert "MFU 12.5%" in scale.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
+
+
+def test_bench_model_times_the_device_step(case: Case) -> None:
+    """``headwater bench --model`` (its function, in process) on a CPU with
+    the tiny model of these tests (its train step is already compiled by the
+    grad-accum test): the step's figures, no MFU nor peak memory on a CPU."""
+    import headwater
+    from headwater.train import step_bench
+
+    keys = ("d_model", "num_layers", "num_heads", "compute_dtype", "onehot_max_rows")
+    sets = step_bench.parse_model_sets([f"{k}={json.dumps(getattr(case.base, k))}" for k in keys])
+    assert sets["num_layers"] == 1 and sets["compute_dtype"] == "float32"
+    r = step_bench.run_step_bench(case.db, ["default"], B, S, sets, rounds=1)
+    (res,) = r["step_bench"]
+    assert res["preset"] == "default" and res["model"]["d_model"] == case.base.d_model
+    assert (res["batch_size"], res["seq_len"]) == (B, S)
+    assert res["forward_ms"] > 0 and res["step_ms"] > 0 and res["tokens_per_second"] > 0
+    assert res["mfu"] is None and res["model_flops_per_step"] > 0
+    with pytest.raises(headwater.ConfigError, match="one of default, rt, rt-j"):
+        step_bench.run_step_bench(case.db, ["huge"], B, S, {})
