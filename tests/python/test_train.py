@@ -155,6 +155,31 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     assert tp["mfu"] is None and "MFU not known" in r.stdout
 
 
+def test_the_input_verdict_judges_the_summarys_steady_steps(tmp_path: Path, tpch: Tpch) -> None:
+    """The run's verdict divides the same waits by the same step times over the
+    same steps after warm-up as the summary's data wait share: one process, so
+    the two are one number, and the verdict is ``ok`` exactly when it is
+    at most 5 %. ``log_every = 3``: the device time lands in every third step."""
+    import json
+
+    from headwater.train.verdict import VERDICTS
+
+    cfg = tiny_config(tpch.built.path).replace("log_every = 1", "log_every = 3")
+    r = run_train(tmp_path, cfg, "--run-name", "v", "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    (s,) = summaries(tmp_path, "v", 1)
+    assert s["verdict_steps"] == s["steady_steps"] == STEPS - 1
+    assert s["verdict_wait_share"] == pytest.approx(s["data_wait_share"], rel=1e-9, abs=1e-12)
+    assert (s["verdict"] == "ok") == (s["data_wait_share"] <= 0.05), s["verdict_reason"]
+    if s["verdict"] == "ok":
+        assert f"waits {100 * s['data_wait_share']:.1f}% of the step" in s["verdict_reason"]
+    # The live verdict: its window (20 steady steps) holds the whole run here,
+    # so the last row's verdict is the run's.
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "v" / "metrics.jsonl").open()]
+    codes = [x["trainer/verdict"] for x in rows if "trainer/verdict" in x]
+    assert len(codes) == STEPS and codes[-1] == VERDICTS.index(s["verdict"])
+
+
 def _worker_pids(marker: str) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():

@@ -50,7 +50,7 @@ from headwater.train.evaluate import (
 from headwater.train.mesh import Mesh, Padder, host, host_shard
 from headwater.train.records import Progress
 from headwater.train.summary import RunLog, describe_layout
-from headwater.train.verdict import VERDICTS, VerdictTracker
+from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker
 
 
 class Trainer:
@@ -92,9 +92,11 @@ class Trainer:
             resumed_at=self.start_step if checkpoint is not None else None,
         )
         self.progress = Progress(cfg.train.steps, cfg.train.log_every, rank == 0)
-        self.verdict = VerdictTracker(world, cfg.train.warmup_steps)
-        #: Each step's ``(verdict, culprit rank, reason)`` until its row is logged.
-        self._verdicts: dict[int, tuple[str, int, str]] = {}
+        # The live window spans whole log windows: the device time of a
+        # window lands in its last step (the flush).
+        self.verdict = VerdictTracker(
+            world, cfg.train.warmup_steps, max(LIVE_WINDOW, cfg.train.log_every)
+        )
         #: Steps whose metrics are still on the device; (step seconds, wait) per step.
         self._pending: list[tuple[int, Any]] = []
         self._window: list[tuple[float, float]] = []
@@ -296,7 +298,7 @@ class Trainer:
         nw = self._next[1] + lead_wait
         pre = time.perf_counter() - t0 + lead_s
         self._window.append((pre, nw))  # the flush adds its own time
-        self._verdicts[step] = self.verdict.observe(reduced or {}, pre)
+        self.verdict.observe(reduced or {}, pre, nw)
         due_val = bool(tc.val_every) and (step + 1) % tc.val_every == 0 and step + 1 < tc.steps
         fetch_s = 0.0
         if (step + 1) % tc.log_every == 0 or not prefetch or due_val:
@@ -305,7 +307,9 @@ class Trainer:
         wall = time.perf_counter() - t0
         compute = t1 - t0 + fetch_s
         transfer = t3 - t2 - self._next[1]
-        self.log.record_phases((nw, transfer, compute, t2 - t1, wall - compute - (t3 - t1)))
+        phases = (nw, transfer, compute, t2 - t1, wall - compute - (t3 - t1))
+        self.log.record_phases(phases)
+        self.verdict.settle(sum(phases))  # the step time the summary adds up
         if due_val:
             self.validate(step)
         # The last step's capped pass is left to the full one, if there is one.
@@ -327,6 +331,7 @@ class Trainer:
                 raise FloatingPointError(f"loss is {loss} at step {step}")
             self.log.losses.append(loss)
         dt = time.perf_counter() - t0
+        self.verdict.add_seconds(dt)  # the window's device time, before its rows are judged
         # Step time and wait share per row: the window's means (the device
         # wait of the whole window lands in this flush).
         window, self._window = self._window, []
@@ -353,7 +358,7 @@ class Trainer:
         # Useful (non-padding) cells the model trained on per second, all
         # ranks (this rank's mean useful cells per batch over the window).
         ucps = bps * useful_per_batch
-        verdict, culprit, reason = self._verdicts.pop(step)
+        verdict, culprit, reason = self.verdict.live()
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),

@@ -23,6 +23,7 @@ import numpy as np
 from headwater.telemetry import PREFIX
 from headwater.train.evaluate import flat_row
 from headwater.train.scoring import format_table
+from headwater.train.verdict import steady_start
 
 #: Timed phases of a step, in order.
 PHASES = ("sample_wait", "host_to_device", "compute", "telemetry", "other")
@@ -60,7 +61,7 @@ class RunLog:
                 self.culprits[k].add(int(reduced.get(f"{k}_argmax_rank", 0)))
 
 
-def _warnings(log: RunLog, wait_share: float) -> list[str]:
+def _warnings(log: RunLog, wait_share: float, verdict: str = "") -> list[str]:
     out = [
         f"{key.removeprefix(PREFIX)} = {int(v)} (ranks {sorted(log.culprits[key])}): "
         + (
@@ -71,7 +72,12 @@ def _warnings(log: RunLog, wait_share: float) -> list[str]:
         for key, v in log.invariants.items()
         if v > 0
     ]
-    if wait_share > 0.05:
+    if wait_share > 0.05 and verdict == "cpu_starved":
+        out.append(
+            f"data wait is {100 * wait_share:.1f}% of step time (> 5%) on an overloaded host: "
+            "the sampler keeps up when it runs; free CPU rather than add sampler threads"
+        )
+    elif wait_share > 0.05:
         out.append(
             f"data wait is {100 * wait_share:.1f}% of step time (> 5%): the sampler does not keep "
             "up; raise num_threads / num_prefetch"
@@ -83,9 +89,10 @@ def summarise(
     log: RunLog, *, warmup_steps: int, world: int, wall: float, **extra: Any
 ) -> dict[str, Any]:
     """The summary of a rank's run; ``extra`` (rank, digest, config, ...) is
-    copied in as is."""
+    copied in as is (the input verdict among them: it judges the same steady
+    steps, :func:`~headwater.train.verdict.steady_start`)."""
     losses = log.losses
-    warm = min(warmup_steps, max(0, len(losses) - 1))
+    warm = steady_start(warmup_steps, len(log.times["sample_wait"]))
     steady = {p: v[warm:] for p, v in log.times.items()}
     step_times = [sum(x) for x in zip(*steady.values(), strict=True)]
     total = sum(step_times)
@@ -107,7 +114,7 @@ def summarise(
         "phase_share": {p: sum(v) / total if total > 0 else 0.0 for p, v in steady.items()},
         "invariants": dict(log.invariants),
         "telemetry_rows_logged": log.telemetry_rows,
-        "warnings": _warnings(log, wait_share),
+        "warnings": _warnings(log, wait_share, extra.get("verdict", "")),
         "eval": {e["split"]: e["results"] for e in log.evals if e["full"]},
         "eval_history": [
             {

@@ -1,16 +1,29 @@
 """Live input verdicts of ``headwater train``: is the run held back by its input?
 
 Owns: :data:`VERDICTS`, the bands (:data:`OK_WAIT_SHARE`,
-:data:`HIGH_WAIT_SHARE`, :func:`dominance_band`), :func:`classify` and
-:class:`VerdictTracker` (per step, cheaply: exponential moving averages of
-three numbers the step already has; over the run: totals after warm-up; plus
-the headspace figure).
+:data:`HIGH_WAIT_SHARE`, :func:`dominance_band`, :data:`STARVED_HEADROOM`),
+:func:`steady_start` (where the steady state begins: the one definition the
+summary's timings use too), :func:`classify` and :class:`VerdictTracker` (one
+record per step; the live verdict over a trailing window of steady steps, the
+run's verdict over all of them, plus the headspace figure).
 
-Inputs, all from the reduced telemetry of the step (so every rank's wait
-counts, not only rank 0's): ``queue/wait_seconds`` (the cluster SUM of the
-time consumers blocked on their batch queue), its ``_max`` (the worst rank)
-and ``_argmax_rank`` (which rank), and the step's wall time (the same on
-every rank: the step is synchronous).
+Inputs per step: the step's wall time as the run summary times it (the sum
+of its phases, device time included: :class:`~headwater.train.summary.RunLog`),
+this rank's own sample wait (the ``sample_wait`` phase), and from the reduced
+telemetry of the step (so every rank's wait counts, not only rank 0's)
+``queue/wait_seconds`` (the cluster SUM of the time consumers blocked on their
+batch queue), its ``_max`` (the worst rank), ``_argmax_rank`` and the median
+time to make one batch (``stage/total_seconds_p50``).
+
+Why the window matters: the step only dispatches work to the device; the
+device time lands in the step that brings the metrics to the host (every
+``log_every`` steps). A verdict judged per step on the dispatch time alone
+saw a 5 ms "step" where the run summary saw 340 ms, and called a run that
+waited 0.4 % of its time input-bound. Every verdict here divides by the same
+step times the summary adds up, over the same steps (after
+:func:`steady_start`): the run's verdict and the summary's
+``data_wait_share`` cannot disagree (with one process they are the same
+number; with more, the verdict's is the worst rank's, never below it).
 
 * ``ok``: the worst rank waits for at most :data:`OK_WAIT_SHARE` of the step
   (TensorFlow's input-pipeline analyzer calls < 5 % not input-bound, 5–20 %
@@ -19,34 +32,66 @@ every rank: the step is synchronous).
   :func:`dominance_band` of all the ranks' wait: that rank's sampler is slow
   and the others wait for it in the gradient collective (named by
   ``_argmax_rank``);
-* ``input_bound``: above that, with the wait spread over the ranks: every
-  sampler is too slow for the model.
+* ``cpu_starved``: above that, spread over the ranks, but the samplers are
+  not slow: the median batch is made :data:`STARVED_HEADROOM` times faster
+  than the step consumes them, and the host has more runnable threads than
+  cores (1-minute load average per core ≥ 1). A sampler that makes a batch
+  in a quarter of the step's compute time and has a queue to fill cannot
+  keep the consumer waiting on its own: when it does, its threads are
+  runnable but not running (the host is overloaded) — adding sampler
+  threads or prefetch, the advice for ``input_bound``, makes it worse. Both
+  conditions are required: headroom alone also describes a sampler whose
+  median is fast but whose tail is slow (that *is* input-bound), and load
+  alone describes a busy host whose sampler still keeps up;
+* ``input_bound``: otherwise: every sampler is too slow for the model.
 
 Headspace: the batches/s one rank's sampler must deliver for zero wait
 (``1 / (step − wait)`` of the worst rank) against the batches/s it can make
-(``1 / stage/total_seconds_p50``, the median time to make one batch); > 1
-means room to spare.
+(``1 / stage/total_seconds_p50``); > 1 means room to spare.
 
-Must never: judge from rank 0's wait alone, or name a rank for a run that
-is not input-bound.
+Must never: judge from rank 0's wait alone, name a rank for a run that is not
+input-bound, or judge a warm-up step (compilation is not input).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from headwater.telemetry import PREFIX
 
-VERDICTS = ("ok", "input_bound", "input_straggler")
+#: The verdict codes (``trainer/verdict`` logs the index; the exporter's
+#: help text in ``src/telemetry/table.rs`` lists the same).
+VERDICTS = ("ok", "input_bound", "input_straggler", "cpu_starved")
 OK_WAIT_SHARE = 0.05
 HIGH_WAIT_SHARE = 0.20
+#: How many times faster than the step needs the sampler must make batches
+#: for a wait to be blamed on the host, not the sampler.
+STARVED_HEADROOM = 4.0
+#: Runnable threads per core (1-minute load average) that mark a host overloaded.
+STARVED_LOAD_PER_CORE = 1.0
+#: Steady steps the live verdict looks back over (at least one log window).
+LIVE_WINDOW = 20
 WAIT = f"{PREFIX}queue/wait_seconds"
 MAKE_P50 = f"{PREFIX}stage/total_seconds_p50"
-#: Weight of the newest step in the per-step moving averages.
-ALPHA = 0.2
+
+
+def steady_start(warmup_steps: int, steps: int) -> int:
+    """The first steady step of a run of ``steps``: after the warm-up
+    (compilation), but never past the last step."""
+    return min(warmup_steps, max(0, steps - 1))
+
+
+def host_load() -> float:
+    """The 1-minute load average per core (NaN where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return math.nan
 
 
 def dominance_band(world: int) -> float:
@@ -56,9 +101,17 @@ def dominance_band(world: int) -> float:
 
 
 def classify(
-    wait_max: float, wait_sum: float, step_s: float, rank: int, world: int
+    wait_max: float,
+    wait_sum: float,
+    step_s: float,
+    rank: int,
+    world: int,
+    headroom: float = math.nan,
+    load: float = math.nan,
 ) -> tuple[str, int, str]:
-    """``(verdict, culprit rank or -1, reason)`` from one window's totals."""
+    """``(verdict, culprit rank or -1, reason)`` from one window's totals;
+    ``headroom``: batches/s the sampler makes over those the step needs;
+    ``load``: runnable threads per core."""
     share = wait_max / step_s if step_s > 0 else 0.0
     if not share > OK_WAIT_SHARE:
         return "ok", -1, f"worst rank waits {100 * share:.1f}% of the step (<= 5%)"
@@ -71,6 +124,14 @@ def classify(
             f"rank {rank} waits {100 * share:.1f}% of the step and holds {100 * held:.0f}% of "
             f"all ranks' wait: its sampler is slow, the others wait for it",
         )
+    if headroom >= STARVED_HEADROOM and load >= STARVED_LOAD_PER_CORE:
+        return (
+            "cpu_starved",
+            -1,
+            f"the worst rank waits {100 * share:.1f}% of the step, but the sampler makes "
+            f"batches x{headroom:.1f} faster than the step needs and the host runs "
+            f"{load:.1f} runnable threads per core: the host is overloaded, not the sampler slow",
+        )
     return (
         "input_bound",
         -1,
@@ -79,76 +140,112 @@ def classify(
     )
 
 
+@dataclasses.dataclass
+class StepRecord:
+    """One step as the verdict sees it."""
+
+    step_s: float
+    wait_max: float
+    wait_sum: float
+    rank: int
+    make_s: float
+    load: float
+
+
+def _median(xs: Sequence[float]) -> float:
+    xs = sorted(x for x in xs if x > 0)
+    return xs[len(xs) // 2] if xs else math.nan
+
+
 class VerdictTracker:
-    """The verdict per step (moving averages) and over the run (totals)."""
+    """The verdict of a trailing window of steady steps (live) and of all of
+    them (the run's): one :class:`StepRecord` per step."""
 
-    def __init__(self, world: int, warmup_steps: int) -> None:
-        self.world, self.warmup = world, warmup_steps
-        self.ema: list[float] | None = None
-        self.steps = 0
-        self.totals = [0.0, 0.0, 0.0]  # wait_max, wait_sum, step seconds after warm-up
-        self.culprits: collections.Counter[int] = collections.Counter()
-        self.make_s: list[float] = []
-        self.current: tuple[str, int, str] = ("ok", -1, "no step yet")
-        #: The latest per-batch make time (``stage/total_seconds_p50``).
-        self.make_now = math.nan
+    def __init__(
+        self,
+        world: int,
+        warmup_steps: int,
+        window: int = LIVE_WINDOW,
+        load: Callable[[], float] = host_load,
+    ) -> None:
+        self.world, self.warmup, self.window, self.load = world, warmup_steps, window, load
+        self.records: list[StepRecord] = []
 
-    def headspace_now(self) -> float:
-        """The headspace ratio of the moving averages: batches/s the sampler
-        makes over the batches/s the step needs for zero wait (NaN before
-        both are known)."""
-        if self.ema is None or not self.make_now > 0:
-            return math.nan
-        wait_max, _, step_s = self.ema
-        compute = step_s - wait_max
-        return compute / self.make_now if compute > 0 else math.nan
-
-    def observe(self, reduced: Mapping[str, float], step_s: float) -> tuple[str, int, str]:
-        """Fold in one step; returns the step's verdict."""
+    def observe(self, reduced: Mapping[str, float], step_s: float, own_wait: float = 0.0) -> None:
+        """Fold in one step: its wall time so far, this rank's own sample
+        wait and the reduced telemetry (:meth:`settle` corrects the time once
+        the step is over)."""
         wait_sum = float(reduced.get(WAIT, 0.0))
         wait_max = float(reduced.get(f"{WAIT}_max", wait_sum))
+        if self.world == 1:  # the worst rank is this one: its own, exact wait
+            wait_max = wait_sum = own_wait
+        else:
+            wait_max = max(wait_max, own_wait)
+            wait_sum = max(wait_sum, wait_max)
+        make = float(reduced.get(MAKE_P50, math.nan))
         rank = int(reduced.get(f"{WAIT}_argmax_rank", 0))
-        x = [wait_max, wait_sum, step_s]
-        self.ema = (
-            x
-            if self.ema is None
-            else [ALPHA * a + (1 - ALPHA) * b for a, b in zip(x, self.ema, strict=True)]
-        )
-        self.steps += 1
-        if self.steps > self.warmup:
-            self.totals = [a + b for a, b in zip(self.totals, x, strict=True)]
-            if wait_max > 0:
-                self.culprits[rank] += 1
-            make = reduced.get(MAKE_P50)
-            if make is not None and math.isfinite(make) and make > 0:
-                self.make_s.append(float(make))
-        make_now = reduced.get(MAKE_P50)
-        if make_now is not None and math.isfinite(make_now) and make_now > 0:
-            self.make_now = float(make_now)
-        self.current = classify(self.ema[0], self.ema[1], self.ema[2], rank, self.world)
-        return self.current
+        self.records.append(StepRecord(step_s, wait_max, wait_sum, rank, make, self.load()))
+
+    def add_seconds(self, dt: float) -> None:
+        """Time spent in the latest step after it was observed (the flush)."""
+        if self.records:
+            self.records[-1].step_s += dt
+
+    def settle(self, step_s: float) -> None:
+        """The latest step's wall time, as the summary records it."""
+        if self.records:
+            self.records[-1].step_s = step_s
+
+    def steady(self) -> list[StepRecord]:
+        return self.records[steady_start(self.warmup, len(self.records)) :]
+
+    def judge(self, recs: Sequence[StepRecord]) -> tuple[str, int, str]:
+        """The verdict of ``recs`` (``ok`` for none: warm-up is not judged)."""
+        if not recs:
+            return "ok", -1, "warm-up: not judged"
+        wait_max = sum(r.wait_max for r in recs)
+        wait_sum = sum(r.wait_sum for r in recs)
+        step_s = sum(r.step_s for r in recs)
+        ranks = collections.Counter(r.rank for r in recs if r.wait_max > 0)
+        rank = ranks.most_common(1)[0][0] if ranks else 0
+        loads = [r.load for r in recs if math.isfinite(r.load)]
+        load = sorted(loads)[len(loads) // 2] if loads else math.nan
+        return classify(wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load)
+
+    def live(self) -> tuple[str, int, str]:
+        """The verdict of the last :attr:`window` steady steps."""
+        if len(self.records) <= self.warmup:
+            return "ok", -1, "warm-up: not judged"
+        return self.judge(self.steady()[-self.window :])
+
+    def headspace_now(self) -> float:
+        """The headspace ratio of the live window (NaN before it is known)."""
+        if len(self.records) <= self.warmup:
+            return math.nan
+        return _headroom(self.steady()[-self.window :])
 
     def summary(self, replayed_steps_per_second: float = math.nan) -> dict[str, Any]:
-        """The run's verdict (after warm-up) and its headspace.
+        """The run's verdict (the steady steps: the summary's window) and its headspace.
 
         ``replayed_steps_per_second``: the step rate measured with the
         sampler removed (a cached batch replayed, :meth:`Trainer.replay_rate`),
         the batches/s a sampler must deliver for zero wait; without it, the
         run's own steps less their wait stand in."""
-        wait_max, wait_sum, step_s = self.totals
-        rank = self.culprits.most_common(1)[0][0] if self.culprits else 0
-        verdict, culprit, reason = classify(wait_max, wait_sum, step_s, rank, self.world)
-        n = max(self.steps - self.warmup, 0)
-        need = n / (step_s - wait_max) if n and step_s > wait_max else math.nan
+        recs = self.steady()
+        verdict, culprit, reason = self.judge(recs)
+        step_s = sum(r.step_s for r in recs)
+        wait_max = sum(r.wait_max for r in recs)
+        need = len(recs) / (step_s - wait_max) if recs and step_s > wait_max else math.nan
         measured = "replayed" if replayed_steps_per_second > 0 else "steps less their wait"
         if replayed_steps_per_second > 0:
             need = replayed_steps_per_second
-        make = sorted(self.make_s)[len(self.make_s) // 2] if self.make_s else math.nan
-        can = 1.0 / make if make > 0 else math.nan
+        can = 1.0 / _median([r.make_s for r in recs])
         return {
             "verdict": verdict,
             "verdict_rank": culprit,
             "verdict_reason": reason,
+            "verdict_wait_share": wait_max / step_s if step_s > 0 else 0.0,
+            "verdict_steps": len(recs),
             "headspace": {
                 "needed_batches_per_second": need,
                 "sampler_batches_per_second": can,
@@ -156,3 +253,11 @@ class VerdictTracker:
                 "needed_from": measured,
             },
         }
+
+
+def _headroom(recs: Sequence[StepRecord]) -> float:
+    """Batches/s the sampler makes (median make time) over the batches/s the
+    step needs for zero wait (its time less the worst rank's wait)."""
+    make = _median([r.make_s for r in recs])
+    compute = sum(r.step_s - r.wait_max for r in recs) / max(len(recs), 1)
+    return compute / make if make > 0 and compute > 0 else math.nan

@@ -1,0 +1,141 @@
+"""The input verdict (:mod:`headwater.train.verdict`) on synthetic steps.
+
+Each step is what the trainer feeds the tracker: the step's wall time (the
+summary's phases), this rank's own wait, and the reduced telemetry (the
+cluster wait, its max and argmax, the median batch make time). The host load
+is injected, so the tests do not depend on the machine they run on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from headwater.train.verdict import (
+    MAKE_P50,
+    STARVED_HEADROOM,
+    VERDICTS,
+    WAIT,
+    VerdictTracker,
+    classify,
+    steady_start,
+)
+
+WARMUP = 3
+
+
+def tracker(world: int = 1, load: float = 0.2, window: int = 20) -> VerdictTracker:
+    return VerdictTracker(world, WARMUP, window, load=lambda: load)
+
+
+def feed(
+    t: VerdictTracker, step_s: float, wait: float, make_s: float = 1e-3, world: int = 1
+) -> list[str]:
+    """One step (flush included), as the loop does it; returns the live verdict."""
+    reduced = {WAIT: wait * world, f"{WAIT}_max": wait, f"{WAIT}_argmax_rank": 0, MAKE_P50: make_s}
+    t.observe(reduced, step_s / 10, wait)  # the dispatch only, as observed mid-step
+    t.add_seconds(step_s / 2)  # the flush
+    t.settle(step_s)  # the step's wall time, as the summary adds it up
+    return [t.live()[0]]
+
+
+def test_input_bound_fires_when_the_steady_wait_is_high() -> None:
+    t = tracker()
+    live = [v for _ in range(30) for v in feed(t, 0.1, 0.03, make_s=0.05)]
+    assert live[:WARMUP] == ["ok"] * WARMUP  # warm-up is not judged
+    assert set(live[WARMUP:]) == {"input_bound"}
+    s = t.summary()
+    assert s["verdict"] == "input_bound" and s["verdict_wait_share"] == pytest.approx(0.3)
+    assert "highly input-bound" in s["verdict_reason"]
+
+
+def test_quiet_when_only_warm_up_steps_waited() -> None:
+    t = tracker()
+    # Compilation: long waits and long steps in the first WARMUP steps.
+    live = [v for _ in range(WARMUP) for v in feed(t, 5.0, 4.0)]
+    live += [v for _ in range(20) for v in feed(t, 0.1, 0.001)]
+    assert live == ["ok"] * len(live)
+    s = t.summary()
+    assert s["verdict"] == "ok" and s["verdict_steps"] == 20
+    assert s["verdict_wait_share"] == pytest.approx(0.01)
+
+
+def test_a_healthy_run_never_flips_after_warm_up() -> None:
+    """Dispatch-only steps with the device time in every 10th (the flush):
+    the verdict judged the dispatch time alone and flipped; the live window
+    holds whole log windows and the steps' real times, read at the flush
+    (where the loop logs the window's rows)."""
+    t = tracker(window=20)
+    live = []
+    for i in range(200):
+        step_s = 0.3 if i % 10 == 9 else 0.003
+        reduced = {WAIT: 0.0005, f"{WAIT}_max": 0.0005, MAKE_P50: 1e-4}
+        t.observe(reduced, step_s, 0.0005)
+        if i % 10 == 9:
+            live += [t.live()[0]] * 10
+    assert live == ["ok"] * 200
+    assert t.summary()["verdict"] == "ok"
+
+
+def test_the_summary_share_is_the_verdicts_share() -> None:
+    """One process: the verdict's share is the summary's data wait share, step
+    for step: the same steady steps, the same times, the same waits."""
+    from headwater.train.summary import RunLog, summarise
+
+    t, log = tracker(), RunLog()
+    for i in range(12):
+        wait = 0.5 if i < WARMUP else 0.002 * (i % 3)
+        phases = (wait, 0.001, 0.05, 0.001, 0.002)
+        log.record_phases(phases)
+        log.losses.append(1.0)
+        t.observe({MAKE_P50: 1e-3}, 0.01, wait)
+        t.settle(sum(phases))
+    s = summarise(log, warmup_steps=WARMUP, world=1, wall=1.0, **t.summary())
+    assert s["data_wait_share"] == pytest.approx(s["verdict_wait_share"], rel=1e-12)
+    assert s["steady_steps"] == s["verdict_steps"] == 12 - WARMUP
+    assert steady_start(WARMUP, 12) == WARMUP and steady_start(WARMUP, 2) == 1
+
+
+def test_cpu_starved_when_a_fast_sampler_waits_on_an_overloaded_host() -> None:
+    """Wait 30 %, but the median batch takes 1 ms against 70 ms of compute
+    (x70 headroom) and the host runs 2.7 runnable threads per core."""
+    t = tracker(load=2.7)
+    live = [v for _ in range(30) for v in feed(t, 0.1, 0.03, make_s=1e-3)]
+    assert set(live[WARMUP:]) == {"cpu_starved"}
+    s = t.summary()
+    assert s["verdict"] == "cpu_starved" and s["verdict_rank"] == -1
+    assert "overloaded" in s["verdict_reason"] and "x70" in s["verdict_reason"]
+    from headwater.train.summary import RunLog, _warnings
+
+    assert "free CPU" in _warnings(RunLog(), 0.3, "cpu_starved")[0]
+
+
+@pytest.mark.parametrize(
+    ("make_s", "load", "expected"),
+    [
+        (1e-3, 0.3, "input_bound"),  # headroom, a quiet host: a slow tail, not starvation
+        (0.05, 2.7, "input_bound"),  # loaded host, but the sampler is slow too
+        (0.07 / STARVED_HEADROOM, 1.0, "cpu_starved"),  # both at their bands
+        (1e-3, math.nan, "input_bound"),  # no load average: never blame the host
+    ],
+)
+def test_cpu_starved_needs_both_headroom_and_load(
+    make_s: float, load: float, expected: str
+) -> None:
+    t = tracker(load=load)
+    for _ in range(30):
+        feed(t, 0.1, 0.03, make_s=make_s)
+    assert t.summary()["verdict"] == expected
+
+
+def test_a_straggler_is_named_before_the_host_is_blamed() -> None:
+    """One rank holds the wait: input_straggler even on a loaded host."""
+    v, rank, _ = classify(0.3, 0.31, 1.0, 1, 2, headroom=50.0, load=3.0)
+    assert (v, rank) == ("input_straggler", 1)
+
+
+def test_the_codes_keep_their_order() -> None:
+    """New verdicts are appended: logged codes of old runs stay valid."""
+    assert VERDICTS[:3] == ("ok", "input_bound", "input_straggler")
+    assert VERDICTS.index("cpu_starved") == 3
