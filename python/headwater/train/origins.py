@@ -100,8 +100,14 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
+        out[key.strip()] = toml_value(value)
     return out
+
+
+def toml_value(text: str) -> Any:
+    """``text`` read as a TOML value (``5``, ``0.5``, ``true``, ``[1, 2]``,
+    ``"x"``), else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text

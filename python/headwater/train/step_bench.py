@@ -132,15 +132,12 @@ def run_step_bench(
 
 def parse_model_sets(items: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` ``[model]`` overrides, values read as TOML (else strings)."""
-    import tomllib
+    from headwater.train.origins import toml_value
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--model-set {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
+        out[key.strip()] = toml_value(value)
     return out
