@@ -5,7 +5,9 @@
 //! - [`error`], [`rng`], [`prefetch`]: the crate's error type, pinned
 //!   generators, the software-prefetch hint.
 //! - [`readings`]: the measurement vocabulary every producer fills and
-//!   telemetry only reads; [`probes`]: kernel readings (page faults).
+//!   telemetry only reads; [`probes`]: kernel readings (page faults, bytes
+//!   read, CPU and run-queue time); [`stalls`]: the stall detector (stack
+//!   dumps of sampler threads stuck past `stall_after_ms`).
 //! - [`config`]: every sampler key once (`SamplerConfig`, the `FIELDS`
 //!   table), parsed and validated at the edge.
 //! - [`format`]: the on-disk format — byte layout, headers, writer, mmap
@@ -34,6 +36,7 @@ pub mod readings;
 pub mod rng;
 pub mod sampler;
 pub mod seeds;
+pub mod stalls;
 pub mod telemetry;
 
 #[cfg(feature = "python")]

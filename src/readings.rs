@@ -119,6 +119,20 @@ pub struct BatchReadings {
     pub stage_ns: [u64; 4],
     /// Major page faults (pages read from disk) taken building the batch.
     pub major_faults: u64,
+    /// Bytes read from storage building the batch (`crate::probes`).
+    pub read_bytes: u64,
+    /// CPU time of the thread that built the batch (ns).
+    pub cpu_ns: u64,
+    /// Time that thread was runnable but waiting for a CPU (ns).
+    pub runqueue_ns: u64,
+    /// Wall time of the window the probes cover (the build, planning
+    /// excluded; ns): what is neither CPU nor run-queue time in it was
+    /// spent blocked (page faults, reads, locks).
+    pub probed_ns: u64,
+    /// The batch's draw or build ran past `stall_after_ms` (0, 1 or 2).
+    pub stalls: u32,
+    /// Of those, stalls whose stack dump could not be written.
+    pub stall_dump_failures: u32,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }
@@ -135,4 +149,7 @@ pub struct DeliveryReadings {
     pub resumes: f64,
     /// Seconds it took to open the database and prepare the sampler.
     pub startup_seconds: f64,
+    /// Seconds from the start of the open to the split's first batch
+    /// handed over (0 until then).
+    pub first_batch_seconds: f64,
 }

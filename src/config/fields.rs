@@ -191,6 +191,18 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "export stage spans there (else OTEL_EXPORTER_OTLP_ENDPOINT)",
     },
     FieldDoc {
+        name: "stall_after_ms",
+        ty: "float | None",
+        range: "None (auto: max(2000, 10 x the p99 build time)) or a number in 10..=86400000",
+        doc: "a batch build or draw running longer than this (ms) is a stall: the stuck thread's stack is dumped and `stalls` counts it",
+    },
+    FieldDoc {
+        name: "stall_dump_dir",
+        ty: "str | None",
+        range: "None or a directory path",
+        doc: "where stall dumps are written (None: the system temp directory; `headwater train` uses its run directory)",
+    },
+    FieldDoc {
         name: "pool_fraction",
         ty: "float",
         range: "a number in (0, 1]",
@@ -213,6 +225,30 @@ pub static FIELDS: &[FieldDoc] = &[
         ty: "int | None",
         range: "None or an integer in 0..=2^64-1",
         doc: "fault injection: the producer panics when making this step",
+    },
+    FieldDoc {
+        name: "debug_stall_step",
+        ty: "int | None",
+        range: "None or an integer in 0..=2^64-1",
+        doc: "fault injection: the worker building this training step sleeps debug_stall_ms inside its BFS (a stuck worker)",
+    },
+    FieldDoc {
+        name: "debug_stall_ms",
+        ty: "float",
+        range: "a number in 0..=600000",
+        doc: "fault injection: how long the debug_stall_step worker sleeps (ms)",
+    },
+    FieldDoc {
+        name: "debug_drop_page_cache_every",
+        ty: "int",
+        range: "an integer in 0..=2^64-1 (0 = off)",
+        doc: "fault injection: before every N-th batch the builder drops the database's pages from the process's maps and the page cache (a cold cache)",
+    },
+    FieldDoc {
+        name: "debug_pin_cpu",
+        ty: "int | None",
+        range: "None or a CPU number this process may run on",
+        doc: "fault injection: pin the sampler's threads (producers and pool) to this CPU (CPU-starved when something else keeps it busy)",
     },
 ];
 

@@ -131,6 +131,13 @@ pub struct SamplerConfig {
     pub local_rank: Option<u32>,
     /// OTLP/HTTP base URL for stage spans (else `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub otlp_endpoint: Option<String>,
+    /// A batch build or draw running longer than this (ms) is a stall: its
+    /// thread's stack is dumped and `stalls` counts it. `None`: 10 × the
+    /// p99 of recent builds, at least 2000 ms (`crate::stalls`).
+    pub stall_after_ms: Option<f64>,
+    /// Where stall dumps are written (`None`: the system temp directory;
+    /// `headwater train` sets its run directory).
+    pub stall_dump_dir: Option<String>,
     /// Keep this share of each global seed pool (an evenly spaced subset of
     /// the split's seeds, at least one): a diagnostic knob for tiny pools.
     /// Part of the stream: every rank must use the same value (ranks with
@@ -145,6 +152,19 @@ pub struct SamplerConfig {
     pub debug_repeat_seed_every: u64,
     /// Fault injection: the producer panics when making this step.
     pub debug_panic_at_step: Option<u64>,
+    /// Fault injection: the worker building this training step sleeps
+    /// `debug_stall_ms` inside its BFS (a stuck worker for the stall
+    /// detector).
+    pub debug_stall_step: Option<u64>,
+    /// Fault injection: how long that worker sleeps (ms).
+    pub debug_stall_ms: f64,
+    /// Fault injection: before every N-th batch (0 = off) the builder drops
+    /// the database's pages from this process's maps and the page cache,
+    /// as the kernel does for a database larger than the page cache.
+    pub debug_drop_page_cache_every: u64,
+    /// Fault injection: pin the sampler's threads (producers and pool) to
+    /// this CPU (a CPU-starved sampler when something else keeps it busy).
+    pub debug_pin_cpu: Option<u32>,
 }
 
 impl Default for SamplerConfig {
@@ -177,10 +197,16 @@ impl Default for SamplerConfig {
             prometheus_host: "127.0.0.1".into(),
             local_rank: None,
             otlp_endpoint: None,
+            stall_after_ms: None,
+            stall_dump_dir: None,
             pool_fraction: 1.0,
             debug_batch_delay_ms: 0.0,
             debug_repeat_seed_every: 0,
             debug_panic_at_step: None,
+            debug_stall_step: None,
+            debug_stall_ms: 0.0,
+            debug_drop_page_cache_every: 0,
+            debug_pin_cpu: None,
         }
     }
 }

@@ -88,6 +88,30 @@ impl SamplerConfig {
         if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
             return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
         }
+        self.validate_stalls()?;
+        Ok(())
+    }
+
+    /// `stall_after_ms` below 10 ms would dump the stacks of healthy
+    /// batches (a build takes milliseconds); NaN, ≤ 0 and absurd values are
+    /// errors naming the key.
+    fn validate_stalls(&self) -> Result<()> {
+        if let Some(ms) = self.stall_after_ms {
+            if !(10.0..=86_400_000.0).contains(&ms) {
+                return Err(bad("stall_after_ms", ms));
+            }
+        }
+        if self.stall_dump_dir.as_deref() == Some("") {
+            return Err(bad("stall_dump_dir", "\"\""));
+        }
+        if !(self.debug_stall_ms >= 0.0 && self.debug_stall_ms <= 600_000.0) {
+            return Err(bad("debug_stall_ms", self.debug_stall_ms));
+        }
+        if let Some(cpu) = self.debug_pin_cpu {
+            if !crate::probes::may_run_on(cpu) {
+                return Err(bad("debug_pin_cpu", cpu));
+            }
+        }
         Ok(())
     }
 

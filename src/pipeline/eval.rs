@@ -256,6 +256,7 @@ impl EvalPass {
             &span,
             t0,
             true,
+            None,
         )?;
         made.readings.draw = pass_draw(t, bi, b);
         let batch = &mut made.batch;

@@ -42,6 +42,7 @@
 
 mod eval;
 mod gate;
+mod inject;
 mod maker;
 mod mixture;
 mod producer;
@@ -177,6 +178,9 @@ impl Sampler {
         let states = Sampler::initial_states(&core, saved)?;
         // Open + core preparation + the splits' seed pools.
         let startup_seconds = core.startup_seconds + t0.elapsed().as_secs_f64();
+        let opened = t0
+            .checked_sub(std::time::Duration::from_secs_f64(core.startup_seconds))
+            .unwrap_or(t0);
         let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
@@ -202,7 +206,7 @@ impl Sampler {
                     );
                 }
                 let mut t = SplitTelemetry::new(&core.schema, exporters);
-                t.set_startup_seconds(startup_seconds);
+                t.set_startup_seconds(startup_seconds, opened);
                 Mutex::new(t)
             })
             .collect();

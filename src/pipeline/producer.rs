@@ -62,6 +62,9 @@ fn produce(
     stop: Receiver<()>,
     halt: Receiver<()>,
 ) {
+    if let Some(cpu) = core.cfg.debug_pin_cpu {
+        super::inject::pin_to(cpu);
+    }
     let depth = core.stream_depth();
     let cap = core.cfg.max_rss_bytes;
     core.stream_batches(

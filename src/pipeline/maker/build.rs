@@ -23,6 +23,7 @@ use crate::format::GraphView;
 use crate::readings::{stage, BatchReadings, SeqReadings};
 use crate::rng::Xoshiro256pp;
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use crate::stalls::{Stage, Watched};
 
 thread_local! {
     static SCRATCH: RefCell<(BfsScratch, AssembleScratch)> = RefCell::new(Default::default());
@@ -87,6 +88,12 @@ impl SamplerCore {
         }
     }
 
+    /// The stall detector's mark for the calling thread's work on `step`
+    /// (`None` when the detector is off).
+    pub(super) fn watch(&self, stage: Stage, step: u64) -> Option<Watched<'_>> {
+        self.stalls.as_ref().map(|w| w.enter(stage, step))
+    }
+
     /// Build the planned batch with `buffers` (one set per batch in flight).
     pub(super) fn build(
         &self,
@@ -109,6 +116,7 @@ impl SamplerCore {
             split,
             rank,
             planning,
+            stall,
         } = p;
         // Stage times count planning and building, not the time the plan
         // waited for a thread (a pipelined stream plans ahead).
@@ -125,8 +133,26 @@ impl SamplerCore {
             cells = tracing::field::Empty,
         );
         let _batch = batch_span.enter();
-        let mut made =
-            self.build_batch(k, &jobs, self.cfg.pack, buffers, &batch_span, t0, split_up)?;
+        let watched = self.watch(Stage::Bfs, step);
+        if self.cfg.debug_stall_step == Some(step) && split == crate::seeds::Split::Train {
+            super::super::inject::injected_stall(self.cfg.debug_stall_ms);
+        }
+        let mut made = self.build_batch(
+            k,
+            &jobs,
+            self.cfg.pack,
+            buffers,
+            &batch_span,
+            t0,
+            split_up,
+            watched.as_ref(),
+        )?;
+        let mut out = watched.map(Watched::finish).unwrap_or_default();
+        out.stalled |= stall.stalled;
+        out.dump_failed |= stall.dump_failed;
+        made.readings.stalls = u32::from(stall.stalled) + u32::from(out.stalled);
+        made.readings.stall_dump_failures =
+            u32::from(stall.dump_failed) + u32::from(out.dump_failed);
         if let Some(d) = draw {
             made.readings.draw = d;
         }
@@ -160,9 +186,16 @@ impl SamplerCore {
         batch_span: &tracing::Span,
         t0: Instant,
         split_up: bool,
+        watched: Option<&Watched<'_>>,
     ) -> Result<MadeBatch> {
         let min_len = if split_up { 1 } else { usize::MAX };
-        let faults = crate::probes::major_faults(split_up);
+        let usage0 = crate::probes::usage(split_up);
+        let t_probe = Instant::now();
+        let stage_to = |st: Stage| {
+            if let Some(w) = watched {
+                w.stage(st);
+            }
+        };
         let b = if packed {
             self.cfg.default_batch_size
         } else {
@@ -173,6 +206,7 @@ impl SamplerCore {
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
         self.build_contexts(k, jobs, subgraphs, min_len);
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
+            stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
         } else {
             (jobs.iter().map(|j| j.0).collect(), (0..=b).collect())
@@ -185,8 +219,10 @@ impl SamplerCore {
             subgraphs,
             slots: if packed { self.segment_slots } else { 1 },
         };
+        stage_to(Stage::Assembly);
         let (mut batch, seqs) = self.assemble(k, jobs, &layout, min_len)?;
         let t_asm = Instant::now();
+        stage_to(Stage::Collate);
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let db = &*self.dbs[self.tasks[k].db].db;
@@ -207,13 +243,18 @@ impl SamplerCore {
         stage_ns[stage::ASSEMBLE] = (t_asm - t_bfs).as_nanos() as u64;
         stage_ns[stage::COLLATE] = (t_end - t_asm).as_nanos() as u64;
         stage_ns[stage::TOTAL] = (t_end - t0).as_nanos() as u64;
+        let used = crate::probes::usage(split_up).since(usage0);
         let readings = BatchReadings {
             task: k as u32,
             db: self.tasks[k].db as u32,
             seeds: jobs.len() as u32,
             seq_len: self.cfg.default_sequence_length as u32,
             stage_ns,
-            major_faults: crate::probes::major_faults(split_up) - faults,
+            major_faults: used.major_faults,
+            read_bytes: used.read_bytes,
+            cpu_ns: used.cpu_ns,
+            runqueue_ns: used.runqueue_ns,
+            probed_ns: (Instant::now() - t_probe).as_nanos() as u64,
             seqs,
             ..BatchReadings::default()
         };

@@ -248,6 +248,15 @@ impl SamplerCore {
                 self.cfg.debug_batch_delay_ms / 1e3,
             ));
         }
+        // Watched after the deliberate delay: a slow sampler is not a stuck one.
+        let watched = self.watch(crate::stalls::Stage::Draw, state.stream.step);
+        if self.cfg.debug_drop_page_cache_every > 0
+            && state.stream.step % self.cfg.debug_drop_page_cache_every == 0
+        {
+            for mdb in &self.dbs {
+                super::super::inject::drop_page_cache(mdb.db.dir());
+            }
+        }
         let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
         let draws = self.draw(state, &mut jobs)?;
         let draw = self.cfg.telemetry.then(|| {
@@ -262,6 +271,9 @@ impl SamplerCore {
             split: state.split,
             rank: state.rank,
             planning: t0.elapsed(),
+            stall: watched
+                .map(crate::stalls::Watched::finish)
+                .unwrap_or_default(),
         })
     }
 }
@@ -402,6 +414,8 @@ pub(super) struct Planned {
     pub(super) rank: u32,
     /// Time spent planning (the draws and any `debug_batch_delay_ms`).
     pub(super) planning: std::time::Duration,
+    /// Whether the draw stalled (`crate::stalls`).
+    pub(super) stall: crate::stalls::StallOutcome,
 }
 
 /// The random choices of one batch.

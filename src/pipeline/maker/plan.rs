@@ -8,6 +8,7 @@
 //! (`build.rs`). The mixture-wide views (concatenated embedding tables,
 //! merged metadata) are `pipeline/mixture.rs`, which reads this plan.
 
+use crate::stalls::{StallConfig, StallWatch};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -105,6 +106,8 @@ pub struct SamplerCore {
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
     pub(super) segment_slots: usize,
+    /// The stall detector (`None`: its thread could not start).
+    pub(super) stalls: Option<StallWatch>,
 }
 
 impl SamplerCore {
@@ -171,13 +174,28 @@ impl SamplerCore {
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
+        let pin = cfg.debug_pin_cpu;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("headwater-worker-{i}"))
+            .start_handler(move |_| {
+                if let Some(cpu) = pin {
+                    crate::pipeline::inject::pin_to(cpu);
+                }
+            })
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
         let (schema, reported) = mixture_schema(&cfg, listed, &task_names, &tasks, &mixture);
+        let stalls = StallWatch::start(StallConfig {
+            stall_after_ms: cfg.stall_after_ms,
+            dump_dir: cfg
+                .stall_dump_dir
+                .as_ref()
+                .map_or_else(std::env::temp_dir, std::path::PathBuf::from),
+            rank: cfg.rank,
+        });
         let mut core = SamplerCore {
+            stalls,
             reported,
             dbs: mixture,
             cfg,

@@ -1,0 +1,671 @@
+//! The stall detector: a monitor thread that watches every batch build and
+//! draw of a sampler and, when one runs past `stall_after_ms`, writes the
+//! stuck thread's stack to a dump file, counts the stall with the batch and
+//! names the stage (draw, BFS, packing, assembly, collate).
+//!
+//! How a stack is taken from another thread, and why it is safe:
+//! - the builder marks its work in a [`Slot`] (atomics only: thread id,
+//!   start time, stage, step) and clears it when done — a few atomic stores
+//!   per stage, no lock, no allocation;
+//! - the monitor (its own thread, `headwater-stalls`) sees a slot busy for
+//!   longer than the threshold, points [`CAPTURE`] at the slot's frame
+//!   buffer and sends the thread a real-time signal with `tgkill`;
+//! - the handler, on the stuck thread, checks that it is the target, walks
+//!   its own stack with `backtrace::trace_unsynchronized` storing raw
+//!   instruction pointers into the preallocated buffer (no allocation, no
+//!   lock of ours, `errno` saved and restored) and sets a done flag;
+//! - the monitor waits for the flag (at most [`CAPTURE_WAIT`]), then
+//!   symbolises the addresses on its own thread (`backtrace::resolve`, which
+//!   allocates: never in the handler) and writes the file.
+//!
+//! The handler is installed once per process, with `SA_RESTART`, only when
+//! the signal's disposition is the default (a handler someone else
+//! installed is never replaced: the dump then says no stack was taken).
+//! The unwinder is the one Rust's panics use; the known hazard of calling
+//! it from a signal handler is a thread interrupted while it holds the
+//! dynamic loader's lock (`dlopen`, or unwinding a panic): sampler threads
+//! do neither while building a batch, and the monitor warms the unwinder's
+//! caches up on its own thread first. Only sampler threads are signalled
+//! (never the Python threads), at most once per stall.
+//!
+//! Never: a dump that stops the run (a dump that cannot be written is
+//! reported on stderr / `tracing` and counted in `stall_dump_failures`), or
+//! a stall counted twice.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The stage a slot is in (named in the dump).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    /// Nothing: the slot is free.
+    Idle = 0,
+    /// Drawing a step's seeds (the producer thread, serial).
+    Draw = 1,
+    /// The BFS of the batch's contexts.
+    Bfs = 2,
+    /// Packing's placement and cuts.
+    Packing = 3,
+    /// Assembling the sequences' tensors.
+    Assembly = 4,
+    /// Collating the batch's texts.
+    Collate = 5,
+}
+
+impl Stage {
+    /// The stage's name, as dumps and warnings say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Idle => "idle",
+            Stage::Draw => "draw",
+            Stage::Bfs => "bfs",
+            Stage::Packing => "packing",
+            Stage::Assembly => "assembly",
+            Stage::Collate => "collate",
+        }
+    }
+
+    fn from_u8(v: u8) -> Stage {
+        match v {
+            1 => Stage::Draw,
+            2 => Stage::Bfs,
+            3 => Stage::Packing,
+            4 => Stage::Assembly,
+            5 => Stage::Collate,
+            _ => Stage::Idle,
+        }
+    }
+}
+
+/// Frames kept per captured stack.
+const MAX_FRAMES: usize = 96;
+/// Slots: threads that can be inside a watched piece of work at once.
+const SLOTS: usize = 128;
+/// How long the monitor waits for a signalled thread to record its stack.
+const CAPTURE_WAIT: Duration = Duration::from_millis(500);
+/// The automatic threshold: this many times the p99 build time…
+pub const AUTO_P99_FACTOR: f64 = 10.0;
+/// …but never below this (ms).
+pub const AUTO_FLOOR_MS: f64 = 2000.0;
+/// Build times the automatic threshold's p99 is taken over.
+const RECENT: usize = 512;
+
+/// One thread's watched work.
+struct Slot {
+    /// Thread id (0: free).
+    tid: AtomicI32,
+    /// When the work began (ns since the watch's epoch; 0: not started).
+    since: AtomicU64,
+    stage: AtomicU8,
+    step: AtomicU64,
+    /// Set by the monitor: this work stalled (1) / its dump failed (2).
+    flagged: AtomicU8,
+}
+
+/// The frame buffer the signal handler writes into.
+struct Capture {
+    tid: AtomicI32,
+    frames: [AtomicUsize; MAX_FRAMES],
+    len: AtomicUsize,
+    done: AtomicBool,
+}
+
+/// The capture in progress (null: none). Only the monitor of one watch at
+/// a time sets it ([`CAPTURE_LOCK`]).
+static CAPTURE: AtomicPtr<Capture> = AtomicPtr::new(std::ptr::null_mut());
+static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
+/// The signal the handler is installed on (0: none could be).
+static SIGNAL: OnceLock<i32> = OnceLock::new();
+
+fn gettid() -> i32 {
+    // SAFETY: `gettid` takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // SAFETY: reads and restores the calling thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
+    let cap = CAPTURE.load(Acquire);
+    if !cap.is_null() {
+        // SAFETY: the monitor keeps the capture alive until `done` is set
+        // or it has cleared `CAPTURE` and waited (see `capture_stack`).
+        let cap = unsafe { &*cap };
+        if cap.tid.load(Acquire) == gettid() {
+            let mut n = 0;
+            // SAFETY: the unsynchronised walk is the reason for this
+            // handler; it allocates nothing (see the module doc).
+            unsafe {
+                backtrace::trace_unsynchronized(|f| {
+                    cap.frames[n].store(f.ip() as usize, Relaxed);
+                    n += 1;
+                    n < MAX_FRAMES
+                });
+            }
+            cap.len.store(n, Relaxed);
+            cap.done.store(true, Release);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Install the handler once per process; the signal, or 0 when its
+/// disposition was not the default (someone else's handler is kept).
+fn install() -> i32 {
+    *SIGNAL.get_or_init(|| {
+        let sig = libc::SIGRTMIN() + 4;
+        // SAFETY: reads the current disposition into a zeroed struct, then
+        // installs a handler that only touches atomics and the unwinder.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &raw mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                return 0;
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&raw mut sa.sa_mask);
+            if libc::sigaction(sig, &raw const sa, std::ptr::null_mut()) != 0 {
+                return 0;
+            }
+        }
+        sig
+    })
+}
+
+/// What the watch was told at start.
+#[derive(Debug, Clone)]
+pub struct StallConfig {
+    /// The threshold (ms); `None`: [`AUTO_P99_FACTOR`] × the p99 of recent
+    /// builds, at least [`AUTO_FLOOR_MS`].
+    pub stall_after_ms: Option<f64>,
+    /// Where dumps go.
+    pub dump_dir: PathBuf,
+    /// Rank (in file names).
+    pub rank: u32,
+}
+
+/// The shared state of one sampler's stall detector.
+struct Shared {
+    cfg: StallConfig,
+    epoch: Instant,
+    slots: Vec<Slot>,
+    recent: Mutex<std::collections::VecDeque<u64>>,
+    stop: AtomicBool,
+    dumps: AtomicU64,
+}
+
+/// A sampler's stall detector: slots its builders mark, and the monitor
+/// thread (stopped and joined on drop).
+pub struct StallWatch {
+    shared: Arc<Shared>,
+    monitor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for StallWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StallWatch")
+            .field("cfg", &self.shared.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A piece of watched work: marks its slot, clears it on drop.
+pub struct Watched<'a> {
+    shared: &'a Shared,
+    slot: Option<usize>,
+}
+
+/// What became of a piece of watched work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StallOutcome {
+    /// It ran past the threshold (counted once).
+    pub stalled: bool,
+    /// Its stall's dump could not be written.
+    pub dump_failed: bool,
+}
+
+impl Watched<'_> {
+    /// The work moved on to `stage`.
+    pub fn stage(&self, stage: Stage) {
+        if let Some(i) = self.slot {
+            self.shared.slots[i].stage.store(stage as u8, Release);
+        }
+    }
+
+    /// End the work: free the slot and say whether it stalled.
+    pub fn finish(mut self) -> StallOutcome {
+        self.release()
+    }
+
+    fn release(&mut self) -> StallOutcome {
+        let Some(i) = self.slot.take() else {
+            return StallOutcome::default();
+        };
+        let s = &self.shared.slots[i];
+        let since = s.since.swap(0, AcqRel);
+        let took = self.shared.now_ns().saturating_sub(since);
+        s.stage.store(Stage::Idle as u8, Release);
+        let flagged = s.flagged.swap(0, AcqRel);
+        s.tid.store(0, Release);
+        if let Ok(mut r) = self.shared.recent.lock() {
+            if r.len() == RECENT {
+                r.pop_front();
+            }
+            r.push_back(took);
+        }
+        StallOutcome {
+            stalled: flagged != 0,
+            dump_failed: flagged == 2,
+        }
+    }
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// The threshold now (ns).
+    fn threshold_ns(&self) -> u64 {
+        let ms = self.cfg.stall_after_ms.unwrap_or_else(|| {
+            let p99 = self.recent.lock().map_or(0, |r| {
+                let mut v: Vec<u64> = r.iter().copied().collect();
+                v.sort_unstable();
+                v.get((v.len() * 99) / 100).copied().unwrap_or(0)
+            });
+            #[allow(clippy::cast_precision_loss)]
+            let p99_ms = p99 as f64 * 1e-6;
+            (AUTO_P99_FACTOR * p99_ms).max(AUTO_FLOOR_MS)
+        });
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ns = (ms * 1e6) as u64;
+        ns
+    }
+}
+
+impl StallWatch {
+    /// Start the monitor for `cfg`. `None` when its thread cannot start
+    /// (reported; sampling goes on unwatched).
+    pub fn start(cfg: StallConfig) -> Option<StallWatch> {
+        let shared = Arc::new(Shared {
+            cfg,
+            epoch: Instant::now(),
+            slots: (0..SLOTS)
+                .map(|_| Slot {
+                    tid: AtomicI32::new(0),
+                    since: AtomicU64::new(0),
+                    stage: AtomicU8::new(0),
+                    step: AtomicU64::new(0),
+                    flagged: AtomicU8::new(0),
+                })
+                .collect(),
+            recent: Mutex::new(std::collections::VecDeque::with_capacity(RECENT)),
+            stop: AtomicBool::new(false),
+            dumps: AtomicU64::new(0),
+        });
+        let s = shared.clone();
+        match std::thread::Builder::new()
+            .name("headwater-stalls".into())
+            .spawn(move || monitor(&s))
+        {
+            Ok(h) => Some(StallWatch {
+                shared,
+                monitor: Some(h),
+            }),
+            Err(e) => {
+                warn(&format!("the stall detector cannot start its thread: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Mark the calling thread's work on `step` as begun, in `stage`.
+    pub fn enter(&self, stage: Stage, step: u64) -> Watched<'_> {
+        let tid = gettid();
+        let sh = &*self.shared;
+        let slot = sh
+            .slots
+            .iter()
+            .position(|s| s.tid.compare_exchange(0, tid, AcqRel, Relaxed).is_ok());
+        if let Some(i) = slot {
+            let s = &sh.slots[i];
+            s.step.store(step, Relaxed);
+            s.flagged.store(0, Relaxed);
+            s.stage.store(stage as u8, Release);
+            s.since.store(sh.now_ns(), Release);
+        }
+        Watched { shared: sh, slot }
+    }
+
+    /// The threshold now (ms).
+    #[allow(clippy::cast_precision_loss)]
+    pub fn threshold_ms(&self) -> f64 {
+        self.shared.threshold_ns() as f64 * 1e-6
+    }
+
+    /// Dumps written so far.
+    pub fn dumps(&self) -> u64 {
+        self.shared.dumps.load(Relaxed)
+    }
+}
+
+impl Drop for StallWatch {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Release);
+        if let Some(h) = self.monitor.take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+}
+
+fn warn(msg: &str) {
+    tracing::warn!("{msg}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("headwater: warning: {msg}");
+    }
+}
+
+/// The monitor loop: every quarter threshold (5 ms to 250 ms), look for
+/// work past the threshold.
+fn monitor(sh: &Shared) {
+    // Warm the unwinder and the symboliser up here (the first resolve
+    // reads the debug info: 100+ ms), so the first dump is not late.
+    let t0 = Instant::now();
+    backtrace::trace(|f| {
+        backtrace::resolve_frame(f, |_| {});
+        false
+    });
+    tracing::debug!("stall monitor warmed up in {:?}", t0.elapsed());
+    while !sh.stop.load(Acquire) {
+        let threshold = sh.threshold_ns();
+        let tick = Duration::from_nanos(threshold / 4)
+            .clamp(Duration::from_millis(5), Duration::from_millis(250));
+        std::thread::park_timeout(tick);
+        let now = sh.now_ns();
+        for s in &sh.slots {
+            let since = s.since.load(Acquire);
+            if since == 0 || s.flagged.load(Acquire) != 0 || now.saturating_sub(since) < threshold {
+                continue;
+            }
+            let tid = s.tid.load(Acquire);
+            if tid == 0 {
+                continue;
+            }
+            // Flagged before the dump (the work may end while it is
+            // written); a failed dump marks it again if it is still there.
+            if s.flagged.compare_exchange(0, 1, AcqRel, Relaxed).is_err()
+                || s.since.load(Acquire) != since
+            {
+                if s.since.load(Acquire) != since {
+                    let _ = s.flagged.compare_exchange(1, 0, AcqRel, Relaxed);
+                }
+                continue;
+            }
+            if !dump(sh, s, tid, now - since, threshold) && s.since.load(Acquire) == since {
+                s.flagged.store(2, Release);
+            }
+        }
+    }
+}
+
+/// The stuck thread's frames (raw addresses), or why none were taken.
+fn capture_stack(tid: i32) -> std::result::Result<Vec<usize>, String> {
+    let sig = install();
+    if sig == 0 {
+        return Err("no stack taken: the capture signal has another handler".into());
+    }
+    let _one = CAPTURE_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cap = Box::new(Capture {
+        tid: AtomicI32::new(tid),
+        frames: std::array::from_fn(|_| AtomicUsize::new(0)),
+        len: AtomicUsize::new(0),
+        done: AtomicBool::new(false),
+    });
+    let ptr: *const Capture = &raw const *cap;
+    CAPTURE.store(ptr.cast_mut(), Release);
+    // SAFETY: a thread-directed signal to a thread of this process.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) };
+    let t0 = Instant::now();
+    while rc == 0 && !cap.done.load(Acquire) && t0.elapsed() < CAPTURE_WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    CAPTURE.store(std::ptr::null_mut(), Release);
+    if !cap.done.load(Acquire) {
+        // The handler may still be running on the target: keep the buffer
+        // alive rather than free it under it (a bounded leak per failure).
+        std::mem::forget(cap);
+        return Err(if rc == 0 {
+            format!("no stack taken: thread {tid} did not answer within {CAPTURE_WAIT:?}")
+        } else {
+            format!(
+                "no stack taken: tgkill({tid}) failed: {}",
+                std::io::Error::last_os_error()
+            )
+        });
+    }
+    let n = cap.len.load(Relaxed);
+    Ok(cap.frames[..n].iter().map(|f| f.load(Relaxed)).collect())
+}
+
+/// Symbolised frames, one line each, and the innermost headwater function
+/// (the one the work is stuck in) if any.
+fn symbolise(frames: &[usize]) -> (Vec<String>, Option<String>) {
+    let mut lines = Vec::new();
+    let mut stuck_in = None;
+    for (i, &ip) in frames.iter().enumerate() {
+        let mut names = Vec::new();
+        backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+            let name = sym
+                .name()
+                .map_or_else(|| "??".to_string(), |n| format!("{n:#}"));
+            let place = match (sym.filename(), sym.lineno()) {
+                (Some(f), Some(l)) => format!(" at {}:{l}", f.display()),
+                _ => String::new(),
+            };
+            names.push((name, place));
+        });
+        if names.is_empty() {
+            names.push((format!("{ip:#x}"), String::new()));
+        }
+        for (name, place) in names {
+            if stuck_in.is_none()
+                && name.starts_with("headwater::")
+                && !name.starts_with("headwater::stalls::on_signal")
+            {
+                stuck_in = Some(name.clone());
+            }
+            lines.push(format!("{i:>4}: {name}{place}"));
+        }
+    }
+    (lines, stuck_in)
+}
+
+fn thread_name(tid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .map_or_else(|_| "?".into(), |s| s.trim().to_string())
+}
+
+/// Write the dump of slot `s` (thread `tid`, stuck `elapsed` ns); whether
+/// the file was written. Never panics, never stops the run.
+#[allow(clippy::cast_precision_loss)]
+fn dump(sh: &Shared, s: &Slot, tid: i32, elapsed: u64, threshold: u64) -> bool {
+    let stage = Stage::from_u8(s.stage.load(Acquire));
+    let step = s.step.load(Relaxed);
+    let name = thread_name(tid);
+    let (lines, stuck_in) = match capture_stack(tid) {
+        Ok(frames) => symbolise(&frames),
+        Err(why) => (vec![why], None),
+    };
+    let n = sh.dumps.fetch_add(1, Relaxed);
+    let pid = std::process::id();
+    let file = sh
+        .cfg
+        .dump_dir
+        .join(format!("stall-rank{}-pid{pid}-{n}.txt", sh.cfg.rank));
+    let stuck = stuck_in.as_deref().unwrap_or("(no headwater frame)");
+    let head = format!(
+        "headwater stall: thread {name} (tid {tid}) of rank {} in stage {} of step {step} for {:.0} ms (stall_after_ms {:.0})\nstuck in: {stuck}\n",
+        sh.cfg.rank,
+        stage.name(),
+        elapsed as f64 * 1e-6,
+        threshold as f64 * 1e-6,
+    );
+    let body = format!(
+        "{head}\nstack of the stuck thread (innermost first):\n{}\n",
+        lines.join("\n")
+    );
+    // Written whole, then renamed: a reader never sees half a dump.
+    let part = file.with_extension("part");
+    let written = std::fs::create_dir_all(&sh.cfg.dump_dir)
+        .and_then(|()| std::fs::write(&part, body.as_bytes()))
+        .and_then(|()| std::fs::rename(&part, &file));
+    match written {
+        Ok(()) => {
+            warn(&format!(
+                "stall: {} stage of step {step} on thread {name} ran {:.0} ms (> stall_after_ms {:.0}), stuck in {stuck}; stack dumped to {}",
+                stage.name(),
+                elapsed as f64 * 1e-6,
+                threshold as f64 * 1e-6,
+                file.display()
+            ));
+            python_stacks();
+            true
+        }
+        Err(e) => {
+            warn(&format!(
+                "stall: {} stage of step {step} on thread {name} ran {:.0} ms, stuck in {stuck}; the stack dump could not be written to {}: {e}",
+                stage.name(),
+                elapsed as f64 * 1e-6,
+                file.display()
+            ));
+            false
+        }
+    }
+}
+
+/// The signal Python's `faulthandler` may be registered on (by the
+/// trainer) to dump its threads' stacks beside a stall dump.
+pub const PYTHON_STACKS_SIGNAL: i32 = libc::SIGUSR2;
+
+/// Ask Python's `faulthandler` for its threads' stacks: only when a
+/// handler is installed on [`PYTHON_STACKS_SIGNAL`] (the default action
+/// would end the process).
+fn python_stacks() {
+    // SAFETY: reads the disposition into a zeroed struct.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(PYTHON_STACKS_SIGNAL, std::ptr::null(), &raw mut old) == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+        {
+            libc::kill(libc::getpid(), PYTHON_STACKS_SIGNAL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn stuck_here_for_the_test(ms: u64) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+
+    fn watch(dir: PathBuf, ms: f64) -> StallWatch {
+        StallWatch::start(StallConfig {
+            stall_after_ms: Some(ms),
+            dump_dir: dir,
+            rank: 0,
+        })
+        .unwrap()
+    }
+
+    /// A thread stuck past the threshold is dumped within 2× of it, the
+    /// dump names the stage and the function; the work is counted once.
+    #[test]
+    fn a_stuck_thread_is_dumped_naming_its_function() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = watch(dir.path().to_path_buf(), 400.0);
+        let t0 = Instant::now();
+        let g = w.enter(Stage::Bfs, 7);
+        g.stage(Stage::Assembly);
+        let seen = std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                // Wait for the file while the other thread is stuck.
+                while t0.elapsed() < Duration::from_secs(3) {
+                    if let Some(e) = std::fs::read_dir(dir.path()).unwrap().next() {
+                        return Some((t0.elapsed(), e.unwrap().path()));
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                None
+            });
+            stuck_here_for_the_test(1200);
+            h.join().unwrap()
+        });
+        let out = g.finish();
+        assert!(out.stalled && !out.dump_failed, "{out:?}");
+        let (at, path) = seen.expect("no dump within 3 s");
+        // The target: on disk within 2 x stall_after_ms.
+        assert!(at < Duration::from_millis(800), "dumped after {at:?}");
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains("stage assembly of step 7"), "{text}");
+        assert!(text.contains("stuck_here_for_the_test"), "{text}");
+        assert_eq!(w.dumps(), 1);
+    }
+
+    /// Work inside the threshold is never flagged; a dump directory that
+    /// cannot be written is counted, not fatal.
+    #[test]
+    fn quick_work_is_quiet_and_unwritable_dumps_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = watch(dir.path().to_path_buf(), 200.0);
+        for _ in 0..20 {
+            let g = w.enter(Stage::Bfs, 0);
+            std::thread::sleep(Duration::from_millis(2));
+            assert_eq!(g.finish(), StallOutcome::default());
+        }
+        assert_eq!(w.dumps(), 0);
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"x").unwrap();
+        let w = watch(file.join("below"), 30.0);
+        let g = w.enter(Stage::Collate, 1);
+        std::thread::sleep(Duration::from_millis(150));
+        let out = g.finish();
+        assert!(out.stalled && out.dump_failed, "{out:?}");
+    }
+
+    /// The automatic threshold is the floor until builds are slow.
+    #[test]
+    fn auto_threshold_has_a_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = StallWatch::start(StallConfig {
+            stall_after_ms: None,
+            dump_dir: dir.path().to_path_buf(),
+            rank: 0,
+        })
+        .unwrap();
+        assert!((w.threshold_ms() - AUTO_FLOOR_MS).abs() < 1e-9);
+        w.enter(Stage::Bfs, 0).finish();
+        assert!((w.threshold_ms() - AUTO_FLOOR_MS).abs() < 1e-9);
+    }
+}
