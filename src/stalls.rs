@@ -102,7 +102,7 @@ struct Slot {
     since: AtomicU64,
     stage: AtomicU8,
     step: AtomicU64,
-    /// Set by the monitor: this work stalled (1) / its dump failed (2).
+    /// Set by the monitor: this work stalled (1).
     flagged: AtomicU8,
 }
 
@@ -199,6 +199,8 @@ struct Shared {
     recent: Mutex<std::collections::VecDeque<u64>>,
     stop: AtomicBool,
     dumps: AtomicU64,
+    /// Dumps that could not be written, not yet reported with a batch.
+    failed: AtomicU64,
 }
 
 /// A sampler's stall detector: slots its builders mark, and the monitor
@@ -227,8 +229,10 @@ pub struct Watched<'a> {
 pub struct StallOutcome {
     /// It ran past the threshold (counted once).
     pub stalled: bool,
-    /// Its stall's dump could not be written.
-    pub dump_failed: bool,
+    /// Stall dumps that could not be written since the last outcome (this
+    /// work's or an earlier one's: a failure is reported once, with the next
+    /// piece of work to end).
+    pub dump_failures: u32,
 }
 
 impl Watched<'_> {
@@ -262,7 +266,7 @@ impl Watched<'_> {
         }
         StallOutcome {
             stalled: flagged != 0,
-            dump_failed: flagged == 2,
+            dump_failures: u32::try_from(self.shared.failed.swap(0, AcqRel)).unwrap_or(u32::MAX),
         }
     }
 }
@@ -317,6 +321,7 @@ impl StallWatch {
             recent: Mutex::new(std::collections::VecDeque::with_capacity(RECENT)),
             stop: AtomicBool::new(false),
             dumps: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         });
         let s = shared.clone();
         match std::thread::Builder::new()
@@ -417,8 +422,8 @@ fn monitor(sh: &Shared) {
                 }
                 continue;
             }
-            if !dump(sh, s, tid, now - since, threshold) && s.since.load(Acquire) == since {
-                s.flagged.store(2, Release);
+            if !dump(sh, s, tid, now - since, threshold) {
+                sh.failed.fetch_add(1, AcqRel);
             }
         }
     }
@@ -465,37 +470,70 @@ fn capture_stack(tid: i32) -> std::result::Result<Vec<usize>, String> {
     Ok(cap.frames[..n].iter().map(|f| f.load(Relaxed)).collect())
 }
 
-/// Symbolised frames, one line each, and the innermost headwater function
-/// (the one the work is stuck in) if any.
+/// Symbolised frames, one line each, and the innermost frame of headwater's
+/// own code outside this module (the function the work is stuck in, with
+/// its file and line), if any. The frames of the handler itself come first
+/// and are left out.
 fn symbolise(frames: &[usize]) -> (Vec<String>, Option<String>) {
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    let this = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stalls.rs");
     let mut lines = Vec::new();
     let mut stuck_in = None;
+    let mut in_handler = true;
     for (i, &ip) in frames.iter().enumerate() {
         let mut names = Vec::new();
         backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
             let name = sym
                 .name()
-                .map_or_else(|| "??".to_string(), |n| format!("{n:#}"));
-            let place = match (sym.filename(), sym.lineno()) {
-                (Some(f), Some(l)) => format!(" at {}:{l}", f.display()),
-                _ => String::new(),
-            };
-            names.push((name, place));
+                .map_or_else(|| format!("{ip:#x}"), |n| format!("{n:#}"));
+            let file = sym.filename().map(|f| f.display().to_string());
+            names.push((name, file, sym.lineno()));
         });
         if names.is_empty() {
-            names.push((format!("{ip:#x}"), String::new()));
+            names.push((format!("{ip:#x}"), None, None));
         }
-        for (name, place) in names {
-            if stuck_in.is_none()
-                && name.starts_with("headwater::")
-                && !name.starts_with("headwater::stalls::on_signal")
-            {
-                stuck_in = Some(name.clone());
+        if in_handler {
+            // Everything up to the handler's own frame is the capture.
+            in_handler = !names.iter().any(|(n, ..)| n.contains("on_signal"));
+            continue;
+        }
+        for (name, file, line) in names {
+            let place = match (&file, line) {
+                (Some(f), Some(l)) => format!(" at {f}:{l}"),
+                _ => String::new(),
+            };
+            let ours = file
+                .as_deref()
+                .is_some_and(|f| f.starts_with(src) && f != this);
+            if stuck_in.is_none() && ours {
+                stuck_in = Some(format!("{name}{place}"));
             }
             lines.push(format!("{i:>4}: {name}{place}"));
         }
     }
+    if in_handler {
+        // No handler frame found (an unusual unwinder): keep every frame.
+        return symbolise_all(frames);
+    }
     (lines, stuck_in)
+}
+
+/// Every frame, unfiltered (the fallback of [`symbolise`]).
+fn symbolise_all(frames: &[usize]) -> (Vec<String>, Option<String>) {
+    let lines = frames
+        .iter()
+        .enumerate()
+        .map(|(i, &ip)| {
+            let mut name = format!("{ip:#x}");
+            backtrace::resolve(ip as *mut std::ffi::c_void, |sym| {
+                if let Some(n) = sym.name() {
+                    name = format!("{n:#}");
+                }
+            });
+            format!("{i:>4}: {name}")
+        })
+        .collect();
+    (lines, None)
 }
 
 fn thread_name(tid: i32) -> String {
@@ -623,7 +661,7 @@ mod tests {
             h.join().unwrap()
         });
         let out = g.finish();
-        assert!(out.stalled && !out.dump_failed, "{out:?}");
+        assert!(out.stalled && out.dump_failures == 0, "{out:?}");
         let (at, path) = seen.expect("no dump within 3 s");
         // The target: on disk within 2 x stall_after_ms.
         assert!(at < Duration::from_millis(800), "dumped after {at:?}");
@@ -650,8 +688,14 @@ mod tests {
         let w = watch(file.join("below"), 30.0);
         let g = w.enter(Stage::Collate, 1);
         std::thread::sleep(Duration::from_millis(150));
-        let out = g.finish();
-        assert!(out.stalled && out.dump_failed, "{out:?}");
+        let mut out = g.finish();
+        // The failure is reported with the first work to end after it.
+        let t0 = Instant::now();
+        while out.dump_failures == 0 && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+            out.dump_failures += w.enter(Stage::Bfs, 2).finish().dump_failures;
+        }
+        assert!(out.stalled && out.dump_failures == 1, "{out:?}");
     }
 
     /// The automatic threshold is the floor until builds are slow.

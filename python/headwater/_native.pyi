@@ -235,10 +235,16 @@ class Sampler:
         prometheus_host: str = "127.0.0.1",
         local_rank: int | None = None,
         otlp_endpoint: str | None = None,
+        stall_after_ms: float | None = None,
+        stall_dump_dir: str | None = None,
         pool_fraction: float = 1.0,
         debug_batch_delay_ms: float = 0.0,
         debug_repeat_seed_every: int = 0,
         debug_panic_at_step: int | None = None,
+        debug_stall_step: int | None = None,
+        debug_stall_ms: float = 0.0,
+        debug_drop_page_cache_every: int = 0,
+        debug_pin_cpu: int | None = None,
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]:
         """The next train batch (blocks, GIL released; Ctrl-C interrupts). From

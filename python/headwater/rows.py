@@ -123,10 +123,16 @@ class SamplerConfigDict(TypedDict):
     prometheus_host: str
     local_rank: int | None
     otlp_endpoint: str | None
+    stall_after_ms: float | None
+    stall_dump_dir: str | None
     pool_fraction: float
     debug_batch_delay_ms: float
     debug_repeat_seed_every: int
     debug_panic_at_step: int | None
+    debug_stall_step: int | None
+    debug_stall_ms: float
+    debug_drop_page_cache_every: int
+    debug_pin_cpu: int | None
 
 
 class EvalTaskRow(TypedDict):

@@ -11,7 +11,10 @@ use std::path::Path;
 /// inlined, so the stall dump shows where it is stuck).
 #[inline(never)]
 pub(super) fn injected_stall(ms: f64) {
+    let t0 = std::time::Instant::now();
     std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1e3));
+    // Work after the sleep keeps this frame on the stack (no tail call).
+    std::hint::black_box(t0.elapsed());
 }
 
 /// Drop the pages of every file under `dir` from this process's maps

@@ -335,8 +335,8 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_cpu_build_seconds_total",
         prometheus_type: Counter,
         unit: "seconds",
-        help: "wall time of the builds the CPU and I/O probes cover (planning excluded; seconds)",
-        measure: Measure::Total(|r| r.batch.probed_ns as f64 * 1e-9),
+        help: "wall time to make the batches, planning included (the denominator of the sampler's CPU, run-queue and blocked shares; seconds)",
+        measure: Measure::Total(|r| r.batch.stage_ns[stage::TOTAL] as f64 * 1e-9),
     },
     MetricDef {
         key: "cpu/busy_seconds",

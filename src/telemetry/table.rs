@@ -279,7 +279,7 @@ pub static TRAINER_GAUGES: &[TrainerGauge] = &[
         key: "trainer/verdict",
         prometheus: "headwater_trainer_verdict",
         unit: "code",
-        help: "the input verdict of the latest logged step: 0 ok, 1 input_bound, 2 input_straggler, 3 cpu_starved",
+        help: "the input verdict of the latest logged step: 0 ok, 1 input_bound, 2 input_straggler, 3 cpu_starved, 4 io_bound",
     },
     TrainerGauge {
         key: "trainer/verdict_rank",

@@ -324,6 +324,8 @@ def test_pathology_lights_exactly_what_it_declares(
     if name == "input_straggler":  # every lit signal names the slow rank
         culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
         assert culprits["verdict/input_straggler"] == 1 and set(culprits.values()) == {1}
+    if name == "stuck_worker":
+        _check_stall_dump(Path(result["run_dir"]))
     if name == "cross_rank_skew":
         culprits = {v["signal"]: v["culprit"] for v in result["verdicts"] if v["lit"]}
         assert set(culprits.values()) == {1}, culprits
@@ -333,6 +335,22 @@ def test_pathology_lights_exactly_what_it_declares(
         ctx = D.context(cfg, spec, tpch.built.path)
         verdicts = D.evaluate(spec, rows, ctx)
         assert {v.signal for v in verdicts if not v.ok} == set(culprits)
+
+
+def _check_stall_dump(run_dir: Path) -> None:
+    """The stuck worker's stack is on disk, found within 2x stall_after_ms,
+    naming the function it is stuck in; Python's threads are dumped beside."""
+    (dump,) = sorted(run_dir.glob("stall-rank0-*.txt"))
+    text = dump.read_text()
+    m = re.search(r"in stage (\w+) of step (\d+) for (\d+) ms \(stall_after_ms (\d+)\)", text)
+    assert m, text[:2000]
+    stage, step, after, threshold = m[1], int(m[2]), int(m[3]), int(m[4])
+    assert (stage, step, threshold) == ("bfs", 40, 300), text[:500]
+    assert threshold <= after < 2 * threshold, text[:500]
+    stuck = next(ln for ln in text.splitlines() if ln.startswith("stuck in: "))
+    assert "injected_stall" in stuck and "inject.rs" in stuck, stuck
+    py = (run_dir / "python-stacks-rank0.txt").read_text()
+    assert "Current thread" in py and "headwater/train" in py, py[:2000]
 
 
 def test_every_pathology_in_the_matrix_is_covered() -> None:

@@ -56,9 +56,15 @@ BAD: dict[str, dict[str, Any]] = {
     "local_rank": {"local_rank": -1},
     "otlp_endpoint": {"otlp_endpoint": 5},
     "pool_fraction": {"pool_fraction": 0.0},
+    "stall_after_ms": {"stall_after_ms": 0.0},
+    "stall_dump_dir": {"stall_dump_dir": ""},
     "debug_batch_delay_ms": {"debug_batch_delay_ms": -1.0},
     "debug_repeat_seed_every": {"debug_repeat_seed_every": -1},
     "debug_panic_at_step": {"debug_panic_at_step": -1},
+    "debug_stall_step": {"debug_stall_step": -1},
+    "debug_stall_ms": {"debug_stall_ms": -1.0},
+    "debug_drop_page_cache_every": {"debug_drop_page_cache_every": -1},
+    "debug_pin_cpu": {"debug_pin_cpu": 100000},
 }
 
 

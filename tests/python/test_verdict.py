@@ -13,7 +13,13 @@ import math
 import pytest
 
 from headwater.train.verdict import (
+    BLOCKED,
+    BUILD,
+    FAULTS,
+    IO_BLOCKED_SHARE,
     MAKE_P50,
+    RUNQUEUE,
+    STARVED_RUNQUEUE_SHARE,
     STARVED_HEADROOM,
     VERDICTS,
     WAIT,
@@ -30,10 +36,17 @@ def tracker(world: int = 1, load: float = 0.2, window: int = 20) -> VerdictTrack
 
 
 def feed(
-    t: VerdictTracker, step_s: float, wait: float, make_s: float = 1e-3, world: int = 1
+    t: VerdictTracker,
+    step_s: float,
+    wait: float,
+    make_s: float = 1e-3,
+    world: int = 1,
+    kernel: dict[str, float] | None = None,
 ) -> list[str]:
-    """One step (flush included), as the loop does it; returns the live verdict."""
+    """One step (flush included), as the loop does it; returns the live
+    verdict. ``kernel``: the building threads' reduced kernel counters."""
     reduced = {WAIT: wait * world, f"{WAIT}_max": wait, f"{WAIT}_argmax_rank": 0, MAKE_P50: make_s}
+    reduced.update(kernel or {})
     t.observe(reduced, step_s / 10, wait)  # the dispatch only, as observed mid-step
     t.add_seconds(step_s / 2)  # the flush
     t.settle(step_s)  # the step's wall time, as the summary adds it up
@@ -139,3 +152,46 @@ def test_the_codes_keep_their_order() -> None:
     """New verdicts are appended: logged codes of old runs stay valid."""
     assert VERDICTS[:3] == ("ok", "input_bound", "input_straggler")
     assert VERDICTS.index("cpu_starved") == 3
+    assert VERDICTS.index("io_bound") == 4
+
+
+def _kernel(build: float, runq: float, blocked: float, faults: float) -> dict[str, float]:
+    return {BUILD: build, RUNQUEUE: runq, BLOCKED: blocked, FAULTS: faults}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "wait", "expected"),
+    [
+        # Blocked 80 % of the build taking faults: the disk.
+        (_kernel(0.05, 0.002, 0.04, 120), 0.03, "io_bound"),
+        # Runnable but not running 40 % of the build: a starved host, on a quiet
+        # load average (the kernel's account needs no load figure).
+        (_kernel(0.05, 0.02, 0.005, 0), 0.03, "cpu_starved"),
+        # Both high: the larger share names it.
+        (_kernel(0.05, 0.02, 0.028, 5), 0.03, "io_bound"),
+        (_kernel(0.05, 0.028, 0.02, 5), 0.03, "cpu_starved"),
+        # Blocked without faults (a lock, a sleep): not the disk.
+        (_kernel(0.05, 0.0, 0.045, 0), 0.03, "input_bound"),
+        # Just under the bands: a slow sampler.
+        (
+            _kernel(1.0, STARVED_RUNQUEUE_SHARE - 0.01, IO_BLOCKED_SHARE - 0.01, 9),
+            0.03,
+            "input_bound",
+        ),
+        # No wait: ok, whatever the kernel says.
+        (_kernel(0.05, 0.03, 0.04, 120), 0.001, "ok"),
+    ],
+)
+def test_io_bound_and_cpu_starved_from_the_kernels_account(
+    kernel: dict[str, float], wait: float, expected: str
+) -> None:
+    t = tracker(load=0.2)
+    live = [v for _ in range(30) for v in feed(t, 0.1, wait, make_s=0.05, kernel=kernel)]
+    assert set(live[WARMUP:]) == {expected}
+    s = t.summary()
+    assert s["verdict"] == expected
+    if expected == "io_bound":
+        assert "major page faults" in s["verdict_reason"]
+        from headwater.train.summary import RunLog, _warnings
+
+        assert "page cache" in _warnings(RunLog(), 0.3, "io_bound")[0]

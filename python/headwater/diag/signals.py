@@ -420,6 +420,34 @@ _TABLE: tuple[Signal, ...] = (
         counter=True,
     ),
     Signal(
+        metric="trainer/verdict",
+        name="verdict/cpu_starved",
+        rule=verdict_share(3, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps the trainer judged cpu_starved (the sampler threads runnable but "
+        "not running)",
+        unit="share of steps",
+    ),
+    Signal(
+        metric="trainer/verdict",
+        name="verdict/io_bound",
+        rule=verdict_share(4, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps the trainer judged io_bound (the sampler threads blocked on page "
+        "faults)",
+        unit="share of steps",
+    ),
+    Signal(
+        metric="stalls",
+        rule=total("running total"),
+        healthy=(0.0, 0.0),
+        what="draws and batch builds that ran past stall_after_ms, each with a stack dump "
+        "(run total)",
+        unit="stalls",
+        culprit=True,
+        counter=True,
+    ),
+    Signal(
         metric="stage/total_seconds",
         quantile="p50",
         rule=median("batch p50 per step"),

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +74,19 @@ def train_rank(
 
 
 
-def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0) -> Any:
+def open_sampler(
+    cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 0, run_dir: Path | None = None
+) -> Any:
     """The rank's sampler: ``[sampler]`` + ``[ranks.<rank>]`` + the launcher's
-    keys, its exporter on ``port`` (0 = none); a rejected value is a
+    keys, its exporter on ``port`` (0 = none), its stall dumps in ``run_dir``
+    (unless ``sampler.stall_dump_dir`` says where); a rejected value is a
     :class:`ConfigError` naming where it was set."""
     from headwater import _native
     from headwater.mixture import open_sampler as open_mixture_sampler
 
     kw = cfg.sampler_kwargs(rank)
+    if run_dir is not None and kw.get("stall_dump_dir") is None:
+        kw["stall_dump_dir"] = str(run_dir)
     lg = cfg.logging
     if port:
         kw.update(prometheus_port=port, prometheus_host=lg.prometheus_host, local_rank=0)
@@ -90,6 +97,33 @@ def open_sampler(cfg: TrainConfig, db: Path, rank: int, world: int, port: int = 
     except (ValueError, _native.ConfigError) as e:
         raise ConfigError(cfg.explain_sampler_error(e, rank)) from None
 
+
+
+def python_stacks_on_stall(run_dir: Path, rank: int) -> Callable[[], None]:
+    """Register :mod:`faulthandler` on ``SIGUSR2`` (the signal the sampler's
+    stall detector sends after it dumped a stuck sampler thread,
+    ``PYTHON_STACKS_SIGNAL`` in ``src/stalls.rs``): every Python thread's
+    stack is appended to ``python-stacks-rank<rank>.txt`` in ``run_dir``.
+    Only when nothing else handles ``SIGUSR2``; a file that cannot be opened
+    is reported, not fatal. Returns the undo."""
+    import faulthandler
+    import signal
+
+    if signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL:
+        return lambda: None
+    path = run_dir / f"python-stacks-rank{rank}.txt"
+    try:
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115  # closed by the undo
+    except OSError as e:
+        print(f"headwater: warning: no Python stacks on a stall: {path}: {e}", file=sys.stderr)
+        return lambda: None
+    faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
+
+    def undo() -> None:
+        faulthandler.unregister(signal.SIGUSR2)
+        f.close()
+
+    return undo
 
 
 def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
@@ -125,8 +159,9 @@ def _train(
     start = C.committed_steps(run_dir)[-1] if resume else 0
     meta = C.read_meta(run_dir, start) if resume else None
     port = exporter_port(lg.prometheus_port, rank)
-    sampler = open_sampler(cfg, db, rank, world, port)
+    sampler = open_sampler(cfg, db, rank, world, port, run_dir)
     endpoints = _endpoints(cfg, run_dir, rank, port)
+    stacks = python_stacks_on_stall(run_dir, rank)
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
@@ -145,6 +180,8 @@ def _train(
         if run is not None:
             run.finish(exit_code=1)
         raise
+    finally:
+        stacks()
     param_digest = digest(trainer.params)
     summary = summarise(
         trainer.log,

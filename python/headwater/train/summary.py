@@ -77,6 +77,12 @@ def _warnings(log: RunLog, wait_share: float, verdict: str = "") -> list[str]:
             f"data wait is {100 * wait_share:.1f}% of step time (> 5%) on an overloaded host: "
             "the sampler keeps up when it runs; free CPU rather than add sampler threads"
         )
+    elif wait_share > 0.05 and verdict == "io_bound":
+        out.append(
+            f"data wait is {100 * wait_share:.1f}% of step time (> 5%) and the sampler threads wait "
+            "for the disk (major page faults): warm the page cache (page_cache = \"populate\") or "
+            "use faster storage rather than add sampler threads"
+        )
     elif wait_share > 0.05:
         out.append(
             f"data wait is {100 * wait_share:.1f}% of step time (> 5%): the sampler does not keep "

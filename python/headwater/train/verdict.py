@@ -1,7 +1,8 @@
 """Live input verdicts of ``headwater train``: is the run held back by its input?
 
 Owns: :data:`VERDICTS`, the bands (:data:`OK_WAIT_SHARE`,
-:data:`HIGH_WAIT_SHARE`, :func:`dominance_band`, :data:`STARVED_HEADROOM`),
+:data:`HIGH_WAIT_SHARE`, :func:`dominance_band`, :data:`STARVED_HEADROOM`,
+:data:`STARVED_RUNQUEUE_SHARE`, :data:`IO_BLOCKED_SHARE`), :class:`Kernel`,
 :func:`steady_start` (where the steady state begins: the one definition the
 summary's timings use too), :func:`classify` and :class:`VerdictTracker` (one
 record per step; the live verdict over a trailing window of steady steps, the
@@ -43,6 +44,18 @@ number; with more, the verdict's is the worst rank's, never below it).
   conditions are required: headroom alone also describes a sampler whose
   median is fast but whose tail is slow (that *is* input-bound), and load
   alone describes a busy host whose sampler still keeps up;
+  The kernel's own account says the same more directly: the building
+  threads' run-queue time (``cpu/runqueue_seconds``, schedstat field 2:
+  runnable, not running) over their build time (``cpu/build_seconds``) at
+  :data:`STARVED_RUNQUEUE_SHARE` or more is ``cpu_starved`` on its own
+  (when it outweighs the blocked share);
+* ``io_bound``: above that, and the building threads spent at least
+  :data:`IO_BLOCKED_SHARE` of their build time blocked off the CPU
+  (``io/blocked_seconds``: neither running nor runnable) while taking major
+  page faults (``io/major_faults`` > 0): the sampler waits for the disk (a
+  database larger than the page cache, a cold cache) — more threads or
+  prefetch help little, a warmer cache (``page_cache = "populate"``) or
+  faster storage does;
 * ``input_bound``: otherwise: every sampler is too slow for the model.
 
 Headspace: the batches/s one rank's sampler must deliver for zero wait
@@ -66,7 +79,7 @@ from headwater.telemetry import PREFIX
 
 #: The verdict codes (``trainer/verdict`` logs the index; the exporter's
 #: help text in ``src/telemetry/table.rs`` lists the same).
-VERDICTS = ("ok", "input_bound", "input_straggler", "cpu_starved")
+VERDICTS = ("ok", "input_bound", "input_straggler", "cpu_starved", "io_bound")
 OK_WAIT_SHARE = 0.05
 HIGH_WAIT_SHARE = 0.20
 #: How many times faster than the step needs the sampler must make batches
@@ -74,10 +87,39 @@ HIGH_WAIT_SHARE = 0.20
 STARVED_HEADROOM = 4.0
 #: Runnable threads per core (1-minute load average) that mark a host overloaded.
 STARVED_LOAD_PER_CORE = 1.0
+#: Run-queue time over build time of the sampler threads that marks them starved.
+STARVED_RUNQUEUE_SHARE = 0.25
+#: Blocked (off-CPU, not runnable) time over build time that, with major
+#: faults, marks the sampler I/O-bound.
+IO_BLOCKED_SHARE = 0.5
 #: Steady steps the live verdict looks back over (at least one log window).
 LIVE_WINDOW = 20
 WAIT = f"{PREFIX}queue/wait_seconds"
 MAKE_P50 = f"{PREFIX}stage/total_seconds_p50"
+BUILD = f"{PREFIX}cpu/build_seconds"
+RUNQUEUE = f"{PREFIX}cpu/runqueue_seconds"
+BLOCKED = f"{PREFIX}io/blocked_seconds"
+FAULTS = f"{PREFIX}io/major_faults"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """What the kernel counted for the building threads over a window
+    (cluster sums, seconds): build wall time, run-queue wait, blocked time
+    and major faults."""
+
+    build_s: float = 0.0
+    runqueue_s: float = 0.0
+    blocked_s: float = 0.0
+    faults: float = 0.0
+
+    @property
+    def runqueue_share(self) -> float:
+        return self.runqueue_s / self.build_s if self.build_s > 0 else 0.0
+
+    @property
+    def blocked_share(self) -> float:
+        return self.blocked_s / self.build_s if self.build_s > 0 else 0.0
 
 
 def steady_start(warmup_steps: int, steps: int) -> int:
@@ -108,10 +150,12 @@ def classify(
     world: int,
     headroom: float = math.nan,
     load: float = math.nan,
+    kernel: Kernel | None = None,
 ) -> tuple[str, int, str]:
     """``(verdict, culprit rank or -1, reason)`` from one window's totals;
     ``headroom``: batches/s the sampler makes over those the step needs;
-    ``load``: runnable threads per core."""
+    ``load``: runnable threads per core; ``kernel``: what the kernel counted
+    for the building threads."""
     share = wait_max / step_s if step_s > 0 else 0.0
     if not share > OK_WAIT_SHARE:
         return "ok", -1, f"worst rank waits {100 * share:.1f}% of the step (<= 5%)"
@@ -123,6 +167,27 @@ def classify(
             rank,
             f"rank {rank} waits {100 * share:.1f}% of the step and holds {100 * held:.0f}% of "
             f"all ranks' wait: its sampler is slow, the others wait for it",
+        )
+    k = kernel or Kernel()
+    runq, blocked = k.runqueue_share, k.blocked_share
+    if runq >= STARVED_RUNQUEUE_SHARE and runq >= blocked:
+        return (
+            "cpu_starved",
+            -1,
+            f"the worst rank waits {100 * share:.1f}% of the step, and the sampler threads "
+            f"were runnable but not running {100 * runq:.0f}% of their build time "
+            f"(>= {100 * STARVED_RUNQUEUE_SHARE:.0f}%): the host is overloaded, not the sampler "
+            "slow; free CPU rather than add sampler threads",
+        )
+    if blocked >= IO_BLOCKED_SHARE and k.faults > 0:
+        return (
+            "io_bound",
+            -1,
+            f"the worst rank waits {100 * share:.1f}% of the step, and the sampler threads "
+            f"were blocked off the CPU {100 * blocked:.0f}% of their build time "
+            f"(>= {100 * IO_BLOCKED_SHARE:.0f}%) taking {k.faults:.0f} major page faults: "
+            "the sampler waits for the disk; warm the page cache (page_cache = \"populate\") "
+            "or use faster storage rather than add threads",
         )
     if headroom >= STARVED_HEADROOM and load >= STARVED_LOAD_PER_CORE:
         return (
@@ -150,6 +215,7 @@ class StepRecord:
     rank: int
     make_s: float
     load: float
+    kernel: Kernel = dataclasses.field(default_factory=Kernel)
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -184,7 +250,12 @@ class VerdictTracker:
             wait_sum = max(wait_sum, wait_max)
         make = float(reduced.get(MAKE_P50, math.nan))
         rank = int(reduced.get(f"{WAIT}_argmax_rank", 0))
-        self.records.append(StepRecord(step_s, wait_max, wait_sum, rank, make, self.load()))
+        kernel = Kernel(
+            *(float(reduced.get(key, 0.0)) for key in (BUILD, RUNQUEUE, BLOCKED, FAULTS))
+        )
+        self.records.append(
+            StepRecord(step_s, wait_max, wait_sum, rank, make, self.load(), kernel)
+        )
 
     def add_seconds(self, dt: float) -> None:
         """Time spent in the latest step after it was observed (the flush)."""
@@ -210,7 +281,15 @@ class VerdictTracker:
         rank = ranks.most_common(1)[0][0] if ranks else 0
         loads = [r.load for r in recs if math.isfinite(r.load)]
         load = sorted(loads)[len(loads) // 2] if loads else math.nan
-        return classify(wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load)
+        kernel = Kernel(
+            sum(r.kernel.build_s for r in recs),
+            sum(r.kernel.runqueue_s for r in recs),
+            sum(r.kernel.blocked_s for r in recs),
+            sum(r.kernel.faults for r in recs),
+        )
+        return classify(
+            wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load, kernel
+        )
 
     def live(self) -> tuple[str, int, str]:
         """The verdict of the last :attr:`window` steady steps."""

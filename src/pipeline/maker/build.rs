@@ -147,12 +147,9 @@ impl SamplerCore {
             split_up,
             watched.as_ref(),
         )?;
-        let mut out = watched.map(Watched::finish).unwrap_or_default();
-        out.stalled |= stall.stalled;
-        out.dump_failed |= stall.dump_failed;
+        let out = watched.map(Watched::finish).unwrap_or_default();
         made.readings.stalls = u32::from(stall.stalled) + u32::from(out.stalled);
-        made.readings.stall_dump_failures =
-            u32::from(stall.dump_failed) + u32::from(out.dump_failed);
+        made.readings.stall_dump_failures = stall.dump_failures + out.dump_failures;
         if let Some(d) = draw {
             made.readings.draw = d;
         }
