@@ -44,7 +44,9 @@ pub struct Usage {
     /// Bytes the thread (process) caused to be read from storage (page
     /// faults of mapped files included): `read_bytes` of `/proc/…/io`.
     pub read_bytes: u64,
-    /// Nanoseconds on a CPU (schedstat field 1; the calling thread only).
+    /// Nanoseconds on a CPU (`CLOCK_THREAD_CPUTIME_ID`: exact to the
+    /// call, where schedstat's field 1 lags by up to a scheduler tick; the
+    /// calling thread only).
     pub cpu_ns: u64,
     /// Nanoseconds runnable but waiting for a CPU (schedstat field 2: the
     /// run-queue wait; the calling thread only).
@@ -100,6 +102,40 @@ fn pread<'a>(f: Option<&File>, buf: &'a mut [u8]) -> &'a [u8] {
     &buf[..n]
 }
 
+thread_local! {
+    /// The calling thread's run-queue total at the end of its last
+    /// [`runqueue_since_last`] (`None`: no earlier build on this thread).
+    static LAST_RUNQUEUE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The run-queue wait of the calling thread between the end of its previous
+/// piece of work (the last call) and `start` (this piece's first reading),
+/// then remember `end` for the next call: the wait to be scheduled after
+/// being woken for this work, which a window from `start` to `end` misses.
+/// 0 on the thread's first call.
+pub fn runqueue_since_last(start: Usage, end: Usage) -> u64 {
+    LAST_RUNQUEUE.with(|last| {
+        let before = last
+            .get()
+            .map_or(0, |l| start.runqueue_ns.saturating_sub(l));
+        last.set(Some(end.runqueue_ns));
+        before
+    })
+}
+
+/// CPU time of the calling thread so far (ns; 0 if the clock fails).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// The kernel's counts so far for the calling thread, or for the whole
 /// process when `whole_process` (faults and bytes read; CPU and run-queue
 /// time stay the calling thread's: a process-wide figure would count the
@@ -115,9 +151,10 @@ pub fn usage(whole_process: bool) -> Usage {
         });
         let mut buf = [0u8; 512];
         let sched = pread(files.schedstat.as_ref(), &mut buf);
-        let mut parts = sched.split(|b| *b == b' ');
-        let cpu_ns = parts.next().map_or(0, leading_int);
-        let runqueue_ns = parts.next().map_or(0, leading_int);
+        // Field 2, the run-queue wait, is complete up to the thread's last
+        // switch in: every wait before this (running) read is counted.
+        let runqueue_ns = sched.split(|b| *b == b' ').nth(1).map_or(0, leading_int);
+        let cpu_ns = thread_cpu_ns();
         let io = if whole_process {
             files.process_io.as_ref()
         } else {

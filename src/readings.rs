@@ -123,16 +123,26 @@ pub struct BatchReadings {
     pub read_bytes: u64,
     /// CPU time of the thread that built the batch (ns).
     pub cpu_ns: u64,
-    /// Time that thread was runnable but waiting for a CPU (ns).
+    /// Time that thread was runnable but waiting for a CPU (ns), from the
+    /// end of its previous build to the end of this one (`start_wait_ns`
+    /// included).
     pub runqueue_ns: u64,
-    /// Wall time of the window the probes cover (the build, planning
-    /// excluded; ns): what is neither CPU nor run-queue time in it was
-    /// spent blocked (page faults, reads, locks).
+    /// Of that, the wait before the build began (woken for the job, waiting
+    /// for a CPU; ns).
+    pub start_wait_ns: u64,
+    /// Wall time of the window the probes cover (the build and the
+    /// run-queue wait before it, planning excluded; ns): what is neither CPU
+    /// nor run-queue time in it was spent blocked (page faults, reads,
+    /// locks).
     pub probed_ns: u64,
     /// The batch's draw or build ran past `stall_after_ms` (0, 1 or 2).
     pub stalls: u32,
-    /// Of those, stalls whose stack dump could not be written.
+    /// Stall stack dumps that could not be written (reported with the next
+    /// batch made after the failure).
     pub stall_dump_failures: u32,
+    /// The split's first batch made after the open: nanoseconds from the
+    /// start of the open until it was made (0 for every other batch).
+    pub first_batch_ns: u64,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }
@@ -149,7 +159,7 @@ pub struct DeliveryReadings {
     pub resumes: f64,
     /// Seconds it took to open the database and prepare the sampler.
     pub startup_seconds: f64,
-    /// Seconds from the start of the open to the split's first batch
-    /// handed over (0 until then).
+    /// Seconds from the start of the open until the split's first batch
+    /// was made (0 until it is delivered).
     pub first_batch_seconds: f64,
 }

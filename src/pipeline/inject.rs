@@ -20,8 +20,10 @@ pub(super) fn injected_stall(ms: f64) {
 /// Drop the pages of every file under `dir` from this process's maps
 /// (`madvise(MADV_DONTNEED)` on each read-only file map found in
 /// `/proc/self/maps`: the next touch faults the page in again, same bytes)
-/// and from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`). What
-/// the kernel does for a database larger than the page cache.
+/// and from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`), and
+/// turn the maps' read-ahead off (`MADV_RANDOM`: one fault, one page, as
+/// random reads of a database far larger than the cache get). What the
+/// kernel does for a database larger than the page cache.
 pub(super) fn drop_page_cache(dir: &Path) {
     let Ok(dir) = dir.canonicalize() else {
         return;
@@ -48,7 +50,10 @@ pub(super) fn drop_page_cache(dir: &Path) {
         };
         // SAFETY: a read-only file map of this process: dropping its pages
         // only makes the next read fault the same bytes back in.
-        unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
+        unsafe {
+            libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED);
+            libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_RANDOM);
+        }
     }
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return;

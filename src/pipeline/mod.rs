@@ -206,7 +206,7 @@ impl Sampler {
                     );
                 }
                 let mut t = SplitTelemetry::new(&core.schema, exporters);
-                t.set_startup_seconds(startup_seconds, opened);
+                t.set_startup_seconds(startup_seconds);
                 Mutex::new(t)
             })
             .collect();
@@ -217,7 +217,7 @@ impl Sampler {
             let pool_lens = state.pool_lens();
             lanes.push(Lane {
                 gate: Gate::new(),
-                producer: Mutex::new(spawn_producer(&core, state, &stop_rx)?),
+                producer: Mutex::new(spawn_producer(&core, state, &stop_rx, Some(opened))?),
                 delivered,
                 pool_lens,
             });
@@ -354,7 +354,7 @@ impl Sampler {
             let _ = h.join();
         }
         *lane.delivered.lock().unwrap() = state.stream.clone();
-        *p = spawn_producer(&self.core, state, &self.stop_rx)?;
+        *p = spawn_producer(&self.core, state, &self.stop_rx, None)?;
         Ok(())
     }
 

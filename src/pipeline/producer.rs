@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
@@ -61,6 +62,7 @@ fn produce(
     tx: Sender<Result<MadeBatch>>,
     stop: Receiver<()>,
     halt: Receiver<()>,
+    mut opened: Option<Instant>,
 ) {
     if let Some(cpu) = core.cfg.debug_pin_cpu {
         super::inject::pin_to(cpu);
@@ -71,7 +73,13 @@ fn produce(
         &mut state,
         depth,
         |state, building| cap.and_then(|cap| over_cap(&core, state, building, &tx, cap)),
-        |msg| {
+        |mut msg| {
+            if let (Some(t), Ok(made)) = (opened, &mut msg) {
+                // The split's first batch since the open (not a restart's).
+                made.readings.first_batch_ns =
+                    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                opened = None;
+            }
             select! {
                 send(tx, msg) -> sent => sent.is_ok(),
                 recv(stop) -> _ => false,
@@ -81,11 +89,14 @@ fn produce(
     );
 }
 
-/// Start a producer thread for `state`'s split.
+/// Start a producer thread for `state`'s split; `opened`: when the open
+/// began (the first batch's `first_batch_ns` counts from there; `None` for
+/// a restart).
 pub(super) fn spawn_producer(
     core: &Arc<SamplerCore>,
     state: SplitState,
     stop: &Receiver<()>,
+    opened: Option<Instant>,
 ) -> Result<Producer> {
     let split = state.split;
     let (tx, rx) = bounded(core.cfg.num_prefetch);
@@ -93,7 +104,7 @@ pub(super) fn spawn_producer(
     let (c, s) = (core.clone(), stop.clone());
     let handle = std::thread::Builder::new()
         .name(format!("headwater-{}", split.name()))
-        .spawn(move || produce(c, state, tx, s, halt_rx))
+        .spawn(move || produce(c, state, tx, s, halt_rx, opened))
         .map_err(|e| {
             Error::Worker(format!(
                 "cannot start the {} producer thread: {e}",

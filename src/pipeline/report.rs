@@ -15,8 +15,6 @@ pub struct SplitTelemetry {
     delivery: DeliveryReadings,
     /// Resumes not yet reported with a batch.
     pending_resumes: f64,
-    /// When the open began (until the first batch is handed over).
-    opened: Option<std::time::Instant>,
     /// Accumulates for the drain API.
     pub drain: StepRecorder,
     /// Exporters fed the same reports (Prometheus, …).
@@ -29,18 +27,14 @@ impl SplitTelemetry {
         SplitTelemetry {
             delivery: DeliveryReadings::default(),
             pending_resumes: 0.0,
-            opened: None,
             drain: StepRecorder::new(schema),
             exporters,
         }
     }
 
-    /// Report `seconds` as `sampler/startup_seconds` with every batch;
-    /// `opened`: when the open began (`sampler/first_batch_seconds` counts
-    /// from there).
-    pub fn set_startup_seconds(&mut self, seconds: f64, opened: std::time::Instant) {
+    /// Report `seconds` as `sampler/startup_seconds` with every batch.
+    pub fn set_startup_seconds(&mut self, seconds: f64) {
         self.delivery.startup_seconds = seconds;
-        self.opened = Some(opened);
     }
 
     /// The sampler was restored from a saved state: reported with the next
@@ -57,8 +51,9 @@ impl SplitTelemetry {
         self.delivery.queue_depth = depth as f64;
         self.delivery.wait_seconds = wait_seconds;
         self.delivery.resumes = std::mem::take(&mut self.pending_resumes);
-        if let Some(t) = self.opened.take() {
-            self.delivery.first_batch_seconds = t.elapsed().as_secs_f64();
+        if readings.first_batch_ns > 0 {
+            // The split's first batch: reported with every batch after it.
+            self.delivery.first_batch_seconds = readings.first_batch_ns as f64 * 1e-9;
         }
         let report = BatchReport {
             batch: readings,

@@ -335,8 +335,8 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_cpu_build_seconds_total",
         prometheus_type: Counter,
         unit: "seconds",
-        help: "wall time to make the batches, planning included (the denominator of the sampler's CPU, run-queue and blocked shares; seconds)",
-        measure: Measure::Total(|r| r.batch.stage_ns[stage::TOTAL] as f64 * 1e-9),
+        help: "wall time to make the batches, planning and the building thread's wait for a CPU before it started included (the denominator of the sampler's CPU, run-queue and blocked shares; seconds)",
+        measure: Measure::Total(|r| (r.batch.stage_ns[stage::TOTAL] + r.batch.start_wait_ns) as f64 * 1e-9),
     },
     MetricDef {
         key: "cpu/busy_seconds",
@@ -359,7 +359,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_cpu_runqueue_seconds_total",
         prometheus_type: Counter,
         unit: "seconds",
-        help: "time the building thread was runnable but waiting for a CPU (schedstat run-queue wait: a starved host; seconds)",
+        help: "time the building thread was runnable but waiting for a CPU, from the end of its previous build to the end of this one (schedstat run-queue wait: a starved host; seconds)",
         measure: Measure::Total(|r| r.batch.runqueue_ns as f64 * 1e-9),
     },
     MetricDef {
@@ -455,7 +455,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_sampler_first_batch_seconds",
         prometheus_type: Gauge,
         unit: "seconds",
-        help: "time from the start of the open to the first batch handed over (slowest rank; seconds)",
+        help: "time from the start of the open until the split's first batch was made (slowest rank; seconds)",
         measure: Measure::Last(|r| r.delivery.first_batch_seconds),
     },
     MetricDef {

@@ -282,7 +282,11 @@ def _processes(name: str) -> int:
     return D.load_spec(CONFIGS / f"{name}.toml")[0].processes
 
 
-PATHOLOGIES = [n for n in ALL if n != "healthy"]
+#: Pathologies made by the host, not the config alone (a cold page cache):
+#: their lit set depends on the machine's load, so they run in the slow
+#: matrix; tests/python/test_stalls.py proves their signals in seconds.
+HOST = ["cold_cache"]
+PATHOLOGIES = [n for n in ALL if n != "healthy" and n not in HOST]
 SINGLE = [n for n in PATHOLOGIES if _processes(n) == 1]
 
 
@@ -337,6 +341,16 @@ def test_pathology_lights_exactly_what_it_declares(
         assert {v.signal for v in verdicts if not v.ok} == set(culprits)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", HOST)
+def test_host_pathology_lights_exactly_what_it_declares(
+    tmp_path: Path, tpch: Tpch, name: str
+) -> None:
+    spec, _ = D.load_spec(CONFIGS / f"{name}.toml")
+    proc, result = run_diag_cli(tmp_path, CONFIGS / f"{name}.toml", tpch.built.path)
+    assert result["ok"] and lit(result) == set(spec.expect), _table(result)
+
+
 def _check_stall_dump(run_dir: Path) -> None:
     """The stuck worker's stack is on disk, found within 2x stall_after_ms,
     naming the function it is stuck in; Python's threads are dumped beside."""
@@ -345,7 +359,7 @@ def _check_stall_dump(run_dir: Path) -> None:
     m = re.search(r"in stage (\w+) of step (\d+) for (\d+) ms \(stall_after_ms (\d+)\)", text)
     assert m, text[:2000]
     stage, step, after, threshold = m[1], int(m[2]), int(m[3]), int(m[4])
-    assert (stage, step, threshold) == ("bfs", 40, 300), text[:500]
+    assert (stage, step, threshold) == ("bfs", 30, 300), text[:500]
     assert threshold <= after < 2 * threshold, text[:500]
     stuck = next(ln for ln in text.splitlines() if ln.startswith("stuck in: "))
     assert "injected_stall" in stuck and "inject.rs" in stuck, stuck

@@ -164,12 +164,14 @@ def _kernel(build: float, runq: float, blocked: float, faults: float) -> dict[st
     [
         # Blocked 80 % of the build taking faults: the disk.
         (_kernel(0.05, 0.002, 0.04, 120), 0.03, "io_bound"),
+        # A cold cache on a loaded host (the cold_cache diag at load 12):
+        # blocked 15 %, runnable 72 %, faults: the faults are the cause.
+        (_kernel(2.18, 1.56, 0.33, 12429), 0.03, "io_bound"),
         # Runnable but not running 40 % of the build: a starved host, on a quiet
         # load average (the kernel's account needs no load figure).
         (_kernel(0.05, 0.02, 0.005, 0), 0.03, "cpu_starved"),
-        # Both high: the larger share names it.
-        (_kernel(0.05, 0.02, 0.028, 5), 0.03, "io_bound"),
-        (_kernel(0.05, 0.028, 0.02, 5), 0.03, "cpu_starved"),
+        # Runnable and blocked, but no fault: a lock, not the disk.
+        (_kernel(0.05, 0.028, 0.02, 0), 0.03, "cpu_starved"),
         # Blocked without faults (a lock, a sleep): not the disk.
         (_kernel(0.05, 0.0, 0.045, 0), 0.03, "input_bound"),
         # Just under the bands: a slow sampler.

@@ -421,15 +421,6 @@ _TABLE: tuple[Signal, ...] = (
     ),
     Signal(
         metric="trainer/verdict",
-        name="verdict/cpu_starved",
-        rule=verdict_share(3, "share of steps so far"),
-        healthy=(0.0, 0.2),
-        what="share of steps the trainer judged cpu_starved (the sampler threads runnable but "
-        "not running)",
-        unit="share of steps",
-    ),
-    Signal(
-        metric="trainer/verdict",
         name="verdict/io_bound",
         rule=verdict_share(4, "share of steps so far"),
         healthy=(0.0, 0.2),

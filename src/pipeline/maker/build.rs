@@ -240,7 +240,11 @@ impl SamplerCore {
         stage_ns[stage::ASSEMBLE] = (t_asm - t_bfs).as_nanos() as u64;
         stage_ns[stage::COLLATE] = (t_end - t_asm).as_nanos() as u64;
         stage_ns[stage::TOTAL] = (t_end - t0).as_nanos() as u64;
-        let used = crate::probes::usage(split_up).since(usage0);
+        let end = crate::probes::usage(split_up);
+        let used = end.since(usage0);
+        // The run-queue wait before the build started (woken for this job,
+        // waiting for a CPU): a starved thread waits there, between builds.
+        let start_wait_ns = crate::probes::runqueue_since_last(usage0, end);
         let readings = BatchReadings {
             task: k as u32,
             db: self.tasks[k].db as u32,
@@ -250,8 +254,9 @@ impl SamplerCore {
             major_faults: used.major_faults,
             read_bytes: used.read_bytes,
             cpu_ns: used.cpu_ns,
-            runqueue_ns: used.runqueue_ns,
-            probed_ns: (Instant::now() - t_probe).as_nanos() as u64,
+            runqueue_ns: used.runqueue_ns + start_wait_ns,
+            start_wait_ns,
+            probed_ns: (Instant::now() - t_probe).as_nanos() as u64 + start_wait_ns,
             seqs,
             ..BatchReadings::default()
         };

@@ -242,6 +242,15 @@ impl SamplerCore {
             state.split.name(),
             state.stream.step
         );
+        if self.cfg.debug_drop_page_cache_every > 0
+            && state.stream.step % self.cfg.debug_drop_page_cache_every == 0
+        {
+            // Before the batch's clock starts: the drop is the injection's
+            // cost, not the sampler's (the faults it causes are).
+            for mdb in &self.dbs {
+                super::super::inject::drop_page_cache(mdb.db.dir());
+            }
+        }
         let t0 = Instant::now();
         if self.cfg.debug_batch_delay_ms > 0.0 {
             std::thread::sleep(std::time::Duration::from_secs_f64(
@@ -250,13 +259,6 @@ impl SamplerCore {
         }
         // Watched after the deliberate delay: a slow sampler is not a stuck one.
         let watched = self.watch(crate::stalls::Stage::Draw, state.stream.step);
-        if self.cfg.debug_drop_page_cache_every > 0
-            && state.stream.step % self.cfg.debug_drop_page_cache_every == 0
-        {
-            for mdb in &self.dbs {
-                super::super::inject::drop_page_cache(mdb.db.dir());
-            }
-        }
         let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
         let draws = self.draw(state, &mut jobs)?;
         let draw = self.cfg.telemetry.then(|| {
