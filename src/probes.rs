@@ -274,4 +274,19 @@ mod tests {
         assert!(read.major_faults > 0, "{read:?}");
         assert!(read.read_bytes >= 4096, "{read:?}");
     }
+
+    /// A reading costs microseconds (two per batch): printed for the
+    /// overhead note, bounded so a slow `/proc` path is caught.
+    #[test]
+    fn a_reading_costs_microseconds() {
+        usage(false);
+        let n = 2000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(usage(false));
+        }
+        let each = t.elapsed() / n;
+        println!("probes::usage: {each:?} per reading");
+        assert!(each < std::time::Duration::from_micros(200), "{each:?}");
+    }
 }

@@ -35,6 +35,7 @@ from headwater.dashboards.panels import (
     _pool_health,
     _queue,
     _stage_latency,
+    _stalls,
     _task_mix,
     _throughput,
     _variables,
@@ -54,6 +55,7 @@ def build() -> dict[str, Any]:
         _bfs(),
         _queue(),
         _stage_latency(),
+        _stalls(),
         _invariants(),
         _throughput(),
     )

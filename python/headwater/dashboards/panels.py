@@ -38,6 +38,7 @@ ROWS: tuple[str, ...] = (
     "BFS",
     "Queue",
     "Stage latency",
+    "Stalls and attribution",
     "Invariants",
     "Throughput",
 )
@@ -349,6 +350,60 @@ def _stage_latency() -> list[PanelBuilder]:
         for s in STAGES
     ]
     return [faults, *stages]
+
+
+def _share(key: str) -> str:
+    """Cluster seconds of the counter ``key`` per second of sampler build time."""
+    return f"{across(key)} / {across('cpu/build_seconds')}"
+
+
+def _stalls() -> list[PanelBuilder]:
+    return [
+        _stat(
+            "Stalls (time range)",
+            "Draws and batch builds that ran past stall_after_ms, over the dashboard's time "
+            "range (cluster sum); each wrote the stuck thread's stack to the run directory "
+            "(stall-rank<r>-*.txt). Healthy: 0 (green). Pathological: any (a stuck worker, a "
+            "hub row, a fault storm): read the dump.",
+            Q(increase("stalls"), "stalls", instant=True),
+        ),
+        _stat(
+            "Stall dumps not written (time range)",
+            "Stall stack dumps that could not be written (a read-only or missing dump "
+            "directory), cluster sum. Healthy: 0. Pathological: above 0; the stalls are "
+            "counted, their stacks lost: fix stall_dump_dir.",
+            Q(increase("stall_dump_failures"), "failed dumps", instant=True),
+        ),
+        _timeseries(
+            "Where the sampler's build time goes",
+            "Shares of the building threads' time (cluster): on a CPU, runnable but waiting "
+            "for one (schedstat run-queue), and blocked (page faults, reads). Healthy: mostly "
+            "busy. Pathological: run-queue >= 25% with data wait is cpu_starved (an "
+            "overloaded host); blocked >= 10% with major faults is io_bound (a cold cache).",
+            [
+                Q(_share("cpu/busy_seconds"), "on CPU"),
+                Q(_share("cpu/runqueue_seconds"), "runnable, not running"),
+                Q(_share("io/blocked_seconds"), "blocked"),
+            ],
+            unit="percentunit",
+        ),
+        _timeseries(
+            "Bytes read from storage/s per rank",
+            "Bytes the building threads caused to be read from storage per second (page faults "
+            "of the mapped database included), per rank. Healthy: ~0 once the database is "
+            "cached. Pathological: a steady rate beside rising stage latency (io_bound).",
+            [Q(across("io/read_bytes", by="rank"), "rank {{rank}}")],
+            unit="Bps",
+        ),
+        _timeseries(
+            "Time to first batch",
+            "Seconds from the start of the open until the first batch was made (slowest "
+            "rank). Healthy: the open plus one batch. Pathological: tens of seconds (a cold "
+            "cache, a large database to verify).",
+            [Q(across("first_batch_seconds"), "slowest rank")],
+            unit="s",
+        ),
+    ]
 
 
 def _invariants() -> list[PanelBuilder]:
