@@ -47,6 +47,7 @@ REQUIRED_ROWS = [
     "BFS",
     "Queue",
     "Stage latency",
+    "Stalls and attribution",
     "Invariants",
     "Throughput",
 ]

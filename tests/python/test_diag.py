@@ -348,6 +348,7 @@ def test_host_pathology_lights_exactly_what_it_declares(
 ) -> None:
     spec, _ = D.load_spec(CONFIGS / f"{name}.toml")
     proc, result = run_diag_cli(tmp_path, CONFIGS / f"{name}.toml", tpch.built.path)
+    assert proc.returncode == (0 if result["ok"] else 1)
     assert result["ok"] and lit(result) == set(spec.expect), _table(result)
 
 

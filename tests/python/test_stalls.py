@@ -38,7 +38,11 @@ def drained(s: Any, batches: int) -> dict[str, float]:
     for _ in range(batches):
         s.next_train_batch()
         for k, v in s.drain_step_metrics().items():
-            out[k] = out.get(k, 0.0) + v if k.endswith(("seconds", "faults", "bytes", "stalls", "failures")) else v
+            out[k] = (
+                out.get(k, 0.0) + v
+                if k.endswith(("seconds", "faults", "bytes", "stalls", "failures"))
+                else v
+            )
     return out
 
 
@@ -90,9 +94,10 @@ def test_an_unwritable_dump_is_counted_not_fatal(tpch: Tpch, tmp_path: Path) -> 
         # The failure is reported with a batch made after it.
         deadline = time.monotonic() + 10
         while got.get("sampler/stall_dump_failures", 0) == 0 and time.monotonic() < deadline:
-            got["sampler/stall_dump_failures"] = got.get(
-                "sampler/stall_dump_failures", 0
-            ) + drained(s, 1)["sampler/stall_dump_failures"]
+            got["sampler/stall_dump_failures"] = (
+                got.get("sampler/stall_dump_failures", 0)
+                + drained(s, 1)["sampler/stall_dump_failures"]
+            )
     assert got["sampler/stalls"] == 1
     assert got["sampler/stall_dump_failures"] == 1
 

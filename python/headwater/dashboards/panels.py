@@ -352,12 +352,8 @@ def _stage_latency() -> list[PanelBuilder]:
     return [faults, *stages]
 
 
-def _share(key: str) -> str:
-    """Cluster seconds of the counter ``key`` per second of sampler build time."""
-    return f"{across(key)} / {across('cpu/build_seconds')}"
-
-
 def _stalls() -> list[PanelBuilder]:
+    build = across("cpu/build_seconds")
     return [
         _stat(
             "Stalls (time range)",
@@ -365,7 +361,7 @@ def _stalls() -> list[PanelBuilder]:
             "range (cluster sum); each wrote the stuck thread's stack to the run directory "
             "(stall-rank<r>-*.txt). Healthy: 0 (green). Pathological: any (a stuck worker, a "
             "hub row, a fault storm): read the dump.",
-            Q(increase("stalls"), "stalls", instant=True),
+            Q(increase("stalls"), "stall count", instant=True),
         ),
         _stat(
             "Stall dumps not written (time range)",
@@ -381,11 +377,12 @@ def _stalls() -> list[PanelBuilder]:
             "busy. Pathological: run-queue >= 25% with data wait is cpu_starved (an "
             "overloaded host); blocked >= 10% with major faults is io_bound (a cold cache).",
             [
-                Q(_share("cpu/busy_seconds"), "on CPU"),
-                Q(_share("cpu/runqueue_seconds"), "runnable, not running"),
-                Q(_share("io/blocked_seconds"), "blocked"),
+                Q(f"{across('cpu/busy_seconds')} / {build}", "on CPU"),
+                Q(f"{across('cpu/runqueue_seconds')} / {build}", "runnable, not running"),
+                Q(f"{across('io/blocked_seconds')} / {build}", "blocked"),
             ],
             unit="percentunit",
+            span=12,
         ),
         _timeseries(
             "Bytes read from storage/s per rank",
@@ -394,6 +391,7 @@ def _stalls() -> list[PanelBuilder]:
             "cached. Pathological: a steady rate beside rising stage latency (io_bound).",
             [Q(across("io/read_bytes", by="rank"), "rank {{rank}}")],
             unit="Bps",
+            span=12,
         ),
         _timeseries(
             "Time to first batch",
@@ -402,6 +400,7 @@ def _stalls() -> list[PanelBuilder]:
             "cache, a large database to verify).",
             [Q(across("first_batch_seconds"), "slowest rank")],
             unit="s",
+            span=12,
         ),
     ]
 

@@ -256,7 +256,7 @@ impl SamplerCore {
             cpu_ns: used.cpu_ns,
             runqueue_ns: used.runqueue_ns + start_wait_ns,
             start_wait_ns,
-            probed_ns: (Instant::now() - t_probe).as_nanos() as u64 + start_wait_ns,
+            probed_ns: t_probe.elapsed().as_nanos() as u64 + start_wait_ns,
             seqs,
             ..BatchReadings::default()
         };
