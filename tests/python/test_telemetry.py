@@ -669,6 +669,14 @@ EXTRA_REDUCTIONS = {
     "databases/remaining_fraction_worst": "MAX",
     "databases/other_seeds": "SUM",
     "io/major_faults": "SUM",
+    "io/read_bytes": "SUM",
+    "io/blocked_seconds": "SUM",
+    "cpu/build_seconds": "SUM",
+    "cpu/busy_seconds": "SUM",
+    "cpu/runqueue_seconds": "SUM",
+    "stalls": "SUM",
+    "stall_dump_failures": "SUM",
+    "first_batch_seconds": "MAX",
 }
 
 
@@ -751,6 +759,7 @@ PROM_GAUGES = {
     "headwater_mix_tv_distance_ratio": "mix/tv_distance",
     "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
     "headwater_sampler_startup_seconds": "startup_seconds",
+    "headwater_sampler_first_batch_seconds": "first_batch_seconds",
     "headwater_mix_database_tv_distance_ratio": "mix/database_tv_distance",
     "headwater_mixture_steps_since_pick_max_batches": "databases/steps_since_pick_max",
     "headwater_mixture_steps_since_pick_worst_index": "databases/steps_since_pick_worst",
@@ -769,6 +778,9 @@ PROM_COUNTERS = {
     "headwater_packing_contexts_cut_total": "packing/contexts_cut",
     "headwater_mixture_other_seeds_drawn_total": "databases/other_seeds",
     "headwater_io_major_faults_total": "io/major_faults",
+    "headwater_io_read_bytes_total": "io/read_bytes",
+    "headwater_sampler_stalls_total": "stalls",
+    "headwater_sampler_stall_dump_failures_total": "stall_dump_failures",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
@@ -782,6 +794,13 @@ PROM_HISTS = {
     "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
+#: Seconds per batch exported as latency histograms (the drain keeps their sums).
+PROM_SECONDS = {
+    "headwater_io_blocked_seconds": "io/blocked_seconds",
+    "headwater_cpu_build_seconds": "cpu/build_seconds",
+    "headwater_cpu_busy_seconds": "cpu/busy_seconds",
+    "headwater_cpu_runqueue_seconds": "cpu/runqueue_seconds",
+}
 
 EXPORTER_CHILD = """
 import json, os, sys, time, urllib.request
@@ -847,7 +866,7 @@ def parse_exposition(
 
 def family(name: str) -> str:
     for suffix in ("_bucket", "_sum", "_count"):
-        if name.endswith(suffix) and name[: -len(suffix)] in {*PROM_HISTS, PROM_WAIT}:
+        if name.endswith(suffix) and name[: -len(suffix)] in {*PROM_HISTS, PROM_WAIT, *PROM_SECONDS}:
             return name[: -len(suffix)]
     return name
 
@@ -858,6 +877,7 @@ def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int,
         len(schema_edges(schema, k)) + 2 for k in PROM_HISTS.values()
     ]  # buckets + sum + count
     per_hist.append(len(schema_edges(schema, "stage/total_seconds")) + 2)  # queue wait
+    per_hist += [len(schema_edges(schema, "stage/total_seconds")) + 2 for _ in PROM_SECONDS]
     a = 3  # one task counter per split with telemetry (train, val, test)
     b = 3 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + sum(per_hist))
     return a, b, a * tasks + b
@@ -895,6 +915,9 @@ def compare_with_prometheus(
             check((name + "_count", split, "", ""), acc)
         check((PROM_WAIT + "_count", split, "", ""), len(ds))
         check((PROM_WAIT + "_sum", split, "", ""), sum(v(d, "queue/wait_seconds") for d in ds))
+        for name, key in PROM_SECONDS.items():
+            check((name + "_count", split, "", ""), len(ds))
+            check((name + "_sum", split, "", ""), sum(v(d, key) for d in ds))
     return bad
 
 
