@@ -31,6 +31,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -883,6 +884,17 @@ def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int,
     return a, b, a * tasks + b
 
 
+def _check_sums(
+    check: Callable[[tuple[str, str, str, str], float], None],
+    split: str,
+    ds: list[dict[str, float]],
+) -> None:
+    """Check the ``_count`` and ``_sum`` of each histogram whose drain keeps its sum."""
+    for name, key in {PROM_WAIT: "queue/wait_seconds", **PROM_SECONDS}.items():
+        check((name + "_count", split, "", ""), len(ds))
+        check((name + "_sum", split, "", ""), sum(v(d, key) for d in ds))
+
+
 def compare_with_prometheus(
     got: dict[tuple[str, str, str, str], float],
     drains: dict[str, list[dict[str, float]]],
@@ -913,11 +925,7 @@ def compare_with_prometheus(
                 acc += c
                 check((name + "_bucket", split, "", "+Inf" if e == INF else repr(e)), acc)
             check((name + "_count", split, "", ""), acc)
-        check((PROM_WAIT + "_count", split, "", ""), len(ds))
-        check((PROM_WAIT + "_sum", split, "", ""), sum(v(d, "queue/wait_seconds") for d in ds))
-        for name, key in PROM_SECONDS.items():
-            check((name + "_count", split, "", ""), len(ds))
-            check((name + "_sum", split, "", ""), sum(v(d, key) for d in ds))
+        _check_sums(check, split, ds)
     return bad
 
 
