@@ -119,8 +119,22 @@ pub struct BatchReadings {
     pub stage_ns: [u64; 4],
     /// Major page faults (pages read from disk) taken building the batch.
     pub major_faults: u64,
+    /// The databases' block checks so far, as the batch was finished.
+    pub integrity: IntegrityReadings,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
+}
+
+/// How the bytes the sampler has read were checked, summed over its
+/// databases since they were opened (totals, not per batch: a block is
+/// checked once, by whichever batch reads it first).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IntegrityReadings {
+    /// Blocks hashed on their first read and found intact.
+    pub blocks_verified: u64,
+    /// Blocks first read with no checksum to check (format-1 files opened
+    /// without `verify="full"`); 0 = every byte in every batch was checked.
+    pub unverified_reads: u64,
 }
 
 /// What the consumer side of the pipeline measured when it handed a batch

@@ -70,7 +70,7 @@ impl Subgraph {
     /// prefix keeps every edge between its rows (each kept row keeps the
     /// edge from the row that reached it, which comes before it: the prefix
     /// is connected) and its leak count is recounted from `row_time` against
-    /// `obs_time`. The cut rows' cells go to
+    /// `obs_time` (times of rows the BFS included, so read checked already). The cut rows' cells go to
     /// `cells_dropped`; the BFS's own counts (width cap, time filter) stay.
     /// A budget below the seed's cells keeps the seed row alone.
     pub fn keep_prefix(
@@ -329,8 +329,7 @@ pub fn bfs(
     out.rows.push(seed);
     out.depth.push(0);
     // The caller checked the seed's table (the task's anchor table).
-    out.tables
-        .push(g.row_table.get(seed as usize).copied().unwrap_or(0));
+    out.tables.push(g.table_code(seed).unwrap_or(0));
     out.cells = seed_cells.min(p.max_cells);
     out.budget = p.max_cells;
     let max_rows = max_rows(p);
@@ -396,7 +395,7 @@ fn reach_parents(g: &GraphView<'_>, cutoff: i64, s: &mut BfsScratch, out: &mut S
     // is dropped at inclusion.)
     let before = s.parents.len();
     s.parents.retain(|&par| {
-        let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
+        let t = g.time_of(par).unwrap_or(i64::MIN);
         t == i64::MIN || t <= cutoff
     });
     out.temporal_filtered += (before - s.parents.len()) as u64;
@@ -490,7 +489,7 @@ fn include_hop(
             // The leak check reads the row's own time, not the CSR times
             // or the cutoff the filter used, so it stays an independent
             // witness (and lights up when the filter is off).
-            if leaks(g.row_time[r as usize], obs_time) {
+            if leaks(g.time_of(r).unwrap_or(i64::MIN), obs_time) {
                 out.temporal_leaks += 1;
             }
         }

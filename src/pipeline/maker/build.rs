@@ -12,7 +12,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::draw::{BuildBuffers, Draws, Planned};
-use super::plan::{SamplerCore, TargetPlan};
+use super::plan::{in_database, SamplerCore, TargetPlan};
 use super::MadeBatch;
 use crate::batch::{
     assemble_packed_sequence, collate_text, pack_contexts, AssembleScratch, Batch, SeqContext,
@@ -20,7 +20,7 @@ use crate::batch::{
 };
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::readings::{stage, BatchReadings, SeqReadings};
+use crate::readings::{stage, BatchReadings, IntegrityReadings, SeqReadings};
 use crate::rng::Xoshiro256pp;
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 
@@ -190,13 +190,11 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let db = &*self.dbs[self.tasks[k].db].db;
-        let dim = db.metadata().embedder.dim as usize;
-        collate_text(
-            &mut batch,
-            db.text_embeddings()?,
-            dim,
-            &mut buffers.text_map,
-        );
+        collate_text(&mut batch, db.text_embedding_rows()?, &mut buffers.text_map);
+        // Every read above checked its block (on this thread, or on the
+        // pool's before the join): a corrupt one stops the batch here.
+        let name = &self.dbs[self.tasks[k].db].name;
+        db.integrity().check().map_err(|e| in_database(name, e))?;
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
@@ -214,10 +212,22 @@ impl SamplerCore {
             seq_len: self.cfg.default_sequence_length as u32,
             stage_ns,
             major_faults: crate::probes::major_faults(split_up) - faults,
+            integrity: self.integrity_readings(),
             seqs,
             ..BatchReadings::default()
         };
         Ok(MadeBatch { batch, readings })
+    }
+
+    /// The block checks of every database so far (see
+    /// `crate::format::Integrity`), summed over the mixture.
+    fn integrity_readings(&self) -> IntegrityReadings {
+        let mut r = IntegrityReadings::default();
+        for d in &self.dbs {
+            r.blocks_verified += d.db.integrity().blocks_verified();
+            r.unverified_reads += d.db.integrity().unverified_reads();
+        }
+        r
     }
 
     /// A seed row is used only if it is a row of task `k`'s anchor table
@@ -422,6 +432,19 @@ fn table_cells(db: &crate::format::Database) -> Result<Vec<TableCells<'_>>> {
             })
         })
         .collect()
+}
+
+/// Check every task file of `dbs` whole, once, as the sampler is made: the
+/// seed pools read tasks whole, so a corrupt one is a named error here, and
+/// every later [`Database::task`](crate::format::Database::task) finds its
+/// blocks checked.
+pub(super) fn check_tasks(dbs: &[(String, std::sync::Arc<crate::format::Database>)]) -> Result<()> {
+    for (name, db) in dbs {
+        for k in 0..db.metadata().tasks.len() {
+            db.task(k).map_err(|e| in_database(name, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Hash of the step's identity (its key, step, rank and world size), the

@@ -149,6 +149,7 @@ impl SamplerCore {
     /// first one's embedder (name and dimension).
     pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
         check_mixture(&dbs)?;
+        super::build::check_tasks(&dbs)?;
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
         let single = dbs.len() == 1;
         let mut task_names = Vec::new();
@@ -552,7 +553,7 @@ fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
 }
 
 /// `e` with the name of the database it came from in its message.
-fn in_database(name: &str, e: Error) -> Error {
+pub(super) fn in_database(name: &str, e: Error) -> Error {
     match e {
         Error::Io { path, source } => Error::Io {
             path,
