@@ -39,7 +39,10 @@ pub struct Integrity {
 impl Integrity {
     /// Record a corrupt block (the first one is kept).
     fn poison(&self, file: &Path, what: String) {
-        let mut first = self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut first = self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if first.is_none() {
             *first = Some((file.to_path_buf(), what));
         }
@@ -56,7 +59,10 @@ impl Integrity {
         if !self.poisoned.load(Ordering::Acquire) {
             return Ok(());
         }
-        let first = self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (file, what) = first.clone().unwrap_or_default();
         Err(Error::format(file, what))
     }
@@ -236,14 +242,24 @@ pub(crate) fn read_block_table(
 ) -> Result<Blocks> {
     let integrity = Arc::new(Integrity::default());
     if version < 2 {
-        return Ok(Blocks::new(payload_start, b.len(), BLOCK_SHIFT, None, integrity));
+        return Ok(Blocks::new(
+            payload_start,
+            b.len(),
+            BLOCK_SHIFT,
+            None,
+            integrity,
+        ));
     }
     let bad = |what: String| Err(Error::format(path, format!("corrupt block table: {what}")));
     let Some((off, len)) = sections.pop() else {
         return bad("the file has no sections, so no block table".into());
     };
     if off + len != b.len() {
-        return bad(format!("ends at byte {}, the file at {}", off + len, b.len()));
+        return bad(format!(
+            "ends at byte {}, the file at {}",
+            off + len,
+            b.len()
+        ));
     }
     if let Some(i) = sections.iter().position(|&(o, l)| o + l > off) {
         return bad(format!(

@@ -24,13 +24,10 @@ use half::f16;
 
 use super::blocks::Integrity;
 use super::header::{FileKind, MappedFile};
-use super::views::{
-    ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView,
-};
 use super::metadata::{Metadata, SemanticType};
 use super::split::Split;
+use super::views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};
 use crate::error::{Error, Result};
-
 
 /// An open, validated, memory-mapped database directory.
 pub struct Database {

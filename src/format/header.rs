@@ -215,7 +215,9 @@ impl MappedFile {
         let data_sections = n.saturating_sub(usize::from(version >= 2));
         if let Some(want) = expected_sections {
             if want != data_sections {
-                return Err(bad(format!("has {data_sections} sections, expected {want}")));
+                return Err(bad(format!(
+                    "has {data_sections} sections, expected {want}"
+                )));
             }
         }
         let mut sections = section_table(path, b, n, payload_start)?;
@@ -255,7 +257,13 @@ impl MappedFile {
     ///
     /// # Errors
     /// A corrupt block, naming the file and block.
-    pub(crate) fn check_elems(&self, i: usize, first: usize, count: usize, size: usize) -> Result<()> {
+    pub(crate) fn check_elems(
+        &self,
+        i: usize,
+        first: usize,
+        count: usize,
+        size: usize,
+    ) -> Result<()> {
         match (self.sections.get(i), first.checked_mul(size)) {
             (Some(&(off, _)), Some(at)) => self.blocks.check(
                 &self.mmap,

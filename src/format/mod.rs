@@ -151,7 +151,6 @@ mod writer;
 
 pub use blocks::{Integrity, BLOCK_SHIFT};
 pub use database::{Database, EmbeddingKind};
-pub use views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
@@ -160,6 +159,7 @@ pub use metadata::{
 pub use page_cache::PageCache;
 pub use split::Split;
 pub use verify::{verify_database, Verify, VerifyReport};
+pub use views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};
 pub use writer::{align_up, FileWriter, Section};
 
 /// Pack a slice of booleans (`0`/non-zero bytes) into a validity bitmap.

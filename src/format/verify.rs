@@ -146,7 +146,9 @@ impl Database {
         }
         for (k, km) in self.metadata().tasks.iter().enumerate() {
             let task_path = self.task_path(k).unwrap_or(path);
-            let Ok(v) = self.task_unchecked(k) else { continue };
+            let Ok(v) = self.task_unchecked(k) else {
+                continue;
+            };
             let Some(&(lo, hi)) = g.table_rows.get(km.anchor_table as usize) else {
                 errors.push(Error::format(
                     task_path,
