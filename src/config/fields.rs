@@ -146,7 +146,7 @@ pub static FIELDS: &[FieldDoc] = &[
         name: "verify",
         ty: "str",
         range: "\"header\" or \"full\"",
-        doc: "open check: header (sizes + metadata hash, O(metadata)) or full (also every payload checksum)",
+        doc: "open check: header (sizes + metadata hash + block tables, O(metadata); format-2 blocks are then hashed on their first read) or full (also every payload checksum at open)",
     },
     FieldDoc {
         name: "page_cache",
