@@ -26,7 +26,9 @@ use super::blocks::Integrity;
 use super::header::{FileKind, MappedFile};
 use super::metadata::{Metadata, SemanticType};
 use super::split::Split;
-use super::views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};
+use super::views::{
+    CellCheck, ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView,
+};
 use crate::error::{Error, Result};
 
 /// An open, validated, memory-mapped database directory.
@@ -254,7 +256,7 @@ impl Database {
             rev_targets: g.section(5, None).expect("validated"),
             rev_times: g.section(6, None).expect("validated"),
             table_rows: &self.table_rows,
-            file: Some(g),
+            file: (!g.all_verified()).then_some(g),
         }
     }
 
@@ -294,12 +296,26 @@ impl Database {
                     format!("column `{}` slot {:?} expected {j}", cm.name, cm.slot),
                 ));
             }
+            let values = values(f, 2 * j, cm.stype, n)?;
+            // A file read whole already needs no checks (see `all_verified`).
+            let (values_at, validity_at) = if f.all_verified() {
+                (None, None)
+            } else {
+                (f.section_offset(2 * j), f.section_offset(2 * j + 1))
+            };
             columns.push(ColumnView {
                 column_idx: c,
-                values: values(f, 2 * j, cm.stype, n)?,
+                values,
                 validity: f.section(2 * j + 1, Some(n.div_ceil(8)))?,
                 all_valid: cm.stats.null_count == 0,
-                file: Some((f, 2 * j)),
+                file: values_at
+                    .zip(validity_at)
+                    .map(|(values_at, validity_at)| CellCheck {
+                        file: f,
+                        values_at,
+                        validity_at,
+                        size: values.elem_size(),
+                    }),
             });
         }
         Ok(TableView {
@@ -377,7 +393,7 @@ impl Database {
         Ok(EmbeddingRows {
             data: self.text_emb.section(0, None)?,
             dim: self.meta.embedder.dim as usize,
-            file: Some(&self.text_emb),
+            file: (!self.text_emb.all_verified()).then_some(&self.text_emb),
         })
     }
 
