@@ -337,6 +337,16 @@ impl Database {
         Ok(view)
     }
 
+    /// Check every task file whole (the sampler does, once, as it is made:
+    /// seed pools read tasks whole, so a corrupt one is a named error then,
+    /// and every later [`task`](Self::task) finds its blocks checked).
+    ///
+    /// # Errors
+    /// The first corrupt block, naming its file and block.
+    pub fn check_tasks(&self) -> Result<()> {
+        self.tasks.iter().try_for_each(Self::check_whole)
+    }
+
     /// Check every data section of `f`.
     fn check_whole(f: &MappedFile) -> Result<()> {
         (0..f.num_sections()).try_for_each(|i| f.check_section(i))

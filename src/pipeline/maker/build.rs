@@ -434,19 +434,6 @@ fn table_cells(db: &crate::format::Database) -> Result<Vec<TableCells<'_>>> {
         .collect()
 }
 
-/// Check every task file of `dbs` whole, once, as the sampler is made: the
-/// seed pools read tasks whole, so a corrupt one is a named error here, and
-/// every later [`Database::task`](crate::format::Database::task) finds its
-/// blocks checked.
-pub(super) fn check_tasks(dbs: &[(String, std::sync::Arc<crate::format::Database>)]) -> Result<()> {
-    for (name, db) in dbs {
-        for k in 0..db.metadata().tasks.len() {
-            db.task(k).map_err(|e| in_database(name, e))?;
-        }
-    }
-    Ok(())
-}
-
 /// Hash of the step's identity (its key, step, rank and world size), the
 /// task and the drawn seeds.
 #[allow(clippy::cast_possible_truncation)]

@@ -149,7 +149,6 @@ impl SamplerCore {
     /// first one's embedder (name and dimension).
     pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
         check_mixture(&dbs)?;
-        super::build::check_tasks(&dbs)?;
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
         let single = dbs.len() == 1;
         let mut task_names = Vec::new();
@@ -385,7 +384,9 @@ fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
             format!("two databases are named `{}`", dbs[i].0),
         ));
     }
-    Ok(())
+    // Tasks are read whole (the seed pools): a corrupt one is named here.
+    dbs.iter()
+        .try_for_each(|(name, db)| db.check_tasks().map_err(|e| in_database(name, e)))
 }
 
 /// Each task's plan and each database's place in the mixture (its share
