@@ -669,6 +669,8 @@ EXTRA_REDUCTIONS = {
     "databases/remaining_fraction_worst": "MAX",
     "databases/other_seeds": "SUM",
     "io/major_faults": "SUM",
+    "integrity/blocks_verified": "MAX",
+    "integrity/unverified_reads": "MAX",
 }
 
 
@@ -750,6 +752,8 @@ PROM_GAUGES = {
     "headwater_pool_steps_to_exhaust_min_batches": "pool/steps_to_exhaust_min",
     "headwater_mix_tv_distance_ratio": "mix/tv_distance",
     "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
+    "headwater_integrity_blocks_verified_blocks": "integrity/blocks_verified",
+    "headwater_integrity_unverified_reads_blocks": "integrity/unverified_reads",
     "headwater_sampler_startup_seconds": "startup_seconds",
     "headwater_mix_database_tv_distance_ratio": "mix/database_tv_distance",
     "headwater_mixture_steps_since_pick_max_batches": "databases/steps_since_pick_max",
