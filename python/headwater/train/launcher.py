@@ -43,6 +43,7 @@ from typing import IO, Any
 
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
@@ -263,6 +264,7 @@ def _run_joined(cfg: TrainConfig, run_name: str | None, start: _Start) -> dict[s
 
     rank, world = jax.process_index(), jax.process_count()
     try:
+        W.start(rank, world, cfg.train.peer_timeout_s, joined=True)
         _check_ranks(cfg, world)
         db = resolve_database(cfg)
         cfg.check_tasks(db)
@@ -280,7 +282,8 @@ def _run_joined(cfg: TrainConfig, run_name: str | None, start: _Start) -> dict[s
             ],
             lead=rank == 0,
         )[0]
-    except BaseException:
+    except BaseException as e:
+        W.on_error(e)  # a lost peer: named, and the process ends there
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -418,7 +421,8 @@ def worker_main(rank: int, spec_json: str) -> int:
             resume=spec["resume"],
             stop=C.StopFlag(),  # installed once the rank has joined the job
         )
-    except BaseException:
+    except BaseException as e:
+        W.on_error(e)  # a lost peer: named, and the process ends there
         # Exit now: the distributed shutdown barrier would wait for the
         # ranks still training, so the launcher would see nothing for minutes.
         traceback.print_exc()

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.config import TrainConfig
 from headwater.train.evaluate import (
@@ -462,6 +463,7 @@ class Trainer:
         tc = self.cfg.train
         final_val = math.nan
         for step in range(self.start_step, tc.steps):
+            W.at_step(step)  # named if a peer is lost during it
             done = step + 1
             if self._next[0] is None:  # the first step, or the first after a checkpoint
                 t = time.perf_counter()

@@ -23,6 +23,7 @@ from typing import Any
 
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
@@ -61,13 +62,16 @@ def train_rank(
 
     if world > 1 and not joined:
         initialize_loopback(rank, world, port)
+    W.start(rank, world, cfg.train.peer_timeout_s, joined=joined)
     stop = (stop or C.StopFlag(hard_on_second=True)).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
     finally:
         stop.restore()
     if world > 1:
+        W.finish()  # the peers stop watching this rank; it watches them until shutdown
         jax.distributed.shutdown()
+        W.stop()
     return summary
 
 
@@ -130,6 +134,7 @@ def _train(
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
+    W.attach(run_dir, run, start)
     try:
         with sampler:
             _check_schema(cfg, sampler, rank)
@@ -139,7 +144,10 @@ def _train(
             wall, final_val = trainer.run_steps()
             if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
-    except BaseException:
+    except BaseException as e:
+        # A collective that failed on a lost peer: the watchdog names it and
+        # ends the process (W&B still open for its record).
+        W.on_error(e)
         # Keep what was logged: close the W&B run as failed (the files are
         # flushed when their objects go), then let the error through.
         if run is not None:
