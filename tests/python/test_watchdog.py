@@ -137,6 +137,25 @@ def test_a_failed_peer_is_named_at_once() -> None:
     assert lost.how == "it failed: FloatingPointError: loss is nan at step 3"
 
 
+def test_a_rank_failing_with_its_own_error_reports_that_not_a_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, clock, (a, b), exits = dogs(2)
+    tick(clock, [a, b], 1.0)
+    monkeypatch.setattr(W, "_CURRENT", a)
+    W.on_error(ValueError("ranks disagree on the telemetry schema / batch shapes"))
+    assert a.quiet
+    b.set_state("failed", "ValueError: ranks disagree")  # the peer fails the same way
+    a.beat()
+    lost = a.lost()
+    assert lost is not None and lost.rank == 1
+    a.fire(lost)
+    assert exits == []  # a exits with its own error, by its caller
+    b.beat()
+    seen_by_b = b.lost()
+    assert seen_by_b is not None and seen_by_b.how.startswith("it failed: ValueError: ranks")
+
+
 def test_fire_reports_the_rank_the_step_and_the_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

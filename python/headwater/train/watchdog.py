@@ -184,6 +184,8 @@ class Watchdog:
         self.collective_error: str | None = None
         #: The last error :func:`on_error` was given (each is handled once).
         self.handled: BaseException | None = None
+        #: This rank is failing with its own error: it reports that, not a peer.
+        self.quiet = False
 
     # -- the beat thread --------------------------------------------------
 
@@ -305,7 +307,7 @@ class Watchdog:
 
     def fire(self, lost: Lost) -> None:
         """Report ``lost`` (stderr, ``watchdog-rank<r>.json``, W&B) and end the process."""
-        if self._fired.is_set():
+        if self._fired.is_set() or self.quiet:
             return
         self._fired.set()
         rec = self.incident(lost)
@@ -471,4 +473,7 @@ def on_error(exc: BaseException) -> None:
         dog.wait_for_verdict()
         return
     if not isinstance(exc, KeyboardInterrupt | SystemExit):
+        # This rank's own error is what it reports (the peers it stops may
+        # write theirs): its judge stands down.
+        dog.quiet = True
         dog.set_state("failed", f"{type(exc).__name__}: {exc}")
