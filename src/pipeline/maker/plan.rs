@@ -168,6 +168,7 @@ impl SamplerCore {
         let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
         check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
+        super::examples::check_examples(&cfg, &tasks, &mixture, &weights, &task_names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
