@@ -118,6 +118,15 @@ class SamplerConfigDict(TypedDict):
     verify: str
     page_cache: str
     temporal_filter: bool
+    examples: bool
+    local_context_sizes: list[int]
+    bfs_widths: list[int]
+    prefer_latest: list[bool]
+    num_walks: int
+    walk_length: int
+    mask_prob_max: float
+    example_ranker: str
+    context_deadline_ms: float | None
     telemetry: bool
     prometheus_port: int | None
     prometheus_host: str

@@ -20,7 +20,10 @@ use crate::sampler::{
 };
 
 thread_local! {
-    static SCRATCH: RefCell<(BfsScratch, ExampleScratch)> = RefCell::new(Default::default());
+    // Boxed: the extension's static TLS block is small (a large
+    // thread-local fails `dlopen` with "cannot allocate memory in static
+    // TLS block").
+    static SCRATCH: RefCell<Box<(BfsScratch, ExampleScratch)>> = RefCell::new(Box::default());
 }
 
 /// With `examples`, every task with weight > 0 must be a cell task (its
@@ -117,7 +120,8 @@ impl SamplerCore {
                         &c.prefer_latest,
                     );
                     SCRATCH.with(|sc| {
-                        let (bs, ex) = &mut *sc.borrow_mut();
+                        let mut sc = sc.borrow_mut();
+                        let (bs, ex) = &mut **sc;
                         build_in_context(
                             &graph,
                             row,
