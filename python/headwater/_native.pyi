@@ -175,6 +175,7 @@ def bench_sampler(
     database_weights: list[float] | None = None,
     page_cache: str = "lazy",
     window: tuple[float, float] | None = None,
+    sampler_overrides: str | None = None,
 ) -> BenchRun: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
