@@ -29,7 +29,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
-use super::walks::{WalkCounts, WalkParams};
+use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::format::GraphView;
 use crate::rng::{mix64, Xoshiro256pp};
 
@@ -75,6 +75,8 @@ pub struct ExampleParams<'a> {
     pub walk_length: usize,
     /// Global row range `[lo, hi)` of the seed's table.
     pub table: (u32, u32),
+    /// The graph as the walks read it (built once per database).
+    pub walk_graph: &'a WalkGraph,
     /// Cells of a row of each table.
     pub row_cells: &'a [u16],
     /// Cells of the seed row (its row plus any task target cell).
@@ -210,7 +212,9 @@ fn tiers(
         table: p.table,
     };
     let mut walk_rng = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x7761_6c6b));
-    let walked = sc.walks.walk(g, seed, &wp, &mut walk_rng, deadline);
+    let walked = sc
+        .walks
+        .walk(p.walk_graph, seed, &wp, &mut walk_rng, deadline);
     out.walk_steps = match walked {
         Ok(s) => s,
         Err(s) => {
@@ -392,7 +396,7 @@ impl Fill<'_, '_> {
         if n == 0 {
             return Ok(());
         }
-        let mut pick = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x7469_6572_32));
+        let mut pick = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x0074_6965_7232));
         let draws = n.min(self.p.seq_len as u64);
         for _ in 0..draws {
             if self.full(out) {

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use super::plan::{MixtureDatabase, SamplerCore, TargetPlan, TaskPlan};
 use crate::config::{bad, SamplerConfig};
 use crate::error::Result;
+use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
@@ -28,16 +29,17 @@ thread_local! {
 
 /// With `examples`, every task with weight > 0 must be a cell task (its
 /// target a column of its anchor table, so examples carry their labels as
-/// ordinary cells) whose anchor table has a row besides the seed.
+/// ordinary cells) whose anchor table has a row besides the seed. Returns
+/// each database's walk graph (none without `examples`).
 pub(super) fn check_examples(
     cfg: &SamplerConfig,
     tasks: &[TaskPlan],
     dbs: &[MixtureDatabase],
     weights: &[f64],
     names: &[String],
-) -> Result<()> {
+) -> Result<Vec<WalkGraph>> {
     if !cfg.examples {
-        return Ok(());
+        return Ok(Vec::new());
     }
     for (k, t) in tasks.iter().enumerate() {
         if weights[k] <= 0.0 {
@@ -64,7 +66,7 @@ pub(super) fn check_examples(
             ));
         }
     }
-    Ok(())
+    Ok(dbs.iter().map(|d| WalkGraph::new(&d.db.graph())).collect())
 }
 
 impl SamplerCore {
@@ -100,6 +102,7 @@ impl SamplerCore {
             num_walks: c.num_walks,
             walk_length: c.walk_length,
             table: graph.table_rows[anchor],
+            walk_graph: &self.walk_graphs[plan.db],
             row_cells: &mdb.row_cells,
             seed_cells: plan.seed_cells,
             has_label: &has_label,

@@ -105,6 +105,8 @@ pub struct SamplerCore {
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
     pub(super) segment_slots: usize,
+    /// With `examples`: each database's walk graph (else empty).
+    pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
 }
 
 impl SamplerCore {
@@ -168,7 +170,8 @@ impl SamplerCore {
         let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
         check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
-        super::examples::check_examples(&cfg, &tasks, &mixture, &weights, &task_names)?;
+        let walk_graphs =
+            super::examples::check_examples(&cfg, &tasks, &mixture, &weights, &task_names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
@@ -191,6 +194,7 @@ impl SamplerCore {
             startup_seconds: 0.0,
             seeds_per_step: Vec::new(),
             segment_slots: 1,
+            walk_graphs,
         };
         core.plan_packing();
         Ok(core)
