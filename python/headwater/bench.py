@@ -298,10 +298,7 @@ def run_bench(
     ncpu = os.cpu_count() or 1
     threads = threads or sorted({1, ncpu})
     on = telemetry != "off"
-    runs = _thread_runs(
-        path, threads, steps, warmup, batch_size, seq_len, on, weights, page_cache,
-        sampler_overrides,
-    )
+    runs = _thread_runs(path, threads, steps, warmup, batch_size, seq_len, on, weights, page_cache, sampler_overrides)
     handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
     conditions = {
         "warmup": warmup, "batch_size": batch_size, "sequence_length": seq_len, "telemetry": on,

@@ -343,6 +343,14 @@ def _add_bench(sub: Sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
+    _add_examples_args(pb)
+    _add_step_bench_args(pb)
+    pb.add_argument("--json", action="store_true", help="print one JSON object")
+    pb.set_defaults(func=_cmd_bench)
+
+
+def _add_examples_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --examples`` / ``--sampler-set``: in-context contexts (docs/contexts.md)."""
     pb.add_argument(
         "--examples",
         action="store_true",
@@ -358,9 +366,6 @@ def _add_bench(sub: Sub) -> None:
         help="a sampler key (TOML value) set in the thread-count runs, after --examples "
         "(repeatable), e.g. --sampler-set num_walks=1000",
     )
-    _add_step_bench_args(pb)
-    pb.add_argument("--json", action="store_true", help="print one JSON object")
-    pb.set_defaults(func=_cmd_bench)
 
 
 def _add_step_bench_args(pb: argparse.ArgumentParser) -> None:

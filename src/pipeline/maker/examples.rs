@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use rayon::prelude::*;
 
-use super::plan::{MixtureDatabase, SamplerCore, TargetPlan, TaskPlan};
-use crate::config::{bad, SamplerConfig};
+use super::plan::{SamplerCore, TargetPlan};
+use crate::config::bad;
 use crate::error::Result;
 use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
@@ -27,49 +27,48 @@ thread_local! {
     static SCRATCH: RefCell<Box<(BfsScratch, ExampleScratch)>> = RefCell::new(Box::default());
 }
 
-/// With `examples`, every task with weight > 0 must be a cell task (its
-/// target a column of its anchor table, so examples carry their labels as
-/// ordinary cells) whose anchor table has a row besides the seed. Returns
-/// each database's walk graph (none without `examples`).
-pub(super) fn check_examples(
-    cfg: &SamplerConfig,
-    tasks: &[TaskPlan],
-    dbs: &[MixtureDatabase],
-    weights: &[f64],
-    names: &[String],
-) -> Result<Vec<WalkGraph>> {
-    if !cfg.examples {
-        return Ok(Vec::new());
-    }
-    for (k, t) in tasks.iter().enumerate() {
-        if weights[k] <= 0.0 {
-            continue;
-        }
-        if matches!(t.target, TargetPlan::Virtual { .. }) {
-            return Err(bad(
-                "examples",
-                format!(
-                    "true, but task `{}` has a target outside its anchor table (a query task: examples would carry no label); give it weight 0",
-                    names[k]
-                ),
-            ));
-        }
-        let m = dbs[t.db].db.metadata();
-        let table = &m.tables[m.tasks[t.local].anchor_table as usize];
-        if table.num_rows < 2 {
-            return Err(bad(
-                "examples",
-                format!(
-                    "true, but the anchor table `{}` of task `{}` has {} row(s): no row can be an example",
-                    table.name, names[k], table.num_rows
-                ),
-            ));
-        }
-    }
-    Ok(dbs.iter().map(|d| WalkGraph::new(&d.db.graph())).collect())
-}
-
 impl SamplerCore {
+    /// With `examples`, every task with weight > 0 must be a cell task
+    /// (its target a column of its anchor table, so examples carry their
+    /// labels as ordinary cells) whose anchor table has a row besides the
+    /// seed; then each database's walk graph is built.
+    pub(super) fn plan_examples(&mut self) -> Result<()> {
+        if !self.cfg.examples {
+            return Ok(());
+        }
+        for (k, t) in self.tasks.iter().enumerate() {
+            if self.weights[k] <= 0.0 {
+                continue;
+            }
+            let name = &self.task_names[k];
+            if matches!(t.target, TargetPlan::Virtual { .. }) {
+                return Err(bad(
+                    "examples",
+                    format!(
+                        "true, but task `{name}` has a target outside its anchor table (a query task: examples would carry no label); give it weight 0"
+                    ),
+                ));
+            }
+            let m = self.dbs[t.db].db.metadata();
+            let table = &m.tables[m.tasks[t.local].anchor_table as usize];
+            if table.num_rows < 2 {
+                return Err(bad(
+                    "examples",
+                    format!(
+                        "true, but the anchor table `{}` of task `{name}` has {} row(s): no row can be an example",
+                        table.name, table.num_rows
+                    ),
+                ));
+            }
+        }
+        self.walk_graphs = self
+            .dbs
+            .iter()
+            .map(|d| WalkGraph::new(&d.db.graph()))
+            .collect();
+        Ok(())
+    }
+
     /// Every context of `jobs` (task `k`) as an in-context context, in
     /// parallel (`min_len` per job at least).
     pub(super) fn build_in_context(
@@ -85,7 +84,7 @@ impl SamplerCore {
         let anchor = db.metadata().tasks[plan.local].anchor_table as usize;
         let view = db.table(anchor)?;
         let TargetPlan::Cell { slot } = plan.target else {
-            unreachable!("check_examples admits cell tasks only");
+            unreachable!("plan_examples admits cell tasks only");
         };
         let label = &view.columns[slot];
         let off = view.row_offset;

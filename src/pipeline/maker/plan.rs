@@ -170,8 +170,6 @@ impl SamplerCore {
         let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
         check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
-        let walk_graphs =
-            super::examples::check_examples(&cfg, &tasks, &mixture, &weights, &task_names)?;
         let threads = cfg.num_threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         });
@@ -194,9 +192,10 @@ impl SamplerCore {
             startup_seconds: 0.0,
             seeds_per_step: Vec::new(),
             segment_slots: 1,
-            walk_graphs,
+            walk_graphs: Vec::new(),
         };
         core.plan_packing();
+        core.plan_examples()?;
         Ok(core)
     }
 
