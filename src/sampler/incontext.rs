@@ -13,7 +13,8 @@
 //! with a label (`has_label`), and dated strictly before the seed's
 //! observation time or undated (a row at the seed's own horizon never
 //! enters); its shell is cut at its own time (or the seed's, when it has
-//! none). Rows are added whole, each once, while they fit `S`; the edges are
+//! none). A ranked row the context already holds (an earlier BFS reached
+//! it) keeps its place and gets no shell of its own. Rows are added whole, each once, while they fit `S`; the edges are
 //! every FK edge between the context's rows. The seed is row 0, so assembly
 //! masks its target and writes the examples' labels as ordinary cells.
 //! `temporal_leaks` counts, from the rows' own times and independently of
@@ -176,8 +177,9 @@ fn tiers(
     out: &mut Subgraph,
 ) -> Result<(), DeadlineHit> {
     let mut bfs_rng = Xoshiro256pp::seed_from_u64(key);
+    // The seed row is whole whatever the drawn size.
     let params = BfsParams {
-        max_cells: r.local_size.min(p.seq_len),
+        max_cells: r.local_size.max(p.seed_cells).min(p.seq_len),
         max_hops: p.max_hops,
         child_width: r.bfs_width,
         temporal_filter: p.temporal_filter,

@@ -460,3 +460,25 @@ fn bad_recipes_are_config_errors_naming_key_value_and_range() {
     assert_eq!(k, "examples");
     assert!(msg.contains("1 row(s)"), "{msg}");
 }
+
+/// An evaluation pass covers every task, the query task at weight 0 too:
+/// its contexts stay plain (no examples), the cell tasks' get examples.
+#[test]
+fn an_evaluation_pass_keeps_plain_contexts_for_a_query_task() {
+    let sdb = db();
+    let core = Arc::new(SamplerCore::with_database(sdb.db.clone(), cfg()).unwrap());
+    let query = sdb.db.metadata().tasks.len() - 1;
+    let pass = headwater::pipeline::EvalPass::new(core, Split::Val, None, Some(8)).unwrap();
+    let mut seen = HashSet::new();
+    for b in pass {
+        let b = b.unwrap();
+        let k = b.task_idx as usize;
+        seen.insert(k);
+        let examples: u32 = b.readings.seqs.iter().map(|s| s.examples).sum();
+        if k == query {
+            assert_eq!(examples, 0, "the query task got examples");
+            assert!(b.readings.seqs.iter().all(|s| s.walk_steps == 0));
+        }
+    }
+    assert!(seen.contains(&query), "the pass skipped the query task");
+}

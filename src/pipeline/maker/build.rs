@@ -254,8 +254,8 @@ impl SamplerCore {
         if subgraphs.len() != jobs.len() {
             subgraphs.resize_with(jobs.len(), Subgraph::default);
         }
-        if self.cfg.examples {
-            return self.build_in_context(k, jobs, subgraphs, min_len);
+        if self.cfg.examples && self.build_in_context(k, jobs, subgraphs, min_len)? {
+            return Ok(());
         }
         let builder = self.context_builder(k);
         let s = self.cfg.default_sequence_length;

@@ -70,21 +70,24 @@ impl SamplerCore {
     }
 
     /// Every context of `jobs` (task `k`) as an in-context context, in
-    /// parallel (`min_len` per job at least).
+    /// parallel (`min_len` per job at least); `false` (nothing built) for a
+    /// query task, which only an evaluation pass of a task at weight 0
+    /// reaches (`plan_examples` refuses one at weight > 0): it keeps the
+    /// plain context.
     pub(super) fn build_in_context(
         &self,
         k: usize,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut [Subgraph],
         min_len: usize,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
         let db = &*mdb.db;
         let anchor = db.metadata().tasks[plan.local].anchor_table as usize;
         let view = db.table(anchor)?;
         let TargetPlan::Cell { slot } = plan.target else {
-            unreachable!("plan_examples admits cell tasks only");
+            return Ok(false);
         };
         let label = &view.columns[slot];
         let off = view.row_offset;
@@ -139,6 +142,6 @@ impl SamplerCore {
                     });
                 });
         });
-        Ok(())
+        Ok(true)
     }
 }
