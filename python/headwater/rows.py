@@ -34,7 +34,9 @@ QuantileRule = Literal["upper_edge", "midpoint"]
 #: A batch tensor's NumPy dtype name.
 Dtype = Literal["int8", "uint8", "uint16", "int32", "uint32", "uint64", "float16", "float32"]
 #: A sampler config value as JSON gives it (a key's type is in ``ConfigKeyRow.type``).
-ConfigValue = bool | int | float | str | list[float] | list[str] | dict[str, float] | None
+ConfigValue = (
+    bool | int | float | str | list[int] | list[float] | list[bool] | list[str] | dict[str, float] | None
+)
 
 
 class MetricRow(TypedDict):
