@@ -175,6 +175,7 @@ def bench_sampler(
     database_weights: list[float] | None = None,
     page_cache: str = "lazy",
     window: tuple[float, float] | None = None,
+    sampler_overrides: str | None = None,
 ) -> BenchRun: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
@@ -230,6 +231,15 @@ class Sampler:
         verify: str = "header",
         page_cache: str = "lazy",
         temporal_filter: bool = True,
+        examples: bool = False,
+        local_context_sizes: list[int] = [256, 512, 1024],
+        bfs_widths: list[int] = [8, 16, 32, 64, 128, 256],
+        prefer_latest: list[bool] = [False, True],
+        num_walks: int = 10000,
+        walk_length: int = 20,
+        mask_prob_max: float = 0.0,
+        example_ranker: str = "walks",
+        context_deadline_ms: float | None = None,
         telemetry: bool = True,
         prometheus_port: int | None = None,
         prometheus_host: str = "127.0.0.1",

@@ -55,7 +55,7 @@ def _cmd_default_db(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from headwater.bench import _bench_source, format_bench, run_bench
+    from headwater.bench import _bench_source, examples_recipe, format_bench, run_bench
 
     if a.model:
         from headwater.train.step_bench import parse_model_sets, run_step_bench
@@ -67,6 +67,17 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return 0
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
+    overrides: dict[str, Any] = {}
+    if a.examples:
+        overrides.update(examples_recipe(_bench_source(a.db)[1], a.seq_len))
+    if a.sampler_set:
+        from headwater.train.origins import toml_value
+
+        for kv in a.sampler_set:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise SystemExit(f"--sampler-set {kv!r}: expected KEY=VALUE")
+            overrides[key.strip()] = toml_value(value.strip())
     r = run_bench(
         a.db,
         a.batch_size,
@@ -82,6 +93,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         train_steps=a.train_steps,
         train_seeds=a.train_seeds,
         train_overrides=a.train_set,
+        sampler_overrides=overrides or None,
     )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
@@ -331,9 +343,29 @@ def _add_bench(sub: Sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
+    _add_examples_args(pb)
     _add_step_bench_args(pb)
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
+
+
+def _add_examples_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --examples`` / ``--sampler-set``: in-context contexts (docs/contexts.md)."""
+    pb.add_argument(
+        "--examples",
+        action="store_true",
+        help="time in-context contexts with RT-J's pretraining recipe (examples on, 10,000 walks "
+        "of 20 rows, its local sizes and widths up to --seq-len, both recencies; query tasks "
+        "weight 0): docs/contexts.md",
+    )
+    pb.add_argument(
+        "--sampler-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a sampler key (TOML value) set in the thread-count runs, after --examples "
+        "(repeatable), e.g. --sampler-set num_walks=1000",
+    )
 
 
 def _add_step_bench_args(pb: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@
 
 mod build;
 mod draw;
+mod examples;
 mod plan;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

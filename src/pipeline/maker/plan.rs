@@ -105,6 +105,8 @@ pub struct SamplerCore {
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
     pub(super) segment_slots: usize,
+    /// With `examples`: each database's walk graph (else empty).
+    pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
 }
 
 impl SamplerCore {
@@ -190,8 +192,10 @@ impl SamplerCore {
             startup_seconds: 0.0,
             seeds_per_step: Vec::new(),
             segment_slots: 1,
+            walk_graphs: Vec::new(),
         };
         core.plan_packing();
+        core.plan_examples()?;
         Ok(core)
     }
 
