@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
+import sys
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -84,12 +85,87 @@ SECTIONS_KEPT = ("model", "optim")
 # ----------------------------------------------------------------------------
 
 
-def write_launch_record(run_dir: Path, config: Any, overrides: Mapping[str, Any]) -> None:
+def write_launch_record(
+    run_dir: Path, config: Any, overrides: Mapping[str, Any], world: int = 1
+) -> None:
     """``launch.json``: what ``--resume`` reloads (the config file or mapping
-    and the overrides of the first start)."""
+    and the overrides of the first start) and the run's shape: its process
+    count (``num_processes``, which ``--resume`` keeps unless ``--reshard``
+    says otherwise) and, once rank 0 has built its mesh, its ``devices``
+    (:func:`record_shape`). A ``resume.sh`` beside it holds the command that
+    continues the run (so ``ls runs/<name>`` shows how)."""
     source = config if isinstance(config, Mapping) or config is None else str(Path(config).resolve())
-    record = {"config": source, "overrides": dict(overrides)}
-    (run_dir / LAUNCH_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    record = {"config": source, "overrides": dict(overrides), "num_processes": world}
+    _write_json(run_dir / LAUNCH_RECORD, record)
+    write_resume_script(run_dir, world)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+#: The script beside ``launch.json`` that continues the run.
+RESUME_SCRIPT = "resume.sh"
+
+
+def write_resume_script(run_dir: Path, world: int) -> None:
+    """``<run>/resume.sh``: ``headwater train --resume <run>`` (extra flags
+    are passed on), rewritten when a reshard changes the process count."""
+    path = run_dir / RESUME_SCRIPT
+    path.write_text(
+        "#!/bin/sh\n# Continue this run from its last checkpoint (written by headwater train).\n"
+        f'exec {resume_command(run_dir, world)} "$@"\n',
+        encoding="utf-8",
+    )
+    path.chmod(0o755)
+
+
+def record_shape(run_dir: Path, world: int, devices: Mapping[str, Any] | None = None) -> None:
+    """Update ``launch.json``'s process count (a resume with ``--reshard``)
+    and, when given, its ``devices`` (how the global batch was formed)."""
+    path = run_dir / LAUNCH_RECORD
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    rec["num_processes"] = world
+    if devices is not None:
+        rec["devices"] = dict(devices)
+    _write_json(path, rec)
+    write_resume_script(run_dir, world)
+
+
+def recorded_world(run_dir: Path) -> int | None:
+    """The process count of the run's last checkpoint (its meta's
+    ``world``), else ``launch.json``'s; None when neither says."""
+    steps = committed_steps(run_dir)
+    if steps:
+        try:
+            return int(read_meta(run_dir, steps[-1])["world"])
+        except (ConfigError, KeyError, TypeError, ValueError, OSError):
+            pass
+    try:
+        rec = json.loads((run_dir / LAUNCH_RECORD).read_text(encoding="utf-8"))
+        return int(rec["num_processes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def set_aside_stale_ranks(run_dir: Path, world: int) -> list[str]:
+    """Move ``rank-<r>.json`` / ``rank-<r>.log`` of ranks ``>= world`` (left
+    by an attempt on more processes) to ``<run>/stale-ranks/``; the names moved."""
+    moved = []
+    for p in sorted(run_dir.glob("rank-*.*")):
+        r = p.stem.removeprefix("rank-")
+        if p.suffix in (".json", ".log") and r.isdigit() and int(r) >= world:
+            dest = run_dir / STALE_RANKS
+            dest.mkdir(exist_ok=True)
+            p.replace(dest / p.name)
+            moved.append(p.name)
+    return moved
+
+
+#: Where the summaries and logs of ranks a reshard removed are moved.
+STALE_RANKS = "stale-ranks"
 
 
 def read_launch_record(run_dir: Path, command: str = "--resume") -> tuple[Any, dict[str, Any]]:
@@ -197,10 +273,12 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
             + "; ".join(diffs)
         )
     kw = cfg.sampler_kwargs(0)
-    kw.update(num_prefetch=1, num_threads=1)
+    kw.update(num_prefetch=1, num_threads=1, telemetry=False)
     try:
-        with open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw):
-            pass
+        # Checked, not restored: the trainer's own sampler logs the resume
+        # (once) and the reshard (only when the world size changes).
+        with open_sampler(db, rank=0, world_size=1, **kw) as s:
+            s.check_state_dict(meta["sampler"])
     except StateError as e:
         raise ConfigError(
             f"--resume {run_dir}: checkpoint {step} does not fit this database or "
@@ -220,20 +298,47 @@ def resume_command(run_dir: Path, world: int) -> str:
 # ----------------------------------------------------------------------------
 
 
+class StartupInterrupted(KeyboardInterrupt):
+    """SIGTERM/SIGINT before the first step: nothing trained, nothing to
+    checkpoint, so the start-up stops at once."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} during start-up: stopped before the first step (no checkpoint)")
+
+
 class StopFlag:
     """SIGTERM/SIGINT set :attr:`signum`; the loop stops after the current
     step. ``hard_on_second``: a second signal gets the previous handler
     (Ctrl-C twice: out now); a worker leaves that to its launcher (Ctrl-C
-    reaches it directly and forwarded)."""
+    reaches it directly and forwarded). ``abort_startup``: a signal before
+    the loop sets :attr:`training` raises :class:`StartupInterrupted` (no
+    step to finish, no checkpoint to write). ``announce``: acknowledge each
+    signal on stderr the moment it arrives, from a thread woken by the C
+    signal handler (:func:`signal.set_wakeup_fd`), even while the main
+    thread is inside a long native call (a compilation, a device wait)."""
 
-    def __init__(self, hard_on_second: bool = False) -> None:
+    def __init__(
+        self, hard_on_second: bool = False, announce: bool = False, abort_startup: bool = False
+    ) -> None:
         self.signum = 0
         self.hard_on_second = hard_on_second
+        self.announce, self.abort_startup = announce, abort_startup
+        #: Set by the step loop when it starts: a signal then waits for the step.
+        self.training = False
+        #: Set by the loop for the final validation and evaluation (the
+        #: trained model is already checkpointed: a signal ends the pass).
+        self.final_phase = False
         self.previous: dict[int, Any] = {}
+        self._wakeup: tuple[Any, Any, int] | None = None
+        self._acked = 0
 
     def install(self) -> StopFlag:
         for s in (signal.SIGTERM, signal.SIGINT):
             self.previous[s] = signal.signal(s, self._handle)
+        if self.announce:
+            self._start_acknowledger()
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -242,6 +347,40 @@ class StopFlag:
             signal.raise_signal(signum)
             return
         self.signum = self.signum or signum
+        if self.abort_startup and not self.training:
+            raise StartupInterrupted(signum)
+
+    def _start_acknowledger(self) -> None:
+        import socket
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        r, w = socket.socketpair()
+        w.setblocking(False)
+        try:
+            old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            r.close()
+            w.close()
+            return
+        self._wakeup = (r, w, old)
+        threading.Thread(
+            target=self._acknowledge, args=(r,), name="headwater-signal-ack", daemon=True
+        ).start()
+
+    def _acknowledge(self, r: Any) -> None:
+        while True:
+            try:
+                data = r.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for b in data:
+                if b in (signal.SIGTERM, signal.SIGINT):
+                    self._acked += 1
+                    print(acknowledgement(b, self._acked, self), file=sys.stderr, flush=True)
 
     def restore(self) -> None:
         for s, h in self.previous.items():
@@ -249,10 +388,38 @@ class StopFlag:
             # preemption notifier); it cannot be put back, the default can.
             signal.signal(s, signal.SIG_DFL if h is None else h)
         self.previous.clear()
+        if self._wakeup is not None:
+            r, w, old = self._wakeup
+            self._wakeup = None
+            try:
+                signal.set_wakeup_fd(old)
+            except ValueError:
+                pass
+            w.close()  # the acknowledger reads EOF and ends
+            r.close()
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
+
+
+def acknowledgement(signum: int, nth: int, flag: StopFlag) -> str:
+    """The line printed the moment a signal arrives."""
+    name = signal.Signals(signum).name
+    if nth > 1 and flag.hard_on_second:
+        return f"headwater train: {name} again: stopping now"
+    if flag.abort_startup and not flag.training:
+        return f"headwater train: {name} received during start-up: stopping now (nothing to save)"
+    if flag.final_phase:
+        return (
+            f"headwater train: {name} received: stopping the final evaluation at its next batch "
+            "(the trained model is already checkpointed)…"
+        )
+    again = " (send it again to stop at once, without a checkpoint)" if flag.hard_on_second else ""
+    return (
+        f"headwater train: {name} received: stopping after the current step, then saving a "
+        f"checkpoint…{again}"
+    )
 
 
 # ----------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def train_rank(
     cluster launcher's); it leaves the job only after a successful run: a
     failed rank exits without the shutdown barrier, see the launcher.
     ``resume``: continue from the run directory's last checkpoint. ``stop``:
-    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
+    the SIGTERM/SIGINT flag (default: each signal acknowledged at once, one
+    during start-up stops it, a second one stops at once); it is
     installed here, *after* joining the job: ``jax.distributed`` installs
     its own SIGTERM handler (its preemption notifier), which would swallow
     the signal.
@@ -61,7 +62,9 @@ def train_rank(
 
     if world > 1 and not joined:
         initialize_loopback(rank, world, port)
-    stop = (stop or C.StopFlag(hard_on_second=True)).install()
+    stop = (
+        stop or C.StopFlag(hard_on_second=True, announce=True, abort_startup=True)
+    ).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
     finally:
@@ -136,6 +139,8 @@ def _train(
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
                 trainer.announce(db, endpoints)
+                if (run_dir / C.LAUNCH_RECORD).is_file():
+                    C.record_shape(run_dir, world, trainer.batch_layout)
             wall, final_val = trainer.run_steps()
             if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
@@ -165,6 +170,7 @@ def _train(
         interrupted=stop.name if trainer.stopped else None,
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
+        eval_seconds=trainer.eval_seconds,
     )
     summary["throughput"] = throughput(
         trainer.model_cfg,
