@@ -14,6 +14,9 @@ from typing import Any
 def _cmd_preprocess(a: argparse.Namespace) -> int:
     from headwater.preprocessing import preprocess
 
+    if Path(a.out_dir).exists() and not a.overwrite:
+        # The CLI's own wording: the flag, not preprocess()'s keyword.
+        raise ValueError(f"out_dir {a.out_dir} already exists (add --overwrite to replace it)")
     t0 = time.perf_counter()
     out = preprocess(
         a.source,

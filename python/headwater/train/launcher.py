@@ -361,7 +361,11 @@ def _agreed_run_name(rank: int) -> str:
 def _remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if nothing but the launch record was written under
     it (a failed start)."""
-    written = [p for p in run_dir.rglob("*") if p.is_file() and p.name != C.LAUNCH_RECORD]
+    written = [
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file() and p.name not in (C.LAUNCH_RECORD, C.RESUME_SCRIPT)
+    ]
     if run_dir.is_dir() and not written:
         shutil.rmtree(run_dir, ignore_errors=True)
 
