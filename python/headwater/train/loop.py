@@ -500,8 +500,6 @@ class Trainer:
         t_start = time.perf_counter()
         tc = self.cfg.train
         final_val = math.nan
-        # From here a signal waits for the current step (and its checkpoint).
-        self.stop.training = True
         if self.start_step < tc.steps:
             self.progress.message(
                 "start-up: compiling the train step (the first step waits for it)…"
@@ -519,6 +517,9 @@ class Trainer:
             due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
+                # From here a signal waits for the current step (and its
+                # checkpoint); before, it ends the start-up at once.
+                self.stop.training = True
                 self.progress.message(
                     f"start-up: train step compiled and dispatched in "
                     f"{time.perf_counter() - t_start:.1f} s; training"
@@ -531,6 +532,7 @@ class Trainer:
                 break
             if due_save and done < tc.steps:
                 self.save(done)
+        self.stop.training = True  # a resume with only the final phase left
         if not self.stopped:
             self.replayed_rate = self.replay_rate()
             final_val = self.final_phase()

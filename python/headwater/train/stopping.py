@@ -11,10 +11,16 @@ a long native call, or stop a rank before the step the ranks agreed on.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
+import time
 from types import FrameType
 from typing import Any
+
+#: Seconds a signal during start-up waits for the main thread to take it
+#: before the acknowledging thread ends the process.
+STARTUP_GRACE_S = 2.0
 
 
 class StartupInterrupted(KeyboardInterrupt):
@@ -44,7 +50,8 @@ class StopFlag:
         self.signum = 0
         self.hard_on_second = hard_on_second
         self.announce, self.abort_startup = announce, abort_startup
-        #: Set by the step loop when it starts: a signal then waits for the step.
+        #: Set by the step loop once its first step has run (compiled): a
+        #: signal then waits for the current step and its checkpoint.
         self.training = False
         #: Set by the loop for the final validation and evaluation (the
         #: trained model is already checkpointed: a signal ends the pass).
@@ -52,6 +59,8 @@ class StopFlag:
         self.previous: dict[int, Any] = {}
         self._wakeup: tuple[Any, Any, int] | None = None
         self._acked = 0
+        #: Signals the Python handler has run for (the main thread's view).
+        self._handled = 0
 
     def install(self) -> StopFlag:
         for s in (signal.SIGTERM, signal.SIGINT):
@@ -61,6 +70,7 @@ class StopFlag:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._handled += 1
         if self.signum and self.hard_on_second:
             self.restore()
             signal.raise_signal(signum)
@@ -100,6 +110,27 @@ class StopFlag:
                 if b in (signal.SIGTERM, signal.SIGINT):
                     self._acked += 1
                     print(acknowledgement(b, self._acked, self), file=sys.stderr, flush=True)
+                    if self.abort_startup and not self.training:
+                        self._exit_if_stuck(b, self._acked)
+
+    def _exit_if_stuck(self, signum: int, nth: int) -> None:
+        """During start-up the main thread may be inside a long native call
+        (XLA compiling the step) where no Python signal handler runs; there
+        is nothing to save yet, so if it has not taken the signal within
+        :data:`STARTUP_GRACE_S`, the process exits from here."""
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        while time.monotonic() < deadline:
+            if self._handled >= nth or self.training:
+                return
+            time.sleep(0.05)
+        print(
+            f"headwater train: {signal.Signals(signum).name} during start-up (the main thread "
+            "is busy in native code, e.g. compiling): exiting now, nothing was trained",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(128 + signum)
 
     def restore(self) -> None:
         for s, h in self.previous.items():
