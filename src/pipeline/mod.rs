@@ -296,10 +296,7 @@ impl Sampler {
     /// Whether `saved` can be restored here ([`load_state`](Self::load_state)
     /// would accept it): the same checks, nothing restored or logged.
     pub fn check_state(&self, saved: &SamplerState) -> Result<()> {
-        let fresh: Vec<SplitState> = PRODUCED
-            .iter()
-            .map(|&s| self.core.split_state(s))
-            .collect();
+        let fresh: Vec<SplitState> = PRODUCED.iter().map(|&s| self.core.split_state(s)).collect();
         self.core.restored_streams(saved, &fresh).map(|_| ())
     }
 

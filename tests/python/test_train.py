@@ -229,6 +229,7 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
         with pytest.raises(ConfigError) as e:
             launch(cfg, num_processes=processes)
         assert message in str(e.value)
+        assert "config `" not in str(e.value), e.value  # the key is named once
 
     fails("[ranks.0]\nnum_prefetch = 0\n", "`ranks.0.num_prefetch`")
     fails("[sampler.task_weights]\nno_such_task = 2.0\n", "no_such_task")
@@ -262,6 +263,8 @@ def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
     msg = str(e.value)
     assert "`logging.prometheus_port`" in msg and "--prometheus-port" in msg, msg
     assert "[sampler]" not in msg and str(port) in msg
+    # Named once (not again as "config `prometheus_port`"), with the way out.
+    assert "config `prometheus_port`" not in msg and "`--prometheus-port auto`" in msg, msg
     assert not (tmp_path / "runs" / "clash").exists()
 
 
