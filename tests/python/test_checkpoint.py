@@ -361,7 +361,7 @@ def test_ctrl_c_is_acknowledged_at_once_and_the_printed_command_resumes(
     acked = out.first("SIGINT received: stopping after the current step")
     assert out.finish() == 128 + signal.SIGINT, out.text()[-3000:]
     latency = acked - sent
-    print(f"\nSIGINT acknowledged after {latency * 1e3:.0f} ms; resume command {started - out.t0:.1f} s "
+    print(f"\nSIGINT acknowledged after {latency * 1e3:.1f} ms; resume command {started - out.t0:.1f} s "
           f"and the compile line {compiling - out.t0:.1f} s after the start")
     assert latency < 2.0, latency
     text = out.text()
@@ -412,3 +412,27 @@ def test_a_signal_during_start_up_stops_it_at_once(tmp_path: Path, tpch: Tpch) -
     assert "SIGINT" in text and "start-up" in text, text[-3000:]
     assert committed(runs / "early") == []
     assert took < 15, took
+
+
+def test_a_signal_during_a_two_process_start_up_stops_it_at_once(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    """The launcher acknowledges the signal, forwards it, and reports the
+    stop during start-up (not a failed rank), exiting with 128 + SIGINT."""
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_train_config(tpch.built.path, 50), encoding="utf-8")
+    runs = tmp_path / "runs"
+    out = Lines(start(tmp_path, str(cfg), "--dir", str(runs), "--num-processes", "2"))
+    out.first("resume with: headwater train --resume")
+    time.sleep(1.0)  # the workers are starting (importing JAX, joining the job)
+    sent = time.monotonic()
+    os.kill(out.proc.pid, signal.SIGINT)
+    acked = out.first("SIGINT received")
+    rc = out.finish()
+    took = time.monotonic() - sent
+    text = out.text()
+    print(f"\nacknowledged after {1e3 * (acked - sent):.1f} ms, stopped after {took:.1f} s")
+    assert rc == 128 + signal.SIGINT, text[-3000:]
+    assert "SIGINT during start-up: stopped before the first step" in text, text[-3000:]
+    assert "exited with status" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 30, took

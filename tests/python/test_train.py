@@ -570,67 +570,34 @@ def test_the_trainer_gauges_are_served_on_the_ranks_exporter(tmp_path: Path, tpc
     assert "trainer/verdict" in out["err"].split("known:")[1]
 
 
-# ----------------------------------------------------------------------------
-# The summary printed at the end
-# ----------------------------------------------------------------------------
+def test_a_set_error_names_the_key_once(
+    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headwater.cli import main
 
-
-def _summary_of(log: Any, steps_run: int, **extra: Any) -> dict[str, Any]:
-    from headwater.train.summary import summarise
-    from headwater.train.verdict import VerdictTracker
-
-    layout = {
-        "processes": 1, "local_devices": 1, "platform": "cpu", "devices": 1,
-        "global_batch": 4, "per_device_batch": 4, "per_process_batch": 4,
-    }
-    vt = VerdictTracker(1, 1, 8)
-    for i in range(steps_run):
-        vt.observe({}, 0.01 + 0.001 * i, 0.0)
-        vt.settle(0.011)
-    return summarise(
-        log, warmup_steps=1, world=1, wall=10.0, rank=0, batch_layout=layout,
-        metrics_endpoints=[], wandb_dir=None, **vt.summary(), **extra,
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_config(tpch.built.path), encoding="utf-8")
+    rc = main(
+        ["train", str(cfg), "--dir", str(tmp_path / "runs"), "--wandb-mode", "disabled",
+         "--set", "sampler.num_prefetch=0"]
     )
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "(--set sampler.num_prefetch=0): `sampler.num_prefetch`: got 0" in err, err
+    assert err.count("num_prefetch`") == 1, err
 
 
-def test_a_phase_with_no_steps_says_so(recwarn: pytest.WarningsRecorder) -> None:
-    """A resume with only the final evaluation left, and a stop before the
-    final validation: no `nan`, no NumPy warning, training and evaluation
-    time apart."""
-    from headwater.train.summary import RunLog, format_summary
+def test_a_sampler_rejection_is_explained_under_its_key_once(tpch: Tpch) -> None:
+    """The sampler's own ``ConfigError`` (its `key` and `what`), put under the
+    key the config set it with: not again as "config `key`"."""
+    from headwater import _native
 
-    s = _summary_of(
-        RunLog(), 0, final_val_loss=float("nan"), eval_seconds=9.5, start_step=40,
-        interrupted=None,
-    )
-    text = format_summary(s, profile=True)
-    assert "nan" not in text.lower(), text
-    assert "done: no training steps in this attempt (resumed at step 40, all trained)" in text
-    assert "0.5 s training + 9.5 s evaluation" in text
-    assert "loss: no steps; no final validation" in text and "headspace: not measured" in text
-    assert not [w for w in recwarn if "empty slice" in str(w.message)]
-
-    log = RunLog(losses=[2.0, 1.5, 1.0])
-    for _ in range(3):
-        log.record_phases((0.001, 0.001, 0.01, 0.001, 0.001))
-    s = _summary_of(
-        log, 3, final_val_loss=float("nan"), eval_seconds=0.0, start_step=0, interrupted="SIGTERM"
-    )
-    text = format_summary(s)
-    assert "nan" not in text.lower(), text
-    assert "done: 3 steps in 10.0 s training + 0.0 s evaluation" in text
-    assert "final validation not run (stopped by SIGTERM)" in text
-    s["final_val_loss"] = 1.25
-    assert "val loss 1.2500" in format_summary(s)
-
-
-def test_the_progress_loss_is_the_windows(capsys: pytest.CaptureFixture[str]) -> None:
-    """The progress line prints the loss it is given (the window's mean),
-    with no running mean carried between lines (or over a restart)."""
-    from headwater.train.records import Progress
-
-    p = Progress(total=4, log_every=2, enabled=True)
-    p.update(1, 5.0, 1.0, 0.0)
-    p.update(3, 1.0, 1.0, 0.0)
-    lines = capsys.readouterr().out.splitlines()
-    assert [ln.split("loss")[1].split()[0] for ln in lines] == ["5.0000", "1.0000"], lines
+    cfg = load_config(None, **{"database.path": str(tpch.built.path)})
+    kw = {**cfg.sampler_kwargs(0), "pool_fraction": 0.0}
+    with pytest.raises(_native.ConfigError) as e:
+        _native.Sampler(tpch.built.path, **kw)
+    # (The config checks the range itself first; any key set there will do.)
+    cfg = load_config(None, **{"sampler.pool_fraction": 0.5})
+    msg = cfg.explain_sampler_error(e.value, 0)
+    assert msg.endswith("`sampler.pool_fraction`: got 0, allowed: a number in (0, 1]"), msg
+    assert "config `" not in msg, msg

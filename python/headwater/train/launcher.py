@@ -487,9 +487,12 @@ def worker_main(rank: int, spec_json: str) -> int:
             # acknowledges signals, a rank in start-up stops at once.
             stop=C.StopFlag(abort_startup=True),
         )
-    except C.StartupInterrupted as e:
-        print(f"rank {rank}: {e}", file=sys.stderr, flush=True)
-        os._exit(128 + e.signum)
+    except KeyboardInterrupt as e:
+        # A signal during start-up (Ctrl-C reaches every process of the
+        # terminal's group, before or after the stop flag is installed).
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"rank {rank}: {e or 'SIGINT during start-up'}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
     except BaseException:
         # Exit now: the distributed shutdown barrier would wait for the
         # ranks still training, so the launcher would see nothing for minutes.
