@@ -436,3 +436,37 @@ def test_a_signal_during_a_two_process_start_up_stops_it_at_once(
     assert "SIGINT during start-up: stopped before the first step" in text, text[-3000:]
     assert "exited with status" not in text and "Traceback" not in text, text[-3000:]
     assert took < 30, took
+
+
+def test_the_launch_record_keeps_the_runs_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``launch.json`` records the process count and the devices, and
+    ``resume.sh`` the command; a resume on other devices says so, one on
+    the same devices does not; ranks beyond a new world size move aside."""
+    from headwater.train import checkpoint as C
+    from headwater.train.rank import _record_devices
+
+    cpu = {
+        "processes": 2, "local_devices": 1, "platform": "cpu", "devices": 2,
+        "global_batch": 8, "per_device_batch": 4, "per_process_batch": 4,
+    }
+    C.write_launch_record(tmp_path, {"train": {"steps": 3}}, {}, world=2)
+    assert C.recorded_world(tmp_path) == 2
+    assert f"headwater train --resume {tmp_path} --num-processes 2" in (
+        tmp_path / "resume.sh"
+    ).read_text()
+    _record_devices(tmp_path, 2, cpu, resume=False)
+    _record_devices(tmp_path, 2, cpu, resume=True)
+    assert capsys.readouterr().out == ""
+    _record_devices(tmp_path, 2, {**cpu, "platform": "gpu"}, resume=True)
+    out = capsys.readouterr().out
+    assert "other devices than the checkpoint's run" in out and "gpu device(s)" in out, out
+    assert json.loads((tmp_path / "launch.json").read_text())["devices"]["platform"] == "gpu"
+
+    for r in range(3):
+        (tmp_path / f"rank-{r}.json").write_text("{}")
+    (tmp_path / "rank-2.log").write_text("")
+    assert C.set_aside_stale_ranks(tmp_path, 2) == ["rank-2.json", "rank-2.log"]
+    assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0.json", "rank-1.json"]
+    assert C.set_aside_stale_ranks(tmp_path, 2) == []

@@ -126,16 +126,21 @@ def write_resume_script(run_dir: Path, world: int) -> None:
     path.chmod(0o755)
 
 
-def record_shape(run_dir: Path, world: int, devices: Mapping[str, Any] | None = None) -> None:
+def record_shape(
+    run_dir: Path, world: int, devices: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """Update ``launch.json``'s process count (a resume with ``--reshard``)
-    and, when given, its ``devices`` (how the global batch was formed)."""
+    and, when given, its ``devices`` (how the global batch was formed);
+    returns the ``devices`` recorded before (None: none were)."""
     path = run_dir / LAUNCH_RECORD
     rec = json.loads(path.read_text(encoding="utf-8"))
+    before = rec.get("devices")
     rec["num_processes"] = world
     if devices is not None:
         rec["devices"] = dict(devices)
     _write_json(path, rec)
     write_resume_script(run_dir, world)
+    return before
 
 
 def recorded_world(run_dir: Path) -> int | None:

@@ -140,7 +140,7 @@ def _train(
             if rank == 0:
                 trainer.announce(db, endpoints)
                 if (run_dir / C.LAUNCH_RECORD).is_file():
-                    C.record_shape(run_dir, world, trainer.batch_layout)
+                    _record_devices(run_dir, world, trainer.batch_layout, resume)
             wall, final_val = trainer.run_steps()
             if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
@@ -188,6 +188,20 @@ def _train(
         print(format_summary(summary, profile=cfg.train.profile), flush=True)
     return summary
 
+
+
+def _record_devices(run_dir: Path, world: int, layout: dict[str, Any], resume: bool) -> None:
+    """Keep the run's devices in ``launch.json``; a resume on other devices
+    says so (the batches are the same, the arithmetic may differ)."""
+    from headwater.train.summary import describe_layout
+
+    before = C.record_shape(run_dir, world, layout)
+    if resume and before and before != layout:
+        print(
+            f"resume: other devices than the checkpoint's run: {describe_layout(before)} "
+            f"before, {describe_layout(layout)} now (results are no longer bit-identical)",
+            flush=True,
+        )
 
 
 def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:
