@@ -53,6 +53,8 @@ BATCH_KEYS: list[str]
 TELEMETRY_PREFIX: str
 __version__: str
 
+# The exception classes print as `headwater.errors.<Name>` (their
+# `__module__`); `headwater.errors` and `headwater` export these objects.
 class HeadwaterError(Exception): ...
 class FormatError(HeadwaterError): ...
 class SchemaError(HeadwaterError): ...
@@ -280,7 +282,12 @@ class Sampler:
     def state_dict(self) -> dict[str, Any]:
         """The state as of delivery; taken while another thread receives a
         batch, each split's state is from before or after that batch."""
-    def load_state_dict(self, state: Mapping[str, object] | str | bytes) -> None: ...
+    def load_state_dict(self, state: Mapping[str, object] | str | bytes) -> None:
+        """Continue every split from ``state``; anything that is not a
+        state that fits (random bytes, another snapshot) is a ``StateError``."""
+    def check_state_dict(self, state: Mapping[str, object] | str | bytes) -> None:
+        """Raise ``StateError`` where ``load_state_dict(state)`` would;
+        restores and logs nothing."""
     def skip(self, n: int, split: str = "train") -> None: ...
     def eval_batches(
         self, split: str = "val", task: str | None = None, max_seeds: int | None = None

@@ -396,8 +396,10 @@ def _bench_source(db: str | os.PathLike[str] | None) -> tuple[Any, str | list[st
         from headwater.data.default_db import default_database
 
         db = default_database()
+    from headwater.inspection import require_exists
     from headwater.mixture import sampler_source
 
+    require_exists(db)
     path, keys = sampler_source(db)
     return db, path, keys.get("database_weights")
 

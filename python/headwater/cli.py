@@ -8,12 +8,16 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
 def _cmd_preprocess(a: argparse.Namespace) -> int:
     from headwater.preprocessing import preprocess
 
+    if Path(a.out_dir).exists() and not a.overwrite:
+        # The CLI's own wording: the flag, not preprocess()'s keyword.
+        raise ValueError(f"out_dir {a.out_dir} already exists (add --overwrite to replace it)")
     t0 = time.perf_counter()
     out = preprocess(
         a.source,
@@ -132,6 +136,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         coordinator=a.coordinator,
         process_id=a.process_id,
         coordinator_timeout_s=a.coordinator_timeout,
+        reshard=a.reshard,
         **overrides,
     )
     signum = int(summaries[0].get("interrupted_signal") or 0)
@@ -203,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     except (HeadwaterError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"headwater {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"headwater {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # A training start-up stopped by a signal says which and exits with
+        # the shell's status for it; a plain Ctrl-C elsewhere: 130.
+        signum = int(getattr(e, "signum", 0) or 2)
+        print(f"headwater {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return 128 + signum
 
 
 Sub = Any  # argparse's private _SubParsersAction
@@ -420,7 +428,14 @@ def _add_train(sub: Sub) -> None:
     pt.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue RUN_DIR from its last checkpoint (its config; flags given here on top)",
+        help="continue RUN_DIR from its last checkpoint (its config and process count; flags "
+        "given here on top); each run directory's resume.sh holds the exact command",
+    )
+    pt.add_argument(
+        "--reshard",
+        action="store_true",
+        help="with --resume and --num-processes: continue on another number of processes "
+        "(prints what changes: the global batch; the run is no longer bit-identical)",
     )
     pt.add_argument("--db", help="override database.path")
     pt.add_argument("--run-name", help="override logging.run_name")

@@ -226,8 +226,10 @@ class TrainConfig:
         """A sampler's rejection of this config, under the key that caused it."""
         base = self.logging.prometheus_port
         port = base if isinstance(base, int) else None
-        msg = SC.explain_logging(str(e), self.origins, rank, port)
-        return msg or SC.explain(str(e), self.sampler_layers(rank), self.origins)
+        # The exception itself, not its text: its `key` and `what` name the
+        # key once (the text repeats it as "config `key`: ...").
+        msg = SC.explain_logging(e, self.origins, rank, port)
+        return msg or SC.explain(e, self.sampler_layers(rank), self.origins)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the W&B run config and the run's summary)."""

@@ -51,7 +51,8 @@ def train_rank(
     cluster launcher's); it leaves the job only after a successful run: a
     failed rank exits without the shutdown barrier, see the launcher.
     ``resume``: continue from the run directory's last checkpoint. ``stop``:
-    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
+    the SIGTERM/SIGINT flag (default: each signal acknowledged at once, one
+    during start-up stops it, a second one stops at once); it is
     installed here, *after* joining the job: ``jax.distributed`` installs
     its own SIGTERM handler (its preemption notifier), which would swallow
     the signal.
@@ -63,7 +64,9 @@ def train_rank(
     if world > 1 and not joined:
         initialize_loopback(rank, world, port)
     W.start(rank, world, cfg.train.peer_timeout_s, joined=joined)
-    stop = (stop or C.StopFlag(hard_on_second=True)).install()
+    stop = (
+        stop or C.StopFlag(hard_on_second=True, announce=True, abort_startup=True)
+    ).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
     finally:
@@ -141,6 +144,8 @@ def _train(
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
                 trainer.announce(db, endpoints)
+                if (run_dir / C.LAUNCH_RECORD).is_file():
+                    _record_devices(run_dir, world, trainer.batch_layout, resume)
             wall, final_val = trainer.run_steps()
             if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
@@ -173,6 +178,7 @@ def _train(
         interrupted=stop.name if trainer.stopped else None,
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
+        eval_seconds=trainer.eval_seconds,
     )
     summary["throughput"] = throughput(
         trainer.model_cfg,
@@ -190,6 +196,20 @@ def _train(
         print(format_summary(summary, profile=cfg.train.profile), flush=True)
     return summary
 
+
+
+def _record_devices(run_dir: Path, world: int, layout: dict[str, Any], resume: bool) -> None:
+    """Keep the run's devices in ``launch.json``; a resume on other devices
+    says so (the batches are the same, the arithmetic may differ)."""
+    from headwater.train.summary import describe_layout
+
+    before = C.record_shape(run_dir, world, layout)
+    if resume and before and before != layout:
+        print(
+            f"resume: other devices than the checkpoint's run: {describe_layout(before)} "
+            f"before, {describe_layout(layout)} now (results are no longer bit-identical)",
+            flush=True,
+        )
 
 
 def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:

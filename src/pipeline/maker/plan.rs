@@ -566,6 +566,18 @@ fn in_database(name: &str, e: Error) -> Error {
             file,
             what: format!("database `{name}`: {what}"),
         },
+        Error::Version {
+            file,
+            found,
+            min,
+            max,
+        } => Error::Format {
+            file,
+            what: format!(
+                "database `{name}`: format version {found} is not supported \
+                 (this build reads versions {min}..={max})"
+            ),
+        },
         other => other,
     }
 }
