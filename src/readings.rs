@@ -84,6 +84,16 @@ pub struct SeqReadings {
     /// Contexts cut to the prefix of their rows that fits a packing budget
     /// below `S` (always 0 without `pack`).
     pub contexts_cut: u32,
+    /// With `examples`: cells of each tier of the context (0: the seed's
+    /// BFS, 1: ranked examples' shells, 2: random examples' shells).
+    pub tier_cells: [u32; 3],
+    /// With `examples`: example rows (tiers 1 and 2) in the sequence.
+    pub examples: u32,
+    /// With `examples`: random-walk steps taken building the context.
+    pub walk_steps: u64,
+    /// With `examples`: 1 when the build passed `context_deadline_ms` and
+    /// was replaced by the seed's plain BFS context.
+    pub deadline_hits: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].

@@ -170,6 +170,10 @@ pub fn assemble_sequence(
         temporal_leaks: sub.temporal_leaks,
         segments: 1,
         contexts_cut: 0,
+        tier_cells: sub.tier_cells,
+        examples: sub.example_rows.len() as u32,
+        walk_steps: sub.walk_steps,
+        deadline_hits: sub.deadline_hits,
     }
 }
 

@@ -44,12 +44,24 @@ pub struct Subgraph {
     /// the cutoff, reachable only through rows without a time).
     pub temporal_filtered: u64,
     /// Included rows (other than the seed) whose time is after `obs_time`,
-    /// counted from the rows' own times, independently of the filter.
+    /// counted from the rows' own times, independently of the filter (with
+    /// examples: also an example row at or after the seed's time).
     pub temporal_leaks: u64,
+    /// With examples: cells of each tier (0: the seed's BFS, 1: ranked
+    /// examples' shells, 2: random examples' shells); else all zero.
+    pub tier_cells: [u32; 3],
+    /// With examples: example rows (tiers 1 and 2) in the context and the
+    /// tier each entered in, in the order they entered.
+    pub example_rows: Vec<(u32, u8)>,
+    /// With examples: random-walk steps taken building the context.
+    pub walk_steps: u64,
+    /// With examples: 1 when the build passed `context_deadline_ms` and the
+    /// context was replaced by the seed's plain BFS context.
+    pub deadline_hits: u32,
 }
 
 impl Subgraph {
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.rows.clear();
         self.depth.clear();
         self.tables.clear();
@@ -61,6 +73,10 @@ impl Subgraph {
         self.children_capped = 0;
         self.temporal_filtered = 0;
         self.temporal_leaks = 0;
+        self.tier_cells = [0; 3];
+        self.example_rows.clear();
+        self.walk_steps = 0;
+        self.deadline_hits = 0;
     }
 
     /// Cut this context to its longest prefix of rows (BFS order: the seed,
@@ -120,7 +136,7 @@ impl Subgraph {
 /// Whether an included row dated `t` is a leak for a seed observed at
 /// `obs_time` (a row without a time never is).
 #[inline]
-fn leaks(t: i64, obs_time: i64) -> bool {
+pub(super) fn leaks(t: i64, obs_time: i64) -> bool {
     t != i64::MIN && t > obs_time
 }
 

@@ -671,6 +671,12 @@ EXTRA_REDUCTIONS = {
     "io/major_faults": "SUM",
     "integrity/blocks_verified": "MAX",
     "integrity/unverified_reads": "MAX",
+    "context/tier0_cells": "SUM",
+    "context/tier1_cells": "SUM",
+    "context/tier2_cells": "SUM",
+    "context/examples_per_sequence": "HISTOGRAM",
+    "context/walk_steps": "SUM",
+    "context/deadline_hits": "SUM",
 }
 
 
@@ -710,8 +716,13 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
         return {x["key"] for x, y in zip(a, b, strict=True) if x != y}
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
-    # Both histograms bucket up to S (a sequence holds at most S rows or segments).
-    assert diff(base, seq) == {P + "bfs/rows", P + "packing/segments_per_sequence"}
+    # The histograms bucket up to S (a sequence holds at most S rows,
+    # segments or example rows).
+    assert diff(base, seq) == {
+        P + "bfs/rows",
+        P + "packing/segments_per_sequence",
+        P + "context/examples_per_sequence",
+    }
     assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
     assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
     assert schema_edges(seq, "bfs/rows") == [1, 2, 4, 8, 16, 32, 64, 128, 200, INF]
@@ -773,6 +784,11 @@ PROM_COUNTERS = {
     "headwater_packing_contexts_cut_total": "packing/contexts_cut",
     "headwater_mixture_other_seeds_drawn_total": "databases/other_seeds",
     "headwater_io_major_faults_total": "io/major_faults",
+    "headwater_context_tier0_cells_total": "context/tier0_cells",
+    "headwater_context_tier1_cells_total": "context/tier1_cells",
+    "headwater_context_tier2_cells_total": "context/tier2_cells",
+    "headwater_context_walk_steps_total": "context/walk_steps",
+    "headwater_context_deadline_hits_total": "context/deadline_hits",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
@@ -784,6 +800,7 @@ PROM_HISTS = {
     "headwater_stage_collate_seconds": "stage/collate_seconds",
     "headwater_stage_total_seconds": "stage/total_seconds",
     "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
+    "headwater_context_examples_per_sequence": "context/examples_per_sequence",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
 

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::checks::in_database;
 use super::draw::{BuildBuffers, Draws, Planned};
-use super::plan::{in_database, SamplerCore, TargetPlan};
+use super::plan::{SamplerCore, TargetPlan};
 use super::MadeBatch;
 use crate::batch::{
     assemble_packed_sequence, collate_text, pack_contexts, AssembleScratch, Batch, SeqContext,
@@ -171,7 +172,7 @@ impl SamplerCore {
         self.check_anchors(k, jobs)?;
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_contexts(k, jobs, subgraphs, min_len);
+        self.build_contexts(k, jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             self.pack(k, jobs, subgraphs)
         } else {
@@ -252,16 +253,20 @@ impl SamplerCore {
     }
 
     /// Every context of `jobs` built as its unpacked self (budget `S`) into
-    /// `subgraphs`, in parallel (`min_len` contexts per job at least).
+    /// `subgraphs`, in parallel (`min_len` contexts per job at least); with
+    /// `examples`, as an in-context context (`examples.rs`).
     fn build_contexts(
         &self,
         k: usize,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut Vec<Subgraph>,
         min_len: usize,
-    ) {
+    ) -> Result<()> {
         if subgraphs.len() != jobs.len() {
             subgraphs.resize_with(jobs.len(), Subgraph::default);
+        }
+        if self.cfg.examples && self.build_in_context(k, jobs, subgraphs, min_len)? {
+            return Ok(());
         }
         let builder = self.context_builder(k);
         let s = self.cfg.default_sequence_length;
@@ -272,6 +277,7 @@ impl SamplerCore {
                 .with_min_len(min_len)
                 .for_each(|(sub, job)| builder.build(job.1, job.2, job.3, s, sub));
         });
+        Ok(())
     }
 
     /// With `pack`: place the contexts (`crate::batch::pack`), cut the ones
