@@ -84,6 +84,16 @@ pub struct SeqReadings {
     /// Contexts cut to the prefix of their rows that fits a packing budget
     /// below `S` (always 0 without `pack`).
     pub contexts_cut: u32,
+    /// With `examples`: cells of each tier of the context (0: the seed's
+    /// BFS, 1: ranked examples' shells, 2: random examples' shells).
+    pub tier_cells: [u32; 3],
+    /// With `examples`: example rows (tiers 1 and 2) in the sequence.
+    pub examples: u32,
+    /// With `examples`: random-walk steps taken building the context.
+    pub walk_steps: u64,
+    /// With `examples`: 1 when the build passed `context_deadline_ms` and
+    /// was replaced by the seed's plain BFS context.
+    pub deadline_hits: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].
@@ -143,8 +153,22 @@ pub struct BatchReadings {
     /// The split's first batch made after the open: nanoseconds from the
     /// start of the open until it was made (0 for every other batch).
     pub first_batch_ns: u64,
+    /// The databases' block checks so far, as the batch was finished.
+    pub integrity: IntegrityReadings,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
+}
+
+/// How the bytes the sampler has read were checked, summed over its
+/// databases since they were opened (totals, not per batch: a block is
+/// checked once, by whichever batch reads it first).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IntegrityReadings {
+    /// Blocks hashed on their first read and found intact.
+    pub blocks_verified: u64,
+    /// Blocks first read with no checksum to check (format-1 files opened
+    /// without `verify="full"`); 0 = every byte in every batch was checked.
+    pub unverified_reads: u64,
 }
 
 /// What the consumer side of the pipeline measured when it handed a batch

@@ -53,6 +53,8 @@ BATCH_KEYS: list[str]
 TELEMETRY_PREFIX: str
 __version__: str
 
+# The exception classes print as `headwater.errors.<Name>` (their
+# `__module__`); `headwater.errors` and `headwater` export these objects.
 class HeadwaterError(Exception): ...
 class FormatError(HeadwaterError): ...
 class SchemaError(HeadwaterError): ...
@@ -175,6 +177,7 @@ def bench_sampler(
     database_weights: list[float] | None = None,
     page_cache: str = "lazy",
     window: tuple[float, float] | None = None,
+    sampler_overrides: str | None = None,
 ) -> BenchRun: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
@@ -230,6 +233,15 @@ class Sampler:
         verify: str = "header",
         page_cache: str = "lazy",
         temporal_filter: bool = True,
+        examples: bool = False,
+        local_context_sizes: list[int] = [256, 512, 1024],
+        bfs_widths: list[int] = [8, 16, 32, 64, 128, 256],
+        prefer_latest: list[bool] = [False, True],
+        num_walks: int = 10000,
+        walk_length: int = 20,
+        mask_prob_max: float = 0.0,
+        example_ranker: str = "walks",
+        context_deadline_ms: float | None = None,
         telemetry: bool = True,
         prometheus_port: int | None = None,
         prometheus_host: str = "127.0.0.1",
@@ -276,7 +288,12 @@ class Sampler:
     def state_dict(self) -> dict[str, Any]:
         """The state as of delivery; taken while another thread receives a
         batch, each split's state is from before or after that batch."""
-    def load_state_dict(self, state: Mapping[str, object] | str | bytes) -> None: ...
+    def load_state_dict(self, state: Mapping[str, object] | str | bytes) -> None:
+        """Continue every split from ``state``; anything that is not a
+        state that fits (random bytes, another snapshot) is a ``StateError``."""
+    def check_state_dict(self, state: Mapping[str, object] | str | bytes) -> None:
+        """Raise ``StateError`` where ``load_state_dict(state)`` would;
+        restores and logs nothing."""
     def skip(self, n: int, split: str = "train") -> None: ...
     def eval_batches(
         self, split: str = "val", task: str | None = None, max_seeds: int | None = None

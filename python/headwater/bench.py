@@ -269,6 +269,7 @@ def run_bench(
     train_steps: int = 0,
     train_seeds: int = 1,
     train_overrides: list[str] | None = None,
+    sampler_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure everything in one run; returns a JSON-able dict.
 
@@ -288,7 +289,8 @@ def run_bench(
     ``pack_factors`` for that many steps from ``train_seeds`` seeds
     (:mod:`headwater.train.packing_bench`: useful cells/s of the model and
     evaluation metrics at equal steps); ``train_overrides`` are ``headwater
-    train --set`` values for those runs.
+    train --set`` values for those runs. ``sampler_overrides``: sampler
+    keys set in the thread-count runs (e.g. :func:`examples_recipe`).
     """
     _check_bench_args(telemetry, train_steps, pack_factors)
     db, path, weights = _bench_source(db)
@@ -296,7 +298,7 @@ def run_bench(
     ncpu = os.cpu_count() or 1
     threads = threads or sorted({1, ncpu})
     on = telemetry != "off"
-    runs = _thread_runs(path, threads, steps, warmup, batch_size, seq_len, on, weights, page_cache)
+    runs = _thread_runs(path, threads, steps, warmup, batch_size, seq_len, on, weights, page_cache, sampler_overrides)
     handoff, handoff_min = _handoff_us(path, batch_size, seq_len, handoff_samples)
     conditions = {
         "warmup": warmup, "batch_size": batch_size, "sequence_length": seq_len, "telemetry": on,
@@ -327,22 +329,57 @@ def run_bench(
         **head, "handoff_us_median": handoff, "handoff_us_min": handoff_min,
         "peak_rss_bytes": peak_rss, "telemetry": telemetry, "packing": packing,
         "process_scaling": procs, "training": training, "load_average": load,
-        "telemetry_cost": cost,
+        "telemetry_cost": cost, "sampler_overrides": sampler_overrides,
     }
 
 
 def _thread_runs(
     path: str | list[str], threads: list[int], steps: int, warmup: int, batch_size: int,
     seq_len: int, telemetry: bool, weights: Any, page_cache: str,
+    overrides: dict[str, Any] | None = None,
 ) -> list[BenchRun]:
     """One :func:`_native.bench_sampler` run per thread count, in order."""
+    text = json.dumps(overrides) if overrides else None
     return [
         _native.bench_sampler(
             path, t, steps, warmup, batch_size, seq_len, telemetry=telemetry,
-            database_weights=weights, page_cache=page_cache,
+            database_weights=weights, page_cache=page_cache, sampler_overrides=text,
         )
         for t in threads
     ]
+
+
+# RT-J's pretraining recipe (expts/pretrain/submit.py of
+# rishabh-ranjan/relational-transformer): its lists, walks and masking bound.
+RTJ_LOCAL_SIZES = (256, 512, 1024, 2048, 4096, 8192)
+RTJ_BFS_WIDTHS = (8, 16, 32, 64, 128, 256)
+
+
+def examples_recipe(path: str | list[str], seq_len: int) -> dict[str, Any]:
+    """Sampler keys of RT-J's in-context pretraining recipe at ``S =
+    seq_len``: its local sizes up to ``S`` (RT-J drops the larger ones per
+    sequence the same way), its widths up to ``S``, both recencies, 10,000
+    walks of 20 rows, ``mask_prob_max`` 0.5 (validated; masking is not built
+    yet), and weight 0 for query tasks (examples need cell tasks)."""
+    from headwater._native import Database
+
+    query: dict[str, float] = {}
+    for p in [path] if isinstance(path, str) else path:
+        m = json.loads(Database(p).metadata_json())
+        for t in m["tasks"]:
+            col = m["columns"][t["target_column"]]
+            if col["table"] != t["anchor_table"] or col.get("slot") is None:
+                query[t["name"] if isinstance(path, str) else f"{Path(p).name}/{t['name']}"] = 0.0
+    return {
+        "examples": True,
+        "local_context_sizes": [n for n in RTJ_LOCAL_SIZES if n <= seq_len],
+        "bfs_widths": [n for n in RTJ_BFS_WIDTHS if n <= seq_len],
+        "prefer_latest": [False, True],
+        "num_walks": 10_000,
+        "walk_length": 20,
+        "mask_prob_max": 0.5,
+        "task_weights": query or None,
+    }
 
 
 def _check_bench_args(telemetry: str, train_steps: int, pack_factors: list[int] | None) -> None:
@@ -359,8 +396,10 @@ def _bench_source(db: str | os.PathLike[str] | None) -> tuple[Any, str | list[st
         from headwater.data.default_db import default_database
 
         db = default_database()
+    from headwater.inspection import require_exists
     from headwater.mixture import sampler_source
 
+    require_exists(db)
     path, keys = sampler_source(db)
     return db, path, keys.get("database_weights")
 
@@ -370,6 +409,7 @@ def format_bench(r: dict[str, Any]) -> str:
     lines = [
         f"database   {r['db']}  ({r.get('databases', 1)} database(s), {r['db_bytes'] / 2**20:.1f} MiB mapped)",
         f"batch      B={c['batch_size']} S={c['sequence_length']}  {c['steps']} steps after {c['warmup']} warm-up, {c['cpus']} CPUs, page cache {c.get('page_cache', 'lazy')}",
+        *([f"sampler    {json.dumps(r['sampler_overrides'])}"] if r.get("sampler_overrides") else []),
         "",
         f"{'threads':>7} {'batches/s':>10} {'useful Mc/s':>11} {'fill':>6} {'bfs ms':>8} {'asm ms':>8} {'text ms':>8} {'total ms':>9}",
     ]

@@ -8,12 +8,16 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
 def _cmd_preprocess(a: argparse.Namespace) -> int:
     from headwater.preprocessing import preprocess
 
+    if Path(a.out_dir).exists() and not a.overwrite:
+        # The CLI's own wording: the flag, not preprocess()'s keyword.
+        raise ValueError(f"out_dir {a.out_dir} already exists (add --overwrite to replace it)")
     t0 = time.perf_counter()
     out = preprocess(
         a.source,
@@ -55,7 +59,7 @@ def _cmd_default_db(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from headwater.bench import _bench_source, format_bench, run_bench
+    from headwater.bench import _bench_source, examples_recipe, format_bench, run_bench
 
     if a.model:
         from headwater.train.step_bench import parse_model_sets, run_step_bench
@@ -67,6 +71,17 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return 0
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
+    overrides: dict[str, Any] = {}
+    if a.examples:
+        overrides.update(examples_recipe(_bench_source(a.db)[1], a.seq_len))
+    if a.sampler_set:
+        from headwater.train.origins import toml_value
+
+        for kv in a.sampler_set:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise SystemExit(f"--sampler-set {kv!r}: expected KEY=VALUE")
+            overrides[key.strip()] = toml_value(value.strip())
     r = run_bench(
         a.db,
         a.batch_size,
@@ -82,6 +97,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         train_steps=a.train_steps,
         train_seeds=a.train_seeds,
         train_overrides=a.train_set,
+        sampler_overrides=overrides or None,
     )
     print(json.dumps(r) if a.json else format_bench(r))
     return 0
@@ -120,6 +136,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         coordinator=a.coordinator,
         process_id=a.process_id,
         coordinator_timeout_s=a.coordinator_timeout,
+        reshard=a.reshard,
         **overrides,
     )
     signum = int(summaries[0].get("interrupted_signal") or 0)
@@ -191,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     except (HeadwaterError, ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"headwater {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"headwater {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # A training start-up stopped by a signal says which and exits with
+        # the shell's status for it; a plain Ctrl-C elsewhere: 130.
+        signum = int(getattr(e, "signum", 0) or 2)
+        print(f"headwater {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return 128 + signum
 
 
 Sub = Any  # argparse's private _SubParsersAction
@@ -331,9 +351,29 @@ def _add_bench(sub: Sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
+    _add_examples_args(pb)
     _add_step_bench_args(pb)
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
+
+
+def _add_examples_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --examples`` / ``--sampler-set``: in-context contexts (docs/contexts.md)."""
+    pb.add_argument(
+        "--examples",
+        action="store_true",
+        help="time in-context contexts with RT-J's pretraining recipe (examples on, 10,000 walks "
+        "of 20 rows, its local sizes and widths up to --seq-len, both recencies; query tasks "
+        "weight 0): docs/contexts.md",
+    )
+    pb.add_argument(
+        "--sampler-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a sampler key (TOML value) set in the thread-count runs, after --examples "
+        "(repeatable), e.g. --sampler-set num_walks=1000",
+    )
 
 
 def _add_step_bench_args(pb: argparse.ArgumentParser) -> None:
@@ -388,7 +428,14 @@ def _add_train(sub: Sub) -> None:
     pt.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue RUN_DIR from its last checkpoint (its config; flags given here on top)",
+        help="continue RUN_DIR from its last checkpoint (its config and process count; flags "
+        "given here on top); each run directory's resume.sh holds the exact command",
+    )
+    pt.add_argument(
+        "--reshard",
+        action="store_true",
+        help="with --resume and --num-processes: continue on another number of processes "
+        "(prints what changes: the global batch; the run is no longer bit-identical)",
     )
     pt.add_argument("--db", help="override database.path")
     pt.add_argument("--run-name", help="override logging.run_name")

@@ -15,12 +15,22 @@ from headwater import _native
 from headwater.rows import VerifyReport
 
 
+def require_exists(db: str | os.PathLike[str]) -> None:
+    """A ``FileNotFoundError`` saying that ``db`` does not exist (rather
+    than that it is not a directory) before anything opens it."""
+    if not Path(db).exists():
+        raise FileNotFoundError(
+            f"{db} does not exist (expected a headwater database directory or a mixture file)"
+        )
+
+
 def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Open ``db_dir`` (headers, sizes, content hash) and summarise it as a
     dict; a mixture file gives ``{"mixture", "databases": [...]}``, each
     database's summary with its name and share of batches."""
     from headwater.mixture import is_mixture_file
 
+    require_exists(db_dir)
     if is_mixture_file(db_dir):
         return _inspect_mixture(db_dir)
     db = _native.Database(Path(db_dir))
@@ -160,15 +170,25 @@ def format_report(r: dict[str, Any]) -> str:
 def verify(db_dir: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     """Fully check ``db_dir``: every payload checksum (reads every byte) and
     the graph/task contents. Returns ``{"files", "bytes", "errors"}``, one
-    message per problem naming its file; a damaged header raises."""
+    message per problem naming its file; a damaged header raises. The
+    progress bar appears with the first bytes checked (none before an
+    error at open)."""
+    require_exists(db_dir)
     if not progress:
         return _native.verify_database(Path(db_dir))
     from tqdm.auto import tqdm
 
-    with tqdm(desc="verify", unit="B", unit_scale=True, file=sys.stderr) as bar:
+    bars: list[Any] = []
 
-        def step(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+    def step(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(desc="verify", unit="B", unit_scale=True, file=sys.stderr))
+        bar = bars[0]
+        bar.total = total
+        bar.update(done - bar.n)
 
+    try:
         return _native.verify_database(Path(db_dir), step)
+    finally:
+        for bar in bars:
+            bar.close()

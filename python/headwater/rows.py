@@ -34,7 +34,9 @@ QuantileRule = Literal["upper_edge", "midpoint"]
 #: A batch tensor's NumPy dtype name.
 Dtype = Literal["int8", "uint8", "uint16", "int32", "uint32", "uint64", "float16", "float32"]
 #: A sampler config value as JSON gives it (a key's type is in ``ConfigKeyRow.type``).
-ConfigValue = bool | int | float | str | list[float] | list[str] | dict[str, float] | None
+ConfigValue = (
+    bool | int | float | str | list[int] | list[float] | list[bool] | list[str] | dict[str, float] | None
+)
 
 
 class MetricRow(TypedDict):
@@ -118,6 +120,15 @@ class SamplerConfigDict(TypedDict):
     verify: str
     page_cache: str
     temporal_filter: bool
+    examples: bool
+    local_context_sizes: list[int]
+    bfs_widths: list[int]
+    prefer_latest: list[bool]
+    num_walks: int
+    walk_length: int
+    mask_prob_max: float
+    example_ranker: str
+    context_deadline_ms: float | None
     telemetry: bool
     prometheus_port: int | None
     prometheus_host: str

@@ -8,7 +8,7 @@ use super::perm::{rcm_orders, RcmScratch};
 use super::slots::SeqOut;
 use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
 use super::Batch;
-use crate::format::{bit, ColumnValues, ColumnView, GraphView};
+use crate::format::{bit, ColumnValues, ColumnView, EmbeddingRows, GraphView};
 use crate::prefetch::prefetch;
 use crate::readings::SeqReadings;
 use crate::sampler::Subgraph;
@@ -170,6 +170,10 @@ pub fn assemble_sequence(
         temporal_leaks: sub.temporal_leaks,
         segments: 1,
         contexts_cut: 0,
+        tier_cells: sub.tier_cells,
+        examples: sub.example_rows.len() as u32,
+        walk_steps: sub.walk_steps,
+        deadline_hits: sub.deadline_hits,
     }
 }
 
@@ -217,7 +221,7 @@ fn write_cells(
                 c.column_idx,
                 i as u16,
                 c.values,
-                c.is_valid(local_row),
+                c.read(local_row),
                 local_row,
                 ctx,
                 &mut s.timestamps,
@@ -245,7 +249,7 @@ fn write_target(
     let skip_slot = match ctx.target {
         Target::Cell { slot } => {
             let c = &tc.columns[slot];
-            let valid = c.is_valid(local_row);
+            let valid = c.read(local_row);
             let (code, idx) = (tc.codes[slot], c.column_idx);
             write_value(
                 o,
@@ -385,7 +389,8 @@ pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// Replace global text ids by batch-local ones (first-seen order) and gather
 /// each distinct text embedding once. The batch's only serial phase.
 #[allow(clippy::implicit_hasher)] // FxMap is the one hasher used here
-pub fn collate_text(batch: &mut Batch, text_emb: &[f16], dim: usize, map: &mut FxMap<u32, u32>) {
+pub fn collate_text(batch: &mut Batch, text_emb: EmbeddingRows<'_>, map: &mut FxMap<u32, u32>) {
+    let dim = text_emb.dim;
     map.clear();
     let mut order: Vec<u32> = Vec::new();
     for p in 0..batch.semantic_types.len() {
@@ -403,7 +408,7 @@ pub fn collate_text(batch: &mut Batch, text_emb: &[f16], dim: usize, map: &mut F
     for &g in &order {
         // Ids were range-checked at assembly; a short matrix still gives
         // zeros rather than an out-of-bounds read.
-        match text_emb.get(g as usize * dim..(g as usize + 1) * dim) {
+        match text_emb.row(g as usize) {
             Some(e) => out.extend_from_slice(e),
             None => out.resize(out.len() + dim, f16::ZERO),
         }

@@ -180,6 +180,12 @@ pub fn assemble_packed_sequence(
         total.temporal_filtered += st.temporal_filtered;
         total.temporal_leaks += st.temporal_leaks;
         total.contexts_cut += u32::from(sub.cells_dropped > 0 && sub.budget < seq_len);
+        for (t, c) in total.tier_cells.iter_mut().zip(st.tier_cells) {
+            *t += c;
+        }
+        total.examples += st.examples;
+        total.walk_steps += st.walk_steps;
+        total.deadline_hits += st.deadline_hits;
         off += len;
         row_off += sub.rows.len();
     }

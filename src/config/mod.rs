@@ -43,6 +43,14 @@ pub enum TaskPick {
     RoundRobin,
 }
 
+/// How tier-1 examples of an in-context context are ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExampleRanker {
+    /// Visit counts of random walks from the seed (RT-J's semantics).
+    Walks,
+}
+
 /// Task weights: a list in metadata order, or a `{task name: weight}`
 /// mapping (unlisted tasks keep weight 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +69,8 @@ impl From<Vec<f64>> for TaskWeights {
 }
 
 /// Every sampler key (see the module doc): field order is [`FIELDS`] order.
+/// Its bools are independent switches, one key each (the config table).
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplerConfig {
@@ -120,6 +130,28 @@ pub struct SamplerConfig {
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
+    /// In-context contexts (`crate::sampler::incontext`): tier 0 the seed's
+    /// BFS, tier 1 labelled rows of the seed's table ranked by
+    /// `example_ranker`, tier 2 random ones. Off: the seed-000 layout.
+    pub examples: bool,
+    /// With `examples`: the per-sequence choices of the BFS cell budget of
+    /// the seed and of each example.
+    pub local_context_sizes: Vec<usize>,
+    /// With `examples`: the per-sequence choices of the BFS child width.
+    pub bfs_widths: Vec<usize>,
+    /// With `examples`: the per-sequence choices of recency-first ranking.
+    pub prefer_latest: Vec<bool>,
+    /// With `examples`: random walks per context (0: no walks).
+    pub num_walks: usize,
+    /// With `examples`: rows each walk visits, the seed first.
+    pub walk_length: usize,
+    /// With `examples`: highest masking probability (validated; masking is
+    /// not built yet).
+    pub mask_prob_max: f64,
+    /// With `examples`: how tier-1 examples are ranked.
+    pub example_ranker: ExampleRanker,
+    /// With `examples`: wall-clock budget of one context's build (ms).
+    pub context_deadline_ms: Option<f64>,
     /// Record step telemetry (drain API, Prometheus). Off only to measure
     /// its cost.
     pub telemetry: bool,
@@ -192,6 +224,15 @@ impl Default for SamplerConfig {
             verify: crate::format::Verify::Header,
             page_cache: crate::format::PageCache::Lazy,
             temporal_filter: true,
+            examples: false,
+            local_context_sizes: vec![256, 512, 1024],
+            bfs_widths: vec![8, 16, 32, 64, 128, 256],
+            prefer_latest: vec![false, true],
+            num_walks: 10_000,
+            walk_length: 20,
+            mask_prob_max: 0.0,
+            example_ranker: ExampleRanker::Walks,
+            context_deadline_ms: None,
             telemetry: true,
             prometheus_port: None,
             prometheus_host: "127.0.0.1".into(),

@@ -85,6 +85,7 @@ impl SamplerConfig {
         if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
             return Err(bad("pool_fraction", self.pool_fraction));
         }
+        self.validate_recipe()?;
         if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
             return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
         }
@@ -111,6 +112,45 @@ impl SamplerConfig {
             if !crate::probes::may_run_on(cpu) {
                 return Err(bad("debug_pin_cpu", cpu));
             }
+        }
+        Ok(())
+    }
+
+    /// The context recipe's keys (`examples` and the keys it reads); the
+    /// lists are checked only with `examples` on, so the defaults never
+    /// refuse a short `default_sequence_length` that does not use them.
+    fn validate_recipe(&self) -> Result<()> {
+        if self.num_walks > 10_000_000 {
+            return Err(bad("num_walks", self.num_walks));
+        }
+        if !(1..=1024).contains(&self.walk_length) {
+            return Err(bad("walk_length", self.walk_length));
+        }
+        if !(0.0..=1.0).contains(&self.mask_prob_max) {
+            return Err(bad("mask_prob_max", self.mask_prob_max));
+        }
+        if let Some(d) = self.context_deadline_ms {
+            if !(d > 0.0 && d <= 3_600_000.0) {
+                return Err(bad("context_deadline_ms", d));
+            }
+        }
+        if !self.examples {
+            return Ok(());
+        }
+        if self.pack {
+            return Err(bad("examples", "true with pack = true"));
+        }
+        let s = self.default_sequence_length;
+        for (key, list) in [
+            ("local_context_sizes", &self.local_context_sizes),
+            ("bfs_widths", &self.bfs_widths),
+        ] {
+            if list.is_empty() || list.iter().any(|&v| v == 0 || v > s) {
+                return Err(bad(key, format!("{list:?} (default_sequence_length {s})")));
+            }
+        }
+        if self.prefer_latest.is_empty() {
+            return Err(bad("prefer_latest", "[]"));
         }
         Ok(())
     }

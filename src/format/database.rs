@@ -1,13 +1,16 @@
 //! Opening a preprocessed database: map every file, validate once, and hand
 //! out zero-copy views.
 //!
-//! Invariants: a [`Database`] that exists has validated every file header,
+//! Invariants: a [`Database`] that exists has validated every file header
+//! (and, format 2, hashed every block table),
 //! checked every section length against `metadata.json`, and recomputed the
 //! content hash — all in time independent of the database size (no payload
 //! byte is read at open, except the one-byte stored split codes of tasks that
 //! keep their source's splits, which are bounds-checked here). Payload checksums and the O(rows) content checks
 //! run only with `verify="full"` (and in `headwater verify`). So the views
-//! must be safe on garbage payloads: [`GraphView::parents`] and
+//! check what they read ([`super::views`]; a corrupt block is caught before
+//! a batch built from it is delivered) and must also be safe on garbage
+//! payloads of format-1 files: [`GraphView::parents`] and
 //! [`GraphView::children`] return an empty slice for out-of-range CSR
 //! offsets, and [`GraphView::table_of`] rejects a row id whose `row_table`
 //! entry does not match the table ranges from the metadata; the sampler
@@ -15,157 +18,24 @@
 //! maps; nothing here copies column or graph data.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::f16;
 
+use super::blocks::Integrity;
 use super::header::{FileKind, MappedFile};
 use super::metadata::{Metadata, SemanticType};
 use super::split::Split;
+use super::views::{
+    CellCheck, ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView,
+};
 use crate::error::{Error, Result};
-
-/// Zero-copy view of `graph.bin`.
-#[derive(Clone, Copy)]
-pub struct GraphView<'a> {
-    /// Table index of every global row.
-    pub row_table: &'a [u16],
-    /// Time of every row (`i64::MIN` for rows without time).
-    pub row_time: &'a [i64],
-    /// CSR offsets of each row's parents.
-    pub fwd_offsets: &'a [u64],
-    /// Parent rows (child → parent edges).
-    pub fwd_targets: &'a [u32],
-    /// CSR offsets of each row's children.
-    pub rev_offsets: &'a [u64],
-    /// Child rows, time-sorted per parent.
-    pub rev_targets: &'a [u32],
-    /// Time of each child in `rev_targets`.
-    pub rev_times: &'a [i64],
-    /// Global row range `[start, end)` of each table, from the metadata.
-    pub table_rows: &'a [(u32, u32)],
-}
-
-impl<'a> GraphView<'a> {
-    /// Parents of `row` (F→P); empty when `row` or its CSR offsets are out
-    /// of range (a corrupt payload gives a wrong but safe answer).
-    #[inline]
-    pub fn parents(&self, row: u32) -> &'a [u32] {
-        let r = row as usize;
-        match (self.fwd_offsets.get(r), self.fwd_offsets.get(r + 1)) {
-            (Some(&a), Some(&b)) => self.fwd_targets.get(a as usize..b as usize).unwrap_or(&[]),
-            _ => &[],
-        }
-    }
-
-    /// Children of `row` (P→F) with their times, sorted by time; empty when
-    /// `row` or its CSR offsets are out of range.
-    #[inline]
-    pub fn children(&self, row: u32) -> (&'a [u32], &'a [i64]) {
-        let r = row as usize;
-        if let (Some(&a), Some(&b)) = (self.rev_offsets.get(r), self.rev_offsets.get(r + 1)) {
-            let range = a as usize..b as usize;
-            if let (Some(ids), Some(times)) = (
-                self.rev_targets.get(range.clone()),
-                self.rev_times.get(range),
-            ) {
-                return (ids, times);
-            }
-        }
-        (&[], &[])
-    }
-
-    /// The table of global `row`, or `None` when `row` is out of range or
-    /// its `row_table` entry disagrees with the metadata's table ranges (a
-    /// corrupt payload). Every row the sampler reads cells of passed this.
-    #[inline]
-    pub fn table_of(&self, row: u32) -> Option<usize> {
-        let t = *self.row_table.get(row as usize)? as usize;
-        let &(lo, hi) = self.table_rows.get(t)?;
-        (lo <= row && row < hi).then_some(t)
-    }
-
-    /// Children of `row` whose time is `<= cutoff` (a prefix: binary search).
-    #[inline]
-    pub fn children_visible_at(&self, row: u32, cutoff: i64) -> &'a [u32] {
-        let (ids, times) = self.children(row);
-        let n = times.partition_point(|&t| t <= cutoff);
-        &ids[..n]
-    }
-
-    /// Rows in the database.
-    pub fn num_rows(&self) -> usize {
-        self.row_table.len()
-    }
-}
-
-/// One stored column: values (typed by semantic type) and validity bitmap.
-#[derive(Clone, Copy)]
-pub enum ColumnValues<'a> {
-    /// z-scored f32 values.
-    Numerical(&'a [f32]),
-    /// 0/1 values.
-    Boolean(&'a [u8]),
-    /// Microseconds since the epoch.
-    Timestamp(&'a [i64]),
-    /// Global category embedding ids.
-    Categorical(&'a [u32]),
-    /// Global text embedding ids.
-    Text(&'a [u32]),
-}
-
-#[derive(Clone, Copy)]
-/// One stored column of a table.
-pub struct ColumnView<'a> {
-    /// Global column index (metadata order).
-    pub column_idx: u32,
-    /// The values, one per row of the table.
-    pub values: ColumnValues<'a>,
-    /// Validity bitmap (bit set = not null).
-    pub validity: &'a [u8],
-    /// The metadata counts no null in the column: every value is present
-    /// and the bitmap need not be read (a cache miss per cell saved). The
-    /// metadata is hash-checked at open; a payload bitmap that disagrees
-    /// (corruption) then reads as present, a wrong but safe value.
-    pub all_valid: bool,
-}
-
-impl ColumnView<'_> {
-    #[inline]
-    /// Is the value of table-local `row` present?
-    pub fn is_valid(&self, row: usize) -> bool {
-        self.all_valid || super::bit(self.validity, row)
-    }
-}
-
-/// Zero-copy view of one table file.
-pub struct TableView<'a> {
-    /// Global index of the table's first row.
-    pub row_offset: u32,
-    /// Rows of the table.
-    pub num_rows: u32,
-    /// The stored columns, in slot order.
-    pub columns: Vec<ColumnView<'a>>,
-}
-
-/// Zero-copy view of one task file.
-#[derive(Clone, Copy)]
-pub struct TaskView<'a> {
-    /// Global anchor row of each seed.
-    pub anchor_rows: &'a [u32],
-    /// Observation time of each seed (µs).
-    pub obs_times: &'a [i64],
-    /// Target value of each seed.
-    pub targets: ColumnValues<'a>,
-    /// Validity bitmap of the targets.
-    pub target_validity: &'a [u8],
-    /// Stored split code of each seed (0 train, 1 val, 2 test), when the
-    /// task keeps its source's splits; `None`: the hash rule splits it.
-    pub splits: Option<&'a [u8]>,
-}
 
 /// An open, validated, memory-mapped database directory.
 pub struct Database {
     dir: PathBuf,
     meta: Metadata,
+    integrity: Arc<Integrity>,
     table_rows: Vec<(u32, u32)>,
     graph: MappedFile,
     tables: Vec<MappedFile>,
@@ -229,9 +99,11 @@ impl Database {
     pub(super) fn open_headers(dir: &Path, huge_pages: bool) -> Result<Self> {
         let dir = dir.to_path_buf();
         let (meta_path, meta) = Metadata::read(&dir)?;
+        let integrity = Arc::new(Integrity::default());
         let open = |rel: &str, kind: FileKind, n: Option<usize>| -> Result<MappedFile> {
             let path = dir.join(rel);
-            let f = MappedFile::open_advised(&path, kind, n, huge_pages)?;
+            let mut f = MappedFile::open_advised(&path, kind, n, huge_pages)?;
+            f.share_integrity(integrity.clone());
             let digest = meta.files.get(rel).ok_or_else(|| {
                 Error::format(&meta_path, format!("no digest recorded for {rel}"))
             })?;
@@ -286,6 +158,7 @@ impl Database {
         let db = Database {
             dir,
             meta,
+            integrity,
             table_rows,
             graph,
             tables,
@@ -317,7 +190,7 @@ impl Database {
             self.table(t.idx as usize)?;
         }
         for k in 0..m.tasks.len() {
-            if let Some(codes) = self.task(k)?.splits {
+            if let Some(codes) = self.task_unchecked(k)?.splits {
                 // One byte per seed of the few tasks that store splits: a bad
                 // code is refused here, so the seed pools never meet one.
                 if let Some((i, &c)) = codes
@@ -383,7 +256,22 @@ impl Database {
             rev_targets: g.section(5, None).expect("validated"),
             rev_times: g.section(6, None).expect("validated"),
             table_rows: &self.table_rows,
+            file: (!g.all_verified()).then_some(g),
         }
+    }
+
+    /// What the reads of this database found (see [`super::blocks`]).
+    pub fn integrity(&self) -> &Integrity {
+        &self.integrity
+    }
+
+    /// Per block of the file `rel` (a path as `metadata.json` names it),
+    /// whether a read has checked it — for tests and diagnostics.
+    pub fn verified_blocks(&self, rel: &str) -> Option<Vec<bool>> {
+        let path = self.dir.join(rel);
+        self.files()
+            .find(|f| f.path() == path)
+            .map(MappedFile::verified_blocks)
     }
 
     /// View of table `t`.
@@ -408,11 +296,26 @@ impl Database {
                     format!("column `{}` slot {:?} expected {j}", cm.name, cm.slot),
                 ));
             }
+            let values = values(f, 2 * j, cm.stype, n)?;
+            // A file read whole already needs no checks (see `all_verified`).
+            let (values_at, validity_at) = if f.all_verified() {
+                (None, None)
+            } else {
+                (f.section_offset(2 * j), f.section_offset(2 * j + 1))
+            };
             columns.push(ColumnView {
                 column_idx: c,
-                values: values(f, 2 * j, cm.stype, n)?,
+                values,
                 validity: f.section(2 * j + 1, Some(n.div_ceil(8)))?,
                 all_valid: cm.stats.null_count == 0,
+                file: values_at
+                    .zip(validity_at)
+                    .map(|(values_at, validity_at)| CellCheck {
+                        file: f,
+                        values_at,
+                        validity_at,
+                        size: values.elem_size(),
+                    }),
             });
         }
         Ok(TableView {
@@ -422,8 +325,35 @@ impl Database {
         })
     }
 
-    /// View of task `k`.
+    /// View of task `k`, every block of its file checked: the sampler reads
+    /// a task whole (its seed pools), so it is hashed whole on first use.
+    ///
+    /// # Errors
+    /// `k` out of range, or a corrupt block (in this file or one read
+    /// before), naming its file and block.
     pub fn task(&self, k: usize) -> Result<TaskView<'_>> {
+        let view = self.task_unchecked(k)?;
+        Self::check_whole(&self.tasks[k])?;
+        Ok(view)
+    }
+
+    /// Check every task file whole (the sampler does, once, as it is made:
+    /// seed pools read tasks whole, so a corrupt one is a named error then,
+    /// and every later [`task`](Self::task) finds its blocks checked).
+    ///
+    /// # Errors
+    /// The first corrupt block, naming its file and block.
+    pub fn check_tasks(&self) -> Result<()> {
+        self.tasks.iter().try_for_each(Self::check_whole)
+    }
+
+    /// Check every data section of `f`.
+    fn check_whole(f: &MappedFile) -> Result<()> {
+        (0..f.num_sections()).try_for_each(|i| f.check_section(i))
+    }
+
+    /// View of task `k`, unchecked (the O(metadata) open's shape checks).
+    pub(super) fn task_unchecked(&self, k: usize) -> Result<TaskView<'_>> {
         let km = self.meta.tasks.get(k).ok_or_else(|| {
             Error::invalid(
                 "task",
@@ -448,7 +378,10 @@ impl Database {
         })
     }
 
+    /// Section 0 of embedding file `f`, every block checked (these
+    /// matrices are handed out whole).
     fn embeddings(f: &MappedFile) -> Result<&[f16]> {
+        f.check_section(0)?;
         f.section(0, None)
     }
 
@@ -464,6 +397,15 @@ impl Database {
     pub fn text_embeddings(&self) -> Result<&[f16]> {
         Self::embeddings(&self.text_emb)
     }
+    /// Text-value embeddings `[Vt, D]` as rows checked one by one as a
+    /// batch collates them (the matrix can be large).
+    pub fn text_embedding_rows(&self) -> Result<EmbeddingRows<'_>> {
+        Ok(EmbeddingRows {
+            data: self.text_emb.section(0, None)?,
+            dim: self.meta.embedder.dim as usize,
+            file: (!self.text_emb.all_verified()).then_some(&self.text_emb),
+        })
+    }
 
     /// The `i`-th embedded string of one embedding file.
     pub fn embedded_string(&self, which: EmbeddingKind, i: usize) -> Result<&str> {
@@ -474,6 +416,7 @@ impl Database {
         };
         let offs: &[u64] = f.section(1, None)?;
         let bytes: &[u8] = f.section(2, None)?;
+        f.check_elems(1, i, 2, 8)?;
         if i + 1 >= offs.len() {
             return Err(Error::invalid(
                 "index",
@@ -490,6 +433,7 @@ impl Database {
                 format!("string {i} spans {a}..{b}, outside the data"),
             )
         })?;
+        f.check_elems(2, a, b - a, 1)?;
         std::str::from_utf8(s)
             .map_err(|e| Error::format(f.path(), format!("string {i} is not UTF-8: {e}")))
     }

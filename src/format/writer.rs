@@ -1,8 +1,9 @@
 //! Writing one binary file: header, aligned sections, checksums.
 //!
-//! Sections are streamed to disk (never the whole file in memory); the header
-//! is written last, once the payload checksum is known. The writer produces
-//! exactly the layout documented in [`crate::format`].
+//! Sections are streamed to disk (never the whole file in memory), hashed
+//! as they go, whole and per block; the block table follows them as the last
+//! section, and the header is written last, once the checksums are known.
+//! The writer produces exactly the layout documented in [`crate::format`].
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
+use super::blocks::BLOCK_SHIFT;
 use super::header::{FileKind, ALIGN, FIXED_HEADER, FORMAT_VERSION, SECTION_ENTRY};
 use crate::error::{Error, Result};
 
@@ -34,6 +36,11 @@ pub struct FileWriter {
     table: Vec<(u64, u64)>,
     pos: u64,
     hasher: Xxh3,
+    /// The block being hashed, its bytes so far, and the finished blocks'
+    /// checksums.
+    block: Xxh3,
+    block_fill: usize,
+    block_sums: Vec<u64>,
 }
 
 const ZEROS: [u8; ALIGN] = [0; ALIGN];
@@ -50,8 +57,12 @@ impl FileWriter {
             table: Vec::with_capacity(num_sections),
             pos: 0,
             hasher: Xxh3::new(),
+            block: Xxh3::new(),
+            block_fill: 0,
+            block_sums: Vec::new(),
         };
-        let header_len = align_up(FIXED_HEADER + num_sections * SECTION_ENTRY, ALIGN);
+        // The data sections and the block table.
+        let header_len = align_up(FIXED_HEADER + (num_sections + 1) * SECTION_ENTRY, ALIGN);
         w.out
             .write_all(&vec![0u8; header_len])
             .map_err(|e| Error::io(path, e))?;
@@ -65,7 +76,42 @@ impl FileWriter {
             .map_err(|e| Error::io(&self.path, e))?;
         self.hasher.update(bytes);
         self.pos += bytes.len() as u64;
+        let size = 1usize << BLOCK_SHIFT;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let take = rest.len().min(size - self.block_fill);
+            self.block.update(&rest[..take]);
+            self.block_fill += take;
+            rest = &rest[take..];
+            if self.block_fill == size {
+                self.block_sums.push(self.block.digest());
+                self.block.reset();
+                self.block_fill = 0;
+            }
+        }
         Ok(())
+    }
+
+    /// Close the last block and append the block table (the block shift,
+    /// then each block's xxh3-64) as the last section; returns its xxh3-64.
+    fn block_table(&mut self) -> Result<u64> {
+        let pad = align_up(self.pos as usize, ALIGN) - self.pos as usize;
+        self.put(&ZEROS[..pad])?;
+        if self.block_fill > 0 {
+            self.block_sums.push(self.block.digest());
+        }
+        let mut table = Vec::with_capacity(8 * (self.block_sums.len() + 1));
+        table.extend_from_slice(&u64::from(BLOCK_SHIFT).to_le_bytes());
+        for s in &self.block_sums {
+            table.extend_from_slice(&s.to_le_bytes());
+        }
+        self.table.push((self.pos, table.len() as u64));
+        self.out
+            .write_all(&table)
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.hasher.update(&table);
+        self.pos += table.len() as u64;
+        Ok(xxhash_rust::xxh3::xxh3_64(&table))
     }
 
     /// Append the next section (64-byte aligned).
@@ -117,28 +163,30 @@ impl FileWriter {
         );
         let path = self.path.clone();
         let io = |e| Error::io(&path, e);
+        let block_table_sum = self.block_table()?;
         let payload_checksum = self.hasher.digest();
-        let mut head = Vec::with_capacity(FIXED_HEADER + self.num_sections * SECTION_ENTRY);
+        let sections = self.table.len();
+        let mut head = Vec::with_capacity(FIXED_HEADER + sections * SECTION_ENTRY);
         head.extend_from_slice(self.kind.magic());
         head.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        head.extend_from_slice(&(self.num_sections as u32).to_le_bytes());
+        head.extend_from_slice(&(sections as u32).to_le_bytes());
         head.extend_from_slice(&self.pos.to_le_bytes());
         head.extend_from_slice(&payload_checksum.to_le_bytes());
-        let mut table = Vec::with_capacity(self.num_sections * SECTION_ENTRY);
+        let mut table = Vec::with_capacity(sections * SECTION_ENTRY);
         for (off, len) in &self.table {
             table.extend_from_slice(&off.to_le_bytes());
             table.extend_from_slice(&len.to_le_bytes());
         }
-        let reserved = 0u64.to_le_bytes();
+        let block_table_sum = block_table_sum.to_le_bytes();
         let header_len = align_up(FIXED_HEADER + table.len(), ALIGN);
         let padding = vec![0u8; header_len - FIXED_HEADER - table.len()];
         let mut h = Xxh3::new();
         h.update(&head);
-        h.update(&reserved);
+        h.update(&block_table_sum);
         h.update(&table);
         h.update(&padding);
         head.extend_from_slice(&h.digest().to_le_bytes());
-        head.extend_from_slice(&reserved);
+        head.extend_from_slice(&block_table_sum);
         head.extend_from_slice(&table);
         self.out.flush().map_err(io)?;
         let mut file = self.out.into_inner().map_err(|e| io(e.into_error()))?;

@@ -297,6 +297,13 @@ impl Sampler {
         Ok(())
     }
 
+    /// Whether `saved` can be restored here ([`load_state`](Self::load_state)
+    /// would accept it): the same checks, nothing restored or logged.
+    pub fn check_state(&self, saved: &SamplerState) -> Result<()> {
+        let fresh: Vec<SplitState> = PRODUCED.iter().map(|&s| self.core.split_state(s)).collect();
+        self.core.restored_streams(saved, &fresh).map(|_| ())
+    }
+
     /// Advance `split`'s stream by `n` batches past the last delivered one
     /// without building them (queued batches are dropped, the producer
     /// restarts after them). Exactly reproducible: the batches after a skip

@@ -8,9 +8,11 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released);
 /// with `window` (Unix start and stop seconds), the batches finished inside
-/// it instead of `steps`.
+/// it instead of `steps`. `sampler_overrides`: a JSON object of sampler
+/// keys set over the run's config (e.g. an in-context recipe), read
+/// through the config table.
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy", window=None))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy", window=None, sampler_overrides=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,
@@ -29,6 +31,7 @@ pub fn bench_sampler<'py>(
     database_weights: Option<Vec<f64>>,
     page_cache: &str,
     window: Option<(f64, f64)>,
+    sampler_overrides: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let paths = super::sampler::db_paths(db_path)?;
     // Read through the config table, so a bad value gets its one error.
@@ -48,6 +51,10 @@ pub fn bench_sampler<'py>(
         page_cache,
         ..SamplerConfig::default()
     };
+    let cfg = match sampler_overrides {
+        None => cfg,
+        Some(text) => with_overrides(cfg, text).map_err(to_py)?,
+    };
     let run = py
         .detach(|| {
             let window = window.map(|(start, stop)| bench::Window { start, stop });
@@ -56,6 +63,21 @@ pub fn bench_sampler<'py>(
         .map_err(to_py)?;
     let s = serde_json::to_string(&run).expect("serialisable");
     py.import("json")?.call_method1("loads", (s,))
+}
+
+/// `cfg` with the keys of the JSON object `text` set over it.
+fn with_overrides(cfg: SamplerConfig, text: &str) -> crate::error::Result<SamplerConfig> {
+    let bad = |what: String| crate::error::Error::config("sampler_overrides", what);
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e}): {text}")))?;
+    let serde_json::Value::Object(over) = v else {
+        return Err(bad(format!("not a mapping of sampler keys: {text}")));
+    };
+    let mut all = cfg.to_json();
+    if let serde_json::Value::Object(m) = &mut all {
+        m.extend(over);
+    }
+    SamplerConfig::from_json(&all)
 }
 
 /// Peak RSS of this process in bytes (`VmHWM`), or None off Linux.

@@ -37,19 +37,19 @@ mod telemetry;
 mod writer;
 
 create_exception!(
-    _native,
+    headwater.errors,
     HeadwaterError,
     PyException,
     "Base class of every headwater error."
 );
 create_exception!(
-    _native,
+    headwater.errors,
     FormatError,
     HeadwaterError,
     "A database file is truncated, corrupt, or of an unsupported version."
 );
 create_exception!(
-    _native,
+    headwater.errors,
     SchemaError,
     HeadwaterError,
     "The relational input cannot become a database (schema or data problem)."
@@ -62,7 +62,7 @@ fn config_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     CONFIG_ERROR
         .get_or_try_init(py, || {
             let ns = PyDict::new(py);
-            ns.set_item("__module__", "headwater._native")?;
+            ns.set_item("__module__", "headwater.errors")?;
             ns.set_item(
                 "__doc__",
                 "A configuration key is unknown or has a bad value (names the key, \
@@ -100,26 +100,26 @@ pub(crate) fn json_to_py<'py>(
 }
 
 create_exception!(
-    _native,
+    headwater.errors,
     StateError,
     HeadwaterError,
     "A saved sampler state cannot be restored (other snapshot, config or version); \
      `field` names the state field that does not fit and `what` says how."
 );
 create_exception!(
-    _native,
+    headwater.errors,
     SamplerShutdown,
     HeadwaterError,
     "The sampler was shut down; no more batches."
 );
 create_exception!(
-    _native,
+    headwater.errors,
     WorkerError,
     HeadwaterError,
     "A sampler producer thread failed or panicked."
 );
 create_exception!(
-    _native,
+    headwater.errors,
     ResourceError,
     HeadwaterError,
     "A resource limit such as max_rss_bytes would be exceeded."

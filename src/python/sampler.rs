@@ -10,6 +10,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::batch::batch_dict;
 use super::{to_py, WAKE};
+use crate::error::Error;
 use crate::pipeline::{self, SamplerState};
 use crate::seeds::Split;
 
@@ -53,19 +54,32 @@ fn nonneg(name: &str, v: i64) -> PyResult<u64> {
 
 /// A saved state given as a dict (`state_dict()`), JSON str or bytes.
 fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
+    // Whatever is given, a state that cannot be read is a `StateError`
+    // naming what it is: one exception for every failed restore.
+    let refuse = |what: String| {
+        to_py(Error::State {
+            field: "state".to_string(),
+            what,
+        })
+    };
     let json = if let Ok(s) = v.extract::<String>() {
         s
     } else if let Ok(b) = v.extract::<Vec<u8>>() {
-        String::from_utf8(b).map_err(|e| {
-            PyValueError::new_err(format!(
-                "invalid argument `state`: bytes are not UTF-8 JSON: {e}"
-            ))
-        })?
+        String::from_utf8(b)
+            .map_err(|e| refuse(format!("bytes are not UTF-8 JSON (a sampler state): {e}")))?
     } else {
         v.py()
             .import("json")?
-            .call_method1("dumps", (v,))?
-            .extract::<String>()?
+            .call_method1("dumps", (v,))
+            .and_then(|s| s.extract::<String>())
+            .map_err(|e| {
+                refuse(format!(
+                    "a {} is not a sampler state (a dict, JSON str or bytes): {e}",
+                    v.get_type()
+                        .name()
+                        .map_or_else(|_| "?".to_string(), |n| n.to_string())
+                ))
+            })?
     };
     SamplerState::from_json(&json).map_err(to_py)
 }
@@ -348,6 +362,14 @@ impl Sampler {
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let st = parse_state(state)?;
         py.detach(|| self.inner.load_state(&st)).map_err(to_py)
+    }
+
+    /// Raise `StateError` (naming the field) if `state` cannot be restored
+    /// on this sampler, as `load_state_dict()` would; restores nothing and
+    /// logs nothing.
+    fn check_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let st = parse_state(state)?;
+        py.detach(|| self.inner.check_state(&st)).map_err(to_py)
     }
 
     /// Advance `split`'s stream by `n` batches past the last delivered one

@@ -44,12 +44,24 @@ pub struct Subgraph {
     /// the cutoff, reachable only through rows without a time).
     pub temporal_filtered: u64,
     /// Included rows (other than the seed) whose time is after `obs_time`,
-    /// counted from the rows' own times, independently of the filter.
+    /// counted from the rows' own times, independently of the filter (with
+    /// examples: also an example row at or after the seed's time).
     pub temporal_leaks: u64,
+    /// With examples: cells of each tier (0: the seed's BFS, 1: ranked
+    /// examples' shells, 2: random examples' shells); else all zero.
+    pub tier_cells: [u32; 3],
+    /// With examples: example rows (tiers 1 and 2) in the context and the
+    /// tier each entered in, in the order they entered.
+    pub example_rows: Vec<(u32, u8)>,
+    /// With examples: random-walk steps taken building the context.
+    pub walk_steps: u64,
+    /// With examples: 1 when the build passed `context_deadline_ms` and the
+    /// context was replaced by the seed's plain BFS context.
+    pub deadline_hits: u32,
 }
 
 impl Subgraph {
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.rows.clear();
         self.depth.clear();
         self.tables.clear();
@@ -61,6 +73,10 @@ impl Subgraph {
         self.children_capped = 0;
         self.temporal_filtered = 0;
         self.temporal_leaks = 0;
+        self.tier_cells = [0; 3];
+        self.example_rows.clear();
+        self.walk_steps = 0;
+        self.deadline_hits = 0;
     }
 
     /// Cut this context to its longest prefix of rows (BFS order: the seed,
@@ -70,7 +86,7 @@ impl Subgraph {
     /// prefix keeps every edge between its rows (each kept row keeps the
     /// edge from the row that reached it, which comes before it: the prefix
     /// is connected) and its leak count is recounted from `row_time` against
-    /// `obs_time`. The cut rows' cells go to
+    /// `obs_time` (times of rows the BFS included, so read checked already). The cut rows' cells go to
     /// `cells_dropped`; the BFS's own counts (width cap, time filter) stay.
     /// A budget below the seed's cells keeps the seed row alone.
     pub fn keep_prefix(
@@ -120,7 +136,7 @@ impl Subgraph {
 /// Whether an included row dated `t` is a leak for a seed observed at
 /// `obs_time` (a row without a time never is).
 #[inline]
-fn leaks(t: i64, obs_time: i64) -> bool {
+pub(super) fn leaks(t: i64, obs_time: i64) -> bool {
     t != i64::MIN && t > obs_time
 }
 
@@ -329,8 +345,7 @@ pub fn bfs(
     out.rows.push(seed);
     out.depth.push(0);
     // The caller checked the seed's table (the task's anchor table).
-    out.tables
-        .push(g.row_table.get(seed as usize).copied().unwrap_or(0));
+    out.tables.push(g.table_code(seed).unwrap_or(0));
     out.cells = seed_cells.min(p.max_cells);
     out.budget = p.max_cells;
     let max_rows = max_rows(p);
@@ -396,7 +411,7 @@ fn reach_parents(g: &GraphView<'_>, cutoff: i64, s: &mut BfsScratch, out: &mut S
     // is dropped at inclusion.)
     let before = s.parents.len();
     s.parents.retain(|&par| {
-        let t = g.row_time.get(par as usize).copied().unwrap_or(i64::MIN);
+        let t = g.time_of(par).unwrap_or(i64::MIN);
         t == i64::MIN || t <= cutoff
     });
     out.temporal_filtered += (before - s.parents.len()) as u64;
@@ -490,7 +505,7 @@ fn include_hop(
             // The leak check reads the row's own time, not the CSR times
             // or the cutoff the filter used, so it stays an independent
             // witness (and lights up when the filter is off).
-            if leaks(g.row_time[r as usize], obs_time) {
+            if leaks(g.time_of(r).unwrap_or(i64::MIN), obs_time) {
                 out.temporal_leaks += 1;
             }
         }

@@ -18,5 +18,8 @@
 //! O(width), never O(degree). Never reads column data.
 
 mod bfs;
+pub mod incontext;
+pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
+pub use incontext::{build_in_context, ExampleParams, ExampleScratch, SeqRecipe};

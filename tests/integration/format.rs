@@ -1,12 +1,12 @@
-//! The golden v1 database keeps opening with the same content, and every kind
-//! of damage is a clear error naming the file, never a panic.
+//! The golden v1 and v2 databases keep opening with the same content, and
+//! every kind of damage is a clear error naming the file, never a panic.
 
 use std::fs;
 
 use headwater::format::{bit, verify_database, ColumnValues, Database, EmbeddingKind, Verify};
 use headwater::Error;
 
-use crate::support::{expected_v1, golden_copy, golden_v1};
+use crate::support::{expected_v1, expected_v2, golden_copy, golden_v1, golden_v2};
 
 fn table_idx(db: &Database, name: &str) -> usize {
     db.metadata()
@@ -30,8 +30,21 @@ fn column<'a>(db: &'a Database, table: &str, col: &str) -> (u32, ColumnValues<'a
 
 #[test]
 fn golden_v1_opens_and_matches_its_source() {
-    let exp = expected_v1();
-    let db = Database::open(golden_v1()).expect("golden v1 database must keep opening");
+    golden_opens_and_matches_its_source(&golden_v1(), &expected_v1());
+}
+
+#[test]
+fn golden_v2_opens_and_matches_its_source() {
+    golden_opens_and_matches_its_source(&golden_v2(), &expected_v2());
+    let db = Database::open(golden_v2()).unwrap();
+    for rel in db.metadata().files.keys() {
+        let b = fs::read(golden_v2().join(rel)).unwrap();
+        assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 2, "{rel}");
+    }
+}
+
+fn golden_opens_and_matches_its_source(dir: &std::path::Path, exp: &serde_json::Value) {
+    let db = Database::open(dir).expect("golden database must keep opening");
     let m = db.metadata();
     assert_eq!(
         m.format_version,

@@ -1,5 +1,6 @@
 //! Golden batches: the bytes of every tensor, the fingerprint and the
 //! per-batch telemetry inputs of a fixed config on the committed golden v1
+//! (and, the same data in format 2, v2)
 //! database, pinned in `tests/data/golden_batches.json`. Refactors must keep
 //! them bit-identical (re-bless only for a deliberate format change with
 //! `HEADWATER_BLESS=1 cargo test golden_batches`).
@@ -11,7 +12,7 @@ use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{SamplerConfig, Split};
 use serde_json::{json, Value};
 
-use crate::support::golden_v1;
+use crate::support::{golden_v1, golden_v2};
 
 fn h(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
@@ -19,7 +20,7 @@ fn h(bytes: &[u8]) -> String {
 
 /// Every tensor's bytes hashed, in `BATCH_KEYS` order, plus what telemetry
 /// reads from the batch.
-fn describe(b: &MadeBatch) -> Value {
+pub(crate) fn describe(b: &MadeBatch) -> Value {
     let tensors = json!({
         "semantic_types": h(bytemuck::cast_slice(&b.semantic_types)),
         "column_ids": h(bytemuck::cast_slice(&b.column_ids)),
@@ -123,8 +124,8 @@ fn configs() -> Vec<(&'static str, SamplerConfig)> {
     ]
 }
 
-fn run_all() -> Value {
-    let db = Arc::new(headwater::Database::open(golden_v1()).unwrap());
+fn run_all(dir: &Path) -> Value {
+    let db = Arc::new(headwater::Database::open(dir).unwrap());
     let mut out = serde_json::Map::new();
     for (name, cfg) in configs() {
         let core = Arc::new(SamplerCore::with_database(db.clone(), cfg).unwrap());
@@ -144,7 +145,7 @@ fn run_all() -> Value {
 #[test]
 fn golden_batches_are_bit_identical() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_batches.json");
-    let got = run_all();
+    let got = run_all(&golden_v1());
     if std::env::var_os("HEADWATER_BLESS").is_some() {
         std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap()).unwrap();
     }
@@ -160,4 +161,13 @@ fn golden_batches_are_bit_identical() {
         }
     }
     assert_eq!(got, want);
+}
+
+/// The golden v2 database holds the same data with block checksums: its
+/// batches (every block read checked) are the pinned v1 batches, bit for bit.
+#[test]
+fn golden_v2_batches_are_the_pinned_ones() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_batches.json");
+    let want: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(run_all(&golden_v2()), want);
 }

@@ -10,6 +10,8 @@ mod eval;
 mod format;
 mod fuzz;
 mod golden_batches;
+mod incontext;
+mod integrity;
 mod layout;
 mod mixture;
 mod oracle;

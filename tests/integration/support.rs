@@ -7,6 +7,15 @@ pub fn golden_v1() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_v1")
 }
 
+pub fn golden_v2() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_v2")
+}
+
+pub fn expected_v2() -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_v2_expected.json");
+    serde_json::from_slice(&fs::read(p).unwrap()).unwrap()
+}
+
 pub fn expected_v1() -> serde_json::Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden_v1_expected.json");
     serde_json::from_slice(&fs::read(p).unwrap()).unwrap()

@@ -1,7 +1,8 @@
 """Read an offline W&B run back from its ``.wandb`` file (for ``test_hook.py``).
 
 ``python read_wandb.py RUN.wandb`` prints JSON ``{"history": [row, ...],
-"metrics": {name: {"step_metric", "summary": [...], "hidden"}}}``.
+"metrics": {name: {"step_metric", "summary": [...], "hidden"}}, "summary": {key:
+value}}`` (the run summary's updates, the last value of each key).
 
 The file is a 7-byte header (``:W&B``, magic 0xBEE1, version) followed by
 leveldb-log blocks of 32 KiB; each record carries a CRC-32 of its type byte
@@ -73,6 +74,7 @@ def main() -> None:
     recs = records(Path(sys.argv[1]))
     history = []
     metrics: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
     for r in recs:
         kind = r.WhichOneof("record_type")
         if kind == "history":
@@ -81,6 +83,9 @@ def main() -> None:
                 key = item.key or "/".join(item.nested_key)
                 row[key] = json.loads(item.value_json)
             history.append(row)
+        elif kind == "summary":
+            for item in r.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
         elif kind == "metric":
             m = r.metric
             metrics[m.name or m.glob_name] = {
@@ -88,7 +93,7 @@ def main() -> None:
                 "summary": sorted(f.name for f, v in m.summary.ListFields() if v),
                 "hidden": bool(m.options.hidden),
             }
-    json.dump({"history": history, "metrics": metrics}, sys.stdout)
+    json.dump({"history": history, "metrics": metrics, "summary": summary}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -162,8 +163,13 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path: Path, tpch: 
     assert lost_from < logged + 1 < STEPS, (lost_from, logged)
     assert not (killed / "rank-0.json").exists()
 
-    r = run(tmp_path, "--resume", str(killed), "--num-processes", "2")
+    # A plain --resume keeps the run's two processes (recorded): no reshard,
+    # and the sampler's resume is logged once (rank 0's; rank 1's is in its log).
+    r = run(tmp_path, "--resume", str(killed))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    both = r.stdout + r.stderr
+    assert "reshard" not in both and both.count("resumed from a saved sampler state") == 1, both
+    assert json.loads((killed / "launch.json").read_text())["num_processes"] == 2
     got = summaries(killed, 2)
     assert [s["start_step"] for s in got] == [lost_from, lost_from]
     assert got[0]["steps"] == STEPS - lost_from
@@ -202,6 +208,7 @@ def test_sigterm_checkpoints_summarises_and_says_how_to_resume(
     proc.send_signal(signal.SIGTERM)  # the launcher only: it forwards to the ranks
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-4000:]
+    assert "SIGTERM received: stopping after the current step" in err, err[-3000:]
 
     s0, s1 = summaries(run_dir, 2)
     done = s0["steps"]
@@ -223,16 +230,26 @@ def test_sigterm_checkpoints_summarises_and_says_how_to_resume(
     bad = run(tmp_path, str(cfg), "--dir", str(runs), "--run-name", "term")
     assert bad.returncode == 2 and "already holds checkpoints" in bad.stderr, bad.stderr[-3000:]
 
-    # The printed command, on one process instead of two (the sampler
+    # One process instead of two needs --reshard (the global batch halves,
+    # the run is no longer bit-identical): without it, a refusal that says so.
+    bad = run(tmp_path, *hint.split()[2:-2], "--num-processes", "1")
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "trained on 2 process(es), this start has 1" in bad.stderr and "--reshard" in bad.stderr
+
+    # The printed command with --reshard, on one process (the sampler
     # continues the global cursors; parameters are replicated), stopped
     # again during the final evaluation: the last checkpoint is committed
     # before it starts, and the stop does not wait for its passes.
-    proc = start(tmp_path, *hint.split()[2:-2])
+    proc = start(tmp_path, *hint.split()[2:-2], "--num-processes", "1", "--reshard")
     wait_until(proc, lambda: committed(run_dir)[-1:] == [steps], f"checkpoint {steps}")
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-4000:]
     assert "stopping during the final evaluation: SIGTERM" in out, out[-3000:]
+    assert "reshard: world size 2 -> 1: the global batch goes from 8 to 4" in out, out[:3000]
+    assert (run_dir / "stale-ranks" / "rank-1.json").is_file()
+    assert not (run_dir / "rank-1.json").exists() and not (run_dir / "rank-1.log").exists()
+    assert json.loads((run_dir / "launch.json").read_text())["num_processes"] == 1
     assert f"after step {steps}, before the final evaluation ended" in err, err[-3000:]
     (s,) = summaries(run_dir, 1)
     assert (s["start_step"], s["steps"], s["world"], s["interrupted"]) == (
@@ -246,9 +263,13 @@ def test_sigterm_checkpoints_summarises_and_says_how_to_resume(
     # The final validation (one batch) may have ended before the stop.
     stopped_val = [x["val/loss"] for x in rows(run_dir, "val/loss") if x["step"] == steps - 1]
 
-    # The resume reruns the final validation and evaluation alone.
+    # The resume (on the one process the run now records) reruns the final
+    # validation and evaluation alone, and its summary prints no NaN.
     r = run(tmp_path, *hint.split()[2:-2])
     assert r.returncode == 0, r.stderr[-4000:]
+    assert "reshard" not in r.stdout + r.stderr
+    assert "done: no training steps in this attempt" in r.stdout, r.stdout[-3000:]
+    assert "nan" not in r.stdout.lower() and "Mean of empty slice" not in r.stderr
     (s,) = summaries(run_dir, 1)
     assert (s["start_step"], s["steps"], s["interrupted"]) == (steps, 0, None)
     assert committed(run_dir)[-1] == steps
@@ -265,3 +286,187 @@ def test_sigterm_checkpoints_summarises_and_says_how_to_resume(
     # A run whose final phase ended has nothing left to resume.
     again = run(tmp_path, *hint.split()[2:-2])
     assert again.returncode == 2 and "nothing to resume" in again.stderr, again.stderr[-3000:]
+
+
+class Lines:
+    """A started run's stdout and stderr lines, each with the time it arrived."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        import threading
+
+        self.proc, self.t0, self.lines = proc, time.monotonic(), []  # type: ignore[var-annotated]
+        self.threads = [
+            threading.Thread(target=self._read, args=(f,), daemon=True)
+            for f in (proc.stdout, proc.stderr)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, f: Any) -> None:
+        for line in f:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def first(self, text: str, timeout: float = 400) -> float:
+        """When the first line holding ``text`` arrived (waits for it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            hit = [t for t, ln in list(self.lines) if text in ln]
+            if hit:
+                return hit[0]
+            if self.proc.poll() is not None and all(not t.is_alive() for t in self.threads):
+                pytest.fail(f"the run ended before {text!r}:\n" + self.text()[-3000:])
+            if time.monotonic() > deadline:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                pytest.fail(f"timed out waiting for {text!r}")
+            time.sleep(0.01)
+
+    def finish(self, timeout: float = 300) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        for t in self.threads:
+            t.join(timeout=10)
+        return rc
+
+    def text(self) -> str:
+        return "\n".join(ln for _, ln in sorted(self.lines))
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_the_printed_command_resumes(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    """One process: start-up says what it does and prints the resume command
+    first; SIGINT mid-training is acknowledged within a second or two, the
+    run stops after the step with a checkpoint; the progress loss is each
+    step's own (log_every = 1: the window is the step). The printed command
+    resumes it: the restored checkpoint is named, the sampler's resume line
+    printed once and no reshard line (same world size); the final
+    evaluation shows progress at once, and the summary keeps training and
+    evaluation time apart."""
+    steps = 100  # each batch takes >= 40 ms: the signal comes well before the end
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(
+        tiny_train_config(tpch.built.path, steps, train="val_every = 0\ncheckpoint_every = 0")
+        .replace("num_threads = 1", "num_threads = 1\ndebug_batch_delay_ms = 40.0"),
+        encoding="utf-8",
+    )
+    runs = tmp_path / "runs"
+    run_dir = runs / "ctrlc"
+    out = Lines(start(tmp_path, str(cfg), "--dir", str(runs), "--run-name", "ctrlc"))
+    resume_line = f"resume with: headwater train --resume {run_dir}"
+    started = out.first(resume_line)
+    assert (run_dir / "resume.sh").read_text().count(f"headwater train --resume {run_dir}") == 1
+    compiling = out.first("start-up: compiling the train step")
+    out.first("step     3/")
+    sent = time.monotonic()
+    os.kill(out.proc.pid, signal.SIGINT)
+    acked = out.first("SIGINT received: stopping after the current step")
+    assert out.finish() == 128 + signal.SIGINT, out.text()[-3000:]
+    latency = acked - sent
+    print(f"\nSIGINT acknowledged after {latency * 1e3:.1f} ms; resume command {started - out.t0:.1f} s "
+          f"and the compile line {compiling - out.t0:.1f} s after the start")
+    assert latency < 2.0, latency
+    text = out.text()
+    (s,) = summaries(run_dir, 1)
+    done = s["steps"]
+    assert f"stopping after step {done}: SIGINT" in text and committed(run_dir) == [done]
+    assert f"done: {done} steps in " in text and " s training + " in text
+    assert "nan" not in text.split("done:")[1].split("W&B")[0].lower(), text[-2000:]
+    shown = [float(m) for m in re.findall(r"step +\d+/\d+ +loss +([\d.]+)", text)]
+    logged = [x["trainer/loss"] for x in rows(run_dir, "trainer/loss")]
+    assert shown == pytest.approx(logged, abs=1e-4)
+
+    # The printed command: the remaining steps and the final evaluation.
+    r = Lines(start(tmp_path, *resume_line.split(": ", 1)[1].split()[2:]))
+    began = r.first("final validation:")
+    first_bar = r.first("final eval val: 0/")
+    assert r.finish() == 0, r.text()[-3000:]
+    text = r.text()
+    print(f"final evaluation progress shown {1e3 * (first_bar - began):.0f} ms after it began")
+    assert text.count("resumed from a saved sampler state") == 1, text[:3000]
+    assert "reshard" not in text
+    assert f"restored the parameters and optimiser state of checkpoint {done}" in text
+    assert re.search(r"final eval test: (\d+)/\1 batches \(100%\)", text), text[-3000:]
+    assert f"done: {steps - done} steps in " in text and "nan" not in text.lower()
+    (s,) = summaries(run_dir, 1)
+    assert s["eval_seconds"] > 0 and s["train_seconds"] + s["eval_seconds"] == pytest.approx(
+        s["wall_seconds"]
+    )
+
+
+def test_a_signal_during_start_up_stops_it_at_once(tmp_path: Path, tpch: Tpch) -> None:
+    """SIGINT before the first step: no step to finish, nothing to save; the
+    run says so and exits within seconds (it waited for the compilation and
+    a step before)."""
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_train_config(tpch.built.path, 50), encoding="utf-8")
+    runs = tmp_path / "runs"
+    out = Lines(start(tmp_path, str(cfg), "--dir", str(runs), "--run-name", "early"))
+    out.first("headwater train: db")  # the sampler is open, the model not compiled
+    sent = time.monotonic()
+    os.kill(out.proc.pid, signal.SIGINT)
+    rc = out.finish()
+    took = time.monotonic() - sent
+    text = out.text()
+    print(f"\nstart-up stopped {took:.1f} s after SIGINT")
+    assert rc == 128 + signal.SIGINT, text[-3000:]
+    assert "Traceback" not in text and "stopping after step" not in text, text[-3000:]
+    assert "SIGINT" in text and "start-up" in text, text[-3000:]
+    assert committed(runs / "early") == []
+    assert took < 15, took
+
+
+def test_a_signal_during_a_two_process_start_up_stops_it_at_once(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    """The launcher acknowledges the signal, forwards it, and reports the
+    stop during start-up (not a failed rank), exiting with 128 + SIGINT."""
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_train_config(tpch.built.path, 50), encoding="utf-8")
+    runs = tmp_path / "runs"
+    out = Lines(start(tmp_path, str(cfg), "--dir", str(runs), "--num-processes", "2"))
+    out.first("resume with: headwater train --resume")
+    time.sleep(1.0)  # the workers are starting (importing JAX, joining the job)
+    sent = time.monotonic()
+    os.kill(out.proc.pid, signal.SIGINT)
+    acked = out.first("SIGINT received")
+    rc = out.finish()
+    took = time.monotonic() - sent
+    text = out.text()
+    print(f"\nacknowledged after {1e3 * (acked - sent):.1f} ms, stopped after {took:.1f} s")
+    assert rc == 128 + signal.SIGINT, text[-3000:]
+    assert "SIGINT during start-up: stopped before the first step" in text, text[-3000:]
+    assert "exited with status" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 30, took
+
+
+def test_the_launch_record_keeps_the_runs_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``launch.json`` records the process count and the devices, and
+    ``resume.sh`` the command; a resume on other devices says so, one on
+    the same devices does not; ranks beyond a new world size move aside."""
+    from headwater.train import checkpoint as C
+    from headwater.train.rank import _record_devices
+
+    cpu = {
+        "processes": 2, "local_devices": 1, "platform": "cpu", "devices": 2,
+        "global_batch": 8, "per_device_batch": 4, "per_process_batch": 4,
+    }
+    C.write_launch_record(tmp_path, {"train": {"steps": 3}}, {}, world=2)
+    assert C.recorded_world(tmp_path) == 2
+    assert f"headwater train --resume {tmp_path} --num-processes 2" in (
+        tmp_path / "resume.sh"
+    ).read_text()
+    _record_devices(tmp_path, 2, cpu, resume=False)
+    _record_devices(tmp_path, 2, cpu, resume=True)
+    assert capsys.readouterr().out == ""
+    _record_devices(tmp_path, 2, {**cpu, "platform": "gpu"}, resume=True)
+    out = capsys.readouterr().out
+    assert "other devices than the checkpoint's run" in out and "gpu device(s)" in out, out
+    assert json.loads((tmp_path / "launch.json").read_text())["devices"]["platform"] == "gpu"
+
+    for r in range(3):
+        (tmp_path / f"rank-{r}.json").write_text("{}")
+    (tmp_path / "rank-2.log").write_text("")
+    assert C.set_aside_stale_ranks(tmp_path, 2) == ["rank-2.json", "rank-2.log"]
+    assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0.json", "rank-1.json"]
+    assert C.set_aside_stale_ranks(tmp_path, 2) == []

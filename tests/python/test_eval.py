@@ -18,6 +18,7 @@ import datetime as dt
 import importlib.util
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -308,6 +309,12 @@ prometheus_port = 0
     # `headwater eval` on the final checkpoint, one process: the same metrics.
     ev = _run(tmp_path, "eval", str(run_dir), "--split", "both")
     assert "hot_copy" in ev.stdout
+    # It names the checkpoint whose parameters it scores, shows each pass's
+    # progress, and restores no sampler stream (it only checks the state).
+    last = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert f"restored the parameters of checkpoint {last} " in ev.stdout, ev.stdout[-2000:]
+    assert re.search(r"eval test: (\d+)/\1 batches \(100%\)", ev.stdout), ev.stdout[-2000:]
+    assert "resumed from a saved sampler state" not in ev.stdout + ev.stderr
     for split in ("val", "test"):
         again = json.loads((run_dir / f"eval-{split}.json").read_text())
         for task, r in s0["eval"][split].items():

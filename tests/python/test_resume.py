@@ -163,3 +163,61 @@ def test_refusals_name_the_field(small: SmallDb) -> None:
         assert r.state_dict()["splits"]["train"]["step"] == 1
     with N.Sampler(small.path, **CFG) as r, pytest.raises(StateError, match="`seed`"):
         r.load_state_dict({**st, "config": {**st["config"], "seed": 99}})
+
+
+def test_every_failed_restore_is_a_state_error(small: SmallDb) -> None:
+    """Random bytes, a non-JSON object, a JSON scalar: ``StateError``
+    naming `state`, never ``ValueError``/``TypeError``; the sampler still
+    works after each. ``check_state_dict`` refuses the same and restores
+    nothing."""
+    import os
+
+    with N.Sampler(small.path, **CFG) as s:
+        first = fps(s, 2)
+        st = s.state_dict()
+        for bad in (os.urandom(64), b"\xff\xfe", object(), 7, "[1, 2]"):
+            with pytest.raises(StateError) as e:
+                s.load_state_dict(bad)
+            assert type(e.value) is StateError and e.value.field in ("state", "format")
+            with pytest.raises(StateError):
+                s.check_state_dict(bad)
+        with pytest.raises(StateError, match="`content_hash`"):
+            s.check_state_dict({**st, "content_hash": "0" * 16})
+        s.check_state_dict(st)  # fits: nothing restored, the stream goes on
+        assert s.state_dict()["splits"]["train"]["step"] == 2
+        later = fps(s, 1)
+    with N.Sampler(small.path, **CFG) as r:
+        assert fps(r, 3) == first + later
+
+
+def test_errors_print_as_headwater_errors() -> None:
+    """One spelling: every exception class is ``headwater.errors.X``, the
+    same object as ``headwater.X`` and ``headwater._native.X``, and pickles."""
+    import pickle
+
+    import headwater
+    from headwater import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert f"{cls.__module__}.{cls.__qualname__}" == f"headwater.errors.{name}"
+        assert repr(cls) == f"<class 'headwater.errors.{name}'>"
+        assert getattr(headwater, name) is cls and getattr(N, name) is cls
+        assert type(pickle.loads(pickle.dumps(cls("x")))) is cls
+
+
+def test_a_format_version_error_names_its_database(small: SmallDb, tmp_path: Any) -> None:
+    import shutil
+
+    from headwater.errors import FormatError
+
+    db = tmp_path / "clinic"
+    shutil.copytree(small.path, db)
+    meta = db / "metadata.json"
+    meta.chmod(0o644)
+    m = json.loads(meta.read_text())
+    m["format_version"] = 99
+    meta.write_text(json.dumps(m))
+    with pytest.raises(FormatError) as e:
+        N.Sampler(db, **CFG)
+    assert "database `clinic`: format version 99 is not supported" in str(e.value), e.value

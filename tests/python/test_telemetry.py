@@ -678,6 +678,14 @@ EXTRA_REDUCTIONS = {
     "stalls": "SUM",
     "stall_dump_failures": "SUM",
     "first_batch_seconds": "MAX",
+    "integrity/blocks_verified": "MAX",
+    "integrity/unverified_reads": "MAX",
+    "context/tier0_cells": "SUM",
+    "context/tier1_cells": "SUM",
+    "context/tier2_cells": "SUM",
+    "context/examples_per_sequence": "HISTOGRAM",
+    "context/walk_steps": "SUM",
+    "context/deadline_hits": "SUM",
 }
 
 
@@ -717,8 +725,13 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
         return {x["key"] for x, y in zip(a, b, strict=True) if x != y}
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
-    # Both histograms bucket up to S (a sequence holds at most S rows or segments).
-    assert diff(base, seq) == {P + "bfs/rows", P + "packing/segments_per_sequence"}
+    # The histograms bucket up to S (a sequence holds at most S rows,
+    # segments or example rows).
+    assert diff(base, seq) == {
+        P + "bfs/rows",
+        P + "packing/segments_per_sequence",
+        P + "context/examples_per_sequence",
+    }
     assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
     assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
     assert schema_edges(seq, "bfs/rows") == [1, 2, 4, 8, 16, 32, 64, 128, 200, INF]
@@ -759,6 +772,8 @@ PROM_GAUGES = {
     "headwater_pool_steps_to_exhaust_min_batches": "pool/steps_to_exhaust_min",
     "headwater_mix_tv_distance_ratio": "mix/tv_distance",
     "headwater_queue_depth_batches": "queue/depth_min",  # the last call's depth
+    "headwater_integrity_blocks_verified_blocks": "integrity/blocks_verified",
+    "headwater_integrity_unverified_reads_blocks": "integrity/unverified_reads",
     "headwater_sampler_startup_seconds": "startup_seconds",
     "headwater_sampler_first_batch_seconds": "first_batch_seconds",
     "headwater_mix_database_tv_distance_ratio": "mix/database_tv_distance",
@@ -782,6 +797,11 @@ PROM_COUNTERS = {
     "headwater_io_read_bytes_total": "io/read_bytes",
     "headwater_sampler_stalls_total": "stalls",
     "headwater_sampler_stall_dump_failures_total": "stall_dump_failures",
+    "headwater_context_tier0_cells_total": "context/tier0_cells",
+    "headwater_context_tier1_cells_total": "context/tier1_cells",
+    "headwater_context_tier2_cells_total": "context/tier2_cells",
+    "headwater_context_walk_steps_total": "context/walk_steps",
+    "headwater_context_deadline_hits_total": "context/deadline_hits",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
@@ -793,6 +813,7 @@ PROM_HISTS = {
     "headwater_stage_collate_seconds": "stage/collate_seconds",
     "headwater_stage_total_seconds": "stage/total_seconds",
     "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
+    "headwater_context_examples_per_sequence": "context/examples_per_sequence",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
 #: Seconds per batch exported as latency histograms (the drain keeps their sums).

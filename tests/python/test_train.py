@@ -229,6 +229,7 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
         with pytest.raises(ConfigError) as e:
             launch(cfg, num_processes=processes)
         assert message in str(e.value)
+        assert "config `" not in str(e.value), e.value  # the key is named once
 
     fails("[ranks.0]\nnum_prefetch = 0\n", "`ranks.0.num_prefetch`")
     fails("[sampler.task_weights]\nno_such_task = 2.0\n", "no_such_task")
@@ -262,6 +263,8 @@ def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
     msg = str(e.value)
     assert "`logging.prometheus_port`" in msg and "--prometheus-port" in msg, msg
     assert "[sampler]" not in msg and str(port) in msg
+    # Named once (not again as "config `prometheus_port`"), with the way out.
+    assert "config `prometheus_port`" not in msg and "`--prometheus-port auto`" in msg, msg
     assert not (tmp_path / "runs" / "clash").exists()
 
 
@@ -565,3 +568,36 @@ def test_the_trainer_gauges_are_served_on_the_ranks_exporter(tmp_path: Path, tpc
         assert f"# HELP {name} " in out["text"]
     assert out["err"] is not None and "trainer/verdit" in out["err"]
     assert "trainer/verdict" in out["err"].split("known:")[1]
+
+
+def test_a_set_error_names_the_key_once(
+    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headwater.cli import main
+
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(tiny_config(tpch.built.path), encoding="utf-8")
+    rc = main(
+        ["train", str(cfg), "--dir", str(tmp_path / "runs"), "--wandb-mode", "disabled",
+         "--set", "sampler.num_prefetch=0"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "(--set sampler.num_prefetch=0): `sampler.num_prefetch`: got 0" in err, err
+    assert err.count("num_prefetch`") == 1, err
+
+
+def test_a_sampler_rejection_is_explained_under_its_key_once(tpch: Tpch) -> None:
+    """The sampler's own ``ConfigError`` (its `key` and `what`), put under the
+    key the config set it with: not again as "config `key`"."""
+    from headwater import _native
+
+    cfg = load_config(None, **{"database.path": str(tpch.built.path)})
+    kw = {**cfg.sampler_kwargs(0), "pool_fraction": 0.0}
+    with pytest.raises(_native.ConfigError) as e:
+        _native.Sampler(tpch.built.path, **kw)
+    # (The config checks the range itself first; any key set there will do.)
+    cfg = load_config(None, **{"sampler.pool_fraction": 0.5})
+    msg = cfg.explain_sampler_error(e.value, 0)
+    assert msg.endswith("`sampler.pool_fraction`: got 0, allowed: a number in (0, 1]"), msg
+    assert "config `" not in msg, msg

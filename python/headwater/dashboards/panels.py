@@ -431,6 +431,25 @@ def _invariants() -> list[PanelBuilder]:
             unit="cps",
             span=12,
         ),
+        _stat(
+            "Unverified block reads",
+            "Database blocks the sampler read with no checksum to check them (a format-1 "
+            'database opened without verify="full"), most on any rank. Healthy: 0 (green); '
+            "every byte in every batch was checked. Pathological: above 0 (red); rebuild the "
+            'database with this version or open it with verify="full".',
+            Q(across("integrity/unverified_reads"), "unverified", instant=True),
+        ),
+        _timeseries(
+            "Blocks verified per rank",
+            "Database blocks (256 KiB) hashed on their first read and found intact since the "
+            "sampler opened, per rank. Healthy: rises over the first batches, then flattens "
+            "(each block read has been checked once). Pathological: flat at 0 while batches "
+            "flow (a format-1 database: see unverified reads); a corrupt block stops the "
+            "sampler with a FormatError naming the file and block.",
+            [Q(across("integrity/blocks_verified", by="rank"), "rank {{rank}}")],
+            unit="short",
+            span=12,
+        ),
     ]
 
 

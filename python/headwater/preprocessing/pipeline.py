@@ -149,6 +149,18 @@ def preprocess(
     return out
 
 
+def _warn_unlinked(plans: list[Any], source: Any, log: Callable[[str], None]) -> None:
+    """Several tables and no foreign key: the database would have no edges
+    (a CSV/Parquet folder declares none), so say so before building it."""
+    if len(plans) > 1 and not any(p.foreign_keys for p in plans):
+        log(
+            f"warning: source {source}: {len(plans)} tables and no foreign keys, so 0 "
+            "foreign-key edges: no sequence links a row to another table's rows. Declare "
+            "the keys in a schema file (--schema: `[tables.<name>] foreign_keys = {column = "
+            '"table"}`; see docs/schema.md)'
+        )
+
+
 def _preprocess(
     src: Source, source: str | os.PathLike[str], out: Path, sch: Schema, emb: Any,
     overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None], spill: Path,
@@ -159,6 +171,7 @@ def _preprocess(
     propose_time_columns(src, plans, sch, time_columns, log)
     if not plans:
         raise SchemaError(f"source {source}: no tables to import")
+    _warn_unlinked(plans, source, log)
     phases = _Phases(log)
     counts = {p.name: _read_count(src.con, p.name) for p in plans}
     total = sum(counts.values())

@@ -5,7 +5,9 @@ loopback processes, watched by PID), :mod:`.loop` (one rank's step loop and
 validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.records`
 (``metrics.jsonl``, drain records, the progress line), :mod:`.summary` (the
 per-rank summary and profile), :mod:`.checkpoint` (orbax checkpoints,
-SIGTERM/SIGINT, ``--resume``), :mod:`.model` / :mod:`.optim` (the JAX model
+``--resume``, the run's launch record), :mod:`.stopping` (SIGTERM/SIGINT:
+acknowledged at once, stop after the step), :mod:`.watchdog` (a lost rank
+named within ``train.peer_timeout_s``), :mod:`.model` / :mod:`.optim` (the JAX model
 and its optimiser), :mod:`.device` (batches → static-shape device arrays).
 
 Importing this package does not import JAX.

@@ -2,11 +2,13 @@
 
 Owns: :class:`Checkpointer` (orbax-checkpoint's ``CheckpointManager`` under
 ``<run>/checkpoints/<step>/``: ``state`` = params + optimiser state, ``meta``
-= JSON), :class:`StopFlag` (SIGTERM/SIGINT → stop after the current step),
+= JSON), :class:`StopFlag` (re-exported from :mod:`.stopping`),
 the run's launch record (``launch.json``: the config source and overrides,
 so ``--resume RUN_DIR`` needs nothing else), the resume checks
 (:func:`check_resume`), ``metrics.jsonl`` truncation and the W&B resume
-filter (:class:`ResumedRun`).
+filter (:class:`ResumedRun`). The launch record also keeps the run's shape
+(``num_processes``, ``devices``): ``--resume`` keeps the process count
+unless ``--reshard`` is given, and ``resume.sh`` beside it holds the command.
 
 A checkpoint at step ``k`` means steps ``0 .. k-1`` are done: ``state`` holds
 the parameters and optimiser state after them and ``meta`` holds ``step =
@@ -57,16 +59,19 @@ naming the difference, or let ranks stop at different steps.
 from __future__ import annotations
 
 import json
-import signal
 import struct
 import time
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from headwater.errors import ConfigError
+
+# Stopping on a signal lives in .stopping; re-exported for the launcher and
+# the loop (``C.StopFlag``).
+from headwater.train.stopping import StartupInterrupted as StartupInterrupted
+from headwater.train.stopping import StopFlag as StopFlag
 
 CHECKPOINTS = "checkpoints"
 LAUNCH_RECORD = "launch.json"
@@ -84,12 +89,92 @@ SECTIONS_KEPT = ("model", "optim")
 # ----------------------------------------------------------------------------
 
 
-def write_launch_record(run_dir: Path, config: Any, overrides: Mapping[str, Any]) -> None:
+def write_launch_record(
+    run_dir: Path, config: Any, overrides: Mapping[str, Any], world: int = 1
+) -> None:
     """``launch.json``: what ``--resume`` reloads (the config file or mapping
-    and the overrides of the first start)."""
+    and the overrides of the first start) and the run's shape: its process
+    count (``num_processes``, which ``--resume`` keeps unless ``--reshard``
+    says otherwise) and, once rank 0 has built its mesh, its ``devices``
+    (:func:`record_shape`). A ``resume.sh`` beside it holds the command that
+    continues the run (so ``ls runs/<name>`` shows how)."""
     source = config if isinstance(config, Mapping) or config is None else str(Path(config).resolve())
-    record = {"config": source, "overrides": dict(overrides)}
-    (run_dir / LAUNCH_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    record = {"config": source, "overrides": dict(overrides), "num_processes": world}
+    _write_json(run_dir / LAUNCH_RECORD, record)
+    write_resume_script(run_dir, world)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+#: The script beside ``launch.json`` that continues the run.
+RESUME_SCRIPT = "resume.sh"
+
+
+def write_resume_script(run_dir: Path, world: int) -> None:
+    """``<run>/resume.sh``: ``headwater train --resume <run>`` (extra flags
+    are passed on), rewritten when a reshard changes the process count."""
+    path = run_dir / RESUME_SCRIPT
+    path.write_text(
+        "#!/bin/sh\n# Continue this run from its last checkpoint (written by headwater train).\n"
+        f'exec {resume_command(run_dir, world)} "$@"\n',
+        encoding="utf-8",
+    )
+    path.chmod(0o755)
+
+
+def record_shape(
+    run_dir: Path, world: int, devices: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Update ``launch.json``'s process count (a resume with ``--reshard``)
+    and, when given, its ``devices`` (how the global batch was formed);
+    returns the ``devices`` recorded before (None: none were)."""
+    path = run_dir / LAUNCH_RECORD
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    before = rec.get("devices")
+    rec["num_processes"] = world
+    if devices is not None:
+        rec["devices"] = dict(devices)
+    _write_json(path, rec)
+    write_resume_script(run_dir, world)
+    return before
+
+
+def recorded_world(run_dir: Path) -> int | None:
+    """The process count of the run's last checkpoint (its meta's
+    ``world``), else ``launch.json``'s; None when neither says."""
+    steps = committed_steps(run_dir)
+    if steps:
+        try:
+            return int(read_meta(run_dir, steps[-1])["world"])
+        except (ConfigError, KeyError, TypeError, ValueError, OSError):
+            pass
+    try:
+        rec = json.loads((run_dir / LAUNCH_RECORD).read_text(encoding="utf-8"))
+        return int(rec["num_processes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def set_aside_stale_ranks(run_dir: Path, world: int) -> list[str]:
+    """Move ``rank-<r>.json`` / ``rank-<r>.log`` of ranks ``>= world`` (left
+    by an attempt on more processes) to ``<run>/stale-ranks/``; the names moved."""
+    moved = []
+    for p in sorted(run_dir.glob("rank-*.*")):
+        r = p.stem.removeprefix("rank-")
+        if p.suffix in (".json", ".log") and r.isdigit() and int(r) >= world:
+            dest = run_dir / STALE_RANKS
+            dest.mkdir(exist_ok=True)
+            p.replace(dest / p.name)
+            moved.append(p.name)
+    return moved
+
+
+#: Where the summaries and logs of ranks a reshard removed are moved.
+STALE_RANKS = "stale-ranks"
 
 
 def read_launch_record(run_dir: Path, command: str = "--resume") -> tuple[Any, dict[str, Any]]:
@@ -197,10 +282,12 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
             + "; ".join(diffs)
         )
     kw = cfg.sampler_kwargs(0)
-    kw.update(num_prefetch=1, num_threads=1)
+    kw.update(num_prefetch=1, num_threads=1, telemetry=False)
     try:
-        with open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw):
-            pass
+        # Checked, not restored: the trainer's own sampler logs the resume
+        # (once) and the reshard (only when the world size changes).
+        with open_sampler(db, rank=0, world_size=1, **kw) as s:
+            s.check_state_dict(meta["sampler"])
     except StateError as e:
         raise ConfigError(
             f"--resume {run_dir}: checkpoint {step} does not fit this database or "
@@ -213,46 +300,6 @@ def resume_command(run_dir: Path, world: int) -> str:
     """The exact command that continues ``run_dir``."""
     extra = f" --num-processes {world}" if world > 1 else ""
     return f"headwater train --resume {run_dir}{extra}"
-
-
-# ----------------------------------------------------------------------------
-# Stopping on a signal
-# ----------------------------------------------------------------------------
-
-
-class StopFlag:
-    """SIGTERM/SIGINT set :attr:`signum`; the loop stops after the current
-    step. ``hard_on_second``: a second signal gets the previous handler
-    (Ctrl-C twice: out now); a worker leaves that to its launcher (Ctrl-C
-    reaches it directly and forwarded)."""
-
-    def __init__(self, hard_on_second: bool = False) -> None:
-        self.signum = 0
-        self.hard_on_second = hard_on_second
-        self.previous: dict[int, Any] = {}
-
-    def install(self) -> StopFlag:
-        for s in (signal.SIGTERM, signal.SIGINT):
-            self.previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum and self.hard_on_second:
-            self.restore()
-            signal.raise_signal(signum)
-            return
-        self.signum = self.signum or signum
-
-    def restore(self) -> None:
-        for s, h in self.previous.items():
-            # None: a handler installed outside Python (jax.distributed's
-            # preemption notifier); it cannot be put back, the default can.
-            signal.signal(s, signal.SIG_DFL if h is None else h)
-        self.previous.clear()
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
 
 
 # ----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ training loop without the key's name in the error.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -43,6 +44,7 @@ from typing import Any
 from headwater.errors import ConfigError
 from headwater.train import sampler_config as SC
 from headwater.train.origins import Origins, locate_keys, parse_overrides
+from headwater.train.watchdog import timeout_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,10 @@ class TrainSection:
     #: Micro-batches per step (seed §10): the batch is split into this many,
     #: their gradients averaged, one optimiser update. Must divide the batch.
     grad_accum: int = 1
+    #: Multi-process jobs: a rank whose heartbeat stops for this many
+    #: seconds (killed, crashed, hung) is declared lost by the others, which
+    #: name it and the step and exit (:mod:`.watchdog`); 2 to 86400.
+    peer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.steps <= 0:
@@ -119,6 +125,9 @@ class TrainSection:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        problem = timeout_problem(self.peer_timeout_s)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +226,10 @@ class TrainConfig:
         """A sampler's rejection of this config, under the key that caused it."""
         base = self.logging.prometheus_port
         port = base if isinstance(base, int) else None
-        msg = SC.explain_logging(str(e), self.origins, rank, port)
-        return msg or SC.explain(str(e), self.sampler_layers(rank), self.origins)
+        # The exception itself, not its text: its `key` and `what` name the
+        # key once (the text repeats it as "config `key`: ...").
+        msg = SC.explain_logging(e, self.origins, rank, port)
+        return msg or SC.explain(e, self.sampler_layers(rank), self.origins)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the W&B run config and the run's summary)."""
@@ -295,7 +306,11 @@ def _dataclass_section(cls: Any, table: Mapping[str, Any], origins: Origins, sec
     except ValueError as e:
         named = SC.named_key(str(e), fields)
         at = origins.of(f"{section}.{named}") if named else origins.source
-        raise ConfigError(f"{at}: [{section}] {e}") from None
+        err = ConfigError(f"{at}: [{section}] {e}")
+        if named:  # the key, the value as given and the message after the key
+            err.key, err.what = f"{section}.{named}", str(e)
+            err.value = json.dumps(table[named]) if named in table else None
+        raise err from None
 
 
 def _read(source: str | Path | Mapping[str, Any] | None) -> tuple[dict[str, Any], Origins]:

@@ -90,6 +90,7 @@ def evaluate_run(
     from headwater.train.evaluate import Evaluator
     from headwater.train.launcher import resolve_database
     from headwater.train.mesh import Mesh, Padder
+    from headwater.train.records import Progress
 
     run_dir = Path(run_dir)
     C.read_launch_record(run_dir, "headwater eval")  # a run directory at all?
@@ -99,9 +100,13 @@ def evaluate_run(
     db = resolve_database(cfg)
     kw = cfg.sampler_kwargs(0)
     kw.update(num_prefetch=1)
+    sampler = open_sampler(db, rank=0, world_size=1, **kw)
     try:
-        sampler = open_sampler(db, rank=0, world_size=1, state=meta["sampler"], **kw)
+        # The passes do not read the training stream: its state is only
+        # checked (same database, same stream config), not restored.
+        sampler.check_state_dict(meta["sampler"])
     except StateError as e:
+        sampler.shutdown()
         raise ConfigError(
             f"headwater eval {run_dir}: checkpoint {step} does not fit the database {db}: {e}"
         ) from None
@@ -113,12 +118,20 @@ def evaluate_run(
         )
         local = M.init_params(cfg.train.seed, model_cfg, int(col_np.shape[1]))
         params = C.restore_params(run_dir, step, local, M.init_opt_state(local, cfg.optim))
+        print(
+            f"headwater eval: restored the parameters of checkpoint {step} "
+            f"({run_dir / C.CHECKPOINTS / str(step)}: after {step} training steps)",
+            flush=True,
+        )
         mesh = Mesh()
         tables = mesh.replicate(tables_to_device(col_np, cat_np))
         ev = Evaluator(sampler, mesh, Padder(mesh, model_cfg.max_categories), model_cfg, tables)
         params = mesh.replicate(params)
+        progress = Progress(0, 1, enabled=True)
         for split in splits:
-            out[split] = ev.evaluate(params, split, max_seeds)
+            out[split] = ev.evaluate(
+                params, split, max_seeds, progress=progress.pass_progress(f"eval {split}")
+            )
             (run_dir / f"eval-{split}.json").write_text(
                 json.dumps(out[split], indent=1), encoding="utf-8"
             )

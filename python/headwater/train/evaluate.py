@@ -22,7 +22,7 @@ Must never: score a padded sequence; draw from the training stream.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,16 +120,27 @@ class Evaluator:
         return 1.0, 0.0
 
     def predictions(
-        self, params: Any, split: str, max_seeds: int | None = None, stop: StopFlag | None = None
+        self,
+        params: Any,
+        split: str,
+        max_seeds: int | None = None,
+        stop: StopFlag | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Per task: ``{"stype", "y_true", "y_pred"}`` over the union of ranks.
         ``stop``'s signal, agreed by the ranks with each batch's shapes, ends
-        the pass (:class:`PassInterrupted`)."""
+        the pass (:class:`PassInterrupted`). ``progress(done, total)`` is
+        called before the first batch and after each one."""
         from headwater.train.mesh import host
 
         pass_ = self.sampler.eval_batches(split, max_seeds=max_seeds)
+        total = len(pass_)
+        if progress is not None:
+            progress(0, total)
         got: dict[str, dict[str, Any]] = {}
-        for np_batch in pass_:
+        for i, np_batch in enumerate(pass_):
+            if progress is not None and i:
+                progress(i, total)
             name = self._task_name(int(np_batch["task_idx"][0]))
             stype = STYPES.get(int(np_batch["target_stype"][0]))
             if stype is None:
@@ -143,6 +154,8 @@ class Evaluator:
             entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
             entry["y_true"].append(host(out["label"])[mask])
             entry["y_pred"].append(host(out["pred"])[mask])
+        if progress is not None:
+            progress(total, total)
         for name, e in got.items():
             std, mean = self._units(name)
             for key in ("y_true", "y_pred"):
@@ -156,10 +169,15 @@ class Evaluator:
         raise ValueError(f"batch task_idx {idx} is not a task of the database")
 
     def evaluate(
-        self, params: Any, split: str, max_seeds: int | None = None, stop: StopFlag | None = None
+        self,
+        params: Any,
+        split: str,
+        max_seeds: int | None = None,
+        stop: StopFlag | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Per task: ``{"stype", "count", "metrics", "baseline"}``."""
-        return score_predictions(self.predictions(params, split, max_seeds, stop))
+        return score_predictions(self.predictions(params, split, max_seeds, stop, progress))
 
 
 def score_predictions(preds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

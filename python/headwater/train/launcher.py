@@ -43,6 +43,7 @@ from typing import IO, Any
 
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
@@ -107,6 +108,7 @@ def launch(
     coordinator: str | None = None,
     process_id: int | None = None,
     coordinator_timeout_s: float | None = None,
+    reshard: bool = False,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
     """Run ``headwater train``: returns the summaries of the ranks run here
@@ -118,8 +120,10 @@ def launch(
     (or a cluster launcher's environment), this process joins that job.
     ``resume``: a run directory to continue (``config`` and ``overrides``
     then default to its first start's); under a cluster launcher every
-    process is given the same ``resume``. A run stopped by SIGTERM/SIGINT
-    returns summaries with ``interrupted`` set.
+    process is given the same ``resume``. A resume keeps the run's process
+    count (``num_processes`` defaults to the checkpoint's); another one is
+    refused unless ``reshard`` (which prints what changes). A run stopped
+    by SIGTERM/SIGINT returns summaries with ``interrupted`` set.
     """
     from headwater.train.cluster import join_job, resolve_job
 
@@ -127,6 +131,8 @@ def launch(
         resume = Path(resume).expanduser().resolve()
         config, overrides = _resume_arguments(resume, config, overrides)
         run_name = resume.name
+        if num_processes is None and coordinator is None and not _job_from_env():
+            num_processes = C.recorded_world(resume)
     cfg = load_config(config, **overrides)
     job = resolve_job(
         coordinator=coordinator,
@@ -134,7 +140,7 @@ def launch(
         process_id=process_id,
         timeout_s=coordinator_timeout_s,
     )
-    start = _Start(config, dict(overrides), resume is not None)
+    start = _Start(config, dict(overrides), resume is not None, reshard)
     if job.mode in ("explicit", "auto"):
         join_job(job)
         return [_run_joined(cfg, run_name, start)]
@@ -165,6 +171,16 @@ class _Start:
     config: Config
     overrides: dict[str, Any]
     resume: bool
+    #: ``--reshard``: a resume may change the process count.
+    reshard: bool = False
+
+
+def _job_from_env() -> bool:
+    """Whether the environment sets the job's size (``HEADWATER_NUM_PROCESSES``
+    or a cluster launcher's variables): a resume then leaves it to them."""
+    from headwater.train.cluster import ENV_NUM_PROCESSES, detect_launcher
+
+    return ENV_NUM_PROCESSES in os.environ or detect_launcher(os.environ) is not None
 
 
 def _train_here(cfg: TrainConfig, db: Path, run_dir: Path, **kw: Any) -> dict[str, Any]:
@@ -198,10 +214,21 @@ def _in_run_dir(
     writing a file. An interrupted run prints the command that resumes it."""
     run_dir = run_directory(cfg, name)
     _check_run_dir(cfg, db, run_dir, start.resume, world)
+    if start.resume:
+        _check_world(cfg, run_dir, world, start.reshard, lead)
+    elif start.reshard:
+        raise ConfigError("--reshard: only with --resume (a new run has no world size to change)")
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     if lead and not start.resume:
-        C.write_launch_record(run_dir, start.config, start.overrides)
+        C.write_launch_record(run_dir, start.config, start.overrides, world)
+    if lead:
+        # Printed first, so a run killed at any point (SIGKILL included)
+        # has its resume command on the terminal; resume.sh keeps it.
+        print(
+            f"run directory: {run_dir} · resume with: {C.resume_command(run_dir, world)}",
+            flush=True,
+        )
     try:
         summaries = body(run_dir)
     except BaseException:
@@ -237,6 +264,37 @@ def _check_run_dir(cfg: TrainConfig, db: Path, run_dir: Path, resume: bool, worl
         )
 
 
+def _check_world(cfg: TrainConfig, run_dir: Path, world: int, reshard: bool, lead: bool) -> None:
+    """A resume keeps the checkpoint's process count unless ``reshard``: then
+    the lead prints what changes, records the new count and moves the
+    summaries of ranks that no longer exist aside."""
+    saved = C.recorded_world(run_dir)
+    if saved is None or saved == world:
+        return
+    per_process = int(cfg.sampler_kwargs(0).get("default_batch_size", 0))
+    change = (
+        f"world size {saved} -> {world}: the global batch goes from {saved * per_process} to "
+        f"{world * per_process} sequences per step ({per_process} per process), and the steps "
+        f"after the checkpoint are no longer bit-identical to a run on {saved} process(es)"
+    )
+    if not reshard:
+        raise ConfigError(
+            f"--resume {run_dir}: the run was trained on {saved} process(es), this start has "
+            f"{world}. Resume on {saved} (omit --num-processes), or add --reshard to accept "
+            f"the change ({change})"
+        )
+    if lead:
+        print(f"reshard: {change}", flush=True)
+        C.record_shape(run_dir, world)
+        moved = C.set_aside_stale_ranks(run_dir, world)
+        if moved:
+            print(
+                f"reshard: moved {', '.join(moved)} (ranks that no longer exist) to "
+                f"{run_dir / C.STALE_RANKS}",
+                flush=True,
+            )
+
+
 def _resume_arguments(
     run_dir: Path, config: Config, overrides: Mapping[str, Any]
 ) -> tuple[Config, dict[str, Any]]:
@@ -263,6 +321,7 @@ def _run_joined(cfg: TrainConfig, run_name: str | None, start: _Start) -> dict[s
 
     rank, world = jax.process_index(), jax.process_count()
     try:
+        W.start(rank, world, cfg.train.peer_timeout_s, joined=True)
         _check_ranks(cfg, world)
         db = resolve_database(cfg)
         cfg.check_tasks(db)
@@ -280,7 +339,8 @@ def _run_joined(cfg: TrainConfig, run_name: str | None, start: _Start) -> dict[s
             ],
             lead=rank == 0,
         )[0]
-    except BaseException:
+    except BaseException as e:
+        W.on_error(e)  # a lost peer: named, and the process ends there
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -304,7 +364,11 @@ def _agreed_run_name(rank: int) -> str:
 def _remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if nothing but the launch record was written under
     it (a failed start)."""
-    written = [p for p in run_dir.rglob("*") if p.is_file() and p.name != C.LAUNCH_RECORD]
+    written = [
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file() and p.name not in (C.LAUNCH_RECORD, C.RESUME_SCRIPT)
+    ]
     if run_dir.is_dir() and not written:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -340,16 +404,22 @@ def _forward_signals(procs: list[Any]) -> C.StopFlag:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
 
-    return Forward(hard_on_second=True).install()
+    return Forward(hard_on_second=True, announce=True).install()
 
 
-def _watch(procs: list[Any], run_dir: Path, timeout_s: float | None) -> None:
-    """Wait for every worker; the first non-zero exit (or the timeout) raises."""
+def _watch(
+    procs: list[Any], run_dir: Path, timeout_s: float | None, stop: C.StopFlag | None = None
+) -> None:
+    """Wait for every worker; the first non-zero exit (or the timeout) raises
+    (:class:`~.checkpoint.StartupInterrupted` after a forwarded signal: the
+    ranks stop at once during their start-up)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs) or any(p.returncode for p in procs):
         failed = [(r, p) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed:
             r, p = failed[0]
+            if stop is not None and stop.signum:
+                raise C.StartupInterrupted(stop.signum)
             tail = ""
             if r > 0:
                 tail = (run_dir / f"rank-{r}.log").read_text(errors="replace")[-3000:]
@@ -387,7 +457,7 @@ def _launch_many(
     forward = _forward_signals(procs)
     try:
         procs[:], logs = _start_workers(spec, run_dir)
-        _watch(procs, run_dir, timeout_s)
+        _watch(procs, run_dir, timeout_s, forward)
     finally:
         forward.restore()
         for p in procs:
@@ -416,9 +486,18 @@ def worker_main(rank: int, spec_json: str) -> int:
             world=spec["world"],
             port=spec["port"],
             resume=spec["resume"],
-            stop=C.StopFlag(),  # installed once the rank has joined the job
+            # Installed once the rank has joined the job; the launcher
+            # acknowledges signals, a rank in start-up stops at once.
+            stop=C.StopFlag(abort_startup=True),
         )
-    except BaseException:
+    except KeyboardInterrupt as e:
+        # A signal during start-up (Ctrl-C reaches every process of the
+        # terminal's group, before or after the stop flag is installed).
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"rank {rank}: {e or 'SIGINT during start-up'}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+    except BaseException as e:
+        W.on_error(e)  # a lost peer: named, and the process ends there
         # Exit now: the distributed shutdown barrier would wait for the
         # ranks still training, so the launcher would see nothing for minutes.
         traceback.print_exc()

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.config import TrainConfig
 from headwater.train.evaluate import (
@@ -97,6 +98,8 @@ class Trainer:
         self.verdict = VerdictTracker(
             world, cfg.train.warmup_steps, max(LIVE_WINDOW, cfg.train.log_every)
         )
+        #: The mean loss of the steps of the last flush (the progress line's).
+        self._window_loss = 0.0
         #: Steps whose metrics are still on the device; (step seconds, wait) per step.
         self._pending: list[tuple[int, Any]] = []
         self._window: list[tuple[float, float]] = []
@@ -112,6 +115,9 @@ class Trainer:
         self._last: Any = None
         #: Steps/s of the train step replaying a cached batch (NaN until measured).
         self.replayed_rate = math.nan
+        #: Seconds spent in validation and evaluation passes (the summary
+        #: reports them apart from training).
+        self.eval_seconds = 0.0
 
     def _init_state(
         self,
@@ -141,6 +147,13 @@ class Trainer:
                 self.start_step, self.params, self.opt_state
             )
             self.sampler.load_state_dict(checkpoint["sampler"])
+            if self.rank == 0:
+                print(
+                    f"resume: restored the parameters and optimiser state of checkpoint "
+                    f"{self.start_step} ({self.ckpt.dir / str(self.start_step)}) and its "
+                    "sampler state",
+                    flush=True,
+                )
 
     def _init_steps(self) -> None:
         """The jitted train and eval steps over the mesh, the learning-rate
@@ -193,6 +206,17 @@ class Trainer:
     def validate(self, step: int, final: bool = False) -> float:
         """``val_batches`` batches of the val stream: their mean loss. ``final``:
         a stop request agreed by the ranks ends it (:class:`PassInterrupted`)."""
+        t0 = time.perf_counter()
+        try:
+            return self._validate(step, final)
+        finally:
+            self.eval_seconds += time.perf_counter() - t0
+
+    def _validate(self, step: int, final: bool) -> float:
+        if final:
+            self.progress.message(
+                f"final validation: {self.cfg.train.val_batches} batch(es) of the val stream…"
+            )
         vals = []
         for _ in range(self.cfg.train.val_batches):
             vb = self.pad(self.sampler.next_val_batch(), flag=self.stop.signum if final else 0)
@@ -217,13 +241,25 @@ class Trainer:
         telemetry reduced over ranks (``eval/<split>/sampler/<key>``); the
         per-task results. ``final``: a stop request agreed by the ranks ends
         the pass unlogged (:class:`PassInterrupted`)."""
+        t0 = time.perf_counter()
+        try:
+            return self._evaluate(split, step, max_seeds, final)
+        finally:
+            self.eval_seconds += time.perf_counter() - t0
+
+    def _evaluate(
+        self, split: str, step: int, max_seeds: int | None, final: bool
+    ) -> dict[str, Any]:
         from headwater import telemetry as T
 
         # The split's recorders also hold the val stream's batches (validate);
         # cleared here so the logged telemetry is this pass's alone.
         self.sampler.drain_step_metrics(split)
         stop = self.stop if final else None
-        results = self.evaluator.evaluate(self.params, split, max_seeds, stop=stop)
+        what = f"{'final ' if final else ''}eval {split}"
+        results = self.evaluator.evaluate(
+            self.params, split, max_seeds, stop=stop, progress=self.progress.pass_progress(what)
+        )
         local = self.sampler.drain_step_metrics_packed(split)
         sampler_row = telemetry_row(split, T.reduce(local, self.hook.schema))
         row = {**flat_row(split, results), **sampler_row}
@@ -340,6 +376,9 @@ class Trainer:
         total = sum(w for w, _ in window) + dt
         wait_share = sum(x for _, x in window) / total if total > 0 else 0.0
         step_s = total / max(len(window), 1)
+        # The progress line shows the window's mean loss (these steps only:
+        # nothing carried over from before a restart).
+        self._window_loss = float(np.mean([float(v["loss"]) for v in fetched])) if fetched else 0.0
         for (step, _), values in zip(pending, fetched, strict=True):
             self._log_trainer(
                 step, {k: float(v) for k, v in values.items()}, step_s, wait_share, useful_per_batch
@@ -384,7 +423,7 @@ class Trainer:
             self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
-        self.progress.update(step, metrics["loss"], bps, wait_share, verdict, culprit, ucps)
+        self.progress.update(step, self._window_loss, bps, wait_share, verdict, culprit, ucps)
 
     def replay_rate(self, steps: int = 8) -> float:
         """Steps/s of the train step fed the last batch again and again, the
@@ -436,6 +475,7 @@ class Trainer:
         if self.start_step < tc.steps:
             self.save(tc.steps, final_phase="pending")
         final_val = math.nan
+        self.stop.final_phase = True
         try:
             if tc.val_batches:
                 final_val = self.validate(tc.steps - 1, final=True)
@@ -448,7 +488,7 @@ class Trainer:
                 f"stopping during the final evaluation: {self.stop.name} "
                 f"(checkpoint {tc.steps} holds the trained model)"
             )
-            return math.nan
+            return final_val  # NaN unless the final validation had ended
         if self.rank == 0:
             C.mark_final_phase_done(self.run_dir, tc.steps)
         return final_val
@@ -461,7 +501,14 @@ class Trainer:
         t_start = time.perf_counter()
         tc = self.cfg.train
         final_val = math.nan
+        if self.start_step < tc.steps:
+            self.progress.message(
+                "start-up: compiling the train step (the first step waits for it)…"
+                if self.start_step == 0
+                else f"start-up: compiling the train step; resuming at step {self.start_step + 1}…"
+            )
         for step in range(self.start_step, tc.steps):
+            W.at_step(step)  # named if a peer is lost during it
             done = step + 1
             if self._next[0] is None:  # the first step, or the first after a checkpoint
                 t = time.perf_counter()
@@ -471,6 +518,14 @@ class Trainer:
             stopping = bool(self.pad.flag)
             due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
+            if step == self.start_step:
+                # From here a signal waits for the current step (and its
+                # checkpoint); before, it ends the start-up at once.
+                self.stop.training = True
+                self.progress.message(
+                    f"start-up: train step compiled and dispatched in "
+                    f"{time.perf_counter() - t_start:.1f} s; training"
+                )
             if stopping:
                 self.stopped = True
                 self.progress.message(f"stopping after step {done}: {self.stop.name}")
@@ -479,6 +534,7 @@ class Trainer:
                 break
             if due_save and done < tc.steps:
                 self.save(done)
+        self.stop.training = True  # a resume with only the final phase left
         if not self.stopped:
             self.replayed_rate = self.replay_rate()
             final_val = self.final_phase()

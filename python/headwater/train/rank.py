@@ -25,6 +25,7 @@ from typing import Any
 
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
+from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
@@ -52,7 +53,8 @@ def train_rank(
     cluster launcher's); it leaves the job only after a successful run: a
     failed rank exits without the shutdown barrier, see the launcher.
     ``resume``: continue from the run directory's last checkpoint. ``stop``:
-    the SIGTERM/SIGINT flag (default: a second signal stops at once); it is
+    the SIGTERM/SIGINT flag (default: each signal acknowledged at once, one
+    during start-up stops it, a second one stops at once); it is
     installed here, *after* joining the job: ``jax.distributed`` installs
     its own SIGTERM handler (its preemption notifier), which would swallow
     the signal.
@@ -63,13 +65,18 @@ def train_rank(
 
     if world > 1 and not joined:
         initialize_loopback(rank, world, port)
-    stop = (stop or C.StopFlag(hard_on_second=True)).install()
+    W.start(rank, world, cfg.train.peer_timeout_s, joined=joined)
+    stop = (
+        stop or C.StopFlag(hard_on_second=True, announce=True, abort_startup=True)
+    ).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
     finally:
         stop.restore()
     if world > 1:
+        W.finish()  # the peers stop watching this rank; it watches them until shutdown
         jax.distributed.shutdown()
+        W.stop()
     return summary
 
 
@@ -165,16 +172,22 @@ def _train(
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
+    W.attach(run_dir, run, start)
     try:
         with sampler:
             _check_schema(cfg, sampler, rank)
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
                 trainer.announce(db, endpoints)
+                if (run_dir / C.LAUNCH_RECORD).is_file():
+                    _record_devices(run_dir, world, trainer.batch_layout, resume)
             wall, final_val = trainer.run_steps()
             if port and lg.prometheus_linger_s > 0:
                 time.sleep(lg.prometheus_linger_s)  # the exporter is up until shutdown
-    except BaseException:
+    except BaseException as e:
+        # A collective that failed on a lost peer: the watchdog names it and
+        # ends the process (W&B still open for its record).
+        W.on_error(e)
         # Keep what was logged: close the W&B run as failed (the files are
         # flushed when their objects go), then let the error through.
         if run is not None:
@@ -202,6 +215,7 @@ def _train(
         interrupted=stop.name if trainer.stopped else None,
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
+        eval_seconds=trainer.eval_seconds,
     )
     summary["throughput"] = throughput(
         trainer.model_cfg,
@@ -219,6 +233,20 @@ def _train(
         print(format_summary(summary, profile=cfg.train.profile), flush=True)
     return summary
 
+
+
+def _record_devices(run_dir: Path, world: int, layout: dict[str, Any], resume: bool) -> None:
+    """Keep the run's devices in ``launch.json``; a resume on other devices
+    says so (the batches are the same, the arithmetic may differ)."""
+    from headwater.train.summary import describe_layout
+
+    before = C.record_shape(run_dir, world, layout)
+    if resume and before and before != layout:
+        print(
+            f"resume: other devices than the checkpoint's run: {describe_layout(before)} "
+            f"before, {describe_layout(layout)} now (results are no longer bit-identical)",
+            flush=True,
+        )
 
 
 def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:

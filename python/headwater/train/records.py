@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,16 @@ class DrainRecorder:
 
 class Progress:
     """Rank 0's progress: a self-rewriting line on a terminal, else a line
-    every ``log_every`` steps."""
+    every ``log_every`` steps. The loss shown is the one the caller passes:
+    the mean of the last window of steps (no running mean, which would carry
+    over a restart)."""
+
+    #: Seconds between a pass's progress lines (off a terminal).
+    PASS_EVERY_S = 5.0
 
     def __init__(self, total: int, log_every: int, enabled: bool) -> None:
         self.total, self.log_every, self.enabled = total, log_every, enabled
         self.tty = enabled and sys.stdout.isatty()
-        self.ema: float | None = None
 
     def update(
         self,
@@ -87,10 +92,9 @@ class Progress:
     ) -> None:
         if not self.enabled:
             return
-        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
         named = f" (rank {culprit})" if culprit >= 0 else ""
         line = (
-            f"step {step + 1:>5}/{self.total}  loss {self.ema:8.4f}  "
+            f"step {step + 1:>5}/{self.total}  loss {loss:8.4f}  "
             f"{bps:7.2f} batches/s  {useful_cells_per_s:9.0f} useful cells/s  data wait {100 * wait_share:5.2f}%  {verdict}{named}"
         )
         if self.tty:
@@ -103,3 +107,26 @@ class Progress:
     def message(self, text: str) -> None:
         if self.enabled:
             print(("\n" if self.tty else "") + text, flush=True)
+
+    def pass_progress(self, what: str) -> Callable[[int, int], None] | None:
+        """A callback ``(batches done, batches in the pass)`` for an evaluation
+        pass: a line when it starts, then one every :attr:`PASS_EVERY_S`
+        seconds (rewritten in place on a terminal) and one at its end."""
+        if not self.enabled:
+            return None
+        t0 = time.perf_counter()
+        last = [t0]
+
+        def show(done: int, total: int) -> None:
+            now = time.perf_counter()
+            if 0 < done < total and now - last[0] < (0.5 if self.tty else self.PASS_EVERY_S):
+                return
+            last[0] = now
+            pct = f" ({100 * done / total:.0f}%)" if total else ""
+            line = f"{what}: {done}/{total} batches{pct}, {now - t0:.1f} s"
+            if self.tty:
+                print("\r" + line, end="\n" if done >= total else "", flush=True)
+            else:
+                print(line, flush=True)
+
+        return show

@@ -165,4 +165,10 @@ def explain_logging(
     extra = f" (flag {flag})" if flag else ""
     if key == "prometheus_port" and port:
         extra += f"; rank {rank} serves port {port} + {rank} = {port + rank}"
-    return f"{origins.of(dotted)}: `{dotted}`{extra}: {what}"
+    hint = ""
+    if key == "prometheus_port" and "in use" in what:
+        hint = (
+            " (another process, perhaps another run on this node, serves that port: "
+            "`--prometheus-port auto` picks free ports, 0 serves none)"
+        )
+    return f"{origins.of(dotted)}: `{dotted}`{extra}: {what}{hint}"

@@ -104,19 +104,24 @@ def summarise(
     total = sum(step_times)
     k = max(1, min(10, len(losses) // 5))
     wait_share = sum(steady["sample_wait"]) / total if total > 0 else 0.0
+    eval_s = float(extra.pop("eval_seconds", 0.0))
     return {
         "world": world,
         "steps": len(losses),
         "losses": losses,
-        "loss_start": float(np.mean(losses[:k])),
-        "loss_end": float(np.mean(losses[-k:])),
+        # NaN (JSON NaN) when this attempt ran no step: the summary says so.
+        "loss_start": _mean(losses[:k]),
+        "loss_end": _mean(losses[-k:]),
         "val_losses": log.val_losses,
         "wall_seconds": wall,
+        # The wall time split: validation and evaluation passes apart.
+        "train_seconds": max(wall - eval_s, 0.0),
+        "eval_seconds": eval_s,
         "steady_steps": len(step_times),
         "step_seconds_median": statistics.median(step_times) if step_times else math.nan,
         "batches_per_second": world * len(step_times) / total if total > 0 else math.nan,
         "data_wait_share": wait_share,
-        "phase_seconds_mean": {p: float(np.mean(v)) if v else 0.0 for p, v in steady.items()},
+        "phase_seconds_mean": {p: _mean(v, 0.0) for p, v in steady.items()},
         "phase_share": {p: sum(v) / total if total > 0 else 0.0 for p, v in steady.items()},
         "invariants": dict(log.invariants),
         "telemetry_rows_logged": log.telemetry_rows,
@@ -135,6 +140,11 @@ def summarise(
     }
 
 
+def _mean(values: list[float], empty: float = math.nan) -> float:
+    """The mean, ``empty`` for no values (no NumPy "Mean of empty slice")."""
+    return float(np.mean(values)) if values else empty
+
+
 def describe_layout(layout: Mapping[str, Any]) -> str:
     """How the global batch is formed, in words."""
     return (
@@ -145,25 +155,68 @@ def describe_layout(layout: Mapping[str, Any]) -> str:
     )
 
 
-def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
-    lines = [
-        f"done: {s['steps']} steps in {s['wall_seconds']:.1f} s on {s['world']} process(es)",
-        f"  {describe_layout(s['batch_layout'])}",
-        (
+def _headline(s: Mapping[str, Any]) -> list[str]:
+    """``done: …`` (training and evaluation time apart), the loss and the
+    rate: a phase that did not run says so instead of printing NaN."""
+    steps, start = int(s["steps"]), int(s.get("start_step") or 0)
+    train_s = s.get("train_seconds", s["wall_seconds"])
+    eval_s = s.get("eval_seconds", 0.0)
+    timing = f"{train_s:.1f} s training + {eval_s:.1f} s evaluation"
+    if steps == 0:
+        head = (
+            f"done: no training steps in this attempt (resumed at step {start}, all trained); "
+            f"{timing} on {s['world']} process(es)"
+        )
+    else:
+        head = f"done: {steps} steps in {timing} on {s['world']} process(es)"
+    val = s.get("final_val_loss", math.nan)
+    if isinstance(val, float) and math.isfinite(val):
+        val_text = f"val loss {val:.4f}"
+    elif s.get("interrupted"):
+        val_text = f"final validation not run (stopped by {s['interrupted']})"
+    else:
+        val_text = "no final validation (train.val_batches = 0)"
+    lines = [head, f"  {describe_layout(s['batch_layout'])}"]
+    if steps:
+        lines.append(
             f"  loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} (mean of first/last steps); "
-            f"val loss {s['final_val_loss']:.4f}"
-        ),
-        (
+            + val_text
+        )
+    else:
+        lines.append(f"  loss: no steps; {val_text}")
+    if math.isfinite(s["batches_per_second"]):
+        lines.append(
             f"  {s['batches_per_second']:.2f} batches/s, "
             f"median step {1e3 * s['step_seconds_median']:.1f} ms, "
             f"data wait {100 * s['data_wait_share']:.2f}% of step time"
-        ),
-    ]
-    if s.get("throughput"):
+        )
+    else:
+        lines.append("  throughput: no steady steps to time (warm-up only or none)")
+    return lines
+
+
+def _headspace(s: Mapping[str, Any]) -> str:
+    hs = s["headspace"]
+    if not (math.isfinite(hs["ratio"]) and math.isfinite(hs["sampler_batches_per_second"])):
+        return (
+            f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: not measured "
+            f"({s.get('verdict_steps', 0)} steady steps)"
+        )
+    return (
+        f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: the sampler makes "
+        f"{hs['sampler_batches_per_second']:.1f} batches/s, the step needs "
+        f"{hs['needed_batches_per_second']:.1f} for zero wait ({hs['needed_from']}; "
+        f"x{hs['ratio']:.2f})"
+    )
+
+
+def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
+    lines = _headline(s)
+    if s.get("throughput") and math.isfinite(s["batches_per_second"]):
         from headwater.train.scale import format_throughput
 
         lines.append(format_throughput(s["throughput"]))
-    if profile:
+    if profile and s["steady_steps"]:
         lines.append(
             f"  step breakdown (rank {s['rank']}, mean over {s['steady_steps']} steps "
             "after warm-up):"
@@ -180,13 +233,7 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
             f"{sum(ck['blocked_seconds']):.2f} s in all (max {max(ck['blocked_seconds']):.2f} s "
             f"per save), {ck['final_wait_seconds']:.2f} s waiting for the last commit"
         )
-    hs = s["headspace"]
-    lines.append(
-        f"  input verdict: {s['verdict']} ({s['verdict_reason']}); headspace: the sampler makes "
-        f"{hs['sampler_batches_per_second']:.1f} batches/s, the step needs "
-        f"{hs['needed_batches_per_second']:.1f} for zero wait ({hs['needed_from']}; "
-        f"x{hs['ratio']:.2f})"
-    )
+    lines.append(_headspace(s))
     health = "sampler health: ok (invariant counters all 0)"
     if s["warnings"]:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])

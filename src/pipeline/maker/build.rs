@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::checks::in_database;
 use super::draw::{BuildBuffers, Draws, Planned};
 use super::plan::{SamplerCore, TargetPlan};
 use super::MadeBatch;
@@ -20,7 +21,7 @@ use crate::batch::{
 };
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::readings::{stage, BatchReadings, SeqReadings};
+use crate::readings::{stage, BatchReadings, IntegrityReadings, SeqReadings};
 use crate::rng::Xoshiro256pp;
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::stalls::{Stage, Watched};
@@ -201,7 +202,7 @@ impl SamplerCore {
         self.check_anchors(k, jobs)?;
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_contexts(k, jobs, subgraphs, min_len);
+        self.build_contexts(k, jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
@@ -223,13 +224,11 @@ impl SamplerCore {
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
         let db = &*self.dbs[self.tasks[k].db].db;
-        let dim = db.metadata().embedder.dim as usize;
-        collate_text(
-            &mut batch,
-            db.text_embeddings()?,
-            dim,
-            &mut buffers.text_map,
-        );
+        collate_text(&mut batch, db.text_embedding_rows()?, &mut buffers.text_map);
+        // Every read above checked its block (on this thread, or on the
+        // pool's before the join): a corrupt one stops the batch here.
+        let name = &self.dbs[self.tasks[k].db].name;
+        db.integrity().check().map_err(|e| in_database(name, e))?;
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
@@ -257,10 +256,22 @@ impl SamplerCore {
             runqueue_ns: used.runqueue_ns + start_wait_ns,
             start_wait_ns,
             probed_ns: t_probe.elapsed().as_nanos() as u64 + start_wait_ns,
+            integrity: self.integrity_readings(),
             seqs,
             ..BatchReadings::default()
         };
         Ok(MadeBatch { batch, readings })
+    }
+
+    /// The block checks of every database so far (see
+    /// `crate::format::Integrity`), summed over the mixture.
+    fn integrity_readings(&self) -> IntegrityReadings {
+        let mut r = IntegrityReadings::default();
+        for d in &self.dbs {
+            r.blocks_verified += d.db.integrity().blocks_verified();
+            r.unverified_reads += d.db.integrity().unverified_reads();
+        }
+        r
     }
 
     /// A seed row is used only if it is a row of task `k`'s anchor table
@@ -285,16 +296,20 @@ impl SamplerCore {
     }
 
     /// Every context of `jobs` built as its unpacked self (budget `S`) into
-    /// `subgraphs`, in parallel (`min_len` contexts per job at least).
+    /// `subgraphs`, in parallel (`min_len` contexts per job at least); with
+    /// `examples`, as an in-context context (`examples.rs`).
     fn build_contexts(
         &self,
         k: usize,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut Vec<Subgraph>,
         min_len: usize,
-    ) {
+    ) -> Result<()> {
         if subgraphs.len() != jobs.len() {
             subgraphs.resize_with(jobs.len(), Subgraph::default);
+        }
+        if self.cfg.examples && self.build_in_context(k, jobs, subgraphs, min_len)? {
+            return Ok(());
         }
         let builder = self.context_builder(k);
         let s = self.cfg.default_sequence_length;
@@ -305,6 +320,7 @@ impl SamplerCore {
                 .with_min_len(min_len)
                 .for_each(|(sub, job)| builder.build(job.1, job.2, job.3, s, sub));
         });
+        Ok(())
     }
 
     /// With `pack`: place the contexts (`crate::batch::pack`), cut the ones

@@ -19,7 +19,9 @@
 //! ([`MadeBatch::readings`]), never inside the `Batch`.
 
 mod build;
+mod checks;
 mod draw;
+mod examples;
 mod plan;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

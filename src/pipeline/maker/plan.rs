@@ -16,6 +16,7 @@ use std::time::Instant;
 use half::f16;
 use rayon::prelude::*;
 
+use super::checks::{check_mixture, in_database};
 use super::derive;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
@@ -108,6 +109,8 @@ pub struct SamplerCore {
     pub(super) segment_slots: usize,
     /// The stall detector (`None`: its thread could not start).
     pub(super) stalls: Option<StallWatch>,
+    /// With `examples`: each database's walk graph (else empty).
+    pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
 }
 
 impl SamplerCore {
@@ -208,8 +211,10 @@ impl SamplerCore {
             startup_seconds: 0.0,
             seeds_per_step: Vec::new(),
             segment_slots: 1,
+            walk_graphs: Vec::new(),
         };
         core.plan_packing();
+        core.plan_examples()?;
         Ok(core)
     }
 
@@ -374,37 +379,6 @@ impl SamplerCore {
     }
 }
 
-/// A mixture needs at least one database, one embedder (name and
-/// dimension) and unique database names.
-fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
-    let Some((first_name, first)) = dbs.first() else {
-        return Err(Error::invalid(
-            "databases",
-            "a mixture needs at least one database".to_string(),
-        ));
-    };
-    let emb = &first.metadata().embedder;
-    for (name, db) in &dbs[1..] {
-        let e = &db.metadata().embedder;
-        if e != emb {
-            return Err(Error::invalid(
-                "databases",
-                format!(
-                    "database `{name}` was embedded with `{}` (dimension {}) but database `{first_name}` with `{}` (dimension {}); a mixture needs one embedder",
-                    e.name, e.dim, emb.name, emb.dim
-                ),
-            ));
-        }
-    }
-    if let Some(i) = (1..dbs.len()).find(|&i| dbs[..i].iter().any(|d| d.0 == dbs[i].0)) {
-        return Err(Error::invalid(
-            "databases",
-            format!("two databases are named `{}`", dbs[i].0),
-        ));
-    }
-    Ok(())
-}
-
 /// Each task's plan and each database's place in the mixture (its share
 /// from `db_weights`, its first task, column and category offsets).
 #[allow(clippy::cast_possible_truncation)]
@@ -567,21 +541,6 @@ fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
         out.push(name);
     }
     out
-}
-
-/// `e` with the name of the database it came from in its message.
-fn in_database(name: &str, e: Error) -> Error {
-    match e {
-        Error::Io { path, source } => Error::Io {
-            path,
-            source: std::io::Error::new(source.kind(), format!("database `{name}`: {source}")),
-        },
-        Error::Format { file, what } => Error::Format {
-            file,
-            what: format!("database `{name}`: {what}"),
-        },
-        other => other,
-    }
 }
 
 fn too_many(what: &str) -> Error {

@@ -237,6 +237,27 @@ impl super::SamplerCore {
         saved: &SamplerState,
         fresh: &[super::SplitState],
     ) -> Result<Vec<StreamState>> {
+        let (out, notes) = self.restored_streams(saved, fresh)?;
+        let msg = format!(
+            "rank {} resumed from a saved sampler state: {}",
+            self.cfg.rank,
+            notes.join(", ")
+        );
+        tracing::info!("{msg}");
+        if !tracing::dispatcher::has_been_set() {
+            eprintln!("headwater: {msg}");
+        }
+        Ok(out)
+    }
+
+    /// What [`restore`](Self::restore) would restore, with one note per
+    /// split (its step, and the reshard when the world size changes);
+    /// logs nothing (`Sampler::check_state` only asks whether it fits).
+    pub fn restored_streams(
+        &self,
+        saved: &SamplerState,
+        fresh: &[super::SplitState],
+    ) -> Result<(Vec<StreamState>, Vec<String>)> {
         saved.check(
             &self.content_hash(),
             &self.database_records(),
@@ -262,16 +283,7 @@ impl super::SamplerCore {
             });
             out.push(st);
         }
-        let msg = format!(
-            "rank {} resumed from a saved sampler state: {}",
-            self.cfg.rank,
-            notes.join(", ")
-        );
-        tracing::info!("{msg}");
-        if !tracing::dispatcher::has_been_set() {
-            eprintln!("headwater: {msg}");
-        }
-        Ok(out)
+        Ok((out, notes))
     }
 }
 

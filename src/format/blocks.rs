@@ -1,0 +1,360 @@
+//! Verified reads: the per-block checksums of a format-2 file, the bit per
+//! block that says "checked", and the database-wide record of what the
+//! checks found.
+//!
+//! Invariant: a view ([`super::GraphView`], [`super::ColumnView`], …) hands
+//! the sampler a byte only after [`Blocks::touch`] has seen its block's bit
+//! set — set by hashing the block the first time any thread reads it and
+//! finding its stored checksum. A block that fails is never marked: every
+//! reader of it hashes it again and records the failure in the database's
+//! [`Integrity`], which the batch builder checks (one acquire load) before
+//! it hands a batch on, on the thread that built it (after the join of its
+//! parallel parts). So no batch built from an unchecked or corrupt byte is
+//! delivered, and the check costs one relaxed load per read once a block is
+//! known good. Format-1 files have no block checksums: their first read of a
+//! block is counted in [`Integrity::unverified_reads`] (unless the database
+//! was opened with `verify="full"`, which marks every block checked).
+
+// The per-read checks are forced inline: out of line, a call per cell
+// cost a measured ~10% of the sampler's CPU.
+#![allow(clippy::inline_always)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// Log2 of the block size the writer uses (256 KiB).
+pub const BLOCK_SHIFT: u32 = 18;
+/// Smallest and largest block shift a reader accepts (4 KiB ..= 1 GiB).
+pub(crate) const BLOCK_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
+
+/// What the reads of one database found: the first corrupt block (sticky)
+/// and how many blocks were checked or served unchecked.
+#[derive(Debug, Default)]
+pub struct Integrity {
+    poisoned: AtomicBool,
+    first: Mutex<Option<(PathBuf, String)>>,
+    verified: AtomicU64,
+    unverified: AtomicU64,
+}
+
+impl Integrity {
+    /// Record a corrupt block (the first one is kept).
+    fn poison(&self, file: &Path, what: String) {
+        let mut first = self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if first.is_none() {
+            *first = Some((file.to_path_buf(), what));
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// `Ok` unless a read found a corrupt block; then the [`Error::Format`]
+    /// naming its file and block (every later call too).
+    ///
+    /// # Errors
+    /// The first corrupt block any read of this database found.
+    #[inline]
+    pub fn check(&self) -> Result<()> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let first = self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (file, what) = first.clone().unwrap_or_default();
+        Err(Error::format(file, what))
+    }
+
+    /// Blocks hashed on their first read and found intact.
+    pub fn blocks_verified(&self) -> u64 {
+        self.verified.load(Ordering::Relaxed)
+    }
+
+    /// Blocks first read without a checksum to check them against (format-1
+    /// files opened without `verify="full"`); 0 means every byte the
+    /// sampler read was checked.
+    pub fn unverified_reads(&self) -> u64 {
+        self.unverified.load(Ordering::Relaxed)
+    }
+}
+
+/// The blocks of one mapped file: bytes `start..end` (the data sections and
+/// their padding) cut into `1 << shift`-byte blocks, the last one short.
+#[derive(Debug)]
+pub(crate) struct Blocks {
+    start: usize,
+    end: usize,
+    shift: u32,
+    /// The stored xxh3-64 of each block; `None` for a format-1 file.
+    sums: Option<Vec<u64>>,
+    bits: Box<[AtomicU64]>,
+    /// Blocks marked so far, and whether that is all of them (then a read
+    /// costs one load of this flag).
+    marked: AtomicUsize,
+    all: AtomicBool,
+    integrity: Arc<Integrity>,
+}
+
+impl Blocks {
+    /// Blocks over `start..end` with `sums` (`None`: unchecked, format 1).
+    pub(crate) fn new(
+        start: usize,
+        end: usize,
+        shift: u32,
+        sums: Option<Vec<u64>>,
+        integrity: Arc<Integrity>,
+    ) -> Self {
+        let n = count(start, end, shift);
+        Blocks {
+            start,
+            end,
+            shift,
+            sums,
+            bits: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            marked: AtomicUsize::new(0),
+            all: AtomicBool::new(n == 0),
+            integrity,
+        }
+    }
+
+    /// The database's record these blocks report to.
+    pub(crate) fn integrity(&self) -> &Arc<Integrity> {
+        &self.integrity
+    }
+
+    /// Report to `integrity` from now on (a file opened as part of a
+    /// database shares the database's record).
+    pub(crate) fn share(&mut self, integrity: Arc<Integrity>) {
+        self.integrity = integrity;
+    }
+
+    /// Blocks in the file.
+    pub(crate) fn len(&self) -> usize {
+        count(self.start, self.end, self.shift)
+    }
+
+    /// Whether every block has been checked (or, format 1, served): then
+    /// reads need no check at all (the bits only ever get set).
+    #[inline]
+    pub(crate) fn all_marked(&self) -> bool {
+        self.all.load(Ordering::Relaxed)
+    }
+
+    /// Whether block `b` has been checked (or, format 1, served).
+    #[inline(always)]
+    pub(crate) fn is_verified(&self, b: usize) -> bool {
+        self.bits
+            .get(b >> 6)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (b & 63)) != 0)
+    }
+
+    /// Mark block `b`; `true` when this call set the bit.
+    fn mark(&self, b: usize) -> bool {
+        let bit = 1u64 << (b & 63);
+        let newly = self.bits[b >> 6].fetch_or(bit, Ordering::Relaxed) & bit == 0;
+        if newly && self.marked.fetch_add(1, Ordering::Relaxed) + 1 == self.len() {
+            self.all.store(true, Ordering::Relaxed);
+        }
+        newly
+    }
+
+    /// Mark every block checked (after the whole payload checksum matched).
+    pub(crate) fn mark_all(&self) {
+        for b in 0..self.len() {
+            self.mark(b);
+        }
+    }
+
+    /// The first and last block holding a byte of `off..off + len` (file
+    /// offsets), if any.
+    #[inline]
+    fn span(&self, off: usize, len: usize) -> Option<(usize, usize)> {
+        if len == 0 || off < self.start || off >= self.end {
+            return None;
+        }
+        let first = (off - self.start) >> self.shift;
+        let last = (off.saturating_add(len).min(self.end) - 1 - self.start) >> self.shift;
+        Some((first, last))
+    }
+
+    /// Check every block holding a byte of `off..off + len` before it is
+    /// read: one relaxed load once the file (or the block) is checked. A
+    /// failure is recorded in the database's [`Integrity`] (the batch
+    /// builder reports it).
+    #[inline(always)]
+    pub(crate) fn touch(&self, map: &[u8], file: &Path, off: usize, len: usize) {
+        if self.all.load(Ordering::Relaxed) {
+            return;
+        }
+        // The common case: a short range inside one checked block.
+        let first = off.wrapping_sub(self.start) >> self.shift;
+        let last = off.wrapping_add(len).wrapping_sub(self.start + 1) >> self.shift;
+        if first == last && self.is_verified(first) {
+            return;
+        }
+        self.touch_range(map, file, off, len);
+    }
+
+    /// [`touch`](Self::touch) past its fast path: every block of the range.
+    #[cold]
+    #[inline(never)]
+    fn touch_range(&self, map: &[u8], file: &Path, off: usize, len: usize) {
+        if let Some((first, last)) = self.span(off, len) {
+            for b in first..=last {
+                if !self.is_verified(b) {
+                    self.first_read(map, file, b);
+                }
+            }
+        }
+    }
+
+    /// [`touch`](Self::touch) for the one block holding file offset `off`
+    /// (an element of at most 64 aligned bytes never spans two blocks): the
+    /// per-cell fast path.
+    #[inline(always)]
+    pub(crate) fn touch_one(&self, map: &[u8], file: &Path, off: usize) {
+        if self.all.load(Ordering::Relaxed) {
+            return;
+        }
+        let b = off.wrapping_sub(self.start) >> self.shift;
+        if !self.is_verified(b) {
+            self.touch_range(map, file, off, 1);
+        }
+    }
+
+    /// [`touch`](Self::touch), returning the first failing block's error
+    /// (for what is handed out whole: a task, an embedding matrix).
+    pub(crate) fn check(&self, map: &[u8], file: &Path, off: usize, len: usize) -> Result<()> {
+        if let Some((first, last)) = self.span(off, len) {
+            for b in first..=last {
+                if !self.is_verified(b) {
+                    if let Some(what) = self.first_read(map, file, b) {
+                        return Err(Error::format(file, what));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The first read of block `b`: hash and compare it (format 2) or count
+    /// it unchecked (format 1). Returns the failure, also recorded.
+    #[cold]
+    #[inline(never)]
+    fn first_read(&self, map: &[u8], file: &Path, b: usize) -> Option<String> {
+        let Some(sums) = &self.sums else {
+            if self.mark(b) {
+                self.integrity.unverified.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        };
+        let lo = self.start + (b << self.shift);
+        let hi = (lo + (1 << self.shift)).min(self.end);
+        let computed = xxhash_rust::xxh3::xxh3_64(&map[lo..hi]);
+        let stored = sums[b];
+        if computed == stored {
+            if self.mark(b) {
+                self.integrity.verified.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
+        let what = format!(
+            "corrupt data: block {b} of {} (bytes {lo}..{hi}) fails its checksum \
+             (stored {stored:016x}, computed {computed:016x}); no batch read from it \
+             is delivered (run `headwater verify` on the database)",
+            self.len()
+        );
+        self.integrity.poison(file, what.clone());
+        Some(what)
+    }
+}
+
+/// Blocks of `1 << shift` bytes covering `start..end`.
+pub(crate) fn count(start: usize, end: usize, shift: u32) -> usize {
+    (end.saturating_sub(start)).div_ceil(1 << shift)
+}
+
+/// The [`Blocks`] of a mapped file `b` of format `version` whose section
+/// table (header-checked) is `sections`. Format 2: the last section is the
+/// block table — `shift: u64`, then one xxh3-64 per block of the bytes from
+/// `payload_start` to the table — whose own xxh3-64 is header field 40; it
+/// is removed from `sections`. O(blocks): 8 bytes hashed per block.
+pub(crate) fn read_block_table(
+    path: &Path,
+    b: &[u8],
+    version: u32,
+    sections: &mut Vec<(usize, usize)>,
+    payload_start: usize,
+) -> Result<Blocks> {
+    let integrity = Arc::new(Integrity::default());
+    if version < 2 {
+        return Ok(Blocks::new(
+            payload_start,
+            b.len(),
+            BLOCK_SHIFT,
+            None,
+            integrity,
+        ));
+    }
+    let bad = |what: String| Err(Error::format(path, format!("corrupt block table: {what}")));
+    let Some((off, len)) = sections.pop() else {
+        return bad("the file has no sections, so no block table".into());
+    };
+    if off + len != b.len() {
+        return bad(format!(
+            "ends at byte {}, the file at {}",
+            off + len,
+            b.len()
+        ));
+    }
+    if let Some(i) = sections.iter().position(|&(o, l)| o + l > off) {
+        return bad(format!(
+            "data section {i} ends past the table at byte {off}, outside the checked blocks"
+        ));
+    }
+    let table = &b[off..off + len];
+    let stored = u64::from_le_bytes(b[40..48].try_into().expect("8 bytes"));
+    let computed = xxhash_rust::xxh3::xxh3_64(table);
+    if computed != stored {
+        return bad(format!(
+            "checksum mismatch (stored {stored:016x}, computed {computed:016x})"
+        ));
+    }
+    if len < 8 || len % 8 != 0 {
+        return bad(format!("{len} bytes is not a shift and whole checksums"));
+    }
+    let words: Vec<u64> = table
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        .collect();
+    let shift = u32::try_from(words[0]).unwrap_or(u32::MAX);
+    if !BLOCK_SHIFTS.contains(&shift) {
+        return bad(format!(
+            "block size 2^{} is outside 2^{}..=2^{}",
+            words[0],
+            BLOCK_SHIFTS.start(),
+            BLOCK_SHIFTS.end()
+        ));
+    }
+    let want = count(payload_start, off, shift);
+    if words.len() - 1 != want {
+        return bad(format!(
+            "{} checksums for {want} blocks of {} bytes",
+            words.len() - 1,
+            1u64 << shift
+        ));
+    }
+    Ok(Blocks::new(
+        payload_start,
+        off,
+        shift,
+        Some(words[1..].to_vec()),
+        integrity,
+    ))
+}

@@ -1,0 +1,147 @@
+//! The batch maker's side of in-context contexts (`examples = true`,
+//! `crate::sampler::incontext`): which tasks can have examples (checked
+//! when the sampler is made) and the parallel build of a batch's contexts,
+//! each sequence drawing its recipe from its own generator key.
+//!
+//! Never: a random choice of its own (the key of each sequence is drawn in
+//! `draw.rs`), or a change to the default path (`examples = false` never
+//! enters this file).
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use rayon::prelude::*;
+
+use super::plan::{SamplerCore, TargetPlan};
+use crate::config::bad;
+use crate::error::Result;
+use crate::sampler::walks::WalkGraph;
+use crate::sampler::{
+    build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
+};
+
+thread_local! {
+    // Boxed: the extension's static TLS block is small (a large
+    // thread-local fails `dlopen` with "cannot allocate memory in static
+    // TLS block").
+    static SCRATCH: RefCell<Box<(BfsScratch, ExampleScratch)>> = RefCell::new(Box::default());
+}
+
+impl SamplerCore {
+    /// With `examples`, every task with weight > 0 must be a cell task
+    /// (its target a column of its anchor table, so examples carry their
+    /// labels as ordinary cells) whose anchor table has a row besides the
+    /// seed; then each database's walk graph is built.
+    pub(super) fn plan_examples(&mut self) -> Result<()> {
+        if !self.cfg.examples {
+            return Ok(());
+        }
+        for (k, t) in self.tasks.iter().enumerate() {
+            if self.weights[k] <= 0.0 {
+                continue;
+            }
+            let name = &self.task_names[k];
+            if matches!(t.target, TargetPlan::Virtual { .. }) {
+                return Err(bad(
+                    "examples",
+                    format!(
+                        "true, but task `{name}` has a target outside its anchor table (a query task: examples would carry no label); give it weight 0"
+                    ),
+                ));
+            }
+            let m = self.dbs[t.db].db.metadata();
+            let table = &m.tables[m.tasks[t.local].anchor_table as usize];
+            if table.num_rows < 2 {
+                return Err(bad(
+                    "examples",
+                    format!(
+                        "true, but the anchor table `{}` of task `{name}` has {} row(s): no row can be an example",
+                        table.name, table.num_rows
+                    ),
+                ));
+            }
+        }
+        self.walk_graphs = self
+            .dbs
+            .iter()
+            .map(|d| WalkGraph::new(&d.db.graph()))
+            .collect();
+        Ok(())
+    }
+
+    /// Every context of `jobs` (task `k`) as an in-context context, in
+    /// parallel (`min_len` per job at least); `false` (nothing built) for a
+    /// query task, which only an evaluation pass of a task at weight 0
+    /// reaches (`plan_examples` refuses one at weight > 0): it keeps the
+    /// plain context.
+    pub(super) fn build_in_context(
+        &self,
+        k: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut [Subgraph],
+        min_len: usize,
+    ) -> Result<bool> {
+        let plan = &self.tasks[k];
+        let mdb = &self.dbs[plan.db];
+        let db = &*mdb.db;
+        let anchor = db.metadata().tasks[plan.local].anchor_table as usize;
+        let view = db.table(anchor)?;
+        let TargetPlan::Cell { slot } = plan.target else {
+            return Ok(false);
+        };
+        let label = &view.columns[slot];
+        let off = view.row_offset;
+        let has_label = move |row: u32| {
+            row.checked_sub(off)
+                .is_some_and(|i| i < view.num_rows && label.read(i as usize))
+        };
+        let graph = db.graph();
+        let c = &self.cfg;
+        let p = ExampleParams {
+            seq_len: c.default_sequence_length,
+            max_hops: c.max_hops,
+            temporal_filter: c.temporal_filter,
+            num_walks: c.num_walks,
+            walk_length: c.walk_length,
+            table: graph.table_rows[anchor],
+            walk_graph: &self.walk_graphs[plan.db],
+            row_cells: &mdb.row_cells,
+            seed_cells: plan.seed_cells,
+            has_label: &has_label,
+            deadline: c
+                .context_deadline_ms
+                .map(|ms| Duration::from_secs_f64(ms / 1e3)),
+        };
+        self.pool.install(|| {
+            subgraphs
+                .par_iter_mut()
+                .zip(jobs.par_iter())
+                .with_min_len(min_len)
+                .for_each(|(sub, &(_, row, obs, key))| {
+                    let r = SeqRecipe::draw(
+                        key,
+                        &c.local_context_sizes,
+                        &c.bfs_widths,
+                        &c.prefer_latest,
+                    );
+                    SCRATCH.with(|sc| {
+                        let mut sc = sc.borrow_mut();
+                        let (bs, ex) = &mut **sc;
+                        build_in_context(
+                            &graph,
+                            row,
+                            obs,
+                            key,
+                            &r,
+                            &p,
+                            c.bfs_child_width,
+                            bs,
+                            ex,
+                            sub,
+                        );
+                    });
+                });
+        });
+        Ok(true)
+    }
+}

@@ -1,0 +1,70 @@
+"""The end of a training run as printed: :func:`headwater.train.summary.format_summary`
+(a phase that did not run says so, never NaN; training and evaluation time
+apart) and the progress line's loss (the window's, no running mean)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def _summary_of(log: Any, steps_run: int, **extra: Any) -> dict[str, Any]:
+    from headwater.train.summary import summarise
+    from headwater.train.verdict import VerdictTracker
+
+    layout = {
+        "processes": 1, "local_devices": 1, "platform": "cpu", "devices": 1,
+        "global_batch": 4, "per_device_batch": 4, "per_process_batch": 4,
+    }
+    vt = VerdictTracker(1, 1, 8)
+    for i in range(steps_run):
+        vt.observe({}, 0.01 + 0.001 * i, 0.0)
+        vt.settle(0.011)
+    return summarise(
+        log, warmup_steps=1, world=1, wall=10.0, rank=0, batch_layout=layout,
+        metrics_endpoints=[], wandb_dir=None, **vt.summary(), **extra,
+    )
+
+
+def test_a_phase_with_no_steps_says_so(recwarn: pytest.WarningsRecorder) -> None:
+    """A resume with only the final evaluation left, and a stop before the
+    final validation: no `nan`, no NumPy warning, training and evaluation
+    time apart."""
+    from headwater.train.summary import RunLog, format_summary
+
+    s = _summary_of(
+        RunLog(), 0, final_val_loss=float("nan"), eval_seconds=9.5, start_step=40,
+        interrupted=None,
+    )
+    text = format_summary(s, profile=True)
+    assert "nan" not in text.lower(), text
+    assert "done: no training steps in this attempt (resumed at step 40, all trained)" in text
+    assert "0.5 s training + 9.5 s evaluation" in text
+    assert "loss: no steps; no final validation" in text and "headspace: not measured" in text
+    assert not [w for w in recwarn if "empty slice" in str(w.message)]
+
+    log = RunLog(losses=[2.0, 1.5, 1.0])
+    for _ in range(3):
+        log.record_phases((0.001, 0.001, 0.01, 0.001, 0.001))
+    s = _summary_of(
+        log, 3, final_val_loss=float("nan"), eval_seconds=0.0, start_step=0, interrupted="SIGTERM"
+    )
+    text = format_summary(s)
+    assert "nan" not in text.lower(), text
+    assert "done: 3 steps in 10.0 s training + 0.0 s evaluation" in text
+    assert "final validation not run (stopped by SIGTERM)" in text
+    s["final_val_loss"] = 1.25
+    assert "val loss 1.2500" in format_summary(s)
+
+
+def test_the_progress_loss_is_the_windows(capsys: pytest.CaptureFixture[str]) -> None:
+    """The progress line prints the loss it is given (the window's mean),
+    with no running mean carried between lines (or over a restart)."""
+    from headwater.train.records import Progress
+
+    p = Progress(total=4, log_every=2, enabled=True)
+    p.update(1, 5.0, 1.0, 0.0)
+    p.update(3, 1.0, 1.0, 0.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("loss")[1].split()[0] for ln in lines] == ["5.0000", "1.0000"], lines
