@@ -10,7 +10,7 @@ const MAX_LINES: usize = 600;
 
 /// Files allowed over the limit because they are data tables; each one's
 /// module doc must say "data table".
-const DATA_TABLES: &[&str] = &[];
+const DATA_TABLES: &[&str] = &["src/telemetry/rows.rs"];
 
 /// Files over the limit while their room is being split.
 // issue 31: being split

@@ -109,7 +109,7 @@ def open_sampler(
 def python_stacks_on_stall(run_dir: Path, rank: int) -> Callable[[], None]:
     """Register :mod:`faulthandler` on ``SIGUSR2`` (the signal the sampler's
     stall detector sends after it dumped a stuck sampler thread,
-    ``PYTHON_STACKS_SIGNAL`` in ``src/stalls.rs``): every Python thread's
+    ``PYTHON_STACKS_SIGNAL`` in ``src/stalls/capture.rs``): every Python thread's
     stack is appended to ``python-stacks-rank<rank>.txt`` in ``run_dir``.
     Only when nothing else handles ``SIGUSR2``; a file that cannot be opened
     is reported, not fatal. Returns the undo."""
