@@ -45,6 +45,7 @@ REQUIRED_ROWS = [
     "Pool health",
     "Task mix",
     "BFS",
+    "In-context contexts",
     "Queue",
     "Stage latency",
     "Stalls and attribution",

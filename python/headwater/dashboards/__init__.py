@@ -31,6 +31,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from headwater.dashboards.panels import (
     ROWS,
     _bfs,
+    _contexts,
     _invariants,
     _pool_health,
     _queue,
@@ -53,6 +54,7 @@ def build() -> dict[str, Any]:
         _pool_health(),
         _task_mix(),
         _bfs(),
+        _contexts(),
         _queue(),
         _stage_latency(),
         _stalls(),
