@@ -25,7 +25,8 @@
 //! it from a signal handler is a thread interrupted while it holds the
 //! dynamic loader's lock (`dlopen`, or unwinding a panic): sampler threads
 //! do neither while building a batch, and the monitor warms the unwinder's
-//! caches up on its own thread first. Only sampler threads are signalled
+//! caches up on its own thread first (not the symboliser's: its debug-info
+//! read costs tens of MiB, paid by the first dump only). Only sampler threads are signalled
 //! (never the Python threads), at most once per stall.
 //!
 //! Never: a dump that stops the run (a dump that cannot be written is
@@ -317,13 +318,13 @@ fn warn(msg: &str) {
 /// The monitor loop: every quarter threshold (5 ms to 250 ms), look for
 /// work past the threshold.
 fn monitor(sh: &Shared) {
-    // Warm the unwinder and the symboliser up here (the first resolve
-    // reads the debug info: 100+ ms), so the first dump is not late.
+    // Warm the unwinder up here (its caches are filled on first use, which
+    // the signal handler must not do). The symboliser is not warmed: its
+    // first resolve reads the binary's debug info (100+ ms and tens of MiB
+    // of private memory, which `max_rss_bytes` counts), so only a process
+    // that actually dumps a stack pays for it.
     let t0 = Instant::now();
-    backtrace::trace(|f| {
-        backtrace::resolve_frame(f, |_| {});
-        false
-    });
+    backtrace::trace(|_| false);
     tracing::debug!("stall monitor warmed up in {:?}", t0.elapsed());
     while !sh.stop.load(Acquire) {
         let threshold = sh.threshold_ns();
