@@ -124,7 +124,7 @@ pub fn runqueue_since_last(start: Usage, end: Usage) -> u64 {
 }
 
 /// CPU time of the calling thread so far (ns; 0 if the clock fails).
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

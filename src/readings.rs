@@ -145,7 +145,8 @@ pub struct BatchReadings {
     /// nor run-queue time in it was spent blocked (page faults, reads,
     /// locks).
     pub probed_ns: u64,
-    /// The batch's draw or build ran past `stall_after_ms` (0, 1 or 2).
+    /// The batch's draw or build ran past `stall_after_ms` (0, 1 or 2),
+    /// plus its contexts past `context_deadline_ms` (`deadline_hits`).
     pub stalls: u32,
     /// Stall stack dumps that could not be written (reported with the next
     /// batch made after the failure).

@@ -257,6 +257,8 @@ class Sampler:
         debug_stall_ms: float = 0.0,
         debug_drop_page_cache_every: int = 0,
         debug_pin_cpu: int | None = None,
+        debug_spin_ms: float = 0.0,
+        debug_cpu_hog: bool = False,
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]:
         """The next train batch (blocks, GIL released; Ctrl-C interrupts). From

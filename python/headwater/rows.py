@@ -144,6 +144,8 @@ class SamplerConfigDict(TypedDict):
     debug_stall_ms: float
     debug_drop_page_cache_every: int
     debug_pin_cpu: int | None
+    debug_spin_ms: float
+    debug_cpu_hog: bool
 
 
 class EvalTaskRow(TypedDict):

@@ -304,6 +304,18 @@ pub static FIELDS: &[FieldDoc] = &[
         range: "None or a CPU number this process may run on",
         doc: "fault injection: pin the sampler's threads (producers and pool) to this CPU (CPU-starved when something else keeps it busy)",
     },
+    FieldDoc {
+        name: "debug_spin_ms",
+        ty: "float",
+        range: "a number in 0..=60000",
+        doc: "fault injection: every batch build burns this much of its thread's CPU time (ms, a busy loop on the thread clock: CPU work, not a sleep)",
+    },
+    FieldDoc {
+        name: "debug_cpu_hog",
+        ty: "bool",
+        range: "false, or true with debug_pin_cpu set",
+        doc: "fault injection: one busy thread (headwater-debug-hog) pinned to debug_pin_cpu for the sampler's lifetime (a CPU-starved sampler)",
+    },
 ];
 
 /// The [`FIELDS`] row of `key`.

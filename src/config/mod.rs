@@ -197,6 +197,14 @@ pub struct SamplerConfig {
     /// Fault injection: pin the sampler's threads (producers and pool) to
     /// this CPU (a CPU-starved sampler when something else keeps it busy).
     pub debug_pin_cpu: Option<u32>,
+    /// Fault injection: every batch build burns this much of its thread's
+    /// CPU time (ms, a busy loop on the thread clock, not a sleep): CPU work
+    /// that competes for the core, a slow sampler made of computation.
+    pub debug_spin_ms: f64,
+    /// Fault injection: with `debug_pin_cpu`, one busy thread
+    /// (`headwater-debug-hog`) pinned to that CPU for the sampler's
+    /// lifetime: the sampler's threads runnable but not running.
+    pub debug_cpu_hog: bool,
 }
 
 impl Default for SamplerConfig {
@@ -248,6 +256,8 @@ impl Default for SamplerConfig {
             debug_stall_ms: 0.0,
             debug_drop_page_cache_every: 0,
             debug_pin_cpu: None,
+            debug_spin_ms: 0.0,
+            debug_cpu_hog: false,
         }
     }
 }

@@ -113,6 +113,12 @@ impl SamplerConfig {
                 return Err(bad("debug_pin_cpu", cpu));
             }
         }
+        if !(self.debug_spin_ms >= 0.0 && self.debug_spin_ms <= 60_000.0) {
+            return Err(bad("debug_spin_ms", self.debug_spin_ms));
+        }
+        if self.debug_cpu_hog && self.debug_pin_cpu.is_none() {
+            return Err(bad("debug_cpu_hog", "true without debug_pin_cpu"));
+        }
         Ok(())
     }
 

@@ -1,11 +1,14 @@
 //! Fault injection for the diagnostic configs (`debug_*` sampler keys): a
-//! stuck worker, a cold page cache, a sampler pinned to one CPU. Each is
+//! stuck worker, a cold page cache, a sampler pinned to one CPU, a build
+//! that burns CPU, a busy thread on the sampler's CPU. Each is
 //! off by default and exists to prove a signal fires (`diag_configs/`).
 //!
 //! Never: used by a healthy run, or a change to what a batch contains (each
 //! only costs time).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The stuck worker of `debug_stall_step`: sleeps `ms` (named, not
 /// inlined, so the stall dump shows where it is stuck).
@@ -81,5 +84,106 @@ pub(crate) fn pin_to(cpu: u32) {
             "debug_pin_cpu: cannot pin a sampler thread to CPU {cpu}: {}",
             std::io::Error::last_os_error()
         ));
+    }
+}
+
+/// The CPU work of `debug_spin_ms`: a busy loop until this thread has run
+/// `ms` of CPU time (the thread clock, not the wall clock: on a shared core
+/// it takes longer, as real work would). Named, so a stall dump shows it.
+#[inline(never)]
+pub(super) fn injected_spin(ms: f64) {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let end = crate::probes::thread_cpu_ns() + (ms * 1e6) as u64;
+    let mut x = 0u64;
+    while crate::probes::thread_cpu_ns() < end {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
+        }
+    }
+    std::hint::black_box(x);
+}
+
+/// The busy thread of `debug_cpu_hog`: pinned to `debug_pin_cpu`, it spins
+/// until [`Hog::stop`] (or drop) stops and joins it.
+#[derive(Debug)]
+pub(crate) struct Hog {
+    stop: Arc<AtomicBool>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Hog {
+    /// Start the hog on `cpu` (`None`, with a warning, when the thread
+    /// cannot start).
+    pub(crate) fn start(cpu: u32) -> Option<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name("headwater-debug-hog".into())
+            .spawn(move || {
+                pin_to(cpu);
+                while !flag.load(Ordering::Relaxed) {
+                    injected_spin(1.0);
+                }
+            });
+        match spawned {
+            Ok(h) => Some(Hog {
+                stop,
+                thread: std::sync::Mutex::new(Some(h)),
+            }),
+            Err(e) => {
+                super::maker::tracing_warn(&format!(
+                    "debug_cpu_hog: cannot start the hog thread: {e}"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Stop the hog and join its thread (idempotent).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let h = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    /// Whether the hog thread is still running.
+    #[cfg(test)]
+    fn running(&self) -> bool {
+        self.thread
+            .lock()
+            .is_ok_and(|t| t.as_ref().is_some_and(|h| !h.is_finished()))
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_burns_thread_cpu_time() {
+        let (t0, c0) = (std::time::Instant::now(), crate::probes::thread_cpu_ns());
+        injected_spin(30.0);
+        let cpu = crate::probes::thread_cpu_ns() - c0;
+        assert!(cpu >= 30_000_000, "burned {cpu} ns of CPU");
+        assert!(t0.elapsed().as_nanos() >= u128::from(cpu) * 99 / 100);
+    }
+
+    #[test]
+    fn hog_runs_until_stopped_and_joined() {
+        let cpu = (0..1024).find(|&c| crate::probes::may_run_on(c)).unwrap();
+        let hog = Hog::start(cpu).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(hog.running());
+        hog.stop();
+        assert!(!hog.running());
+        hog.stop();
     }
 }

@@ -587,6 +587,9 @@ impl Sampler {
             }
             while p.rx.try_recv().is_ok() {}
         }
+        if let Some(hog) = &self.core.hog {
+            hog.stop();
+        }
         otel::flush();
     }
 }

@@ -286,7 +286,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_context_deadline_hits_total",
         prometheus_type: Counter,
         unit: "contexts",
-        help: "with examples: contexts past context_deadline_ms, replaced by the seed's plain BFS context",
+        help: "with examples: contexts past context_deadline_ms, replaced by the seed's plain BFS context (each also counts in stalls)",
         measure: Measure::TotalSeq(|_, s| f64::from(s.deadline_hits)),
     },
     MetricDef {
@@ -446,7 +446,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_sampler_stalls_total",
         prometheus_type: Counter,
         unit: "stalls",
-        help: "draws and batch builds that ran past stall_after_ms (each dumped its thread's stack)",
+        help: "draws and batch builds that ran past stall_after_ms (each dumped its thread's stack), plus contexts past context_deadline_ms (context/deadline_hits, no dump)",
         measure: Measure::Total(|r| f64::from(r.batch.stalls)),
     },
     MetricDef {

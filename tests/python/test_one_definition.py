@@ -74,6 +74,8 @@ BAD: dict[str, dict[str, Any]] = {
     "debug_stall_ms": {"debug_stall_ms": -1.0},
     "debug_drop_page_cache_every": {"debug_drop_page_cache_every": -1},
     "debug_pin_cpu": {"debug_pin_cpu": 100000},
+    "debug_spin_ms": {"debug_spin_ms": -1.0},
+    "debug_cpu_hog": {"debug_cpu_hog": True},
 }
 
 

@@ -144,3 +144,68 @@ def test_a_pinned_sampler_on_a_busy_cpu_waits_in_the_run_queue(tpch: Tpch) -> No
     assert share >= 0.25, got
     busy = got["sampler/cpu/busy_seconds"] / got["sampler/cpu/build_seconds"]
     assert busy < 0.75, got
+
+
+def _hog_threads() -> list[str]:
+    comms = (Path(f"/proc/self/task/{t}/comm") for t in os.listdir("/proc/self/task"))
+    out = []
+    for c in comms:
+        try:
+            name = c.read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name == "headwater-debug-hog"[:15]:  # the kernel keeps 15 bytes
+            out.append(name)
+    return out
+
+
+def _spun(tpch: Tpch, hog: bool, batches: int = 8) -> tuple[dict[str, float], int]:
+    """Totals of a sampler whose builds burn 20 ms of CPU each, pinned to one
+    CPU, with or without the debug hog on that CPU; the hog threads seen."""
+    cpu = min(os.sched_getaffinity(0))
+    with N.Sampler(
+        tpch.built.path,
+        **FAST,
+        num_prefetch=1,
+        debug_spin_ms=20.0,
+        debug_pin_cpu=cpu,
+        debug_cpu_hog=hog,
+    ) as s:
+        hogs = len(_hog_threads())
+        got = drained(s, batches)
+    return got, hogs
+
+
+def test_a_debug_hog_starves_a_pinned_sampler_and_stops_with_it(tpch: Tpch) -> None:
+    """debug_cpu_hog: one busy thread on the sampler's CPU, no outside
+    process: the spinning builds wait in the run queue about as long as
+    they run; without the hog the same spin runs unstarved."""
+    starved, hogs = _spun(tpch, hog=True)
+    assert hogs == 1 and _hog_threads() == []  # stopped and joined at shutdown
+    share = starved["sampler/cpu/runqueue_seconds"] / starved["sampler/cpu/build_seconds"]
+    assert share >= 0.25, starved
+    # The spin is CPU time: 20 ms of it per build, whatever the wall clock.
+    assert starved["sampler/cpu/busy_seconds"] >= 8 * 0.020, starved
+    alone, hogs = _spun(tpch, hog=False)
+    assert hogs == 0
+    assert alone["sampler/cpu/busy_seconds"] >= 8 * 0.020, alone
+    assert alone["sampler/cpu/build_seconds"] < starved["sampler/cpu/build_seconds"], (
+        alone,
+        starved,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "key", "where"),
+    [
+        ({"debug_spin_ms": -1.0}, "debug_spin_ms", "0..=60000"),
+        ({"debug_spin_ms": math.nan}, "debug_spin_ms", "0..=60000"),
+        ({"debug_cpu_hog": True}, "debug_cpu_hog", "with debug_pin_cpu set"),
+    ],
+)
+def test_bad_spin_and_hog_keys_name_the_key(
+    tpch: Tpch, kw: dict[str, Any], key: str, where: str
+) -> None:
+    with pytest.raises(N.ConfigError) as e:
+        N.Sampler(tpch.built.path, **FAST, **kw)
+    assert e.value.key == key and where in str(e.value), str(e.value)

@@ -149,7 +149,7 @@ impl SamplerCore {
             watched.as_ref(),
         )?;
         let out = watched.map(Watched::finish).unwrap_or_default();
-        made.readings.stalls = u32::from(stall.stalled) + u32::from(out.stalled);
+        made.readings.stalls += u32::from(stall.stalled) + u32::from(out.stalled);
         made.readings.stall_dump_failures = stall.dump_failures + out.dump_failures;
         if let Some(d) = draw {
             made.readings.draw = d;
@@ -189,6 +189,10 @@ impl SamplerCore {
         let min_len = if split_up { 1 } else { usize::MAX };
         let usage0 = crate::probes::usage(split_up);
         let t_probe = Instant::now();
+        if self.cfg.debug_spin_ms > 0.0 {
+            // Inside the probed window: the kernel's account sees the work.
+            super::super::inject::injected_spin(self.cfg.debug_spin_ms);
+        }
         let stage_to = |st: Stage| {
             if let Some(w) = watched {
                 w.stage(st);
@@ -244,6 +248,9 @@ impl SamplerCore {
         // The run-queue wait before the build started (woken for this job,
         // waiting for a CPU): a starved thread waits there, between builds.
         let start_wait_ns = crate::probes::runqueue_since_last(usage0, end);
+        // A context past `context_deadline_ms` is a stall too (the
+        // in-context builds' own deadline feeds the same counter).
+        let deadline_hits = seqs.iter().map(|q| q.deadline_hits).sum();
         let readings = BatchReadings {
             task: k as u32,
             db: self.tasks[k].db as u32,
@@ -257,6 +264,7 @@ impl SamplerCore {
             start_wait_ns,
             probed_ns: t_probe.elapsed().as_nanos() as u64 + start_wait_ns,
             integrity: self.integrity_readings(),
+            stalls: deadline_hits,
             seqs,
             ..BatchReadings::default()
         };

@@ -111,6 +111,8 @@ pub struct SamplerCore {
     pub(super) stalls: Option<StallWatch>,
     /// With `examples`: each database's walk graph (else empty).
     pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
+    /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
+    pub(crate) hog: Option<crate::pipeline::inject::Hog>,
 }
 
 impl SamplerCore {
@@ -197,7 +199,12 @@ impl SamplerCore {
                 .map_or_else(std::env::temp_dir, std::path::PathBuf::from),
             rank: cfg.rank,
         });
+        let hog = match (cfg.debug_cpu_hog, cfg.debug_pin_cpu) {
+            (true, Some(cpu)) => crate::pipeline::inject::Hog::start(cpu),
+            _ => None,
+        };
         let mut core = SamplerCore {
+            hog,
             stalls,
             reported,
             dbs: mixture,
