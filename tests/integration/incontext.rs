@@ -309,13 +309,18 @@ fn a_passed_deadline_redraws_the_plain_context_and_is_counted() {
             .map(|s| s.deadline_hits)
             .sum()
     };
+    // Each hit also counts in `stalls` (the stall detector's counter; no
+    // stall_after_ms is reached by these builds).
+    let stalls = |bs: &[MadeBatch]| -> u32 { bs.iter().map(|b| b.readings.stalls).sum() };
     assert_eq!(hits(&base), 0, "quiet without a deadline");
+    assert_eq!(stalls(&base), 0, "no stall without a deadline");
     let loose = SamplerConfig {
         context_deadline_ms: Some(3_600_000.0),
         ..cfg()
     };
     let far = run(&sdb.db, &loose, 2);
     assert_eq!(hits(&far), 0, "quiet under a deadline never reached");
+    assert_eq!(stalls(&far), 0, "no stall under a deadline never reached");
     for (a, b) in base.iter().zip(&far) {
         assert!(same_batch(a, b), "a deadline not hit changed a batch");
     }
@@ -326,6 +331,7 @@ fn a_passed_deadline_redraws_the_plain_context_and_is_counted() {
     };
     let hit = run(&sdb.db, &tight, 2);
     assert_eq!(hits(&hit), 16, "every context counted once");
+    assert_eq!(stalls(&hit), 16, "every deadline hit is a stall");
     for b in &hit {
         assert!(b
             .readings
