@@ -171,8 +171,8 @@ def _spun(tpch: Tpch, hog: bool, batches: int = 8) -> tuple[dict[str, float], in
         debug_pin_cpu=cpu,
         debug_cpu_hog=hog,
     ) as s:
+        got = drained(s, batches)  # the hog names itself once started
         hogs = len(_hog_threads())
-        got = drained(s, batches)
     return got, hogs
 
 

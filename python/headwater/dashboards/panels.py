@@ -401,7 +401,8 @@ def _stalls() -> list[PanelBuilder]:
             "Stalls (time range)",
             "Draws and batch builds that ran past stall_after_ms, over the dashboard's time "
             "range (cluster sum); each wrote the stuck thread's stack to the run directory "
-            "(stall-rank<r>-*.txt). Healthy: 0 (green). Pathological: any (a stuck worker, a "
+            "(stall-rank<r>-*.txt). In-context contexts past context_deadline_ms count here "
+            "too (without a dump). Healthy: 0 (green). Pathological: any (a stuck worker, a "
             "hub row, a fault storm): read the dump.",
             Q(increase("stalls"), "stall count", instant=True),
         ),

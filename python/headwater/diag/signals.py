@@ -429,6 +429,15 @@ _TABLE: tuple[Signal, ...] = (
         unit="share of steps",
     ),
     Signal(
+        metric="trainer/verdict",
+        name="verdict/cpu_starved",
+        rule=verdict_share(3, "share of steps so far"),
+        healthy=(0.0, 0.2),
+        what="share of steps the trainer judged cpu_starved (the sampler threads runnable but "
+        "not running)",
+        unit="share of steps",
+    ),
+    Signal(
         metric="stalls",
         rule=total("running total"),
         healthy=(0.0, 0.0),
