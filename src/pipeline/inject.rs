@@ -142,7 +142,7 @@ impl Hog {
     /// Stop the hog and join its thread (idempotent).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        let h = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
+        let h = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(h) = h {
             let _ = h.join();
         }
