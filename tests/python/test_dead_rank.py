@@ -176,6 +176,10 @@ def test_sigkill_of_a_rank_is_named_and_the_run_resumes_to_the_same_parameters(
     assert got[0]["param_digest"] == got[1]["param_digest"] == want["param_digest"]
 
 
+# A hang (SIGSTOP) costs another two-process job; the watchdog's silence
+# rule it exercises is covered by test_watchdog.py's fake-clock tests in
+# the default run (run this one with `pytest -m slow`).
+@pytest.mark.slow
 def test_a_hung_coordinator_process_is_named(tmp_path: Path, tpch: Tpch) -> None:
     run = tmp_path / "runs" / "stopped"
     procs = start_job(
