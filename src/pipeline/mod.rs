@@ -178,9 +178,8 @@ impl Sampler {
         let states = Sampler::initial_states(&core, saved)?;
         // Open + core preparation + the splits' seed pools.
         let startup_seconds = core.startup_seconds + t0.elapsed().as_secs_f64();
-        let opened = t0
-            .checked_sub(std::time::Duration::from_secs_f64(core.startup_seconds))
-            .unwrap_or(t0);
+        let since_open = Duration::from_secs_f64(core.startup_seconds);
+        let opened = t0.checked_sub(since_open).unwrap_or(t0);
         let prom_addr = core.cfg.prometheus_addr().filter(|_| core.cfg.telemetry);
         if let Some(addr) = prom_addr {
             prometheus::install(addr, &core.schema)?;
