@@ -318,7 +318,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
 
 
-#: The keys a saved sampler state records (docs/sampling.md, Resume): they define the
+#: The keys a saved sampler state records (docs/sampling.md and docs/contexts.md, Resume): they define the
 #: one global stream every rank reads, so no rank may set its own.
 STREAM_KEYS = {
     "split_ratios",
@@ -335,6 +335,15 @@ STREAM_KEYS = {
     "pack",
     "pack_factor",
     "database_weights",
+    # the in-context recipe (docs/contexts.md, Resume)
+    "examples",
+    "local_context_sizes",
+    "bfs_widths",
+    "prefer_latest",
+    "num_walks",
+    "walk_length",
+    "example_ranker",
+    "mask_prob_max",
 }
 
 

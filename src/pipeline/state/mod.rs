@@ -32,8 +32,12 @@
 //! pool itself), and `default_sequence_length`, `bfs_child_width`,
 //! `max_hops`, `temporal_filter`: these four change no seed, only each
 //! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
-//! the layout; `pack_factor` counts only with `pack`), and are refused because the promise is bit-identical
-//! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
+//! the layout; `pack_factor` counts only with `pack`), the in-context recipe
+//! (`examples`, and with it `local_context_sizes`, `bfs_widths`,
+//! `prefer_latest`, `num_walks`, `walk_length`, `example_ranker`) and
+//! `mask_prob_max`, and are refused because the promise is bit-identical
+//! continuation. `context_deadline_ms` is not a stream key: it changes a
+//! batch only when a build runs out of time, which no promise covers. `config_hash` is xxh3 of their canonical JSON: equal on all
 //! ranks of a consistent run.
 //!
 //! Files: this one holds [`StreamState`], [`StreamConfig`] and the
@@ -42,7 +46,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SamplerConfig, TaskPick};
+use crate::config::{ExampleRanker, SamplerConfig, TaskPick};
 use crate::error::Result;
 use crate::seeds::MixWindow;
 use crate::seeds::Split;
@@ -153,10 +157,45 @@ pub struct StreamConfig {
     /// (so an unpacked stream does not depend on the ignored value).
     #[serde(default = "one")]
     pub pack_factor: usize,
+    /// In-context contexts (absent when off, as in states saved before they
+    /// existed, so those keep their hash).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub examples: bool,
+    /// The in-context recipe: these keys are present only with `examples`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_context_sizes: Option<Vec<usize>>,
+    /// Per-sequence choices of the BFS child width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfs_widths: Option<Vec<usize>>,
+    /// Per-sequence choices of recency-first ranking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_latest: Option<Vec<bool>>,
+    /// Walks per context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_walks: Option<usize>,
+    /// Rows per walk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walk_length: Option<usize>,
+    /// The ranker of tier-1 examples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub example_ranker: Option<ExampleRanker>,
+    /// Highest masking probability (absent at 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mask_prob_max: f64,
 }
 
 fn one() -> usize {
     1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl StreamConfig {
@@ -178,6 +217,14 @@ impl StreamConfig {
             pool_fraction: cfg.pool_fraction,
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
+            examples: cfg.examples,
+            local_context_sizes: cfg.examples.then(|| cfg.local_context_sizes.clone()),
+            bfs_widths: cfg.examples.then(|| cfg.bfs_widths.clone()),
+            prefer_latest: cfg.examples.then(|| cfg.prefer_latest.clone()),
+            num_walks: cfg.examples.then_some(cfg.num_walks),
+            walk_length: cfg.examples.then_some(cfg.walk_length),
+            example_ranker: cfg.examples.then_some(cfg.example_ranker),
+            mask_prob_max: cfg.mask_prob_max,
         }
     }
 
@@ -187,8 +234,12 @@ impl StreamConfig {
     /// read one global stream, so a per-rank value would make them disagree
     /// about the pools, the orders or the picks.
     pub fn keys() -> Vec<String> {
-        let v = serde_json::to_value(Self::of(&SamplerConfig::default(), &[], &[]))
-            .expect("serialisable");
+        let all = SamplerConfig {
+            examples: true,
+            mask_prob_max: 0.5,
+            ..SamplerConfig::default()
+        };
+        let v = serde_json::to_value(Self::of(&all, &[], &[])).expect("serialisable");
         v.as_object().expect("object").keys().cloned().collect()
     }
 
@@ -294,7 +345,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 14, "{keys:?}");
+        assert_eq!(keys.len(), 22, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),
