@@ -94,6 +94,9 @@ pub struct SeqReadings {
     /// With `examples`: 1 when the build passed `context_deadline_ms` and
     /// was replaced by the seed's plain BFS context.
     pub deadline_hits: u32,
+    /// With `examples`: 1 when the context, built in time, holds no example
+    /// (no eligible row of the seed's table, or no room after tier 0).
+    pub no_examples: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].

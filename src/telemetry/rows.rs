@@ -290,6 +290,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::TotalSeq(|_, s| f64::from(s.deadline_hits)),
     },
     MetricDef {
+        key: "context/no_examples",
+        reduction: Sum,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_context_no_examples_total",
+        prometheus_type: Counter,
+        unit: "sequences",
+        help: "with examples: sequences built in time that hold no example (no labelled row of the seed's table dated before it, or no room after tier 0)",
+        measure: Measure::TotalSeq(|_, s| f64::from(s.no_examples)),
+    },
+    MetricDef {
         key: "queue/depth_min",
         reduction: Min,
         buckets: None,

@@ -686,6 +686,7 @@ EXTRA_REDUCTIONS = {
     "context/examples_per_sequence": "HISTOGRAM",
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
+    "context/no_examples": "SUM",
 }
 
 
@@ -802,6 +803,7 @@ PROM_COUNTERS = {
     "headwater_context_tier2_cells_total": "context/tier2_cells",
     "headwater_context_walk_steps_total": "context/walk_steps",
     "headwater_context_deadline_hits_total": "context/deadline_hits",
+    "headwater_context_no_examples_total": "context/no_examples",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {

@@ -314,14 +314,18 @@ def _contexts() -> list[PanelBuilder]:
             span=8,
         ),
         _timeseries(
-            "Walk steps/s and deadline hits/s",
-            "Random-walk steps taken ranking examples, and contexts abandoned past "
-            "context_deadline_ms (replaced by the seed's plain context), per second, cluster "
-            "sum. Healthy: walk steps ~ num_walks x walk_length x contexts/s, deadline hits 0. "
-            "Pathological: deadline hits above 0 (hub rows, a deadline below the walk cost).",
+            "Walk steps/s, deadline hits/s, sequences without examples/s",
+            "Random-walk steps taken ranking examples, contexts abandoned past "
+            "context_deadline_ms (replaced by the seed's plain context), and sequences built in "
+            "time that hold no example, per second, cluster sum. Healthy: walk steps ~ "
+            "num_walks x walk_length x contexts/s, deadline hits 0, sequences without examples "
+            "near 0. Pathological: deadline hits above 0 (hub rows, a deadline below the walk "
+            "cost); sequences without examples ~ the sequence rate (no labelled row of the "
+            "seed's table dated before it, or tier 0 takes the whole context).",
             [
                 Q(across("context/walk_steps"), "walk steps/s"),
                 Q(across("context/deadline_hits"), "deadline hits/s"),
+                Q(across("context/no_examples"), "sequences without examples/s"),
             ],
             unit="cps",
             span=8,
