@@ -32,7 +32,9 @@
 //! pool itself), and `default_sequence_length`, `bfs_child_width`,
 //! `max_hops`, `temporal_filter`: these four change no seed, only each
 //! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
-//! the layout; `pack_factor` counts only with `pack`), and are refused because the promise is bit-identical
+//! the layout; `pack_factor` counts only with `pack`), `sequence_lengths`
+//! and `tokens_per_batch` (each step's `S` and `B`; absent from the JSON
+//! while unset), and are refused because the promise is bit-identical
 //! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
 //! ranks of a consistent run.
 //!
@@ -153,6 +155,13 @@ pub struct StreamConfig {
     /// (so an unpacked stream does not depend on the ignored value).
     #[serde(default = "one")]
     pub pack_factor: usize,
+    /// The `S` each step draws from (empty: fixed `S`; absent from the
+    /// JSON then, so a fixed-length state and its hash are unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sequence_lengths: Vec<usize>,
+    /// Cells per rank per step with `sequence_lengths` (`B = tokens / S`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_batch: Option<usize>,
 }
 
 fn one() -> usize {
@@ -178,6 +187,8 @@ impl StreamConfig {
             pool_fraction: cfg.pool_fraction,
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
+            sequence_lengths: cfg.sequence_lengths.clone(),
+            tokens_per_batch: cfg.tokens_per_batch,
         }
     }
 
@@ -187,8 +198,13 @@ impl StreamConfig {
     /// read one global stream, so a per-rank value would make them disagree
     /// about the pools, the orders or the picks.
     pub fn keys() -> Vec<String> {
-        let v = serde_json::to_value(Self::of(&SamplerConfig::default(), &[], &[]))
-            .expect("serialisable");
+        // Set the keys left out of the JSON while unset, so they are listed.
+        let cfg = SamplerConfig {
+            sequence_lengths: vec![1],
+            tokens_per_batch: Some(1),
+            ..SamplerConfig::default()
+        };
+        let v = serde_json::to_value(Self::of(&cfg, &[], &[])).expect("serialisable");
         v.as_object().expect("object").keys().cloned().collect()
     }
 
@@ -294,7 +310,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 14, "{keys:?}");
+        assert_eq!(keys.len(), 16, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),

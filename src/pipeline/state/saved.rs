@@ -278,13 +278,18 @@ impl SamplerState {
                 a.as_object().expect("object"),
                 b.as_object().expect("object"),
             );
-            for (key, saved) in a {
-                if b.get(key) != Some(saved) {
+            // Both sides' keys: a key left out while unset (e.g.
+            // `sequence_lengths`) is named when only one side sets it.
+            let unset = serde_json::Value::from("unset");
+            for key in a.keys().chain(b.keys()) {
+                let (saved, now) = (a.get(key), b.get(key));
+                if saved != now {
                     return Err(refuse(
                         key,
                         format!(
-                            "the state was taken with {key} = {saved}, this sampler has {}; it changes the batch stream",
-                            b.get(key).map(ToString::to_string).unwrap_or_default()
+                            "the state was taken with {key} = {}, this sampler has {}; it changes the batch stream",
+                            saved.unwrap_or(&unset),
+                            now.unwrap_or(&unset)
                         ),
                     ));
                 }
