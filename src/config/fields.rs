@@ -80,7 +80,7 @@ pub static FIELDS: &[FieldDoc] = &[
         name: "sequence_lengths",
         ty: "list[int]",
         range: "[] (every step has S = default_sequence_length), or a list of distinct integers in 1..=65535 (cell positions are u16), with tokens_per_batch set and pack off",
-        doc: "variable length: each training-stream step draws its S from this list, uniformly and deterministically from (seed, split, step), the same on every rank; the step has B = tokens_per_batch / S sequences per rank (evaluation passes keep default_batch_size x default_sequence_length)",
+        doc: "variable length: each step of the train stream draws its S from this list, uniformly and deterministically from (seed, step), the same on every rank; the step has B = tokens_per_batch / S sequences per rank (the val stream and evaluation passes keep default_batch_size x default_sequence_length)",
     },
     FieldDoc {
         name: "tokens_per_batch",

@@ -197,7 +197,7 @@ fn a_state_of_another_length_recipe_is_refused_naming_the_key() {
 }
 
 #[test]
-fn evaluation_passes_keep_the_fixed_shape() {
+fn the_val_stream_and_evaluation_passes_keep_the_fixed_shape() {
     let cfg = SamplerConfig {
         default_batch_size: 4,
         default_sequence_length: 48,
@@ -211,6 +211,11 @@ fn evaluation_passes_keep_the_fixed_shape() {
         .collect();
     assert!(!pass.is_empty());
     for b in &pass {
+        assert_eq!((b.batch_size, b.seq_len), (4, 48));
+    }
+    // So does the val stream (its losses stay comparable step to step).
+    for _ in 0..6 {
+        let b = s.next_batch(Split::Val).unwrap();
         assert_eq!((b.batch_size, b.seq_len), (4, 48));
     }
 }
