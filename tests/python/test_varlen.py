@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 from pathlib import Path
@@ -76,21 +75,58 @@ def test_grad_accum_must_divide_every_steps_batch(tpch: Tpch) -> None:
         load_config(tomllib.loads(text))
 
 
-def test_train_runs_two_lengths_compiling_once_per_length(tmp_path: Path, tpch: Tpch) -> None:
-    """64 cells per step hold at most 64 texts and 32 rows: the padding
-    buckets never grow (64), so every compilation is a new S."""
-    from test_train import run_train
+def test_a_token_budget_below_one_sequence_is_refused_before_training(tpch: Tpch) -> None:
+    from headwater.train.config import load_config
 
-    steps = 12
+    text = _config(tpch.built.path, 4, "sequence_lengths = [64, 128]\ntokens_per_batch = 64")
+    with pytest.raises(ConfigError, match=r"`sampler.tokens_per_batch`: got 64, smaller than one"):
+        load_config(tomllib.loads(text))
+
+
+def test_two_processes_train_two_lengths_compiling_once_per_length(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    """Two data-parallel processes: the same S at every step on both ranks
+    (their collectives pair up and the parameters end bit-identical). 64
+    cells per rank per step hold at most 64 texts and 32 rows: the padding
+    buckets never grow (64), so every compilation is a new S."""
+    from test_train import run_train, summaries
+
+    steps = 8
     text = _config(tpch.built.path, steps, "sequence_lengths = [16, 32]\ntokens_per_batch = 64")
-    r = run_train(tmp_path, text, "--run-name", "varlen", "--wandb-mode", "disabled")
+    r = run_train(
+        tmp_path, text, "--num-processes", "2", "--run-name", "varlen", "--wandb-mode", "disabled"
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    s = json.loads((tmp_path / "runs" / "varlen" / "rank-0.json").read_text())
-    by_len = s["steps_by_seq_len"]
+    s0, s1 = summaries(tmp_path, "varlen", 2)
+    assert s0["param_digest"] == s1["param_digest"] and s0["losses"] == s1["losses"]
+    by_len = s0["steps_by_seq_len"]
+    assert by_len == s1["steps_by_seq_len"]
     assert set(by_len) == {"16", "32"} and sum(by_len.values()) == steps, by_len
-    assert s["train_step_compiles"] == 2, s["train_step_compiles"]
-    assert math.isfinite(s["loss_end"]) and math.isfinite(s["final_val_loss"])
-    # Tokens/s counts the steps' real B·S (64 per step here).
-    tp = s["throughput"]
-    assert tp["tokens_per_second"] == pytest.approx(64 * s["batches_per_second"], rel=1e-9)
+    assert s0["train_step_compiles"] == s1["train_step_compiles"] == 2
+    assert math.isfinite(s0["loss_end"]) and math.isfinite(s0["final_val_loss"])
+    # Tokens/s counts the steps' real B·S: 64 per rank per step.
+    tp = s0["throughput"]
+    assert tp["tokens_per_second"] == pytest.approx(64 * s0["batches_per_second"], rel=1e-9)
     assert "S in [16, 32] at 64 tokens per rank" in r.stdout
+    assert "global B×S 8×16, 4×32" in r.stdout
+
+
+def test_the_padder_keeps_one_high_water_mark_per_length(tpch: Tpch) -> None:
+    """A step of short sequences is not padded to the rows a long step
+    reached (its ``[B, R, R]`` adjacency would grow with the long S)."""
+    pytest.importorskip("jax")
+    from headwater.train.mesh import Mesh, Padder
+
+    def batch(s: int, b: int) -> dict[str, object]:
+        kw = {"default_sequence_length": s, "default_batch_size": b, "num_threads": 1}
+        kw |= {"bfs_child_width": 256, "max_hops": 6}
+        with headwater.Sampler(str(tpch.built.path), **kw) as sm:
+            return dict(sm.next_train_batch())
+
+    long, short = batch(8192, 2), batch(16, 8)
+    assert long["fk_adj"].shape[1] > 64 >= short["fk_adj"].shape[1]
+    pad = Padder(Mesh(), max_categories=8)
+    assert pad(long)["fk_adj"].shape[1] > 64
+    assert pad(short)["fk_adj"].shape == (8, 64, 64)
+    assert sorted(pad.marks) == [16, 8192]
