@@ -181,13 +181,13 @@ pub static FIELDS: &[FieldDoc] = &[
     FieldDoc {
         name: "local_context_sizes",
         ty: "list[int]",
-        range: "with examples: a non-empty list of integers in 1..=the longest S (default_sequence_length, or the largest of sequence_lengths; a value above a step's S is clamped to it)",
+        range: "with examples: a non-empty list of integers in 1..=the longest S (the larger of default_sequence_length and the largest of sequence_lengths; a value above a batch's S is clamped to it)",
         doc: "with examples: each sequence draws the cell budget of its seed's BFS (tier 0) and of each example's BFS shell from this list",
     },
     FieldDoc {
         name: "bfs_widths",
         ty: "list[int]",
-        range: "with examples: a non-empty list of integers in 1..=the longest S (default_sequence_length, or the largest of sequence_lengths)",
+        range: "with examples: a non-empty list of integers in 1..=the longest S (the larger of default_sequence_length and the largest of sequence_lengths)",
         doc: "with examples: each sequence draws its BFS child width (tiers 0 and 1) from this list (replaces bfs_child_width)",
     },
     FieldDoc {

@@ -123,14 +123,12 @@ impl SamplerConfig {
         Ok(())
     }
 
-    /// The longest `S` any stream step can have: the largest of
-    /// `sequence_lengths`, else `default_sequence_length`.
+    /// The longest `S` any batch can have: the largest of
+    /// `sequence_lengths` (train steps) and `default_sequence_length` (the
+    /// val stream and evaluation passes).
     pub fn max_sequence_length(&self) -> usize {
-        self.sequence_lengths
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(self.default_sequence_length)
+        let listed = self.sequence_lengths.iter().copied().max().unwrap_or(0);
+        listed.max(self.default_sequence_length)
     }
 
     /// `sequence_lengths` and `tokens_per_batch`: every listed `S` must be
@@ -168,7 +166,7 @@ impl SamplerConfig {
                 format!("{list:?} with pack = true"),
             ));
         }
-        let longest = self.max_sequence_length();
+        let longest = list.iter().copied().max().unwrap_or(0);
         if tokens < longest {
             return Err(bad(
                 "tokens_per_batch",

@@ -46,9 +46,10 @@ impl SplitState {
     /// row adjacency and text embeddings as large as in the last batch.
     pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, slots: usize, dim: usize) -> u64 {
         let (r, u) = self.last_shape;
-        // With sequence_lengths: the shortest S, the most sequences.
+        // A train step with sequence_lengths: the shortest S, the most
+        // sequences (the val stream keeps the fixed shape).
         let (b, s) = match (cfg.tokens_per_batch, cfg.sequence_lengths.iter().min()) {
-            (Some(t), Some(&s)) => (t / s, s),
+            (Some(t), Some(&s)) if self.split == Split::Train => (t / s, s),
             _ => (cfg.default_batch_size, cfg.default_sequence_length),
         };
         crate::batch::batch_bytes(b, s, slots, r, u, dim)
