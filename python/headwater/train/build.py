@@ -61,7 +61,7 @@ def varlen_layout(cfg: TrainConfig, rank: int, mesh: Mesh) -> dict[str, Any]:
     batch of each ``S`` (``tokens_per_batch / S`` sequences per rank, split
     over the local devices; a ``B`` that does not split is a
     :class:`ConfigError`). The ``default_batch_size`` layout above is then
-    the evaluation passes' (they keep the fixed shape)."""
+    the val stream's and the evaluation passes' (they keep the fixed shape)."""
     kw = cfg.sampler_kwargs(rank)
     lengths = [int(x) for x in kw.get("sequence_lengths") or ()]
     tokens = kw.get("tokens_per_batch")

@@ -159,7 +159,7 @@ def describe_layout(layout: Mapping[str, Any]) -> str:
     shapes = ", ".join(f"{b}×{s}" for s, b in by_length.items())
     return (
         f"{text}; training steps draw S at {layout['tokens_per_batch']} tokens per rank: "
-        f"global B×S {shapes} (the batch above is the evaluation passes')"
+        f"global B×S {shapes} (the batch above is the val stream's and evaluation passes')"
     )
 
 
