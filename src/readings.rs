@@ -120,7 +120,8 @@ pub struct BatchReadings {
     pub db: u32,
     /// Seeds drawn (`B`, or more with `pack`).
     pub seeds: u32,
-    /// Sequence length `S` of the batch.
+    /// Sequence length `S` of the batch (the step's draw from
+    /// `sequence_lengths`, else `default_sequence_length`).
     pub seq_len: u32,
     /// Pool and mix state right after the batch's seeds were drawn.
     pub draw: DrawReadings,

@@ -90,6 +90,12 @@ pub struct SamplerConfig {
     pub default_batch_size: usize,
     /// Cells per sequence (S).
     pub default_sequence_length: usize,
+    /// Variable length: each stream step draws its `S` from this list
+    /// (`SamplerCore::step_shape`); empty = every step has
+    /// `default_sequence_length`.
+    pub sequence_lengths: Vec<usize>,
+    /// With `sequence_lengths`: cells per rank per step, `B = tokens / S`.
+    pub tokens_per_batch: Option<usize>,
     /// At most this many children sampled per row per hop.
     pub bfs_child_width: usize,
     /// BFS hops from the seed row.
@@ -218,6 +224,8 @@ impl Default for SamplerConfig {
             num_prefetch: 3,
             default_batch_size: 32,
             default_sequence_length: 1024,
+            sequence_lengths: Vec::new(),
+            tokens_per_batch: None,
             bfs_child_width: 16,
             max_hops: 3,
             pack: false,

@@ -456,7 +456,7 @@ impl Sampler {
         }
         d.advance(
             b.task_idx as usize,
-            core.seeds_per_step(b.task_idx as usize),
+            core.step_shape(split, b.task_idx as usize, b.step).1,
         );
         Ok(true)
     }

@@ -158,6 +158,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::SampleSeq(|r, s| 1.0 - f64::from(s.cells) / f64::from(r.batch.seq_len)),
     },
     MetricDef {
+        key: "batch/seq_len",
+        reduction: Hist,
+        buckets: Some(B::Pow2UpToS),
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_batch_sequence_length_cells",
+        prometheus_type: PHist,
+        unit: "cells",
+        help: "sequence length S of each step (fixed default_sequence_length, or drawn from sequence_lengths)",
+        measure: Measure::Sample(|r| f64::from(r.batch.seq_len)),
+    },
+    MetricDef {
         key: "packing/segments_per_sequence",
         reduction: Hist,
         buckets: Some(B::Pow2UpToS),

@@ -684,6 +684,7 @@ EXTRA_REDUCTIONS = {
     "context/tier1_cells": "SUM",
     "context/tier2_cells": "SUM",
     "context/examples_per_sequence": "HISTOGRAM",
+    "batch/seq_len": "HISTOGRAM",
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
     "context/no_examples": "SUM",
@@ -727,8 +728,9 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
     # The histograms bucket up to S (a sequence holds at most S rows,
-    # segments or example rows).
+    # segments or example rows; a step's S is at most the longest).
     assert diff(base, seq) == {
+        P + "batch/seq_len",
         P + "bfs/rows",
         P + "packing/segments_per_sequence",
         P + "context/examples_per_sequence",
@@ -808,6 +810,7 @@ PROM_COUNTERS = {
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
     "headwater_bfs_depth_hops": "bfs/depth",
+    "headwater_batch_sequence_length_cells": "batch/seq_len",
     "headwater_bfs_sequence_rows": "bfs/rows",
     "headwater_padding_fraction_ratio": "padding/fraction",
     "headwater_stage_bfs_seconds": "stage/bfs_seconds",

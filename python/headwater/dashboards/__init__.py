@@ -35,6 +35,7 @@ from headwater.dashboards.panels import (
     _invariants,
     _pool_health,
     _queue,
+    _seq_len_panel,
     _stage_latency,
     _stalls,
     _task_mix,
@@ -53,7 +54,7 @@ def build() -> dict[str, Any]:
     sections = (
         _pool_health(),
         _task_mix(),
-        _bfs(),
+        [*_bfs(), _seq_len_panel()],
         _contexts(),
         _queue(),
         _stage_latency(),

@@ -206,6 +206,24 @@ def _database_mix() -> list[PanelBuilder]:
     ]
 
 
+def _seq_len_panel() -> PanelBuilder:
+    """The step's S (``batch/seq_len``): constant, or drawn per step from
+    ``sequence_lengths``."""
+    return _timeseries(
+        "Sequence length S p50/p99",
+        "The S of each step from the cluster-merged buckets: default_sequence_length, or "
+        "with sequence_lengths drawn per step at a fixed tokens_per_batch (B = tokens / S). "
+        "Healthy: constant without sequence_lengths; with it p50 near the list's middle and "
+        "the p99 at its longest. Pathological: one length only (the list not in effect).",
+        [
+            Q(quantile(0.5, "batch/seq_len"), "p50"),
+            Q(quantile(0.99, "batch/seq_len"), "p99"),
+        ],
+        unit="short",
+        span=6,
+    )
+
+
 def _bfs() -> list[PanelBuilder]:
     return [
         _heatmap(

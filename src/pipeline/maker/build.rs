@@ -106,6 +106,7 @@ impl SamplerCore {
             draws:
                 Draws {
                     task: k,
+                    seq_len,
                     step,
                     key,
                     world_size,
@@ -139,7 +140,7 @@ impl SamplerCore {
             super::super::inject::injected_stall(self.cfg.debug_stall_ms);
         }
         let mut made = self.build_batch(
-            k,
+            (k, seq_len),
             &jobs,
             self.cfg.pack,
             buffers,
@@ -165,7 +166,8 @@ impl SamplerCore {
     }
 
     /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
-    /// observation time, per-context RNG seed) of task `k`, `packed` into
+    /// observation time, per-context RNG seed) of task `k` at length `s`
+    /// (the step's `S`), `packed` into
     /// `B` sequences of up to [`segment_slots`](Self::segment_slots)
     /// contexts (`crate::batch::pack`) or one sequence per job, into a batch
     /// with its readings and stage timings (from `t0`): the part of a batch
@@ -177,7 +179,7 @@ impl SamplerCore {
     #[allow(clippy::too_many_arguments)]
     pub(in crate::pipeline) fn build_batch(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         packed: bool,
         buffers: &mut BuildBuffers,
@@ -206,7 +208,7 @@ impl SamplerCore {
         self.check_anchors(k, jobs)?;
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_contexts(k, jobs, subgraphs, min_len)?;
+        self.build_contexts((k, s), jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
@@ -222,7 +224,7 @@ impl SamplerCore {
             slots: if packed { self.segment_slots } else { 1 },
         };
         stage_to(Stage::Assembly);
-        let (mut batch, seqs) = self.assemble(k, jobs, &layout, min_len)?;
+        let (mut batch, seqs) = self.assemble((k, s), jobs, &layout, min_len)?;
         let t_asm = Instant::now();
         stage_to(Stage::Collate);
         let collate_span =
@@ -255,7 +257,7 @@ impl SamplerCore {
             task: k as u32,
             db: self.tasks[k].db as u32,
             seeds: jobs.len() as u32,
-            seq_len: self.cfg.default_sequence_length as u32,
+            seq_len: s as u32,
             stage_ns,
             major_faults: used.major_faults,
             read_bytes: used.read_bytes,
@@ -303,12 +305,12 @@ impl SamplerCore {
         }
     }
 
-    /// Every context of `jobs` built as its unpacked self (budget `S`) into
-    /// `subgraphs`, in parallel (`min_len` contexts per job at least); with
-    /// `examples`, as an in-context context (`examples.rs`).
+    /// Every context of `jobs` built as its unpacked self (budget `s`, the
+    /// step's `S`) into `subgraphs`, in parallel (`min_len` contexts per job
+    /// at least); with `examples`, as an in-context context (`examples.rs`).
     fn build_contexts(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut Vec<Subgraph>,
         min_len: usize,
@@ -316,11 +318,10 @@ impl SamplerCore {
         if subgraphs.len() != jobs.len() {
             subgraphs.resize_with(jobs.len(), Subgraph::default);
         }
-        if self.cfg.examples && self.build_in_context(k, jobs, subgraphs, min_len)? {
+        if self.cfg.examples && self.build_in_context((k, s), jobs, subgraphs, min_len)? {
             return Ok(());
         }
         let builder = self.context_builder(k);
-        let s = self.cfg.default_sequence_length;
         self.pool.install(|| {
             subgraphs
                 .par_iter_mut()
@@ -383,11 +384,11 @@ impl SamplerCore {
         (seq_seeds, start)
     }
 
-    /// Assemble the sequences of `layout` into a batch of task `k` (the
-    /// seeds of `jobs`), with each sequence's readings.
+    /// Assemble the sequences of `layout` into a batch of task `k` and
+    /// length `s` (the seeds of `jobs`), with each sequence's readings.
     fn assemble(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         layout: &Layout<'_>,
         min_len: usize,
@@ -414,7 +415,6 @@ impl SamplerCore {
             })
             .max()
             .unwrap_or(0);
-        let s = self.cfg.default_sequence_length;
         let mut batch = Batch::unfilled(b, s, r, slots, m.embedder.dim as usize);
         batch.task_idx = k as u32;
         batch.db_idx = plan.db as u32;
