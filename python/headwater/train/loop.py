@@ -18,8 +18,9 @@ rest (progress, W&B logging of the trainer's own metrics).
 
 Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
-end (``train.eval_final``) full val and test passes, which then stand in
-for the capped pass of the last step. Passes come from
+end (``train.eval_final``) val and test passes capped at
+``train.eval_final_max_seeds`` (0: whole splits), which then stand in for
+the capped pass of the last step. Passes come from
 ``sampler.eval_batches`` and never touch the training stream; each pass's
 sampler telemetry (the split's recorders, cleared before the pass) is
 reduced over ranks and logged beside its metrics as
@@ -268,6 +269,8 @@ class Trainer:
                 "step": step,
                 "split": split,
                 "full": max_seeds is None,
+                "final": final,
+                "max_seeds": max_seeds,
                 "results": results,
                 "sampler": sampler_row,
             }
@@ -480,8 +483,9 @@ class Trainer:
             if tc.val_batches:
                 final_val = self.validate(tc.steps - 1, final=True)
             if tc.eval_final:
+                cap = tc.eval_final_max_seeds or None
                 for split in ("val", "test"):
-                    self.evaluate(split, tc.steps - 1, final=True)
+                    self.evaluate(split, tc.steps - 1, cap, final=True)
         except PassInterrupted:
             self.stopped = True
             self.progress.message(
