@@ -101,6 +101,10 @@ class TrainSection:
     checkpoint_every: int = 100
     #: Checkpoints kept under ``<run>/checkpoints/`` (the oldest go first).
     keep_checkpoints: int = 2
+    #: Training batches a background thread fetches ahead of the step and
+    #: copies to the device while it computes (:mod:`.prefetch`); 0 = off
+    #: (the loop fetches each batch itself right after dispatching a step).
+    device_prefetch: int = 2
     #: Micro-batches per step (seed §10): the batch is split into this many,
     #: their gradients averaged, one optimiser update. Must divide the batch.
     grad_accum: int = 1
@@ -120,6 +124,7 @@ class TrainSection:
             "warmup_steps",
             "checkpoint_every",
             "eval_final_max_seeds",
+            "device_prefetch",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

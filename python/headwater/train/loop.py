@@ -50,9 +50,10 @@ from headwater.train.evaluate import (
     telemetry_row,
 )
 from headwater.train.mesh import Mesh, Padder, host, host_shard
+from headwater.train.prefetch import Prefetcher, consumed_state, useful_cells
 from headwater.train.records import Progress
 from headwater.train.summary import RunLog, describe_layout
-from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker
+from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker, replayed_rate
 
 
 class Trainer:
@@ -110,6 +111,14 @@ class Trainer:
         self._useful: list[int] = []
         #: The next batch on the device, its sample wait and host→device seconds.
         self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
+        #: With ``device_prefetch``: the thread that fetches ahead, and the
+        #: next batch's drain, stop flag and the stream state after it.
+        self.prefetcher: Prefetcher | None = None
+        self._next_meta: tuple[Any, int, dict[str, Any] | None] = (None, 0, None)
+        #: The stream state after the last batch stepped on (prefetching).
+        self._consumed_state: dict[str, Any] | None = None
+        #: The prefetch thread's figures (:meth:`Prefetcher.stats`), once closed.
+        self.prefetch_stats: dict[str, float] = {}
         #: A batch fetched outside the previous step: (seconds, sample wait).
         self._lead = (0.0, 0.0)
         #: The last batch stepped on (replayed for the headspace).
@@ -291,21 +300,35 @@ class Trainer:
         """The next batch as global device arrays: ``(batch, wait s, host→device s)``.
 
         Called right after the step before it is dispatched, so the wait and
-        the transfer overlap that step on the device."""
+        the transfer overlap that step on the device. With ``device_prefetch``
+        the batch comes from the prefetch thread, and the wait is this call's
+        alone: the part of the thread's work the loop had to wait for (the
+        transfer's share of it first, it is the thread's last)."""
         import jax
 
+        if self.cfg.train.device_prefetch:
+            return self._take()
         t0 = time.perf_counter()
         np_batch = self.sampler.next_train_batch()
         t1 = time.perf_counter()
         # One batch, or one per local sampler stream (a list, see ``streams``).
-        parts = np_batch if isinstance(np_batch, list) else [np_batch]
-        self._next_useful = sum(
-            int(b["is_padding"].size - np.count_nonzero(b["is_padding"])) for b in parts
-        )
+        self._next_useful = useful_cells(np_batch)
         batch = self.pad(np_batch, flag=self.stop.signum)
+        self._next_meta = (None, self.pad.flag, None)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
         return batch, t1 - t0, time.perf_counter() - t1
+
+    def _take(self) -> tuple[Any, float, float]:
+        """:meth:`_fetch` from the prefetch thread (started on first use)."""
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher.for_loop(
+                self.sampler, self.mesh, self.model_cfg, self.stop, self.cfg.train, self.hook.split
+            )
+        item, wait, put = self.prefetcher.take(self.pad, self.cfg.train.profile)
+        self._next_useful = item.useful
+        self._next_meta = (item.drain, item.flag, item.state)
+        return item.batch, wait, put
 
     def step(self, step: int, prefetch: bool = True) -> None:
         """One training step: dispatch it, run the telemetry hook (this
@@ -319,11 +342,16 @@ class Trainer:
         batch = self._next[0]
         self._last = batch
         self._useful.append(self._next_useful)
+        drain, _, self._consumed_state = self._next_meta
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
+        if tc.profile:  # the device's time in "compute", not in a later phase
+            import jax
+
+            jax.block_until_ready(metrics)
         t1 = time.perf_counter()
-        reduced = self.hook.step(step)  # this batch's drain (fetched last step)
+        reduced = self.hook.step(step, drain)  # this batch's drain (fetched last step)
         t2 = time.perf_counter()
         self._next = self._fetch() if prefetch else (None, 0.0, 0.0)
         t3 = time.perf_counter()
@@ -429,22 +457,19 @@ class Trainer:
         self.progress.update(step, self._window_loss, bps, wait_share, verdict, culprit, ucps)
 
     def replay_rate(self, steps: int = 8) -> float:
-        """Steps/s of the train step fed the last batch again and again, the
-        sampler out of the loop (SPDL's headspace method): the batches/s a
-        sampler must deliver for zero wait. The results are discarded (the
-        parameters are not donated, so they are untouched); every rank
-        replays the same number of steps, so the collectives pair up."""
-        import jax
-
+        """:func:`.verdict.replayed_rate` of the last batch stepped on."""
         if self._last is None:
             return math.nan
-        p, o = self.params, self.opt_state
-        jax.block_until_ready(self.train_fn(p, o, self._last, self.col, self.cat))  # compiled
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            p, o, m = self.train_fn(p, o, self._last, self.col, self.cat)
-        jax.block_until_ready((p, o, m))
-        return steps / (time.perf_counter() - t0)
+        args = (self.params, self.opt_state, self._last, self.col, self.cat)
+        return replayed_rate(self.train_fn, args, steps)
+
+    def stream_state(self) -> dict[str, Any]:
+        """The sampler state after the batches stepped on (not after those
+        the prefetch thread holds)."""
+        live = self.sampler.state_dict()
+        if self._consumed_state is None:  # no prefetch thread: nothing fetched ahead
+            return live
+        return consumed_state(live, self._consumed_state)
 
     def save(self, done: int, final_phase: str | None = None) -> None:
         """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`);
@@ -454,7 +479,7 @@ class Trainer:
             "format": "headwater-train-checkpoint",
             "version": 1,
             "step": done,
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.stream_state(),
             "wandb_run_id": self.wb.id if self.wb is not None else None,
             "config": self.cfg.to_dict(),
             "model_max_categories": self.model_cfg.max_categories,
@@ -497,7 +522,21 @@ class Trainer:
             C.mark_final_phase_done(self.run_dir, tc.steps)
         return final_val
 
+    def close_prefetch(self) -> None:
+        """Stop the prefetch thread (its queued batches are dropped)."""
+        if self.prefetcher is not None:
+            self.prefetch_stats = self.prefetcher.stats()
+            self.prefetcher.close()
+            self.prefetcher = None
+
     def run_steps(self) -> tuple[float, float]:
+        """:meth:`_run_steps`, the prefetch thread stopped however it ends."""
+        try:
+            return self._run_steps()
+        finally:
+            self.close_prefetch()
+
+    def _run_steps(self) -> tuple[float, float]:
         """Every step (from the checkpoint's, on resume), checkpoints, then
         the final validation: ``(wall seconds, val loss)``. A stop request
         agreed by the ranks ends the loop after the current step, with a
@@ -519,7 +558,7 @@ class Trainer:
                 self._next = self._fetch()
                 self._lead = (time.perf_counter() - t, self._next[1])
             # The ranks agreed on the stop request with this batch's shapes.
-            stopping = bool(self.pad.flag)
+            stopping = bool(self._next_meta[1])
             due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
@@ -539,6 +578,7 @@ class Trainer:
             if due_save and done < tc.steps:
                 self.save(done)
         self.stop.training = True  # a resume with only the final phase left
+        self.close_prefetch()
         if not self.stopped:
             self.replayed_rate = self.replay_rate()
             final_val = self.final_phase()

@@ -216,6 +216,7 @@ def _train(
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
         eval_seconds=trainer.eval_seconds,
+        prefetch=trainer.prefetch_stats,
     )
     summary["throughput"] = throughput(
         trainer.model_cfg,

@@ -231,6 +231,13 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
                 f"    {p:<15} {1e3 * s['phase_seconds_mean'][p]:9.3f} ms  "
                 f"{100 * s['phase_share'][p]:6.2f}%"
             )
+        pf = s.get("prefetch") or {}
+        if pf:
+            lines.append(
+                f"  prefetch thread ({int(pf['depth'])} deep, beside the steps; the loop's "
+                f"waits above): sampler {1e3 * pf['sample_seconds_mean']:.3f} ms, host → device "
+                f"{1e3 * pf['host_to_device_seconds_mean']:.3f} ms per batch"
+            )
     ck = s.get("checkpoint")
     if ck and ck["steps"]:
         lines.append(
