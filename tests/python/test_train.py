@@ -528,14 +528,20 @@ try:
     err = None
 except ValueError as e:
     err = str(e)
-for attempt in range(50):
-    try:
-        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
-        break
-    except OSError:
-        time.sleep(0.1)
+
+def scrape():
+    for attempt in range(50):
+        try:
+            return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
+        except OSError:
+            time.sleep(0.1)
+
+# MFU: not set on a device without a known peak (a CPU), so not served.
+before = scrape()
+s.export_trainer({"trainer/mfu": 0.25})
+text = scrape()
 s.shutdown()
-print(json.dumps({"text": text.decode(), "err": err}))
+print(json.dumps({"text": text.decode(), "before": before.decode(), "err": err}))
 """
 
 
@@ -561,8 +567,11 @@ def test_the_trainer_gauges_are_served_on_the_ranks_exporter(tmp_path: Path, tpc
         "headwater_trainer_verdict_rank": 1.0,
         "headwater_trainer_data_wait_ratio": 0.4,
         "headwater_trainer_headspace_ratio": 0.5,
+        "headwater_trainer_mfu_ratio": 0.25,
     }
     assert [g["prometheus"] for g in _native.trainer_gauges()] == list(want)
+    assert "headwater_trainer_mfu_ratio{" not in out["before"]
+    assert 'headwater_trainer_verdict{rank="1"}' in out["before"]
     for name, value in want.items():
         assert f'{name}{{rank="1"}} {value:g}' in out["text"], (name, out["text"][-3000:])
         assert f"# HELP {name} " in out["text"]

@@ -52,6 +52,7 @@ from headwater.train.evaluate import (
 from headwater.train.mesh import Mesh, Padder, host, host_shard
 from headwater.train.prefetch import Prefetcher, consumed_state, useful_cells
 from headwater.train.records import Progress
+from headwater.train.scale import mfu_row, train_flops_per_step
 from headwater.train.summary import RunLog, describe_layout
 from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker, replayed_rate
 
@@ -119,6 +120,13 @@ class Trainer:
         self._consumed_state: dict[str, Any] | None = None
         #: The prefetch thread's figures (:meth:`Prefetcher.stats`), once closed.
         self.prefetch_stats: dict[str, float] = {}
+        #: Model FLOPs of a global step and the devices they run on (MFU per step).
+        seq = int(cfg.sampler_kwargs(rank).get("default_sequence_length", 0))
+        self._flops = (
+            train_flops_per_step(self.model_cfg, self.batch_layout["global_batch"], seq),
+            self.mesh.devices,
+            self.mesh.mesh.devices.flat[0].device_kind,
+        )
         #: A batch fetched outside the previous step: (seconds, sample wait).
         self._lead = (0.0, 0.0)
         #: The last batch stepped on (replayed for the headspace).
@@ -429,6 +437,7 @@ class Trainer:
         # ranks (this rank's mean useful cells per batch over the window).
         ucps = bps * useful_per_batch
         verdict, culprit, reason = self.verdict.live()
+        mfu = mfu_row(self._flops[0], step_s, *self._flops[1:])  # step_s: one global step
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),
@@ -440,6 +449,7 @@ class Trainer:
             "trainer/verdict": float(VERDICTS.index(verdict)),
             # The named rank, only when the verdict names one.
             **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
+            **mfu,  # absent where the device's peak is unknown (a CPU)
         }
         # Prometheus: the same verdict on every rank's exporter (rank label).
         self.sampler.export_trainer(
@@ -448,6 +458,7 @@ class Trainer:
                 "trainer/verdict_rank": float(culprit),
                 "trainer/data_wait_share": wait_share,
                 "trainer/headspace_ratio": self.verdict.headspace_now(),
+                **mfu,
             }
         )
         if self.wb is not None:
