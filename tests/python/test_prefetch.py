@@ -7,14 +7,18 @@
   still queued (``consumed_state``) continues, after a restore, with exactly
   the batches an uninterrupted stream gives next (their fingerprints);
 * real runs on the session's TPC-H database: prefetch 2 ends with the
-  parameters of prefetch 0, bit for bit, and the same losses; its
-  ``--profile`` breakdown adds up to the step time and states the thread's
-  own sampler and host → device times.
+  parameters of prefetch 0, bit for bit, and the same losses (and, marked
+  slow, so does a prefetch-2 run stopped by SIGTERM, checkpointed with
+  batches queued, and resumed); the ``--profile`` breakdown adds up to the step time and states
+  the thread's own sampler and host → device times; no ``trainer/mfu`` row
+  on a CPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -109,24 +113,26 @@ def test_checkpoint_state_with_batches_queued_resumes_the_same_stream(small: Sma
         assert fp(s.next_val_batch()) == val_next, "the val stream as the loop left it"
 
 
-def _run(tmp_path: Path, db: Path, name: str, prefetch: int, *args: str) -> dict[str, Any]:
+STEPS = 30
+
+
+def _cmd(tmp_path: Path, db: Path, name: str, prefetch: int, *args: str) -> list[str]:
     cfg = tmp_path / f"{name}.toml"
     cfg.write_text(
         tiny_train_config(
             db,
-            10,
+            STEPS,
             train=f"val_every = 4\neval_final = false\ndevice_prefetch = {prefetch}",
         ),
         encoding="utf-8",
     )
     args = ("--dir", str(tmp_path), "--run-name", name, "--wandb-mode", "disabled", *args)
+    return [sys.executable, "-m", "headwater.cli", "train", str(cfg), *args]
+
+
+def _run(tmp_path: Path, cmd: list[str], name: str) -> dict[str, Any]:
     r = subprocess.run(
-        [sys.executable, "-m", "headwater.cli", "train", str(cfg), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=child_env(tmp_path),
-        check=False,
+        cmd, capture_output=True, text=True, timeout=600, env=child_env(tmp_path), check=False
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s: dict[str, Any] = json.loads((tmp_path / name / "rank-0.json").read_text())
@@ -134,17 +140,56 @@ def _run(tmp_path: Path, db: Path, name: str, prefetch: int, *args: str) -> dict
     return s
 
 
+def _losses(run_dir: Path) -> dict[int, float]:
+    """Each logged step's loss (a line still being written is left out)."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if "trainer/loss" in r:
+            out[r["step"]] = r["trainer/loss"]
+    return out
+
+
+def _stopped_and_resumed(tmp_path: Path, db: Path) -> dict[str, Any]:
+    """A prefetch-2 run stopped by SIGTERM after a few steps (a checkpoint with
+    batches still queued), then resumed: its final summary."""
+    run_dir = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, db, "stopped", 2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(tmp_path),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 400
+    while not (run_dir / "metrics.jsonl").exists() or len(_losses(run_dir)) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:] + err[-3000:]
+    stopped_at = len(_losses(run_dir))
+    assert stopped_at < STEPS, "the run ended before the signal"
+    resume = [sys.executable, "-m", "headwater.cli", "train", "--resume", str(run_dir)]
+    return _run(tmp_path, resume, "stopped")
+
+
 def test_prefetch_trains_the_same_parameters_and_profiles_the_thread(
     tmp_path: Path, tpch: Tpch
 ) -> None:
     pytest.importorskip("jax")
-    off = _run(tmp_path, tpch.built.path, "off", 0)
-    on = _run(tmp_path, tpch.built.path, "on", 2, "--profile")
+    db = tpch.built.path
+    off = _run(tmp_path, _cmd(tmp_path, db, "off", 0), "off")
+    on = _run(tmp_path, _cmd(tmp_path, db, "on", 2, "--profile"), "on")
     assert on["param_digest"] == off["param_digest"]
     assert on["losses"] == off["losses"]
     assert off["prefetch"] == {}
     pf = on["prefetch"]
-    assert pf["depth"] == 2 and pf["batches"] == 10
+    assert pf["depth"] == 2 and pf["batches"] == STEPS
     assert pf["host_to_device_seconds_mean"] > 0 and pf["sample_seconds_mean"] >= 0
     assert "prefetch thread (2 deep" in on["stdout"]
     # The phases add up to the steps' time: the summary's step rate is
@@ -158,4 +203,23 @@ def test_prefetch_trains_the_same_parameters_and_profiles_the_thread(
     # Per-step MFU: absent on a CPU (no known peak), not 0 or NaN.
     rows = [json.loads(x) for x in (tmp_path / "on" / "metrics.jsonl").read_text().splitlines()]
     trainer = [r for r in rows if "trainer/step_seconds" in r]
-    assert len(trainer) == 10 and not any("trainer/mfu" in r for r in rows)
+    assert len(trainer) == STEPS and not any("trainer/mfu" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_a_stop_with_batches_queued_resumes_to_the_same_parameters(
+    tmp_path: Path, tpch: Tpch
+) -> None:
+    """SIGTERM with prefetch 2 on one process (the thread pads and copies):
+    the checkpoint holds the state after the batches stepped on, so the
+    resumed run ends with the uninterrupted run's parameters and losses, bit
+    for bit. Slow (three runs): the default suite checks the stream state
+    with the real sampler above, and test_checkpoint's two-process stop and
+    kill tests run with the default prefetch."""
+    pytest.importorskip("jax")
+    db = tpch.built.path
+    full = _run(tmp_path, _cmd(tmp_path, db, "full", 2), "full")
+    resumed = _stopped_and_resumed(tmp_path, db)
+    assert 0 < resumed["start_step"] < STEPS
+    assert resumed["param_digest"] == full["param_digest"]
+    assert _losses(tmp_path / "stopped") == _losses(tmp_path / "full")

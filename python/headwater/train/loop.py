@@ -309,9 +309,7 @@ class Trainer:
 
         Called right after the step before it is dispatched, so the wait and
         the transfer overlap that step on the device. With ``device_prefetch``
-        the batch comes from the prefetch thread, and the wait is this call's
-        alone: the part of the thread's work the loop had to wait for (the
-        transfer's share of it first, it is the thread's last)."""
+        the batch comes from the prefetch thread (:meth:`Prefetcher.take`)."""
         import jax
 
         if self.cfg.train.device_prefetch:
@@ -335,7 +333,9 @@ class Trainer:
             )
         item, wait, put = self.prefetcher.take(self.pad, self.cfg.train.profile)
         self._next_useful = item.useful
-        self._next_meta = (item.drain, item.flag, item.state)
+        # One process needs no agreement: a stop stops after this batch.
+        flag = item.flag or (self.stop.signum if self.mesh.world == 1 else 0)
+        self._next_meta = (item.drain, flag, item.state)
         return item.batch, wait, put
 
     def step(self, step: int, prefetch: bool = True) -> None:
