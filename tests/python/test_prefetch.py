@@ -62,6 +62,17 @@ def test_batches_come_in_order_and_the_thread_stops_after_a_stop_request() -> No
     assert next(counter) == 4, "the thread made no batch past the stop"
 
 
+def test_the_thread_draws_no_batch_past_its_limit() -> None:
+    """The loop's limit is the steps left: every batch drawn is stepped on
+    (the sampler's delivered-batch counters equal the steps)."""
+    made = iter(range(100))
+    pf = Prefetcher(lambda: _item(next(made)), depth=3, limit=5)
+    assert [pf.get()[0].batch for _ in range(5)] == list(range(5))
+    with pytest.raises(RuntimeError, match="ended without a batch"):
+        pf.get()
+    assert next(made) == 5
+
+
 def test_an_exception_in_the_thread_reaches_the_caller_with_its_message() -> None:
     n = iter(range(100))
 

@@ -328,9 +328,7 @@ class Trainer:
     def _take(self) -> tuple[Any, float, float]:
         """:meth:`_fetch` from the prefetch thread (started on first use)."""
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher.for_loop(
-                self.sampler, self.mesh, self.model_cfg, self.stop, self.cfg.train, self.hook.split
-            )
+            self.prefetcher = Prefetcher.for_loop(self)
         item, wait, put = self.prefetcher.take(self.pad, self.cfg.train.profile)
         self._next_useful = item.useful
         # One process needs no agreement: a stop stops after this batch.

@@ -72,16 +72,22 @@ def useful_cells(np_batch: Any) -> int:
     return sum(int(b["is_padding"].size - np.count_nonzero(b["is_padding"])) for b in parts)
 
 
-def produce(sampler: Any, place: Callable[[Any], tuple[Any, int]] | None, split: str) -> Fetched:
-    """The next training batch, its drain and the state after it; placed on
-    the device by ``place`` (``raw -> (device batch, agreed flag)``, waited
-    for) when given."""
+def produce(
+    sampler: Any,
+    place: Callable[[Any], tuple[Any, int]] | None,
+    split: str,
+    drainer: Any = None,
+) -> Fetched:
+    """The next training batch, its drain (from ``drainer``, default the
+    sampler: the run's drain recorder wraps it) and the state after it;
+    placed on the device by ``place`` (``raw -> (device batch, agreed
+    flag)``, waited for) when given."""
     import jax
 
     t0 = time.perf_counter()
     raw = sampler.next_train_batch()
     t1 = time.perf_counter()
-    drain = sampler.drain_step_metrics_packed(split)
+    drain = (drainer or sampler).drain_step_metrics_packed(split)
     state = sampler.state_dict()
     useful = useful_cells(raw)
     batch, flag, put_s = None, 0, 0.0
@@ -109,13 +115,21 @@ class _Failed:
 
 class Prefetcher:
     """Runs ``make()`` on a daemon thread, up to ``depth`` results ahead of
-    :meth:`get`; stops producing after a result with a stop flag (every rank
-    stops at the same batch: the flag was agreed with its shapes)."""
+    :meth:`get`, at most ``limit`` times (the run's steps: no batch is drawn
+    that no step will take); stops producing after a result with a stop
+    flag (every rank stops at the same batch: the flag was agreed with its
+    shapes)."""
 
-    def __init__(self, make: Callable[[], Fetched], depth: int, name: str = "hw-prefetch") -> None:
+    def __init__(
+        self,
+        make: Callable[[], Fetched],
+        depth: int,
+        limit: int | None = None,
+        name: str = "hw-prefetch",
+    ) -> None:
         if depth < 1:
             raise ValueError(f"device_prefetch depth must be >= 1, got {depth}")
-        self._make, self.depth = make, depth
+        self._make, self.depth, self.limit = make, depth, limit
         #: The loop's stop flag (``signum``), when the loop places the batches.
         self.stop: Any = None
         self._q: queue.Queue[Fetched | _Failed] = queue.Queue(maxsize=depth)
@@ -138,8 +152,9 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
-            while not self._closed.is_set():
-                item = self._make()
+            made = 0
+            while not self._closed.is_set() and (self.limit is None or made < self.limit):
+                item, made = self._make(), made + 1
                 if not self._put(item) or item.flag:
                     return
         except BaseException as e:  # handed to the loop's thread
@@ -168,21 +183,27 @@ class Prefetcher:
         return item, time.perf_counter() - t0
 
     @classmethod
-    def for_loop(
-        cls, sampler: Any, mesh: Any, model_cfg: Any, stop: Any, train: Any, split: str
-    ) -> Prefetcher:
-        """The training loop's thread: ``train.device_prefetch`` deep; with
-        one process it also pads (its own padder: the loop pads validation
-        batches meanwhile) and copies to the device."""
+    def for_loop(cls, trainer: Any) -> Prefetcher:
+        """The thread of a :class:`~headwater.train.loop.Trainer`:
+        ``train.device_prefetch`` deep, for the steps left in this attempt
+        (no batch beyond them), drained through its hook's sampler (the drain
+        recorder, if any); with one process it also pads (its own padder: the
+        loop pads validation batches meanwhile) and copies to the device."""
         from headwater.train.mesh import Padder
 
-        pad = Padder(mesh, model_cfg.max_categories)
+        sampler, mesh, stop, hook = trainer.sampler, trainer.mesh, trainer.stop, trainer.hook
+        train = trainer.cfg.train
+        pad = Padder(mesh, trainer.model_cfg.max_categories)
 
         def place(raw: Any) -> tuple[Any, int]:
             return pad(raw, flag=stop.signum), pad.flag
 
-        one = mesh.world == 1
-        feed = cls(lambda: produce(sampler, place if one else None, split), train.device_prefetch)
+        one, split, drainer = mesh.world == 1, hook.split, hook.sampler
+        feed = cls(
+            lambda: produce(sampler, place if one else None, split, drainer),
+            train.device_prefetch,
+            limit=train.steps - trainer.start_step,
+        )
         feed.stop = stop
         return feed
 
