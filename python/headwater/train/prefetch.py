@@ -65,6 +65,9 @@ class Fetched:
     put_s: float
     #: The stop request agreed with the batch's shapes (0: none).
     flag: int
+    #: Seconds of all the thread's work on the batch after the sampler
+    #: returned it (drain, state, padding, copy): the tail the loop may wait for.
+    work_s: float = 0.0
 
 
 def useful_cells(np_batch: Any) -> int:
@@ -90,13 +93,13 @@ def produce(
     drain = (drainer or sampler).drain_step_metrics_packed(split)
     state = sampler.state_dict()
     useful = useful_cells(raw)
-    batch, flag, put_s = None, 0, 0.0
+    batch, flag, t2 = None, 0, time.perf_counter()
     if place is not None:
-        t2 = time.perf_counter()
         batch, flag = place(raw)
         jax.block_until_ready(batch)
-        put_s, raw = time.perf_counter() - t2, None
-    return Fetched(batch, raw, useful, drain, state, t1 - t0, put_s, flag)
+        raw = None
+    t3 = time.perf_counter()
+    return Fetched(batch, raw, useful, drain, state, t1 - t0, t3 - t2, flag, t3 - t1)
 
 
 def consumed_state(live: dict[str, Any], consumed: dict[str, Any]) -> dict[str, Any]:
@@ -209,13 +212,14 @@ class Prefetcher:
 
     def take(self, pad: Any, profile: bool) -> tuple[Fetched, float, float]:
         """:meth:`get`, the batch placed on the device with ``pad`` (the loop's
-        padder) if the thread did not: ``(batch, sample wait s, host→device s)``,
-        the loop's wait split into the transfer's share (the thread's last
-        work) and the rest."""
+        padder) if the thread did not: ``(batch, sample wait s, host→device s)``.
+        The loop's wait is the tail of the thread's work on the batch, split
+        into its sampler wait (at most the thread's own) and the rest (the
+        thread's padding, copy and bookkeeping, or the thread not running)."""
         import jax
 
         item, waited = self.get()
-        put = min(waited, item.put_s)
+        put = waited - min(max(waited - item.work_s, 0.0), item.sample_s)
         if item.batch is None:  # several processes: placed here (module doc)
             t0 = time.perf_counter()
             item.batch = pad(item.raw, flag=self.stop.signum if self.stop is not None else 0)
