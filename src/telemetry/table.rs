@@ -299,6 +299,12 @@ pub static TRAINER_GAUGES: &[TrainerGauge] = &[
         unit: "ratio",
         help: "batches/s the sampler makes over the batches/s the step needs for zero wait",
     },
+    TrainerGauge {
+        key: "trainer/mfu",
+        prometheus: "headwater_trainer_mfu_ratio",
+        unit: "ratio",
+        help: "model FLOPs utilisation of the latest log window: the model's FLOPs per step over the step time and the devices' peak FLOP/s (never set where the peak is unknown, as on a CPU)",
+    },
 ];
 
 #[cfg(test)]

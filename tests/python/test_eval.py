@@ -285,7 +285,8 @@ prometheus_port = 0
     assert capped[0]["eval/val/price_copy/count"] == 16
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval/val/hot_copy/auroc" in r] == [49, 99]
-    assert "evaluation (full passes" in out.stdout and "price_copy" in out.stdout
+    assert "evaluation (the first 256 seeds of each task" in out.stdout, out.stdout[-3000:]
+    assert "price_copy" in out.stdout
     wb = read_wandb_run(Path(s0["wandb_dir"]), child_env(tmp_path))
     logged = [r for r in wb["history"] if "eval/val/price_copy/mae" in r]
     assert [r["trainer/step"] for r in logged] == [49, 99]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -458,8 +459,8 @@ def test_docs_state_the_trainers_sampler_defaults() -> None:
 def test_the_step_loop_never_syncs_the_device_per_step(
     tmp_path: Path, tpch: Tpch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inside a step (outside the every-``log_every`` flush), nothing brings
-    a device value to the host: every host conversion and wait of a
+    """Inside a step (outside the every-``log_every`` flush), nothing on the
+    loop's thread brings a device value to the host: every host conversion and wait of a
     ``jax.Array`` (``_value``, ``__array__``, ``__float__``, ``item``,
     ``block_until_ready``) and the trainer's ``host`` is counted; the
     trainer's metrics arrive in one ``device_get`` per ``log_every`` steps."""
@@ -473,7 +474,9 @@ def test_the_step_loop_never_syncs_the_device_per_step(
 
     def counting(name: str, fn: Any) -> Any:
         def wrapper(*a: Any, **kw: Any) -> Any:
-            if state["in_step"]:
+            # The loop's thread only: the prefetch thread waits for its own
+            # host-to-device copies (that is what it is for).
+            if state["in_step"] and threading.current_thread() is threading.main_thread():
                 state["syncs"].append(name)
             return fn(*a, **kw)
 
@@ -548,14 +551,20 @@ try:
     err = None
 except ValueError as e:
     err = str(e)
-for attempt in range(50):
-    try:
-        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
-        break
-    except OSError:
-        time.sleep(0.1)
+
+def scrape():
+    for attempt in range(50):
+        try:
+            return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read()
+        except OSError:
+            time.sleep(0.1)
+
+# MFU: not set on a device without a known peak (a CPU), so not served.
+before = scrape()
+s.export_trainer({"trainer/mfu": 0.25})
+text = scrape()
 s.shutdown()
-print(json.dumps({"text": text.decode(), "err": err}))
+print(json.dumps({"text": text.decode(), "before": before.decode(), "err": err}))
 """
 
 
@@ -581,8 +590,11 @@ def test_the_trainer_gauges_are_served_on_the_ranks_exporter(tmp_path: Path, tpc
         "headwater_trainer_verdict_rank": 1.0,
         "headwater_trainer_data_wait_ratio": 0.4,
         "headwater_trainer_headspace_ratio": 0.5,
+        "headwater_trainer_mfu_ratio": 0.25,
     }
     assert [g["prometheus"] for g in _native.trainer_gauges()] == list(want)
+    assert "headwater_trainer_mfu_ratio{" not in out["before"]
+    assert 'headwater_trainer_verdict{rank="1"}' in out["before"]
     for name, value in want.items():
         assert f'{name}{{rank="1"}} {value:g}' in out["text"], (name, out["text"][-3000:])
         assert f"# HELP {name} " in out["text"]

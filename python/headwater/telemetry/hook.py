@@ -63,8 +63,11 @@ class StepHook:
                 bind(self.schema)
         self._pending: tuple[int, _Pending] | None = None
 
-    def step(self, step: int) -> dict[str, float]:
-        local = self.sampler.drain_step_metrics_packed(self.split)
+    def step(self, step: int, local: Any = None) -> dict[str, float]:
+        """Reduce and log this step's drain: ``local`` when given (drained
+        when its batch was fetched: ``train.device_prefetch``), else drained now."""
+        if local is None:
+            local = self.sampler.drain_step_metrics_packed(self.split)
         pending = _start(local, self.schema)
         if not self.buffered:
             return self._emit(step, pending)

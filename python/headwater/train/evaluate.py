@@ -85,6 +85,26 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
     return step
 
 
+#: Prediction batches kept on the device before one transfer to the host.
+FETCH_EVERY = 16
+
+
+def _collect(in_flight: list[tuple[str, str, Any]], got: dict[str, dict[str, Any]]) -> None:
+    """The in-flight outputs to the host (one transfer), appended per task to
+    ``got`` (``{"stype", "y_true", "y_pred"}`` lists), masked; empties the list."""
+    import jax
+
+    from headwater.train.mesh import host_shard
+
+    fetched = jax.device_get([{k: host_shard(v) for k, v in o.items()} for _, _, o in in_flight])
+    for (name, stype, _), out in zip(in_flight, fetched, strict=True):
+        mask = np.asarray(out["mask"]) > 0
+        entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
+        entry["y_true"].append(np.asarray(out["label"])[mask])
+        entry["y_pred"].append(np.asarray(out["pred"])[mask])
+    in_flight.clear()
+
+
 class PassInterrupted(Exception):
     """A stop request (the signal number, agreed by every rank at the same
     batch) ended a validation or evaluation pass before its end."""
@@ -131,13 +151,15 @@ class Evaluator:
         ``stop``'s signal, agreed by the ranks with each batch's shapes, ends
         the pass (:class:`PassInterrupted`). ``progress(done, total)`` is
         called before the first batch and after each one."""
-        from headwater.train.mesh import host
-
         pass_ = self.sampler.eval_batches(split, max_seeds=max_seeds)
         total = len(pass_)
         if progress is not None:
             progress(0, total)
         got: dict[str, dict[str, Any]] = {}
+        # Outputs stay on the device for FETCH_EVERY batches, then come to the
+        # host in one transfer: the next batches are dispatched while the
+        # device computes, instead of one host sync per (small) batch.
+        in_flight: list[tuple[str, str, Any]] = []
         for i, np_batch in enumerate(pass_):
             if progress is not None and i:
                 progress(i, total)
@@ -149,11 +171,10 @@ class Evaluator:
             batch = self.pad(np_batch, flag=stop.signum if stop is not None else 0)
             if self.pad.flag:
                 raise PassInterrupted(self.pad.flag)
-            out = self.fn(params, batch, self.col, self.cat, valid)
-            mask = host(out["mask"]) > 0
-            entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
-            entry["y_true"].append(host(out["label"])[mask])
-            entry["y_pred"].append(host(out["pred"])[mask])
+            in_flight.append((name, stype, self.fn(params, batch, self.col, self.cat, valid)))
+            if len(in_flight) >= FETCH_EVERY:
+                _collect(in_flight, got)
+        _collect(in_flight, got)
         if progress is not None:
             progress(total, total)
         for name, e in got.items():

@@ -18,8 +18,9 @@ rest (progress, W&B logging of the trainer's own metrics).
 
 Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
-end (``train.eval_final``) full val and test passes, which then stand in
-for the capped pass of the last step. Passes come from
+end (``train.eval_final``) val and test passes capped at
+``train.eval_final_max_seeds`` (0: whole splits), which then stand in for
+the capped pass of the last step. Passes come from
 ``sampler.eval_batches`` and never touch the training stream; each pass's
 sampler telemetry (the split's recorders, cleared before the pass) is
 reduced over ranks and logged beside its metrics as
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,12 @@ from headwater.train.evaluate import (
     telemetry_row,
 )
 from headwater.train.mesh import Mesh, Padder, host, host_shard
+from headwater.train.prefetch import Prefetcher, consumed_state, local_shape, useful_cells
 from headwater.train.records import Progress
-from headwater.train.summary import RunLog, describe_layout
-from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker
+from headwater.train.scale import mfu_row
+from headwater.train.shapes import StepShapes
+from headwater.train.summary import RunLog
+from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker, replayed_rate
 
 
 class Trainer:
@@ -108,13 +111,24 @@ class Trainer:
         #: step since the last flush (for useful cells per second).
         self._next_useful = 0
         self._useful: list[int] = []
-        #: The fetched next batch's global ``(B, S)``, and the steps trained
-        #: at each (``sequence_lengths`` varies it; the summary's tokens/s
-        #: and MFU count each step's real tokens).
+        #: The fetched next batch's global ``(B, S)``, and the shapes and
+        #: FLOPs of the steps trained (``sequence_lengths`` varies ``S``; the
+        #: summary's tokens/s and the MFU count each step's real tokens).
         self._next_shape = (0, 0)
-        self.shapes: Counter[tuple[int, int]] = Counter()
+        self.step_shapes = StepShapes(self.model_cfg, self.mesh.devices_per_stream, self.mesh.devices)
+        self.shapes = self.step_shapes.counts
         #: The next batch on the device, its sample wait and host→device seconds.
         self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
+        #: With ``device_prefetch``: the thread that fetches ahead, and the
+        #: next batch's drain, stop flag and the stream state after it.
+        self.prefetcher: Prefetcher | None = None
+        self._next_meta: tuple[Any, int, dict[str, Any] | None] = (None, 0, None)
+        #: The stream state after the last batch stepped on (prefetching).
+        self._consumed_state: dict[str, Any] | None = None
+        #: The prefetch thread's figures (:meth:`Prefetcher.stats`), once closed.
+        self.prefetch_stats: dict[str, float] = {}
+        #: The devices the steps run on (MFU per step).
+        self._devices = (self.mesh.devices, self.mesh.mesh.devices.flat[0].device_kind)
         #: A batch fetched outside the previous step: (seconds, sample wait).
         self._lead = (0.0, 0.0)
         #: The last batch stepped on (replayed for the headspace).
@@ -193,25 +207,6 @@ class Trainer:
             (self.col, self.cat),
         )
 
-    def announce(self, db: Path, endpoints: list[str]) -> None:
-        """Rank 0's first lines: what runs where."""
-        kw, m, lg = self.cfg.sampler_kwargs(0), self.model_cfg, self.cfg.logging
-        shape = f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')}"
-        if kw.get("sequence_lengths"):
-            shape = f"S in {list(kw['sequence_lengths'])} at {kw.get('tokens_per_batch')} tokens"
-        print(
-            f"headwater train: {db.name} · {self.world} process(es) · "
-            f"{shape} per rank · "
-            f"model d={m.d_model} layers={m.num_layers} heads={m.num_heads} · "
-            f"{self.cfg.train.steps} steps",
-            flush=True,
-        )
-        print(f"devices: {describe_layout(self.batch_layout)}", flush=True)
-        if endpoints:
-            print(f"metrics: {', '.join(endpoints)}", flush=True)
-        if self.wb is not None:
-            print(f"W&B run ({lg.wandb_mode}): {Path(self.wb.dir).parent}", flush=True)
-
     def validate(self, step: int, final: bool = False) -> float:
         """``val_batches`` batches of the val stream: their mean loss. ``final``:
         a stop request agreed by the ranks ends it (:class:`PassInterrupted`)."""
@@ -277,6 +272,8 @@ class Trainer:
                 "step": step,
                 "split": split,
                 "full": max_seeds is None,
+                "final": final,
+                "max_seeds": max_seeds,
                 "results": results,
                 "sampler": sampler_row,
             }
@@ -297,23 +294,35 @@ class Trainer:
         """The next batch as global device arrays: ``(batch, wait s, host→device s)``.
 
         Called right after the step before it is dispatched, so the wait and
-        the transfer overlap that step on the device."""
+        the transfer overlap that step on the device. With ``device_prefetch``
+        the batch comes from the prefetch thread (:meth:`Prefetcher.take`)."""
         import jax
 
+        if self.cfg.train.device_prefetch:
+            return self._take()
         t0 = time.perf_counter()
         np_batch = self.sampler.next_train_batch()
         t1 = time.perf_counter()
         # One batch, or one per local sampler stream (a list, see ``streams``).
-        parts = np_batch if isinstance(np_batch, list) else [np_batch]
-        self._next_useful = sum(
-            int(b["is_padding"].size - np.count_nonzero(b["is_padding"])) for b in parts
-        )
-        b, s = parts[0]["is_padding"].shape
-        self._next_shape = (int(b) // self.mesh.devices_per_stream * self.mesh.devices, int(s))
+        self._next_useful = useful_cells(np_batch)
+        self._next_shape = self.step_shapes.global_shape(local_shape(np_batch))
         batch = self.pad(np_batch, flag=self.stop.signum)
+        self._next_meta = (None, self.pad.flag, None)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
         return batch, t1 - t0, time.perf_counter() - t1
+
+    def _take(self) -> tuple[Any, float, float]:
+        """:meth:`_fetch` from the prefetch thread (started on first use)."""
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher.for_loop(self)
+        item, wait, put = self.prefetcher.take(self.pad, self.cfg.train.profile)
+        self._next_useful = item.useful
+        self._next_shape = self.step_shapes.global_shape(item.shape)
+        # One process needs no agreement: a stop stops after this batch.
+        flag = item.flag or (self.stop.signum if self.mesh.world == 1 else 0)
+        self._next_meta = (item.drain, flag, item.state)
+        return item.batch, wait, put
 
     def step(self, step: int, prefetch: bool = True) -> None:
         """One training step: dispatch it, run the telemetry hook (this
@@ -327,12 +336,17 @@ class Trainer:
         batch = self._next[0]
         self._last = batch
         self._useful.append(self._next_useful)
-        self.shapes[self._next_shape] += 1
+        self.step_shapes.stepped(self._next_shape)
+        drain, _, self._consumed_state = self._next_meta
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
+        if tc.profile:  # the device's time in "compute", not in a later phase
+            import jax
+
+            jax.block_until_ready(metrics)
         t1 = time.perf_counter()
-        reduced = self.hook.step(step)  # this batch's drain (fetched last step)
+        reduced = self.hook.step(step, drain)  # this batch's drain (fetched last step)
         t2 = time.perf_counter()
         self._next = self._fetch() if prefetch else (None, 0.0, 0.0)
         t3 = time.perf_counter()
@@ -384,6 +398,7 @@ class Trainer:
         # wait of the whole window lands in this flush).
         window, self._window = self._window, []
         useful, self._useful = self._useful, []
+        self.step_shapes.flush()
         useful_per_batch = sum(useful) / max(len(useful), 1)
         total = sum(w for w, _ in window) + dt
         wait_share = sum(x for _, x in window) / total if total > 0 else 0.0
@@ -410,6 +425,7 @@ class Trainer:
         # ranks (this rank's mean useful cells per batch over the window).
         ucps = bps * useful_per_batch
         verdict, culprit, reason = self.verdict.live()
+        mfu = mfu_row(self.step_shapes.flops_now, step_s, *self._devices)  # step_s: one global step
         row = {
             **{f"trainer/{k}": v for k, v in metrics.items()},
             "trainer/lr": float(self.lr(step)),
@@ -421,6 +437,7 @@ class Trainer:
             "trainer/verdict": float(VERDICTS.index(verdict)),
             # The named rank, only when the verdict names one.
             **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
+            **mfu,  # absent where the device's peak is unknown (a CPU)
         }
         # Prometheus: the same verdict on every rank's exporter (rank label).
         self.sampler.export_trainer(
@@ -429,6 +446,7 @@ class Trainer:
                 "trainer/verdict_rank": float(culprit),
                 "trainer/data_wait_share": wait_share,
                 "trainer/headspace_ratio": self.verdict.headspace_now(),
+                **mfu,
             }
         )
         if self.wb is not None:
@@ -443,22 +461,19 @@ class Trainer:
         return int(self.train_fn._cache_size())
 
     def replay_rate(self, steps: int = 8) -> float:
-        """Steps/s of the train step fed the last batch again and again, the
-        sampler out of the loop (SPDL's headspace method): the batches/s a
-        sampler must deliver for zero wait. The results are discarded (the
-        parameters are not donated, so they are untouched); every rank
-        replays the same number of steps, so the collectives pair up."""
-        import jax
-
+        """:func:`.verdict.replayed_rate` of the last batch stepped on."""
         if self._last is None:
             return math.nan
-        p, o = self.params, self.opt_state
-        jax.block_until_ready(self.train_fn(p, o, self._last, self.col, self.cat))  # compiled
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            p, o, m = self.train_fn(p, o, self._last, self.col, self.cat)
-        jax.block_until_ready((p, o, m))
-        return steps / (time.perf_counter() - t0)
+        args = (self.params, self.opt_state, self._last, self.col, self.cat)
+        return replayed_rate(self.train_fn, args, steps)
+
+    def stream_state(self) -> dict[str, Any]:
+        """The sampler state after the batches stepped on (not after those
+        the prefetch thread holds)."""
+        live = self.sampler.state_dict()
+        if self._consumed_state is None:  # no prefetch thread: nothing fetched ahead
+            return live
+        return consumed_state(live, self._consumed_state)
 
     def save(self, done: int, final_phase: str | None = None) -> None:
         """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`);
@@ -468,7 +483,7 @@ class Trainer:
             "format": "headwater-train-checkpoint",
             "version": 1,
             "step": done,
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.stream_state(),
             "wandb_run_id": self.wb.id if self.wb is not None else None,
             "config": self.cfg.to_dict(),
             "model_max_categories": self.model_cfg.max_categories,
@@ -497,8 +512,9 @@ class Trainer:
             if tc.val_batches:
                 final_val = self.validate(tc.steps - 1, final=True)
             if tc.eval_final:
+                cap = tc.eval_final_max_seeds or None
                 for split in ("val", "test"):
-                    self.evaluate(split, tc.steps - 1, final=True)
+                    self.evaluate(split, tc.steps - 1, cap, final=True)
         except PassInterrupted:
             self.stopped = True
             self.progress.message(
@@ -510,7 +526,21 @@ class Trainer:
             C.mark_final_phase_done(self.run_dir, tc.steps)
         return final_val
 
+    def close_prefetch(self) -> None:
+        """Stop the prefetch thread (its queued batches are dropped)."""
+        if self.prefetcher is not None:
+            self.prefetch_stats = self.prefetcher.stats()
+            self.prefetcher.close()
+            self.prefetcher = None
+
     def run_steps(self) -> tuple[float, float]:
+        """:meth:`_run_steps`, the prefetch thread stopped however it ends."""
+        try:
+            return self._run_steps()
+        finally:
+            self.close_prefetch()
+
+    def _run_steps(self) -> tuple[float, float]:
         """Every step (from the checkpoint's, on resume), checkpoints, then
         the final validation: ``(wall seconds, val loss)``. A stop request
         agreed by the ranks ends the loop after the current step, with a
@@ -532,7 +562,7 @@ class Trainer:
                 self._next = self._fetch()
                 self._lead = (time.perf_counter() - t, self._next[1])
             # The ranks agreed on the stop request with this batch's shapes.
-            stopping = bool(self.pad.flag)
+            stopping = bool(self._next_meta[1])
             due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
@@ -552,6 +582,7 @@ class Trainer:
             if due_save and done < tc.steps:
                 self.save(done)
         self.stop.training = True  # a resume with only the final phase left
+        self.close_prefetch()
         if not self.stopped:
             self.replayed_rate = self.replay_rate()
             final_val = self.final_phase()

@@ -34,6 +34,28 @@ from headwater.train.scale import throughput
 from headwater.train.summary import format_summary, summarise
 
 
+def announce(trainer: Trainer, db: Path, endpoints: list[str]) -> None:
+    """Rank 0's first lines: what runs where."""
+    from headwater.train.summary import describe_layout
+
+    kw, m, lg = trainer.cfg.sampler_kwargs(0), trainer.model_cfg, trainer.cfg.logging
+    shape = f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')}"
+    if kw.get("sequence_lengths"):
+        shape = f"S in {list(kw['sequence_lengths'])} at {kw.get('tokens_per_batch')} tokens"
+    print(
+        f"headwater train: {db.name} · {trainer.world} process(es) · "
+        f"{shape} per rank · "
+        f"model d={m.d_model} layers={m.num_layers} heads={m.num_heads} · "
+        f"{trainer.cfg.train.steps} steps",
+        flush=True,
+    )
+    print(f"devices: {describe_layout(trainer.batch_layout)}", flush=True)
+    if endpoints:
+        print(f"metrics: {', '.join(endpoints)}", flush=True)
+    if trainer.wb is not None:
+        print(f"W&B run ({lg.wandb_mode}): {Path(trainer.wb.dir).parent}", flush=True)
+
+
 def train_rank(
     cfg: TrainConfig,
     db: Path,
@@ -178,7 +200,7 @@ def _train(
             _check_schema(cfg, sampler, rank)
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
-                trainer.announce(db, endpoints)
+                announce(trainer, db, endpoints)
                 if (run_dir / C.LAUNCH_RECORD).is_file():
                     _record_devices(run_dir, world, trainer.batch_layout, resume)
             wall, final_val = trainer.run_steps()
@@ -216,6 +238,7 @@ def _train(
         interrupted_signal=stop.signum if trainer.stopped else 0,
         checkpoint=trainer.ckpt.figures(),
         eval_seconds=trainer.eval_seconds,
+        prefetch=trainer.prefetch_stats,
     )
     summary["throughput"] = throughput(
         trainer.model_cfg,

@@ -115,6 +115,16 @@ def mfu(flops_per_step: float, steps_per_second: float, devices: int, kind: str)
     return flops_per_step * steps_per_second / (peak * devices)
 
 
+def mfu_row(
+    flops_per_step: float, step_seconds: float, devices: int, kind: str
+) -> dict[str, float]:
+    """``{"trainer/mfu": ...}`` of a step that took ``step_seconds`` (the
+    W&B row and the trainer gauge), empty where the device's peak is
+    unknown (a CPU): absent, never 0 or NaN."""
+    value = mfu(flops_per_step, 1.0 / step_seconds if step_seconds > 0 else 0.0, devices, kind)
+    return {} if value is None else {"trainer/mfu": value}
+
+
 def throughput(
     cfg: Any,
     global_batch: int,

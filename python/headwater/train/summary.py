@@ -47,7 +47,8 @@ class RunLog:
         default_factory=lambda: {k: set() for k in INVARIANTS}
     )
     telemetry_rows: int = 0
-    #: Evaluation passes: ``{"step", "split", "full", "results"}`` each.
+    #: Evaluation passes: ``{"step", "split", "full", "final", "max_seeds",
+    #: "results", "sampler"}`` each.
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def record_phases(self, durations: tuple[float, ...]) -> None:
@@ -126,7 +127,11 @@ def summarise(
         "invariants": dict(log.invariants),
         "telemetry_rows_logged": log.telemetry_rows,
         "warnings": _warnings(log, wait_share, extra.get("verdict", "")),
-        "eval": {e["split"]: e["results"] for e in log.evals if e["full"]},
+        # The final passes (whole splits, or capped by eval_final_max_seeds).
+        "eval": {e["split"]: e["results"] for e in log.evals if e.get("final", e["full"])},
+        "eval_max_seeds": next(
+            (e.get("max_seeds") for e in log.evals if e.get("final", e["full"])), None
+        ),
         "eval_history": [
             {
                 "step": e["step"],
@@ -234,6 +239,13 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
                 f"    {p:<15} {1e3 * s['phase_seconds_mean'][p]:9.3f} ms  "
                 f"{100 * s['phase_share'][p]:6.2f}%"
             )
+        pf = s.get("prefetch") or {}
+        if pf:
+            lines.append(
+                f"  prefetch thread ({int(pf['depth'])} deep, beside the steps; the loop's "
+                f"waits above): sampler {1e3 * pf['sample_seconds_mean']:.3f} ms, host → device "
+                f"{1e3 * pf['host_to_device_seconds_mean']:.3f} ms per batch"
+            )
     ck = s.get("checkpoint")
     if ck and ck["steps"]:
         lines.append(
@@ -247,7 +259,9 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
         health = "sampler health: WARNING\n" + "\n".join(f"  warning: {w}" for w in s["warnings"])
     lines.append(health)
     if s.get("eval"):
-        lines.append("evaluation (full passes, union of ranks; baseline = best constant):")
+        cap = s.get("eval_max_seeds")
+        what = "whole splits" if cap is None else f"the first {cap} seeds of each task"
+        lines.append(f"evaluation ({what}, union of ranks; baseline = best constant):")
         lines.extend("  " + x for x in format_table(s["eval"]).splitlines())
     if s["wandb_dir"]:
         lines.append(f"W&B run: {s['wandb_dir']}")

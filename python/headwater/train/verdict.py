@@ -77,6 +77,7 @@ import collections
 import dataclasses
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -345,3 +346,21 @@ def _headroom(recs: Sequence[StepRecord]) -> float:
     make = _median([r.make_s for r in recs])
     compute = sum(r.step_s - r.wait_max for r in recs) / max(len(recs), 1)
     return compute / make if make > 0 and compute > 0 else math.nan
+
+
+def replayed_rate(train_fn: Any, args: tuple[Any, ...], steps: int = 8) -> float:
+    """Steps/s of the train step fed the same batch again and again, the
+    sampler out of the loop (SPDL's headspace method): the batches/s a
+    sampler must deliver for zero wait. ``args``: ``(params, opt_state,
+    batch, col, cat)``; the results are discarded (the parameters are not
+    donated, so they are untouched); every rank replays the same number of
+    steps, so the collectives pair up."""
+    import jax
+
+    p, o, *rest = args
+    jax.block_until_ready(train_fn(p, o, *rest))  # compiled
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        p, o, m = train_fn(p, o, *rest)
+    jax.block_until_ready((p, o, m))
+    return steps / (time.perf_counter() - t0)
