@@ -19,6 +19,7 @@
 
 mod bfs;
 pub mod incontext;
+pub mod rankers;
 pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use headwater::format::{Database, GraphView};
 use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
+use headwater::sampler::rankers::Ranker;
 use headwater::sampler::walks::WalkGraph;
 use headwater::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
@@ -67,7 +68,7 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
     let off = view.row_offset;
     let has_label = move |r: u32| label.is_valid((r - off) as usize);
     let g = db.graph();
-    let wg = WalkGraph::new(&g);
+    let wg = WalkGraph::new(&g).unwrap();
     let row_cells: Vec<u16> = m.tables.iter().map(|t| t.columns.len() as u16).collect();
     let p = ExampleParams {
         seq_len: 128,
@@ -81,6 +82,8 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
         seed_cells: row_cells[anchor] as usize,
         has_label: &has_label,
         deadline: None,
+        ranker: Ranker::Walks,
+        walk_salt: 0,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
     let mut out = Vec::new();
