@@ -75,6 +75,6 @@ fn main() {
         cpu * 1e9 / steps as f64,
         wall * 1e9 / steps as f64,
         seeds as f64 / cpu,
-        wg.heap_bytes() as f64 / 1048576.0,
+        wg.heap_bytes() as f64 / 1_048_576.0,
     );
 }

@@ -41,6 +41,7 @@ __all__ = [
     "hash_embed",
     "metric_table",
     "peak_rss_bytes",
+    "ranker_recall",
     "sampler_config_schema",
     "telemetry_schema_for",
     "trainer_gauges",

@@ -114,7 +114,7 @@ impl WalkGraph {
         let first = o + HEAD + np as usize + 1;
         let (mut lo, mut hi) = (0usize, nc);
         while lo < hi {
-            let mid = (lo + hi) / 2;
+            let mid = usize::midpoint(lo, hi);
             if self.words[first + 2 * mid] < crank {
                 lo = mid + 1;
             } else {

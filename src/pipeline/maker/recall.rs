@@ -80,87 +80,91 @@ impl SamplerCore {
     ) -> Result<Vec<TaskRecall>> {
         let mut out = Vec::new();
         for k in 0..self.tasks.len() {
-            if self.weights[k] <= 0.0 {
-                continue;
+            if self.weights[k] > 0.0 {
+                out.extend(self.task_recall(k, seeds, ranker, same_key)?);
             }
-            let plan = &self.tasks[k];
-            let db = &self.dbs[plan.db].db;
-            let task = db.task(plan.local)?;
-            let n = task.anchor_rows.len();
-            let seeds = seeds.min(n);
-            let sums = self.with_example_params(k, |g, p| {
-                let mut s = Sums::default();
-                let salt = if same_key { 0 } else { 2 };
-                let runs = [
-                    ExampleParams { ..*p },
-                    ExampleParams { walk_salt: 1, ..*p },
-                    ExampleParams {
-                        ranker,
-                        walk_salt: salt,
-                        ..*p
-                    },
-                ];
-                let mut subs: [Subgraph; 3] = Default::default();
-                let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
-                for i in 0..seeds {
-                    let j = i * n / seeds;
-                    let (row, obs) = (task.anchor_rows[j], task.obs_times[j]);
-                    let key = mix64(0x7265_6361_6c6c ^ i as u64);
-                    let c = &self.cfg;
-                    let r = SeqRecipe::draw(
-                        key,
-                        &c.local_context_sizes,
-                        &c.bfs_widths,
-                        &c.prefer_latest,
-                    );
-                    for (run, sub) in runs.iter().zip(subs.iter_mut()) {
-                        let t0 = thread_cpu_s();
-                        build_in_context(
-                            g,
-                            row,
-                            obs,
-                            key,
-                            &r,
-                            run,
-                            c.bfs_child_width,
-                            &mut bs,
-                            &mut ex,
-                            sub,
-                        );
-                        let t = thread_cpu_s() - t0;
-                        if std::ptr::eq(run, &runs[0]) {
-                            s.cpu[1] += t;
-                            s.steps[1] += sub.walk_steps;
-                        } else if std::ptr::eq(run, &runs[2]) {
-                            s.cpu[0] += t;
-                            s.steps[0] += sub.walk_steps;
-                        }
-                    }
-                    s.add(&subs);
-                }
-                s
-            })?;
-            let Some(s) = sums else { continue };
-            let per = |x: u64| x as f64 / seeds.max(1) as f64;
-            let share = |h: usize| (s.k > 0).then(|| h as f64 / s.k as f64);
-            out.push(TaskRecall {
-                task: self.task_names[k].clone(),
-                seeds,
-                with_examples: s.with,
-                k_mean: if s.with == 0 {
-                    0.0
-                } else {
-                    s.k as f64 / s.with as f64
-                },
-                recall: share(s.hits),
-                recall_walks: share(s.hits_walks),
-                steps_per_context: per(s.steps[0]),
-                walks_steps_per_context: per(s.steps[1]),
-                contexts_per_cpu_s: seeds as f64 / s.cpu[0].max(1e-9),
-                walks_contexts_per_cpu_s: seeds as f64 / s.cpu[1].max(1e-9),
-            });
         }
         Ok(out)
+    }
+
+    /// [`ranker_recall`](Self::ranker_recall) of task `k` (`None`: a query
+    /// task, without examples).
+    fn task_recall(
+        &self,
+        k: usize,
+        seeds: usize,
+        ranker: Ranker,
+        same_key: bool,
+    ) -> Result<Option<TaskRecall>> {
+        let plan = &self.tasks[k];
+        let task = self.dbs[plan.db].db.task(plan.local)?;
+        let n = task.anchor_rows.len();
+        let seeds = seeds.min(n);
+        let c = &self.cfg;
+        let sums = self.with_example_params(k, |g, p| {
+            let mut s = Sums::default();
+            // The reference, the ceiling's independent run, the ranker.
+            let runs = [
+                ExampleParams { ..*p },
+                ExampleParams { walk_salt: 1, ..*p },
+                ExampleParams {
+                    ranker,
+                    walk_salt: if same_key { 0 } else { 2 },
+                    ..*p
+                },
+            ];
+            let mut subs: [Subgraph; 3] = Default::default();
+            let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
+            for i in 0..seeds {
+                let j = i * n / seeds;
+                let (row, obs) = (task.anchor_rows[j], task.obs_times[j]);
+                let key = mix64(0x7265_6361_6c6c ^ i as u64);
+                let r =
+                    SeqRecipe::draw(key, &c.local_context_sizes, &c.bfs_widths, &c.prefer_latest);
+                for (m, (run, sub)) in runs.iter().zip(subs.iter_mut()).enumerate() {
+                    let t0 = thread_cpu_s();
+                    build_in_context(
+                        g,
+                        row,
+                        obs,
+                        key,
+                        &r,
+                        run,
+                        c.bfs_child_width,
+                        &mut bs,
+                        &mut ex,
+                        sub,
+                    );
+                    // Slot 0 the measured ranker, slot 1 the reference.
+                    let slot = [Some(1), None, Some(0)][m];
+                    if let Some(slot) = slot {
+                        s.cpu[slot] += thread_cpu_s() - t0;
+                        s.steps[slot] += sub.walk_steps;
+                    }
+                }
+                s.add(&subs);
+            }
+            s
+        })?;
+        let Some(s) = sums else { return Ok(None) };
+        let per = |x: u64| x as f64 / seeds.max(1) as f64;
+        let share = |h: usize| (s.k > 0).then(|| h as f64 / s.k as f64);
+        Ok(Some(TaskRecall {
+            task: self.task_names[k].clone(),
+            seeds,
+            with_examples: s.with,
+            k_mean: if s.with == 0 {
+                0.0
+            } else {
+                s.k as f64 / s.with as f64
+            },
+            recall: share(s.hits),
+            recall_walks: share(s.hits_walks),
+            steps_per_context: per(s.steps[0]),
+            walks_steps_per_context: per(s.steps[1]),
+            contexts_per_cpu_s: seeds as f64 / s.cpu[0].max(1e-9),
+            walks_contexts_per_cpu_s: seeds as f64 / s.cpu[1].max(1e-9),
+        }))
     }
 }
 
