@@ -20,6 +20,7 @@
 mod bfs;
 pub mod incontext;
 pub mod rankers;
+mod walk_graph;
 pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
