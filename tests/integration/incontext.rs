@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use headwater::config::ExampleRanker;
 use headwater::format::{Database, GraphView};
 use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
@@ -490,4 +491,50 @@ fn an_evaluation_pass_keeps_plain_contexts_for_a_query_task() {
         }
     }
     assert!(seen.contains(&query), "the pass skipped the query task");
+}
+
+#[test]
+fn the_adaptive_ranker_walks_less_takes_examples_and_keeps_batches_thread_independent() {
+    let sdb = db();
+    let walks = SamplerConfig {
+        num_walks: 2000,
+        ..cfg()
+    };
+    let adaptive = SamplerConfig {
+        example_ranker: ExampleRanker::Adaptive,
+        ..walks.clone()
+    };
+    let steps = |bs: &[MadeBatch]| -> u64 {
+        bs.iter()
+            .flat_map(|b| b.readings.seqs.iter().map(|s| s.walk_steps))
+            .sum()
+    };
+    let full = run(&sdb.db, &walks, 3);
+    let one = run(
+        &sdb.db,
+        &SamplerConfig {
+            num_threads: Some(1),
+            ..adaptive.clone()
+        },
+        3,
+    );
+    let two = run(&sdb.db, &adaptive, 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!(
+            same_batch(a, b),
+            "adaptive batches differ between 1 and 2 threads"
+        );
+    }
+    assert!(one
+        .iter()
+        .any(|b| b.readings.seqs.iter().any(|s| s.examples > 0)));
+    // At most 256 walks of 6 rows per context (5 steps each).
+    let seqs: usize = one.iter().map(|b| b.readings.seqs.len()).sum();
+    assert!(steps(&one) <= 256 * 5 * seqs as u64, "{}", steps(&one));
+    assert!(
+        steps(&one) * 4 < steps(&full),
+        "{} vs {}",
+        steps(&one),
+        steps(&full)
+    );
 }
