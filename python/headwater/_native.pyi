@@ -41,6 +41,7 @@ __all__ = [
     "hash_embed",
     "metric_table",
     "peak_rss_bytes",
+    "ranker_recall",
     "sampler_config_schema",
     "telemetry_schema_for",
     "trainer_gauges",
@@ -161,6 +162,13 @@ class DatabaseWriter:
 
 def hash_embed(texts: list[str], dim: int) -> npt.NDArray[np.float16]: ...
 
+def ranker_recall(
+    db_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    seeds: int = 1000,
+    ranker: str = "adaptive",
+    same_key: bool = False,
+    sampler_overrides: str | None = None,
+) -> list[dict[str, Any]]: ...
 def bench_sampler(
     db_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     threads: int,

@@ -382,6 +382,27 @@ def examples_recipe(path: str | list[str], seq_len: int) -> dict[str, Any]:
     }
 
 
+def run_ranker_recall(
+    db: str | os.PathLike[str] | None, seeds: int, ranker: str, batch_size: int,
+    sampler_overrides: dict[str, Any], same_key: bool = False,
+) -> dict[str, Any]:
+    """recall@k of ``ranker`` against the ``walks`` ranker per task with
+    examples (``_native.ranker_recall``: ``seeds`` seeds each, one thread),
+    the ceiling (an independent ``walks`` run), and each ranker's context
+    builds per CPU-second with their batches of ``batch_size`` (builds
+    only: no assembly)."""
+    _, path, _ = _bench_source(db)
+    tasks = _native.ranker_recall(path, seeds, ranker, same_key, json.dumps(sampler_overrides))
+    for t in tasks:
+        t["batches_per_cpu_s"] = t["contexts_per_cpu_s"] / batch_size
+        t["walks_batches_per_cpu_s"] = t["walks_contexts_per_cpu_s"] / batch_size
+    return {
+        "db": str(db) if db is not None else str(path), "ranker": ranker, "seeds": seeds,
+        "same_key": same_key, "batch_size": batch_size, "sampler_overrides": sampler_overrides,
+        "load_average": os.getloadavg(), "tasks": tasks,
+    }
+
+
 def _check_bench_args(telemetry: str, train_steps: int, pack_factors: list[int] | None) -> None:
     if train_steps and not pack_factors:
         raise ValueError("train_steps needs pack_factors: the comparison is unpacked against packed")

@@ -84,6 +84,13 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             if not sep:
                 raise SystemExit(f"--sampler-set {kv!r}: expected KEY=VALUE")
             overrides[key.strip()] = toml_value(value.strip())
+    if a.ranker_recall:
+        from headwater.bench import run_ranker_recall
+
+        overrides.setdefault("examples", True)
+        rr = run_ranker_recall(a.db, a.seeds, a.ranker, a.batch_size, overrides, a.same_key)
+        print(json.dumps(rr))
+        return 0
     r = run_bench(
         a.db,
         a.batch_size,
@@ -404,6 +411,25 @@ def _add_examples_args(pb: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a sampler key (TOML value) set in the thread-count runs, after --examples "
         "(repeatable), e.g. --sampler-set num_walks=1000",
+    )
+    pb.add_argument(
+        "--ranker-recall",
+        action="store_true",
+        help="print JSON per task: recall@k of --ranker against the walks ranker, of walks "
+        "against an independent walks run (the ceiling), and their builds per CPU-second, over "
+        "--seeds seeds (with --examples / --sampler-set's recipe)",
+    )
+    pb.add_argument("--seeds", type=int, default=1000, help="seeds per task of --ranker-recall")
+    pb.add_argument(
+        "--ranker",
+        choices=["adaptive", "walks", "shuffled"],
+        default="adaptive",
+        help="the ranker --ranker-recall measures (shuffled: a broken one, for tests)",
+    )
+    pb.add_argument(
+        "--same-key",
+        action="store_true",
+        help="--ranker-recall: the ranker walks on the reference's generator (walks: recall 1)",
     )
 
 

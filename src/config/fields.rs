@@ -217,8 +217,8 @@ pub static FIELDS: &[FieldDoc] = &[
     FieldDoc {
         name: "example_ranker",
         ty: "str",
-        range: "\"walks\"",
-        doc: "with examples: how tier-1 examples are ranked; walks: visit counts of num_walks random walks of walk_length over the FK graph (RT-J's semantics)",
+        range: "\"walks\" or \"adaptive\"",
+        doc: "with examples: how tier-1 examples are ranked; walks: visit counts of num_walks random walks of walk_length over the FK graph (RT-J's semantics); adaptive: the same walks in blocks of 32, stopped once the examples the context would take have not changed for 3 blocks (at most num_walks): docs/contexts.md",
     },
     FieldDoc {
         name: "context_deadline_ms",

@@ -49,6 +49,9 @@ pub enum TaskPick {
 pub enum ExampleRanker {
     /// Visit counts of random walks from the seed (RT-J's semantics).
     Walks,
+    /// The same walks in blocks, stopped once the examples the context
+    /// would take are stable (`crate::sampler::rankers`).
+    Adaptive,
 }
 
 /// Task weights: a list in metadata order, or a `{task name: weight}`

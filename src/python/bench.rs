@@ -85,3 +85,52 @@ fn with_overrides(cfg: SamplerConfig, text: &str) -> crate::error::Result<Sample
 pub fn peak_rss_bytes() -> Option<u64> {
     bench::peak_rss_bytes()
 }
+
+/// `headwater bench --ranker-recall`: per task with examples, recall@k of
+/// `ranker` (`"adaptive"`, `"walks"`, or `"shuffled"`, a broken ranker for
+/// tests) against the `walks` ranker, the ceiling (an independent `walks`
+/// run) and each one's contexts per CPU-second, over `seeds` seeds
+/// (`crate::pipeline::SamplerCore::ranker_recall`, one thread, GIL
+/// released). `sampler_overrides`: a JSON object of sampler keys (the
+/// recipe; `examples` must be on).
+#[pyfunction]
+#[pyo3(signature = (db_path, seeds=1000, ranker="adaptive", same_key=false, sampler_overrides=None))]
+pub fn ranker_recall<'py>(
+    py: Python<'py>,
+    db_path: &Bound<'_, PyAny>,
+    seeds: usize,
+    ranker: &str,
+    same_key: bool,
+    sampler_overrides: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
+    use crate::sampler::rankers::Ranker;
+    let paths = super::sampler::db_paths(db_path)?;
+    let ranker = match ranker {
+        "walks" => Ranker::Walks,
+        "adaptive" => Ranker::Adaptive,
+        "shuffled" => Ranker::Shuffled,
+        other => {
+            return Err(to_py(crate::error::Error::InvalidArgument {
+                name: "ranker".into(),
+                what: format!("got {other:?}, allowed: \"walks\", \"adaptive\" or \"shuffled\""),
+            }))
+        }
+    };
+    let cfg = SamplerConfig {
+        num_threads: Some(1),
+        telemetry: false,
+        ..SamplerConfig::default()
+    };
+    let cfg = match sampler_overrides {
+        None => cfg,
+        Some(text) => with_overrides(cfg, text).map_err(to_py)?,
+    };
+    let rows = py
+        .detach(|| {
+            let core = crate::pipeline::SamplerCore::open_mixture(&paths, cfg)?;
+            core.ranker_recall(seeds, ranker, same_key)
+        })
+        .map_err(to_py)?;
+    let s = serde_json::to_string(&rows).expect("serialisable");
+    py.import("json")?.call_method1("loads", (s,))
+}

@@ -202,6 +202,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(telemetry::telemetry_schema_for, m)?)?;
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
     m.add_function(wrap_pyfunction!(bench::bench_sampler, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::ranker_recall, m)?)?;
     m.add_function(wrap_pyfunction!(bench::peak_rss_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(database::verify_database, m)?)?;
     Ok(())

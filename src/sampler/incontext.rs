@@ -30,6 +30,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
+use super::rankers::{rank, RankArgs, Ranker};
 use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::format::GraphView;
 use crate::rng::{mix64, Xoshiro256pp};
@@ -86,6 +87,11 @@ pub struct ExampleParams<'a> {
     pub has_label: &'a (dyn Fn(u32) -> bool + Sync),
     /// The wall-clock budget of one context, if any.
     pub deadline: Option<std::time::Duration>,
+    /// How tier 1 is ranked.
+    pub ranker: Ranker,
+    /// Mixed into the walks' generator key (0 in training; the recall
+    /// benchmark's independent runs of the same context set others).
+    pub walk_salt: u64,
 }
 
 /// Per-worker scratch of in-context builds (reused, never per context).
@@ -93,6 +99,7 @@ pub struct ExampleParams<'a> {
 pub struct ExampleScratch {
     walks: WalkCounts,
     ranked: Vec<u32>,
+    sig: Vec<u32>,
     shell: Subgraph,
     local: HashMap<u32, u16, BuildHasherDefault<RowHasher>>,
 }
@@ -206,27 +213,6 @@ fn tiers(
     } else {
         i64::MAX
     };
-    let wp = WalkParams {
-        num_walks: p.num_walks,
-        walk_length: p.walk_length,
-        cutoff: bound,
-        bound,
-        table: p.table,
-    };
-    let mut walk_rng = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x7761_6c6b));
-    let walked = sc
-        .walks
-        .walk(p.walk_graph, seed, &wp, &mut walk_rng, deadline);
-    out.walk_steps = match walked {
-        Ok(s) => s,
-        Err(s) => {
-            out.walk_steps = s;
-            return Err(DeadlineHit);
-        }
-    };
-    let mut ranked = std::mem::take(&mut sc.ranked);
-    let ok = |row: u32| (p.has_label)(row);
-    sc.walks.ranked(g, r.prefer_latest, key, ok, &mut ranked);
     let fill = Fill {
         g,
         p,
@@ -235,6 +221,7 @@ fn tiers(
         bound,
         deadline,
     };
+    let ranked = rank_examples(g, seed, key, r, p, &fill, sc, out)?;
     let res = ranked
         .iter()
         .try_for_each(|&row| fill.example(row, 1, &mut bfs_rng, bs, sc, out));
@@ -243,6 +230,70 @@ fn tiers(
     fill.random_examples(seed, key, &mut bfs_rng, bs, sc, out)?;
     finish_edges(g, sc, out);
     Ok(())
+}
+
+/// Tier 1's ranking (`p.ranker`) of `seed`'s context, whose tier 0 is
+/// `out` (its rows in `sc.local`); the walk steps go to `out`. The ranked
+/// rows are `sc.ranked`'s buffer, handed back by the caller.
+#[allow(clippy::too_many_arguments)]
+fn rank_examples(
+    g: &GraphView<'_>,
+    seed: u32,
+    key: u64,
+    r: &SeqRecipe,
+    p: &ExampleParams<'_>,
+    fill: &Fill<'_, '_>,
+    sc: &mut ExampleScratch,
+    out: &mut Subgraph,
+) -> Result<Vec<u32>, DeadlineHit> {
+    let wp = WalkParams {
+        num_walks: p.num_walks,
+        walk_length: p.walk_length,
+        cutoff: fill.bound,
+        bound: fill.bound,
+        table: p.table,
+    };
+    let mut walk_rng = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x7761_6c6b ^ p.walk_salt));
+    // Each ranked row the fill reads is a row of the table already held
+    // (at most S / its cells) or an example (the same bound): the head of
+    // the order is all it ever reads.
+    let ec = fill.example_cells();
+    let room = p.seq_len.saturating_sub(out.cells);
+    let local = &sc.local;
+    let args = RankArgs {
+        g,
+        seed,
+        bound: fill.bound,
+        prefer_latest: r.prefer_latest,
+        key,
+        limit: 2 * (p.seq_len / ec + 1),
+        take: room.div_ceil(r.local_size.max(ec)) + 1,
+        has_label: p.has_label,
+        held: &|row| local.contains_key(&row),
+    };
+    let mut ranked = std::mem::take(&mut sc.ranked);
+    let walked = rank(
+        p.ranker,
+        &mut sc.walks,
+        p.walk_graph,
+        &wp,
+        &args,
+        &mut walk_rng,
+        fill.deadline,
+        &mut ranked,
+        &mut sc.sig,
+    );
+    match walked {
+        Ok(s) => {
+            out.walk_steps = s;
+            Ok(ranked)
+        }
+        Err(s) => {
+            sc.ranked = ranked;
+            out.walk_steps = s;
+            Err(DeadlineHit)
+        }
+    }
 }
 
 /// One context's example filling: what every shell reads.

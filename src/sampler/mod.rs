@@ -19,6 +19,8 @@
 
 mod bfs;
 pub mod incontext;
+pub mod rankers;
+mod walk_graph;
 pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};

@@ -4,19 +4,29 @@
 //!
 //! A walk starts at the seed and visits `walk_length` rows: at each row it
 //! steps to a uniformly random neighbour among the row's parents and its
-//! children visible at the seed's cutoff (time-sorted CSR: a prefix), and
-//! stops early at a row without one. A visit counts for a row of the seed's
-//! table other than the seed whose time is before the seed's bound (or that
-//! has no time).
+//! children visible at the seed's cutoff (time-sorted: a prefix), and stops
+//! early at a row without one. A visit counts for a row of the seed's
+//! table other than the seed whose time is before the seed's bound (or
+//! that has no time): every visit of a row of the table is counted, and
+//! [`WalkCounts::ranked`] drops the seed and the rows past the bound.
 //!
 //! Hot-path invariants: no allocation per walk or per context after
 //! warm-up — the counts are a dense array over the seed table's rows,
 //! reused per worker and zeroed through the list of rows it touched; a
-//! step reads two CSR offsets pairs, at most one binary search (skipped
-//! when every child is visible) and one target.
+//! step reads one record of the walk graph (its row and how many
+//! neighbours it has, prefetched a round earlier) and one neighbour slot
+//! (the next record's offset and, for a child, its time rank beside it,
+//! prefetched half a round earlier), so a walk chases records, never a row
+//! id through a second array. When some child of a row is after the
+//! cutoff, the step draws over all its neighbours and redraws over the
+//! visible ones (a prefix: a binary search, cached per hub) only when it
+//! drew an invisible child: still uniform over the visible neighbours.
 
+use std::cmp::Reverse;
 use std::time::Instant;
 
+pub use super::walk_graph::WalkGraph;
+use super::walk_graph::HEAD;
 use crate::format::GraphView;
 use crate::prefetch::prefetch;
 use crate::rng::{mix64, Xoshiro256pp};
@@ -24,97 +34,24 @@ use crate::rng::{mix64, Xoshiro256pp};
 /// Walks between two reads of the clock for the deadline.
 pub const WALKS_PER_CLOCK: usize = 64;
 
-/// Walks advanced in lockstep (TPC-H SF 0.1, RT-J recipe, one thread on a
-/// loaded 2-core box: 1 lane 0.87, 8 2.65, 16 3.4, 32 4.0, 64 4.0
-/// batches per CPU-second).
-pub const LANES: usize = 32;
+/// Walks advanced in lockstep, one step each per round, so that a walk's
+/// next record is prefetched a whole round before it is read.
+pub const LANES: usize = 64;
 
-/// The FK graph as random walks read it: per row one 32-byte node (its
-/// time, its latest child's time, where its neighbours start and how many
-/// parents and children it has) and one adjacency list of parents then
-/// time-sorted children, with the children's times beside them. Built once
-/// per database when `examples` is on; a step touches one node and one
-/// adjacency slot (plus a binary search over the row's children only when
-/// some of them are after the cutoff).
-#[derive(Debug, Default)]
-pub struct WalkGraph {
-    nodes: Vec<Node>,
-    adj: Vec<u32>,
-    times: Vec<i64>,
+/// Prefetch the first two lines of the record at `o` (a record's head
+/// and first neighbours; most records of a database fit).
+#[inline]
+fn prefetch_record(w: &[u32], o: usize) {
+    prefetch(w, o);
+    prefetch(w, o + 16);
 }
 
-#[derive(Debug, Clone, Copy)]
-#[repr(C, align(32))]
-struct Node {
-    row_time: i64,
-    last_child_time: i64,
-    start: u64,
-    np: u32,
-    nc: u32,
-}
+/// Records with at least this many children keep their visible count in
+/// [`WalkCounts`]'s cache (a search over few ranks reads one line anyway).
+const CACHED_DEGREE: u32 = 8;
 
-impl WalkGraph {
-    /// The walk graph of `g` (O(rows + edges)).
-    pub fn new(g: &GraphView<'_>) -> Self {
-        let n = g.num_rows();
-        let edges = g.fwd_targets.len() + g.rev_targets.len();
-        let mut w = WalkGraph {
-            nodes: Vec::with_capacity(n),
-            adj: Vec::with_capacity(edges),
-            times: Vec::with_capacity(edges),
-        };
-        for u in 0..n as u32 {
-            let parents = g.parents(u);
-            let (ids, times) = g.children(u);
-            w.nodes.push(Node {
-                row_time: g.time_of(u).unwrap_or(i64::MIN),
-                last_child_time: times.last().copied().unwrap_or(i64::MIN),
-                start: w.adj.len() as u64,
-                np: parents.len() as u32,
-                nc: ids.len() as u32,
-            });
-            w.adj.extend_from_slice(parents);
-            w.adj.extend_from_slice(ids);
-            w.times.extend(std::iter::repeat_n(i64::MIN, parents.len()));
-            w.times.extend_from_slice(times);
-        }
-        w
-    }
-
-    /// Bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        self.nodes.len() * std::mem::size_of::<Node>() + self.adj.len() * 4 + self.times.len() * 8
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LaneState {
-    Idle,
-    AtNode,
-    Search,
-    Moving,
-}
-
-/// One walk in flight.
-#[derive(Debug, Clone, Copy)]
-struct Lane {
-    state: LaneState,
-    /// The row it is at (`AtNode`) or leaves (`Moving`).
-    u: u32,
-    /// Rows it still visits, this one included.
-    left: usize,
-    /// The adjacency slot of its next row (`Moving`).
-    idx: usize,
-}
-
-impl Lane {
-    const IDLE: Lane = Lane {
-        state: LaneState::Idle,
-        u: 0,
-        left: 0,
-        idx: 0,
-    };
-}
+/// Slots of the visible-children cache (direct-mapped by record offset).
+const CACHE_SLOTS: usize = 1 << 16;
 
 /// Per-worker walk state: visit counts over the rows of one table.
 #[derive(Debug, Default)]
@@ -125,6 +62,48 @@ pub struct WalkCounts {
     pub touched: Vec<u32>,
     /// First global row of the counted table.
     lo: u32,
+    /// Rows of the counted table.
+    len: u32,
+    /// `(record offset + 1, visible children)` of hubs at `cache_rank`.
+    cache: Vec<(u32, u32)>,
+    /// The visible rank the cache holds counts for.
+    cache_rank: u32,
+    /// Visits noted and not counted yet (`row - lo`): `noted` of them.
+    pending: Vec<u32>,
+    noted: usize,
+    /// Scratch of [`ranked`](Self::ranked): touched rows with their keys.
+    keyed: Vec<(Reverse<i64>, Reverse<u32>, u64, u32)>,
+}
+
+/// Visits noted before they are counted.
+const PENDING: usize = 4096;
+
+/// A lane's slot when its walk ends this round.
+const NO_SLOT: u32 = u32::MAX;
+
+/// The walks in flight of one [`WalkCounts::more`] call.
+struct Lanes {
+    /// The record each lane is at.
+    at: [u32; LANES],
+    /// The slot of each lane's next row (drawn, prefetched), or [`NO_SLOT`].
+    slot: [u32; LANES],
+    /// Rows each lane's walk still visits, this one included.
+    left: [u32; LANES],
+    /// Lanes `0..active` hold walks.
+    active: usize,
+    /// Walks started by this call.
+    started: usize,
+    /// Steps taken.
+    steps: u64,
+}
+
+impl Lanes {
+    /// Whether the deadline has passed, read every [`WALKS_PER_CLOCK`]
+    /// walk starts (`done` walks were run before this call).
+    fn clock(&self, done: usize, deadline: Option<Instant>) -> bool {
+        (done + self.started) % WALKS_PER_CLOCK == 0
+            && deadline.is_some_and(|d| Instant::now() >= d)
+    }
 }
 
 /// What one context's walks read.
@@ -144,38 +123,57 @@ pub struct WalkParams {
 
 impl WalkCounts {
     /// Forget the previous context's counts and count over `table`.
-    fn reset(&mut self, table: (u32, u32)) {
+    pub fn reset(&mut self, table: (u32, u32)) {
         for &r in &self.touched {
-            if let Some(c) = self.counts.get_mut((r - self.lo) as usize) {
+            if let Some(c) = self.counts.get_mut(r.wrapping_sub(self.lo) as usize) {
                 *c = 0;
             }
         }
         self.touched.clear();
         self.lo = table.0;
-        let n = (table.1 - table.0) as usize;
-        if self.counts.len() < n {
-            self.counts.resize(n, 0);
+        self.len = table.1.saturating_sub(table.0);
+        if self.counts.len() < self.len as usize {
+            self.counts.resize(self.len as usize, 0);
         }
     }
 
     /// Visits of `row` (0 for a row outside the counted table).
     #[inline]
     pub fn get(&self, row: u32) -> u32 {
-        row.checked_sub(self.lo)
-            .and_then(|i| self.counts.get(i as usize))
-            .copied()
-            .unwrap_or(0)
+        let i = row.wrapping_sub(self.lo);
+        if i < self.len {
+            self.counts[i as usize]
+        } else {
+            0
+        }
     }
 
-    /// Run `p.num_walks` walks from `seed` over `wg` and count their
-    /// visits. Returns the steps taken, or `Err(steps)` when `deadline`
-    /// passed first (read every [`WALKS_PER_CLOCK`] walk starts).
-    ///
-    /// [`LANES`] walks advance in lockstep, each step split in two halves
-    /// (pick the neighbour and prefetch its adjacency slot; read it and
-    /// prefetch its node), so one walk's cache misses overlap the others'
-    /// work. The lanes draw from one generator in a fixed order: the counts
-    /// are a function of the seed and the generator, never of timing.
+    /// Note a visit of `row` (counted at the next [`flush`](Self::flush)):
+    /// the visits of a round are counted together, so their scattered
+    /// increments overlap instead of each stalling its walk's step.
+    #[inline]
+    fn note(&mut self, row: u32) {
+        let i = row.wrapping_sub(self.lo);
+        self.pending[self.noted] = i;
+        self.noted += usize::from(i < self.len);
+    }
+
+    /// Count the noted visits.
+    fn flush(&mut self) {
+        for &i in &self.pending[..self.noted] {
+            let c = &mut self.counts[i as usize];
+            if *c == 0 {
+                self.touched.push(i + self.lo);
+            }
+            *c += 1;
+        }
+        self.noted = 0;
+    }
+
+    /// Forget the counts, then run `p.num_walks` walks from `seed` over
+    /// `wg` and count their visits. Returns the steps taken, or
+    /// `Err(steps)` when `deadline` passed first (read every
+    /// [`WALKS_PER_CLOCK`] walk starts).
     pub fn walk(
         &mut self,
         wg: &WalkGraph,
@@ -185,145 +183,228 @@ impl WalkCounts {
         deadline: Option<Instant>,
     ) -> Result<u64, u64> {
         self.reset(p.table);
-        let mut lanes = [Lane::IDLE; LANES];
-        let (mut started, mut steps) = (0usize, 0u64);
-        if p.walk_length == 0 || wg.nodes.get(seed as usize).is_none() {
-            return Ok(0);
-        }
-        loop {
-            let mut busy = false;
-            for l in &mut lanes {
-                match l.state {
-                    LaneState::Idle => {
-                        if started == p.num_walks {
-                            continue;
-                        }
-                        if started % WALKS_PER_CLOCK == 0
-                            && deadline.is_some_and(|d| Instant::now() >= d)
-                        {
-                            return Err(steps);
-                        }
-                        started += 1;
-                        *l = Lane {
-                            state: LaneState::AtNode,
-                            u: seed,
-                            left: p.walk_length,
-                            idx: 0,
-                        };
-                    }
-                    LaneState::AtNode => self.visit(wg, seed, p, rng, l),
-                    LaneState::Search => {
-                        let nd = &wg.nodes[l.u as usize];
-                        let first = (nd.start + u64::from(nd.np)) as usize;
-                        let times = &wg.times[first..first + nd.nc as usize];
-                        let nc = times.partition_point(|&t| t <= p.cutoff) as u64;
-                        pick(wg, nd, nc, rng, l);
-                    }
-                    LaneState::Moving => {
-                        l.u = wg.adj[l.idx];
-                        prefetch(&wg.nodes, l.u as usize);
-                        if let Some(i) = l.u.checked_sub(p.table.0) {
-                            prefetch(&self.counts, i as usize);
-                        }
-                        // A corrupt payload's out-of-range row ends the walk.
-                        l.state = if (l.u as usize) < wg.nodes.len() {
-                            LaneState::AtNode
-                        } else {
-                            LaneState::Idle
-                        };
-                        steps += 1;
-                    }
-                }
-                busy = true;
-            }
-            if !busy {
-                return Ok(steps);
-            }
-        }
+        self.more(wg, seed, p, p.num_walks, 0, rng, deadline)
     }
 
-    /// The first half of a step: count lane `l`'s row, then pick its next
-    /// row and prefetch the adjacency slot naming it (or end the walk).
-    #[inline]
-    fn visit(
+    /// `n` more walks from `seed`, their visits added to the counts (the
+    /// counted table is the last [`reset`](Self::reset)'s); `done` walks
+    /// were run before (for the clock's rhythm).
+    ///
+    /// [`LANES`] walks advance in lockstep, one step each per round: a
+    /// step reads its record (prefetched when the walk moved there, a
+    /// round earlier), counts its row, draws the next neighbour and
+    /// prefetches that record. The lanes draw from one generator in a
+    /// fixed order, one draw per step: the counts are a function of the
+    /// seed and the generator, never of timing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn more(
         &mut self,
         wg: &WalkGraph,
         seed: u32,
         p: &WalkParams,
+        n: usize,
+        done: usize,
         rng: &mut Xoshiro256pp,
-        l: &mut Lane,
-    ) {
-        let (lo, hi) = p.table;
-        let u = l.u;
-        let nd = &wg.nodes[u as usize];
-        if u != seed && lo <= u && u < hi && (nd.row_time == i64::MIN || nd.row_time < p.bound) {
-            let c = &mut self.counts[(u - lo) as usize];
-            if *c == 0 {
-                self.touched.push(u);
+        deadline: Option<Instant>,
+    ) -> Result<u64, u64> {
+        let Some(&start) = wg.at.get(seed as usize) else {
+            return Ok(0);
+        };
+        if p.walk_length == 0 {
+            return Ok(0);
+        }
+        let crank = wg.visible_rank(p.cutoff);
+        if self.cache.len() != CACHE_SLOTS || self.cache_rank != crank {
+            self.cache.clear();
+            self.cache.resize(CACHE_SLOTS, (0, 0));
+            self.cache_rank = crank;
+        }
+        if self.pending.len() < PENDING {
+            self.pending.resize(PENDING, 0);
+        }
+        let mut l = Lanes {
+            at: [start; LANES],
+            slot: [NO_SLOT; LANES],
+            left: [u32::try_from(p.walk_length).unwrap_or(u32::MAX); LANES],
+            active: 0,
+            started: 0,
+            steps: 0,
+        };
+        while l.active < n.min(LANES) {
+            if l.clock(done, deadline) {
+                self.flush();
+                return Err(l.steps);
             }
-            *c += 1;
+            l.active += 1;
+            l.started += 1;
         }
-        l.left -= 1;
-        if l.left == 0 {
-            l.state = LaneState::Idle;
-        } else if nd.last_child_time > p.cutoff {
-            // Some children are after the cutoff: their times are searched
-            // next round, once prefetched.
-            prefetch(&wg.times, (nd.start + u64::from(nd.np)) as usize);
-            l.state = LaneState::Search;
-        } else {
-            pick(wg, nd, u64::from(nd.nc), rng, l);
+        while l.active > 0 {
+            // Half a round: note each lane's row and draw its next slot.
+            if self.noted + LANES > self.pending.len() {
+                self.flush();
+            }
+            for i in 0..l.active {
+                l.slot[i] = self.draw(wg, l.at[i] as usize, &mut l.left[i], rng);
+            }
+            // The other half: read each slot, prefetch the record it names;
+            // a lane whose walk ended starts the next one or retires.
+            let mut i = 0;
+            while i < l.active {
+                let s = l.slot[i];
+                if s != NO_SLOT {
+                    let next = self.read(wg, l.at[i] as usize, s, crank, rng);
+                    if next != NO_SLOT {
+                        prefetch_record(&wg.words, next as usize);
+                        l.at[i] = next;
+                        l.steps += 1;
+                        i += 1;
+                        continue;
+                    }
+                }
+                if l.started < n {
+                    if l.clock(done, deadline) {
+                        self.flush();
+                        return Err(l.steps);
+                    }
+                    l.started += 1;
+                    l.at[i] = start;
+                    l.left[i] = u32::try_from(p.walk_length).unwrap_or(u32::MAX);
+                    i += 1;
+                } else {
+                    l.active -= 1;
+                    l.at[i] = l.at[l.active];
+                    l.left[i] = l.left[l.active];
+                    l.slot[i] = l.slot[l.active];
+                }
+            }
         }
+        self.flush();
+        Ok(l.steps)
     }
 
-    /// The touched rows that `keep` accepts, best first: by visits (more
-    /// first) or, with `prefer_latest`, by time (latest first, a row
-    /// without time last) then visits; ties by a hash of `key` and the row,
-    /// so equal rows are in a random but deterministic order.
+    /// Note the row of the record at `o`, then draw the slot of its next
+    /// row among all its neighbours and prefetch it; [`NO_SLOT`] when the
+    /// walk ends (its last row, or a row without a neighbour).
+    #[inline]
+    fn draw(&mut self, wg: &WalkGraph, o: usize, left: &mut u32, rng: &mut Xoshiro256pp) -> u32 {
+        let w = &wg.words;
+        self.note(w[o]);
+        *left -= 1;
+        let d = w[o + 1] + w[o + 2];
+        if *left == 0 || d == 0 {
+            return NO_SLOT;
+        }
+        let s = wg.slot(o, rng.below(u64::from(d)) as u32);
+        prefetch(w, s);
+        s as u32
+    }
+
+    /// The record the slot `s` of the record at `o` names, when it is a
+    /// parent or a visible child; else one drawn among the visible
+    /// neighbours (read at once: rare enough that deferring it costs
+    /// more), or [`NO_SLOT`] when there is none.
+    #[inline]
+    fn read(
+        &mut self,
+        wg: &WalkGraph,
+        o: usize,
+        s: u32,
+        crank: u32,
+        rng: &mut Xoshiro256pp,
+    ) -> u32 {
+        let w = &wg.words;
+        let s = s as usize;
+        let np = w[o + 1] as usize;
+        // A parent, or a child whose rank (the word after it) is visible.
+        if s < o + HEAD + np || w[s + 1] < crank {
+            return w[s];
+        }
+        let d = w[o + 1] + self.visible(wg, o, crank);
+        if d == 0 {
+            return NO_SLOT;
+        }
+        w[wg.slot(o, rng.below(u64::from(d)) as u32)]
+    }
+
+    /// The visible children of the record at `o` (a hub's count from the
+    /// cache after its first search).
+    fn visible(&mut self, wg: &WalkGraph, o: usize, crank: u32) -> u32 {
+        if wg.words[o + 2] < CACHED_DEGREE {
+            return wg.visible_children(o, crank);
+        }
+        let tag = o as u32 + 1;
+        let slot = &mut self.cache[(mix64(u64::from(tag)) as usize) & (CACHE_SLOTS - 1)];
+        if slot.0 != tag {
+            *slot = (tag, wg.visible_children(o, crank));
+        }
+        slot.1
+    }
+
+    /// The touched rows that count (not `seed`, dated before `bound` or
+    /// undated) and that `keep` accepts, best first, at most `limit` of
+    /// them: by visits (more first) or, with `prefer_latest`, by time
+    /// (latest first, a row without time last) then visits; ties by a hash
+    /// of `key` and the row, so equal rows are in a random but
+    /// deterministic order. The first `limit` are those of the full order.
+    ///
+    /// The order's head is selected before the filters run (they read
+    /// scattered rows; the rows they drop are few: the seed, rows reached
+    /// only through an undated row's parent, unlabelled rows); when too few
+    /// of the head pass, every touched row is filtered.
+    #[allow(clippy::too_many_arguments)]
     pub fn ranked(
-        &self,
+        &mut self,
         g: &GraphView<'_>,
+        seed: u32,
+        bound: i64,
         prefer_latest: bool,
         key: u64,
         keep: impl Fn(u32) -> bool,
+        limit: usize,
         out: &mut Vec<u32>,
     ) {
         out.clear();
-        out.extend(self.touched.iter().copied().filter(|&r| keep(r)));
-        let prio = |r: u32| mix64(key ^ u64::from(r).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut keyed = std::mem::take(&mut self.keyed);
+        keyed.clear();
         let time = |r: u32| g.time_of(r).unwrap_or(i64::MIN);
-        if prefer_latest {
-            out.sort_unstable_by(|&a, &b| {
-                time(b)
-                    .cmp(&time(a))
-                    .then(self.get(b).cmp(&self.get(a)))
-                    .then(prio(a).cmp(&prio(b)))
-                    .then(a.cmp(&b))
-            });
-        } else {
-            out.sort_unstable_by(|&a, &b| {
-                self.get(b)
-                    .cmp(&self.get(a))
-                    .then(prio(a).cmp(&prio(b)))
-                    .then(a.cmp(&b))
-            });
+        let passes = |r: u32| {
+            let t = time(r);
+            r != seed && (t == i64::MIN || t < bound) && keep(r)
+        };
+        // The order as one key, smallest first: latest time (with
+        // `prefer_latest`), most visits, the tie hash, the row.
+        let order = |r: u32| {
+            let t = if prefer_latest { time(r) } else { 0 };
+            let prio = mix64(key ^ u64::from(r).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            (Reverse(t), Reverse(self.get(r)), prio, r)
+        };
+        let head = 2 * limit + 16;
+        keyed.extend(self.touched.iter().map(|&r| order(r)));
+        top(&mut keyed, head);
+        out.extend(keyed.iter().map(|k| k.3).filter(|&r| passes(r)).take(limit));
+        if out.len() < limit && self.touched.len() > head {
+            out.clear();
+            keyed.clear();
+            let all = self.touched.iter().copied().filter(|&r| passes(r));
+            keyed.extend(all.map(order));
+            top(&mut keyed, limit);
+            out.extend(keyed.iter().map(|k| k.3));
         }
+        self.keyed = keyed;
     }
 }
 
-/// Pick lane `l`'s next row among `nd`'s parents and its first `nc`
-/// children and prefetch the adjacency slot naming it (or end the walk at
-/// a row without a neighbour).
-#[inline]
-fn pick(wg: &WalkGraph, nd: &Node, nc: u64, rng: &mut Xoshiro256pp, l: &mut Lane) {
-    let n = u64::from(nd.np) + nc;
+/// The `n` smallest of `v`, sorted.
+fn top<T: Ord>(v: &mut Vec<T>, n: usize) {
     if n == 0 {
-        l.state = LaneState::Idle;
+        v.clear();
         return;
     }
-    l.idx = (nd.start + rng.below(n)) as usize;
-    prefetch(&wg.adj, l.idx);
-    l.state = LaneState::Moving;
+    if v.len() > n {
+        v.select_nth_unstable(n - 1);
+        v.truncate(n);
+    }
+    v.sort_unstable();
 }
 
 #[cfg(test)]
@@ -384,22 +465,23 @@ mod tests {
     fn walks_count_earlier_rows_of_the_table_and_never_the_seed_or_the_future() {
         let t = tiny();
         let g = view(&t);
-        let wg = WalkGraph::new(&g);
+        let wg = WalkGraph::new(&g).unwrap();
         let mut w = WalkCounts::default();
         let mut rng = Xoshiro256pp::seed_from_u64(1);
         let steps = w.walk(&wg, 1, &params(1000), &mut rng, None).unwrap();
         // Every row has a neighbour: each walk takes walk_length - 1 steps.
         assert_eq!(steps, 1000 * 4);
-        assert_eq!(w.get(1), 0, "the seed counted");
         assert_eq!(w.get(2), 0, "a row after the cutoff was reached");
         assert_eq!(w.get(3), 0, "a row of another table counted");
         // Positions 2 and 4 are rows of A, each row 0 with probability 1/2.
         assert!((850..1150).contains(&w.get(0)), "{}", w.get(0));
         let mut out = Vec::new();
-        w.ranked(&g, false, 7, |_| true, &mut out);
-        assert_eq!(out, vec![0]);
-        w.ranked(&g, false, 7, |r| r != 0, &mut out);
+        w.ranked(&g, 1, 20, false, 7, |_| true, 10, &mut out);
+        assert_eq!(out, vec![0], "the seed is never ranked");
+        w.ranked(&g, 1, 20, false, 7, |r| r != 0, 10, &mut out);
         assert!(out.is_empty(), "keep is applied");
+        w.ranked(&g, 1, 10, false, 7, |_| true, 10, &mut out);
+        assert!(out.is_empty(), "a row at the bound is ranked");
         // The same generator gives the same counts (lanes in a fixed order).
         let mut again = WalkCounts::default();
         let mut rng = Xoshiro256pp::seed_from_u64(1);
@@ -411,7 +493,7 @@ mod tests {
     fn a_seed_at_a_later_time_sees_later_rows_and_counts_are_reset() {
         let t = tiny();
         let g = view(&t);
-        let wg = WalkGraph::new(&g);
+        let wg = WalkGraph::new(&g).unwrap();
         let mut w = WalkCounts::default();
         let mut rng = Xoshiro256pp::seed_from_u64(2);
         w.walk(&wg, 1, &params(200), &mut rng, None).unwrap();
@@ -421,20 +503,21 @@ mod tests {
             ..params(200)
         };
         w.walk(&wg, 2, &late, &mut rng, None).unwrap();
-        assert_eq!(w.get(2), 0, "the seed counted");
         assert!(w.get(0) > 0 && w.get(1) > 0, "{} {}", w.get(0), w.get(1));
-        assert_eq!(w.touched.len(), 2);
+        assert_eq!(w.touched.len(), 3, "the seed and rows 0, 1");
         // Recency first: row 1 (time 20) before row 0 (time 10).
         let mut out = Vec::new();
-        w.ranked(&g, true, 3, |_| true, &mut out);
+        w.ranked(&g, 2, 40, true, 3, |_| true, 10, &mut out);
         assert_eq!(out, vec![1, 0]);
+        w.ranked(&g, 2, 40, true, 3, |_| true, 1, &mut out);
+        assert_eq!(out, vec![1], "a limit keeps the head of the full order");
     }
 
     #[test]
     fn a_passed_deadline_stops_the_walks() {
         let t = tiny();
         let g = view(&t);
-        let wg = WalkGraph::new(&g);
+        let wg = WalkGraph::new(&g).unwrap();
         let mut w = WalkCounts::default();
         let mut rng = Xoshiro256pp::seed_from_u64(3);
         let now = Instant::now();

@@ -9,9 +9,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use headwater::config::ExampleRanker;
 use headwater::format::{Database, GraphView};
 use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
+use headwater::sampler::rankers::Ranker;
 use headwater::sampler::walks::WalkGraph;
 use headwater::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
@@ -67,7 +69,7 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
     let off = view.row_offset;
     let has_label = move |r: u32| label.is_valid((r - off) as usize);
     let g = db.graph();
-    let wg = WalkGraph::new(&g);
+    let wg = WalkGraph::new(&g).unwrap();
     let row_cells: Vec<u16> = m.tables.iter().map(|t| t.columns.len() as u16).collect();
     let p = ExampleParams {
         seq_len: 128,
@@ -81,6 +83,8 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
         seed_cells: row_cells[anchor] as usize,
         has_label: &has_label,
         deadline: None,
+        ranker: Ranker::Walks,
+        walk_salt: 0,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
     let mut out = Vec::new();
@@ -547,6 +551,13 @@ fn a_state_saved_with_another_recipe_is_refused_naming_the_key() {
             },
         ),
         (
+            "example_ranker",
+            SamplerConfig {
+                example_ranker: headwater::config::ExampleRanker::Adaptive,
+                ..cfg()
+            },
+        ),
+        (
             "examples",
             SamplerConfig {
                 examples: false,
@@ -627,4 +638,51 @@ fn in_context_resume_and_replay_are_exact() {
         assert!(same_batch(a, &r), "replay of step {i} differs");
         assert_eq!(a.readings.seqs, r.readings.seqs);
     }
+}
+
+/// `adaptive` walks in blocks and stops once its picks are stable.
+#[test]
+fn the_adaptive_ranker_walks_less_takes_examples_and_keeps_batches_thread_independent() {
+    let sdb = db();
+    let walks = SamplerConfig {
+        num_walks: 2000,
+        ..cfg()
+    };
+    let adaptive = SamplerConfig {
+        example_ranker: ExampleRanker::Adaptive,
+        ..walks.clone()
+    };
+    let steps = |bs: &[MadeBatch]| -> u64 {
+        bs.iter()
+            .flat_map(|b| b.readings.seqs.iter().map(|s| s.walk_steps))
+            .sum()
+    };
+    let full = run(&sdb.db, &walks, 3);
+    let one = run(
+        &sdb.db,
+        &SamplerConfig {
+            num_threads: Some(1),
+            ..adaptive.clone()
+        },
+        3,
+    );
+    let two = run(&sdb.db, &adaptive, 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!(
+            same_batch(a, b),
+            "adaptive batches differ between 1 and 2 threads"
+        );
+    }
+    assert!(one
+        .iter()
+        .any(|b| b.readings.seqs.iter().any(|s| s.examples > 0)));
+    // At most 256 walks of 6 rows per context (5 steps each).
+    let seqs: usize = one.iter().map(|b| b.readings.seqs.len()).sum();
+    assert!(steps(&one) <= 256 * 5 * seqs as u64, "{}", steps(&one));
+    assert!(
+        steps(&one) * 4 < steps(&full),
+        "{} vs {}",
+        steps(&one),
+        steps(&full)
+    );
 }

@@ -23,4 +23,5 @@ mod scratch;
 mod support;
 mod threads;
 mod varlen;
+mod walks;
 mod writer;

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +63,39 @@ def test_bench_times_the_rtj_recipe_and_sampler_sets() -> None:
     bad = subprocess.run([*cmd[:-1], "--sampler-set", "num_walks=-1"], capture_output=True,
                          text=True, check=False)
     assert bad.returncode != 0 and "num_walks" in bad.stderr
+
+
+RECALL_KEYS = {
+    "task", "seeds", "with_examples", "k_mean", "recall", "recall_walks", "steps_per_context",
+    "walks_steps_per_context", "contexts_per_cpu_s", "walks_contexts_per_cpu_s",
+    "batches_per_cpu_s", "walks_batches_per_cpu_s",
+}
+
+
+def test_ranker_recall_is_one_against_itself_and_low_for_a_broken_ranker(tpch: Any) -> None:
+    """``bench --ranker-recall``: its JSON per task, recall 1 for ``walks``
+    on the reference's own generator, and low for ``shuffled`` (the walks'
+    rows in a random order)."""
+    from headwater.bench import run_ranker_recall
+
+    sets = [
+        "examples=true", "local_context_sizes=[32, 64]", "bfs_widths=[4, 8]", "num_walks=300",
+        "walk_length=10", "prefer_latest=[false]", "default_sequence_length=256",
+        "task_weights={order_num_lineitems = 0.0, customer_repeat_order_90d = 0.0}",
+    ]
+    cmd = [sys.executable, "-m", "headwater.cli", "bench", str(tpch.built.path), "--ranker-recall",
+           "--ranker", "shuffled", "--seeds", "50", "--batch-size", "4",
+           *[x for kv in sets for x in ("--sampler-set", kv)]]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ranker"] == "shuffled" and out["seeds"] == 50 and len(out["tasks"]) == 3
+    for t in out["tasks"]:
+        assert set(t) == RECALL_KEYS, t
+        assert t["with_examples"] > 20 and t["k_mean"] >= 1
+        assert t["recall"] < 0.2, t
+        assert t["contexts_per_cpu_s"] > 0 and t["walks_steps_per_context"] > 0
+    recipe = {k: v for k, v in out["sampler_overrides"].items()}
+    same = run_ranker_recall(tpch.built.path, 50, "walks", 4, recipe, same_key=True)
+    for t in same["tasks"]:
+        assert t["with_examples"] > 20 and t["recall"] == 1.0, t

@@ -13,8 +13,10 @@ use std::time::Duration;
 use rayon::prelude::*;
 
 use super::plan::{SamplerCore, TargetPlan};
-use crate::config::bad;
+use crate::config::{bad, ExampleRanker};
 use crate::error::Result;
+use crate::format::GraphView;
+use crate::sampler::rankers::Ranker;
 use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
@@ -65,29 +67,25 @@ impl SamplerCore {
             .dbs
             .iter()
             .map(|d| WalkGraph::new(&d.db.graph()))
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(())
     }
 
-    /// Every context of `jobs` (task `k`) as an in-context context, in
-    /// parallel (`min_len` per job at least); `false` (nothing built) for a
-    /// query task, which only an evaluation pass of a task at weight 0
-    /// reaches (`plan_examples` refuses one at weight > 0): it keeps the
-    /// plain context.
-    pub(super) fn build_in_context(
+    /// The in-context parameters of task `k`, handed to `f` with the
+    /// database's graph; `None` (nothing called) for a query task, which
+    /// keeps plain contexts.
+    pub(super) fn with_example_params<R>(
         &self,
         (k, s): (usize, usize),
-        jobs: &[(u32, u32, i64, u64)],
-        subgraphs: &mut [Subgraph],
-        min_len: usize,
-    ) -> Result<bool> {
+        f: impl FnOnce(&GraphView<'_>, &ExampleParams<'_>) -> R,
+    ) -> Result<Option<R>> {
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
         let db = &*mdb.db;
         let anchor = db.metadata().tasks[plan.local].anchor_table as usize;
         let view = db.table(anchor)?;
         let TargetPlan::Cell { slot } = plan.target else {
-            return Ok(false);
+            return Ok(None);
         };
         let label = &view.columns[slot];
         let off = view.row_offset;
@@ -111,37 +109,60 @@ impl SamplerCore {
             deadline: c
                 .context_deadline_ms
                 .map(|ms| Duration::from_secs_f64(ms / 1e3)),
+            ranker: match c.example_ranker {
+                ExampleRanker::Walks => Ranker::Walks,
+                ExampleRanker::Adaptive => Ranker::Adaptive,
+            },
+            walk_salt: 0,
         };
-        self.pool.install(|| {
-            subgraphs
-                .par_iter_mut()
-                .zip(jobs.par_iter())
-                .with_min_len(min_len)
-                .for_each(|(sub, &(_, row, obs, key))| {
-                    let r = SeqRecipe::draw(
-                        key,
-                        &c.local_context_sizes,
-                        &c.bfs_widths,
-                        &c.prefer_latest,
-                    );
-                    SCRATCH.with(|sc| {
-                        let mut sc = sc.borrow_mut();
-                        let (bs, ex) = &mut **sc;
-                        build_in_context(
-                            &graph,
-                            row,
-                            obs,
+        Ok(Some(f(&graph, &p)))
+    }
+
+    /// Every context of `jobs` (task `k`) as an in-context context, in
+    /// parallel (`min_len` per job at least); `false` (nothing built) for a
+    /// query task, which only an evaluation pass of a task at weight 0
+    /// reaches (`plan_examples` refuses one at weight > 0): it keeps the
+    /// plain context.
+    pub(super) fn build_in_context(
+        &self,
+        (k, s): (usize, usize),
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut [Subgraph],
+        min_len: usize,
+    ) -> Result<bool> {
+        let c = &self.cfg;
+        let built = self.with_example_params((k, s), |graph, p| {
+            self.pool.install(|| {
+                subgraphs
+                    .par_iter_mut()
+                    .zip(jobs.par_iter())
+                    .with_min_len(min_len)
+                    .for_each(|(sub, &(_, row, obs, key))| {
+                        let r = SeqRecipe::draw(
                             key,
-                            &r,
-                            &p,
-                            c.bfs_child_width,
-                            bs,
-                            ex,
-                            sub,
+                            &c.local_context_sizes,
+                            &c.bfs_widths,
+                            &c.prefer_latest,
                         );
+                        SCRATCH.with(|sc| {
+                            let mut sc = sc.borrow_mut();
+                            let (bs, ex) = &mut **sc;
+                            build_in_context(
+                                graph,
+                                row,
+                                obs,
+                                key,
+                                &r,
+                                p,
+                                c.bfs_child_width,
+                                bs,
+                                ex,
+                                sub,
+                            );
+                        });
                     });
-                });
-        });
-        Ok(true)
+            });
+        })?;
+        Ok(built.is_some())
     }
 }

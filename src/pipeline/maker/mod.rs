@@ -23,6 +23,7 @@ mod checks;
 mod draw;
 mod examples;
 mod plan;
+mod recall;
 mod shape;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

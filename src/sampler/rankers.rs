@@ -1,0 +1,168 @@
+//! The example rankers of tier 1 (`example_ranker`, docs/contexts.md):
+//! which rows of the seed's table, best first, a context takes as
+//! examples.
+//!
+//! - `walks`: `num_walks` random walks from the seed, rows by visit count
+//!   (or recency first), RT-J's semantics (`super::walks`).
+//! - `adaptive`: the same walks, run in blocks of [`BLOCK`]; after each
+//!   block the rows the context would take (the first `k` ranked rows it
+//!   does not hold yet, `k` the examples its room fits) are compared with
+//!   the previous block's, and the walks stop once they have stayed the
+//!   same for [`PATIENCE`] blocks, or at [`MAX_WALKS`] (or `num_walks`).
+//!   Same walks, same order: only how many walks run changes.
+//! - `shuffled` (measurement only, never a config value): the rows the
+//!   walks visited in a random order, the broken ranker the recall
+//!   benchmark's test must score low.
+//!
+//! Never: an allocation per context (the ranked list and the signature
+//! are per-worker scratch), or a random draw outside the walk generator
+//! and the sequence's key.
+
+use std::time::Instant;
+
+use super::walks::{WalkCounts, WalkGraph, WalkParams};
+use crate::format::GraphView;
+use crate::rng::{mix64, Xoshiro256pp};
+
+/// Walks between two stability checks of `adaptive` (one round of lanes).
+pub const BLOCK: usize = 64;
+
+/// Checks in a row with the same rows taken before `adaptive` stops.
+pub const PATIENCE: usize = 2;
+
+/// Walks `adaptive` runs at most (fewer when `num_walks` is lower).
+pub const MAX_WALKS: usize = 256;
+
+/// How tier 1 is ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranker {
+    /// Visit counts of all `num_walks` walks.
+    Walks,
+    /// Walks in blocks until the rows taken are stable.
+    Adaptive,
+    /// Visited rows in a random order (a broken ranker, for measurement).
+    Shuffled,
+}
+
+/// What a ranking reads besides the walks.
+pub struct RankArgs<'a, 'g> {
+    /// The database's graph.
+    pub g: &'a GraphView<'g>,
+    /// The seed row (never ranked).
+    pub seed: u32,
+    /// Ranked rows are dated before this or undated.
+    pub bound: i64,
+    /// Recency first.
+    pub prefer_latest: bool,
+    /// The sequence's key (ties, `shuffled`'s order).
+    pub key: u64,
+    /// Ranked rows the fill can read at most.
+    pub limit: usize,
+    /// Examples the context's room fits (`adaptive`'s stable set).
+    pub take: usize,
+    /// Whether a row has a label.
+    pub has_label: &'a (dyn Fn(u32) -> bool + Sync),
+    /// Whether the context holds a row already (it gets no shell).
+    pub held: &'a dyn Fn(u32) -> bool,
+}
+
+/// Rank the examples of one context into `ranked`, best first; `Ok` the
+/// walk steps taken, `Err` those taken before `deadline` passed. `sig` is
+/// scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn rank(
+    ranker: Ranker,
+    walks: &mut WalkCounts,
+    wg: &WalkGraph,
+    wp: &WalkParams,
+    a: &RankArgs<'_, '_>,
+    rng: &mut Xoshiro256pp,
+    deadline: Option<Instant>,
+    ranked: &mut Vec<u32>,
+    sig: &mut Vec<u32>,
+) -> Result<u64, u64> {
+    let label = |r: u32| (a.has_label)(r);
+    let steps = match ranker {
+        Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
+        Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, sig)?,
+    };
+    if ranker == Ranker::Shuffled {
+        walks.ranked(
+            a.g,
+            a.seed,
+            a.bound,
+            false,
+            a.key,
+            label,
+            usize::MAX,
+            ranked,
+        );
+        ranked.sort_unstable_by_key(|&r| mix64(a.key ^ 0x7368_7566 ^ u64::from(r)));
+        ranked.truncate(a.limit);
+    } else {
+        walks.ranked(
+            a.g,
+            a.seed,
+            a.bound,
+            a.prefer_latest,
+            a.key,
+            label,
+            a.limit,
+            ranked,
+        );
+    }
+    Ok(steps)
+}
+
+/// `adaptive`'s walks: blocks of [`BLOCK`] until the rows the context
+/// would take are the same [`PATIENCE`] checks in a row.
+#[allow(clippy::too_many_arguments)]
+fn adaptive(
+    walks: &mut WalkCounts,
+    wg: &WalkGraph,
+    wp: &WalkParams,
+    a: &RankArgs<'_, '_>,
+    rng: &mut Xoshiro256pp,
+    deadline: Option<Instant>,
+    ranked: &mut Vec<u32>,
+    sig: &mut Vec<u32>,
+) -> Result<u64, u64> {
+    walks.reset(wp.table);
+    sig.clear();
+    let label = |r: u32| (a.has_label)(r);
+    let (mut done, mut steps, mut stable) = (0usize, 0u64, 0usize);
+    let most = wp.num_walks.min(MAX_WALKS);
+    while done < most {
+        let n = BLOCK.min(most - done);
+        steps += walks
+            .more(wg, a.seed, wp, n, done, rng, deadline)
+            .map_err(|s| steps + s)?;
+        done += n;
+        walks.ranked(
+            a.g,
+            a.seed,
+            a.bound,
+            a.prefer_latest,
+            a.key,
+            label,
+            a.limit,
+            ranked,
+        );
+        let taken = ranked
+            .iter()
+            .copied()
+            .filter(|&r| !(a.held)(r))
+            .take(a.take);
+        if taken.clone().eq(sig.iter().copied()) {
+            stable += 1;
+            if stable >= PATIENCE {
+                break;
+            }
+        } else {
+            stable = 0;
+            sig.clear();
+            sig.extend(taken);
+        }
+    }
+    Ok(steps)
+}

@@ -1,0 +1,122 @@
+//! The walk graph of the `walks` ranker (`super::walks`): the FK graph as
+//! random walks read it, one record of `u32` words per row, so a walk
+//! chases records and never looks a row id up in a second array.
+
+use crate::error::{Error, Result};
+use crate::format::GraphView;
+
+/// Words of a record before its neighbours: row, parents, children, rank
+/// of the latest child.
+pub(super) const HEAD: usize = 4;
+
+/// The FK graph as random walks read it: one record of `u32` words per row
+/// — `[row, np, nc, last_rank, parent × np, (child, rank) × nc]`, its
+/// parents then its time-sorted children, each named by the offset of its
+/// own record, a child followed by its time rank (an index into `times`,
+/// the sorted distinct child times) — plus a dead record that an
+/// out-of-range row id of a corrupt payload leads to (a walk ends there).
+/// Built once per database when `examples` is on.
+#[derive(Debug, Default)]
+pub struct WalkGraph {
+    pub(super) words: Vec<u32>,
+    /// Record offset of each row.
+    pub(super) at: Vec<u32>,
+    /// Distinct child times, sorted.
+    times: Vec<i64>,
+}
+
+impl WalkGraph {
+    /// The walk graph of `g` (O(rows + edges)); an error when its records
+    /// do not fit `u32` offsets (16 GiB of records).
+    pub fn new(g: &GraphView<'_>) -> Result<Self> {
+        let n = g.num_rows();
+        let mut times: Vec<i64> = g.rev_times.to_vec();
+        times.sort_unstable();
+        times.dedup();
+        let mut at = Vec::with_capacity(n);
+        let mut len = 0u64;
+        for u in 0..n as u32 {
+            at.push(u32::try_from(len).map_err(|_| too_big(len))?);
+            let (ids, _) = g.children(u);
+            len += (HEAD + g.parents(u).len() + 2 * ids.len()) as u64;
+        }
+        let dead = u32::try_from(len).map_err(|_| too_big(len))?;
+        let total = usize::try_from(len + HEAD as u64).map_err(|_| too_big(len))?;
+        let mut words = Vec::with_capacity(total);
+        advise_huge_pages(&words);
+        let rank = |t: i64| times.partition_point(|&x| x < t) as u32;
+        let off = |v: u32| at.get(v as usize).copied().unwrap_or(dead);
+        for u in 0..n as u32 {
+            let parents = g.parents(u);
+            let (ids, ts) = g.children(u);
+            let last = ts.last().map_or(0, |&t| rank(t));
+            words.extend([u, parents.len() as u32, ids.len() as u32, last]);
+            words.extend(parents.iter().map(|&v| off(v)));
+            for (&v, &t) in ids.iter().zip(ts) {
+                words.extend([off(v), rank(t)]);
+            }
+        }
+        words.extend([u32::MAX, 0, 0, 0]);
+        Ok(WalkGraph { words, at, times })
+    }
+
+    /// Bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        (self.words.len() + self.at.len()) * 4 + self.times.len() * 8
+    }
+
+    /// The time rank below which a child is visible at `cutoff`.
+    pub(super) fn visible_rank(&self, cutoff: i64) -> u32 {
+        self.times.partition_point(|&t| t <= cutoff) as u32
+    }
+
+    /// The slot of neighbour `k` of the record at `o` (parents first).
+    #[inline]
+    pub(super) fn slot(&self, o: usize, k: u32) -> usize {
+        let np = self.words[o + 1];
+        o + HEAD + if k < np { k } else { 2 * k - np } as usize
+    }
+
+    /// Children of the record at `o` with a rank below `crank` (a prefix).
+    pub(super) fn visible_children(&self, o: usize, crank: u32) -> u32 {
+        let (np, nc) = (self.words[o + 1], self.words[o + 2] as usize);
+        let first = o + HEAD + np as usize + 1;
+        let (mut lo, mut hi) = (0usize, nc);
+        while lo < hi {
+            let mid = usize::midpoint(lo, hi);
+            if self.words[first + 2 * mid] < crank {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo as u32
+    }
+}
+
+/// Ask for transparent huge pages over the whole 2 MiB pages of `v`'s
+/// buffer, before it is written (a hint: where the kernel's huge pages are
+/// `madvise` or `always`, the faults then map 2 MiB pages, so random steps
+/// over a graph of tens of MiB stop missing the TLB on nearly every read).
+fn advise_huge_pages<T>(v: &Vec<T>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let end = start + v.capacity() * std::mem::size_of::<T>();
+        let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if b > a {
+            // SAFETY: the range lies inside `v`'s allocation; MADV_HUGEPAGE
+            // changes no contents, only how later faults are served.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}
+
+fn too_big(words: u64) -> Error {
+    Error::Resource(format!(
+        "the walk graph of `examples` needs {words} words of records, more than u32 offsets address"
+    ))
+}
