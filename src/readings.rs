@@ -156,6 +156,12 @@ pub struct BatchReadings {
     pub first_batch_ns: u64,
     /// The databases' block checks so far, as the batch was finished.
     pub integrity: IntegrityReadings,
+    /// Distinct tasks among the batch's sequences (1 for a one-task step;
+    /// more with `task_mixing = "sequence"`).
+    pub tasks: u32,
+    /// With several tasks in the batch: (task, seeds drawn for it); empty
+    /// when every seed is of `task`.
+    pub task_seeds: Vec<(u32, u32)>,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

@@ -417,6 +417,45 @@ pub fn collate_text(batch: &mut Batch, text_emb: EmbeddingRows<'_>, map: &mut Fx
     batch.text_batch_embeddings = out;
 }
 
+/// [`collate_text`] for a batch whose sequences come from several
+/// databases: sequence `q`'s text ids are ids of database `seq_db[q]`,
+/// whose embeddings are `text_emb[seq_db[q]]`; a text is shared only
+/// within its database.
+#[allow(clippy::implicit_hasher)] // FxMap is the one hasher used here
+pub fn collate_text_mixed(
+    batch: &mut Batch,
+    text_emb: &[EmbeddingRows<'_>],
+    seq_db: &[u32],
+    map: &mut FxMap<u64, u32>,
+) {
+    let dim = text_emb.first().map_or(batch.text_dim, |e| e.dim);
+    let s = batch.seq_len;
+    map.clear();
+    let mut order: Vec<(u32, u32)> = Vec::new();
+    for p in 0..batch.semantic_types.len() {
+        if batch.semantic_types[p] == 4 && batch.is_null[p] == 0 && batch.is_padding[p] == 0 {
+            let (d, g) = (seq_db[p / s], batch.text_embed_ids[p]);
+            let next = order.len() as u32;
+            let local = *map
+                .entry(u64::from(d) << 32 | u64::from(g))
+                .or_insert_with(|| {
+                    order.push((d, g));
+                    next
+                });
+            batch.text_embed_ids[p] = local;
+        }
+    }
+    let mut out = Vec::with_capacity(order.len() * dim);
+    for &(d, g) in &order {
+        match text_emb.get(d as usize).and_then(|e| e.row(g as usize)) {
+            Some(e) => out.extend_from_slice(e),
+            None => out.resize(out.len() + dim, f16::ZERO),
+        }
+    }
+    batch.num_text = order.len();
+    batch.text_batch_embeddings = out;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

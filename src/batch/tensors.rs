@@ -150,7 +150,12 @@ pub struct TensorSpec {
 /// per sequence) and `segment_seeds` (each segment's seed; `u32::MAX` in
 /// unused slots; without `pack`, `K = 1`), then `db_idx` (the batch's
 /// database: its index in the sampler's mixture, 0 for a single database;
-/// `task_idx` is the task's index among the mixture's tasks).
+/// `task_idx` is the task's index among the mixture's tasks), then the
+/// per-sequence forms of the per-batch target tensors, `[B]` each:
+/// `seq_task_idx`, `seq_target_stype`, `seq_cat_emb_start`,
+/// `seq_cat_emb_count`, `seq_db_idx` (a sequence's segments share its task,
+/// so `[B]` is per target too; with `task_mixing = "sequence"` they differ
+/// between sequences and the one-value forms are sequence 0's).
 pub static TENSORS: &[TensorSpec] = &[
     TensorSpec {
         name: "semantic_types",
@@ -287,6 +292,31 @@ pub static TENSORS: &[TensorSpec] = &[
         dtype: Dtype::U32,
         shape: Shape::One,
     },
+    TensorSpec {
+        name: "seq_task_idx",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_target_stype",
+        dtype: Dtype::U8,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_cat_emb_start",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_cat_emb_count",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_db_idx",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.
@@ -390,6 +420,11 @@ impl Batch {
             TensorData::U8(self.target_count),
             TensorData::U32(self.segment_seeds),
             TensorData::U32(vec![self.db_idx]),
+            TensorData::U32(self.seq_task_idx),
+            TensorData::U8(self.seq_target_stype),
+            TensorData::U32(self.seq_cat_emb_start),
+            TensorData::U32(self.seq_cat_emb_count),
+            TensorData::U32(self.seq_db_idx),
         ];
         TENSORS
             .iter()
@@ -418,7 +453,7 @@ mod tests {
         assert_eq!(batch_keys().len(), 20);
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS + 1].name, "seq_valid");
-        assert_eq!(TENSORS.last().map(|t| t.name), Some("db_idx"));
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("seq_db_idx"));
         let mut p = Batch::zeroed_packed(2, 5, 3, 4, 8);
         p.num_text = 0;
         for (spec, shape, data) in p.into_tensors() {

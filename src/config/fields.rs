@@ -113,6 +113,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "how the task of each batch is chosen",
     },
     FieldDoc {
+        name: "task_mixing",
+        ty: "str",
+        range: "\"step\" or \"sequence\"; \"sequence\" needs pack off",
+        doc: "step: one task per step on every rank (task_pick); sequence: each sequence draws its own (database, task) by the task weights, so a batch mixes tasks and target types (per-sequence seq_* tensors; task_pick round_robin cycles over the sequences)",
+    },
+    FieldDoc {
         name: "database_weights",
         ty: "list[float] | dict[str, float] | None",
         range: "None, one finite weight >= 0 per database (the order given), or {database name: weight} (unlisted databases keep 1); at least one > 0",

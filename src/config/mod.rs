@@ -43,6 +43,17 @@ pub enum TaskPick {
     RoundRobin,
 }
 
+/// Whether a step has one task or each sequence draws its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMixing {
+    /// One task per step (on every rank), picked by `task_pick`.
+    #[default]
+    Step,
+    /// Each sequence draws its own (database, task) by the task weights.
+    Sequence,
+}
+
 /// How tier-1 examples of an in-context context are ranked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -106,6 +117,9 @@ pub struct SamplerConfig {
     pub task_weights: Option<TaskWeights>,
     /// How the task of each batch is chosen.
     pub task_pick: TaskPick,
+    /// One task per step (`step`, the default) or per sequence
+    /// (`sequence`: a batch mixes tasks, and databases of a mixture).
+    pub task_mixing: TaskMixing,
     /// Database weights of a mixture (a list in the order the databases
     /// were given, or `{database name: weight}`); `None` = uniform.
     pub database_weights: Option<TaskWeights>,
@@ -224,6 +238,7 @@ impl Default for SamplerConfig {
             pack_factor: 0,
             task_weights: None,
             task_pick: TaskPick::Weighted,
+            task_mixing: TaskMixing::Step,
             database_weights: None,
             telemetry_top_databases: 8,
             telemetry_databases: Vec::new(),

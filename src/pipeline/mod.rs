@@ -454,10 +454,14 @@ impl Sampler {
                 d.step
             )));
         }
-        d.advance(
-            b.task_idx as usize,
-            core.seeds_per_step(b.task_idx as usize),
-        );
+        if b.drawn.is_empty() {
+            d.advance(
+                b.task_idx as usize,
+                core.seeds_per_step(b.task_idx as usize),
+            );
+        } else {
+            d.advance_counts(&b.drawn);
+        }
         Ok(true)
     }
 

@@ -290,6 +290,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::TotalSeq(|_, s| f64::from(s.deadline_hits)),
     },
     MetricDef {
+        key: "context/tasks_per_batch",
+        reduction: Max,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_context_tasks_per_batch",
+        prometheus_type: Gauge,
+        unit: "tasks",
+        help: "distinct tasks among the last batch's sequences (1 with task_mixing = step; each task's share: its per-task seeds counter, which counts each sequence under its own task)",
+        measure: Measure::Last(|r| f64::from(r.batch.tasks)),
+    },
+    MetricDef {
         key: "queue/depth_min",
         reduction: Min,
         buckets: None,

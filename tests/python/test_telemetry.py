@@ -686,6 +686,7 @@ EXTRA_REDUCTIONS = {
     "context/examples_per_sequence": "HISTOGRAM",
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
+    "context/tasks_per_batch": "MAX",
 }
 
 
@@ -781,6 +782,7 @@ PROM_GAUGES = {
     "headwater_mixture_steps_since_pick_worst_index": "databases/steps_since_pick_worst",
     "headwater_mixture_remaining_fraction_min_ratio": "databases/remaining_fraction_min",
     "headwater_mixture_remaining_fraction_worst_index": "databases/remaining_fraction_worst",
+    "headwater_context_tasks_per_batch": "context/tasks_per_batch",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",

@@ -326,6 +326,15 @@ def _contexts() -> list[PanelBuilder]:
             unit="cps",
             span=8,
         ),
+        _timeseries(
+            "Tasks per batch",
+            "Distinct tasks among a batch's sequences, most on any rank (each task's share: "
+            "the per-task seeds panel). Healthy: 1 with task_mixing = step; with sequence, "
+            "about the tasks with weight > 0. Pathological: 1 with task_mixing = sequence "
+            "(one task has all the weight, or the others have no seeds in the split).",
+            [Q(across("context/tasks_per_batch"), "tasks")],
+            span=8,
+        ),
     ]
 
 

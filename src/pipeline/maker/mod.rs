@@ -18,10 +18,12 @@
 //! What a batch's producer measured travels beside it
 //! ([`MadeBatch::readings`]), never inside the `Batch`.
 
+mod assembly;
 mod build;
 mod checks;
 mod draw;
 mod examples;
+mod mixing;
 mod plan;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -42,7 +42,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SamplerConfig, TaskPick};
+use crate::config::{SamplerConfig, TaskMixing, TaskPick};
 use crate::error::Result;
 use crate::seeds::MixWindow;
 use crate::seeds::Split;
@@ -101,6 +101,22 @@ impl StreamState {
         self.step += 1;
     }
 
+    /// Record that `step` (the current one) drew its sequences' own tasks
+    /// (`task_mixing = "sequence"`): `counts` holds (task, global pool
+    /// positions consumed over every rank). The mix window records one
+    /// pick per sequence.
+    pub fn advance_counts(&mut self, counts: &[(u32, u64)]) {
+        for &(k, n) in counts {
+            let k = k as usize;
+            self.drawn[k] += n;
+            self.last_picked[k] = Some(self.step);
+            for _ in 0..n {
+                self.mix.push(k as u32);
+            }
+        }
+        self.step += 1;
+    }
+
     /// Continue with `world_size` ranks from the current step on.
     pub fn reshard(&mut self, world_size: u32) {
         if self.world_size_at(self.step) == world_size {
@@ -153,6 +169,10 @@ pub struct StreamConfig {
     /// (so an unpacked stream does not depend on the ignored value).
     #[serde(default = "one")]
     pub pack_factor: usize,
+    /// One task per step or per sequence (absent in states saved before
+    /// mixing existed: per step).
+    #[serde(default)]
+    pub task_mixing: TaskMixing,
 }
 
 fn one() -> usize {
@@ -178,6 +198,7 @@ impl StreamConfig {
             pool_fraction: cfg.pool_fraction,
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
+            task_mixing: cfg.task_mixing,
         }
     }
 
@@ -294,7 +315,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 14, "{keys:?}");
+        assert_eq!(keys.len(), 15, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),
