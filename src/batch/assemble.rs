@@ -461,6 +461,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mixed_collation_keeps_each_databases_texts_apart() {
+        // Two sequences of 3 cells, sequence 0 from database 0 and sequence
+        // 1 from database 1; text id 1 exists in both with different
+        // embeddings, text id 0 twice in database 0.
+        let e0: Vec<f16> = [1.0, 2.0, 3.0, 4.0].map(f16::from_f32).to_vec();
+        let e1: Vec<f16> = [5.0, 6.0, 7.0, 8.0].map(f16::from_f32).to_vec();
+        let rows = [
+            EmbeddingRows::unchecked(&e0, 2),
+            EmbeddingRows::unchecked(&e1, 2),
+        ];
+        let mut b = Batch::zeroed(2, 3, 1, 2);
+        b.semantic_types = vec![4, 4, 4, 4, 0, 4];
+        b.text_embed_ids = vec![1, 0, 0, 1, 0, 0];
+        b.is_padding = vec![0; 6];
+        let mut map = FxMap::default();
+        collate_text_mixed(&mut b, &rows, &[0, 1], &mut map);
+        assert_eq!(b.num_text, 4, "db0:1, db0:0, db1:1, db1:0");
+        assert_eq!(b.text_embed_ids, vec![0, 1, 1, 2, 0, 3]);
+        let got: Vec<f32> = b.text_batch_embeddings.iter().map(|x| x.to_f32()).collect();
+        assert_eq!(got, vec![3.0, 4.0, 1.0, 2.0, 7.0, 8.0, 5.0, 6.0]);
+        // One database: the same result as the one-database collation.
+        let mut a = Batch::zeroed(2, 3, 1, 2);
+        a.semantic_types = vec![4, 4, 4, 4, 0, 4];
+        a.text_embed_ids = vec![1, 0, 0, 1, 0, 0];
+        a.is_padding = vec![0; 6];
+        let mut one = a.clone();
+        collate_text_mixed(&mut a, &rows[..1], &[0, 0], &mut map);
+        collate_text(&mut one, rows[0], &mut FxMap::default());
+        assert_eq!(a.text_embed_ids, one.text_embed_ids);
+        assert_eq!(a.text_batch_embeddings, one.text_batch_embeddings);
+    }
+
+    #[test]
     fn column_order_is_the_column_then_position_sort() {
         let mut rng = crate::rng::Xoshiro256pp::seed_from_u64(8);
         let mut s = AssembleScratch::default();

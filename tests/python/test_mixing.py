@@ -37,16 +37,18 @@ def db(tmp_path_factory: pytest.TempPathFactory, small_data: SmallData) -> Path:
     return build_small_db(tmp_path_factory.mktemp("mixing"), small_data).path
 
 
-def _sampler(db: Path, **kw: Any) -> Any:
-    cfg: dict[str, Any] = {
+def _cfg() -> dict[str, Any]:
+    return {
         "default_batch_size": B,
         "default_sequence_length": S,
         "task_mixing": "sequence",
         "num_threads": 1,
         "telemetry": False,
     }
-    cfg.update(kw)
-    return N.Sampler(db, **cfg)
+
+
+def _sampler(db: Path, **kw: Any) -> Any:
+    return N.Sampler(db, **{**_cfg(), **kw})
 
 
 def _batches(db: Path, n: int, **kw: Any) -> list[dict[str, np.ndarray]]:
@@ -258,3 +260,24 @@ def test_a_few_train_steps_on_mixed_batches_stay_finite(db: Path) -> None:
         dev = DV.batch_to_device(b, text_rows=text_rows, fk_rows=fk_rows)
         params, state, metrics = step(params, state, dev, col, cat)
         assert np.isfinite(float(metrics["loss"])), metrics
+
+
+def test_a_mixed_batch_spans_the_databases_of_a_mixture(db: Path) -> None:
+    names, w = _weights(db)
+    both = w + w  # the mixture's tasks: the first copy's, then the second's
+    got = []
+    for threads in (1, 2):
+        s = N.Sampler([db, db], **{**_cfg(), "task_weights": both, "num_threads": threads})
+        try:
+            got.append([s.next_train_batch() for _ in range(4)])
+        finally:
+            s.shutdown()
+    for b in got[0]:
+        dbs = b["seq_db_idx"]
+        assert set(dbs.tolist()) == {0, 1}
+        np.testing.assert_array_equal(dbs, (b["seq_task_idx"] >= len(names)).astype(np.uint32))
+        text = (b["semantic_types"] == 4) & (b["is_null"] == 0) & (b["is_padding"] == 0)
+        assert b["text_embed_ids"][text].max() < b["text_batch_embeddings"].shape[0]
+    for a, b in zip(*got, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
