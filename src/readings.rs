@@ -94,6 +94,8 @@ pub struct SeqReadings {
     /// With `examples`: 1 when the build passed `context_deadline_ms` and
     /// was replaced by the seed's plain BFS context.
     pub deadline_hits: u32,
+    /// With `mask_prob_max > 0`: cells masked as extra targets.
+    pub masked_cells: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].

@@ -174,6 +174,7 @@ pub fn assemble_sequence(
         examples: sub.example_rows.len() as u32,
         walk_steps: sub.walk_steps,
         deadline_hits: sub.deadline_hits,
+        masked_cells: 0,
     }
 }
 

@@ -127,6 +127,18 @@ pub struct Batch {
     pub seq_cat_emb_count: Vec<u32>,
     /// `[B]` each sequence's database (mixture index).
     pub seq_db_idx: Vec<u32>,
+    /// M: masked-cell target slots per sequence (0 without masking).
+    pub mask_slots: usize,
+    /// `[B, S]` 1 at a masked cell (an extra target; `is_target` is 1 too).
+    pub is_masked: Vec<u8>,
+    /// `[B, M]` position of each masked cell (0 past `mask_count`).
+    pub mask_pos: Vec<u16>,
+    /// `[B]` masked cells per sequence.
+    pub mask_count: Vec<u16>,
+    /// `[B, M]` first category id of a masked categorical cell's column.
+    pub mask_cat_start: Vec<u32>,
+    /// `[B, M]` categories of a masked categorical cell's column.
+    pub mask_cat_count: Vec<u32>,
     /// Global pool positions this step consumed per task (mixture index,
     /// positions over every rank), when the step's sequences drew their own
     /// tasks (`task_mixing = "sequence"`); empty for a one-task step.
@@ -185,6 +197,12 @@ impl Batch {
             seq_cat_emb_start: vec![0; b],
             seq_cat_emb_count: vec![0; b],
             seq_db_idx: vec![0; b],
+            mask_slots: 0,
+            is_masked: vec![0; n],
+            mask_pos: Vec::new(),
+            mask_count: vec![0; b],
+            mask_cat_start: Vec::new(),
+            mask_cat_count: Vec::new(),
             drawn: Vec::new(),
         }
     }

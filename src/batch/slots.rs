@@ -150,6 +150,8 @@ impl Batch {
         batch.seq_cat_emb_start = vec![0; b];
         batch.seq_cat_emb_count = vec![0; b];
         batch.seq_db_idx = vec![0; b];
+        batch.is_masked = vec![0; n];
+        batch.mask_count = vec![0; b];
         batch
     }
 

@@ -206,7 +206,7 @@ pub static FIELDS: &[FieldDoc] = &[
         name: "mask_prob_max",
         ty: "float",
         range: "a number in [0, 1]",
-        doc: "with examples: highest per-sequence probability of masking a cell (validated only: masking is not built yet)",
+        doc: "highest per-sequence probability of masking a cell: each training sequence draws p uniformly in [0, mask_prob_max] and masks each visible non-null cell of a decodable type (not text, not the seed's target) with probability p, as an extra target (is_masked, mask_pos; at most ceil(mask_prob_max x S) per sequence); 0 = no masking (docs/contexts.md)",
     },
     FieldDoc {
         name: "example_ranker",

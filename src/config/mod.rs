@@ -278,6 +278,19 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Masked-cell target slots per sequence (`M`): `ceil(mask_prob_max ·
+    /// S)`, 0 without masking. A sequence masks at most `M` cells.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    pub fn mask_slots(&self) -> usize {
+        (self.mask_prob_max * self.default_sequence_length as f64).ceil() as usize
+    }
+}
+
+impl SamplerConfig {
     /// Deserialise a JSON object of keys (missing keys keep their defaults).
     /// Unknown keys and values of the wrong type are [`Error::Config`]
     /// naming the key, the value and the allowed range. Does not validate.

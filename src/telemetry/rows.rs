@@ -290,6 +290,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::TotalSeq(|_, s| f64::from(s.deadline_hits)),
     },
     MetricDef {
+        key: "context/masked_cells",
+        reduction: Hist,
+        buckets: Some(B::Pow2UpToS),
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_context_masked_cells",
+        prometheus_type: PHist,
+        unit: "cells",
+        help: "with mask_prob_max > 0: cells masked as extra targets per sequence (their share of the sequence: divide by its cells)",
+        measure: Measure::SampleSeq(|_, s| f64::from(s.masked_cells)),
+    },
+    MetricDef {
         key: "context/tasks_per_batch",
         reduction: Max,
         buckets: None,

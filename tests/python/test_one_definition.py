@@ -264,8 +264,16 @@ def test_batch_keys_are_the_native_list() -> None:
         s.shutdown()
     packing = ["segment_ids", "target_pos", "target_count", "segment_seeds"]
     per_seq = ["seq_task_idx", "seq_target_stype", "seq_cat_emb_start", "seq_cat_emb_count"]
+    masked = ["is_masked", "mask_pos", "mask_count", "mask_cat_start", "mask_cat_count"]
     assert list(b) == [
-        *N.BATCH_KEYS, "fingerprint", "seq_valid", *packing, "db_idx", *per_seq, "seq_db_idx"
+        *N.BATCH_KEYS,
+        "fingerprint",
+        "seq_valid",
+        *packing,
+        "db_idx",
+        *per_seq,
+        "seq_db_idx",
+        *masked,
     ]
     for one in ("task_idx", "target_stype", "cat_emb_start", "cat_emb_count", "db_idx"):
         assert (b[f"seq_{one}"] == b[one][0]).all(), f"a one-task batch: seq_{one} is {one}"

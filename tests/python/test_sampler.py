@@ -86,6 +86,11 @@ def test_native_tensor_list_is_the_contract() -> None:
         "seq_cat_emb_start": (("B",), "uint32"),
         "seq_cat_emb_count": (("B",), "uint32"),
         "seq_db_idx": (("B",), "uint32"),
+        "is_masked": (("B", "S"), "uint8"),
+        "mask_pos": (("B", "M"), "uint16"),
+        "mask_count": (("B",), "uint16"),
+        "mask_cat_start": (("B", "M"), "uint32"),
+        "mask_cat_count": (("B", "M"), "uint32"),
     }
     assert got == {**want, **extra}
     assert list(got) == [*N.BATCH_KEYS, *extra] == [*LAYOUT, *extra]

@@ -687,6 +687,7 @@ EXTRA_REDUCTIONS = {
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
     "context/tasks_per_batch": "MAX",
+    "context/masked_cells": "HISTOGRAM",
 }
 
 
@@ -727,11 +728,12 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
     # The histograms bucket up to S (a sequence holds at most S rows,
-    # segments or example rows).
+    # segments, example rows or masked cells).
     assert diff(base, seq) == {
         P + "bfs/rows",
         P + "packing/segments_per_sequence",
         P + "context/examples_per_sequence",
+        P + "context/masked_cells",
     }
     assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
     assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
@@ -816,6 +818,7 @@ PROM_HISTS = {
     "headwater_stage_total_seconds": "stage/total_seconds",
     "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
     "headwater_context_examples_per_sequence": "context/examples_per_sequence",
+    "headwater_context_masked_cells": "context/masked_cells",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
 #: Seconds per batch exported as latency histograms (the drain keeps their sums).

@@ -327,6 +327,18 @@ def _contexts() -> list[PanelBuilder]:
             span=8,
         ),
         _timeseries(
+            "Masked cells per sequence p50/p95",
+            "Cells masked as extra targets per sequence (mask_prob_max), from the "
+            "cluster-merged buckets. Healthy: 0 without masking; with it, about "
+            "mask_prob_max / 2 of a sequence's cells. Pathological: most of the sequence "
+            "(contexts that are mostly targets leave the model little to read).",
+            [
+                Q(quantile(0.5, "context/masked_cells"), "p50"),
+                Q(quantile(0.95, "context/masked_cells"), "p95"),
+            ],
+            span=8,
+        ),
+        _timeseries(
             "Tasks per batch",
             "Distinct tasks among a batch's sequences, most on any rank (each task's share: "
             "the per-task seeds panel). Healthy: 1 with task_mixing = step; with sequence, "

@@ -121,11 +121,21 @@ SEGMENT_KEYS: tuple[str, ...] = tuple(
 )
 #: The per-sequence forms of the per-batch target tensors the model reads
 #: (each sequence's target type and categorical window: a batch may mix
-#: tasks, ``task_mixing = "sequence"``).
+#: tasks, ``task_mixing = "sequence"``) and the masked-cell targets
+#: (``mask_prob_max``; :mod:`headwater.train.targets`).
 TARGET_KEYS: tuple[str, ...] = tuple(
     t["name"]
     for t in _native.batch_tensors()
-    if t["name"] in ("seq_target_stype", "seq_cat_emb_start", "seq_cat_emb_count")
+    if t["name"]
+    in (
+        "seq_target_stype",
+        "seq_cat_emb_start",
+        "seq_cat_emb_count",
+        "mask_pos",
+        "mask_count",
+        "mask_cat_start",
+        "mask_cat_count",
+    )
 )
 #: Every tensor the model reads, in the native list's order.
 MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS + TARGET_KEYS
@@ -438,8 +448,10 @@ def forward(
     cat_emb: jax.Array,
     cfg: ModelConfig,
 ) -> dict[str, jax.Array]:
-    """Decoder outputs (float32) at each target cell, ``N = B·K`` of them
-    (sequence-major; ``K = 1`` unpacked, so ``N = B``).
+    """Decoder outputs (float32) at each target cell, ``N = B·(K+M)`` of
+    them (sequence-major: each sequence's ``K`` segment targets, ``K = 1``
+    unpacked, then its ``M`` masked-cell slots, ``M = 0`` by default;
+    :mod:`headwater.train.targets`).
 
     ``numeric [N]``, ``boolean [N]`` (logit), ``timestamp [N, 15]``,
     ``categorical [N, max_categories]`` (logits, invalid slots ``-1e9``),

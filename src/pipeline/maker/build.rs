@@ -166,6 +166,9 @@ impl SamplerCore {
         }
         batch.split = split;
         batch.step = step;
+        if self.cfg.mask_prob_max > 0.0 {
+            self.mask_cells(&mut made, super::derive(key, &[u64::from(rank), MASK_TAG]));
+        }
         Ok(made)
     }
 
@@ -426,6 +429,9 @@ impl SamplerCore {
         (seq_seeds, start)
     }
 }
+
+/// Tags the masking keys apart from a step's other keys.
+const MASK_TAG: u64 = 0x6D61_736B;
 
 /// Wall time of each stage (`crate::readings::stage`) from its marks.
 fn stage_times(t0: Instant, t_bfs: Instant, t_asm: Instant, t_end: Instant) -> [u64; 4] {

@@ -49,7 +49,7 @@ impl SplitState {
         crate::batch::batch_bytes(
             cfg.default_batch_size,
             cfg.default_sequence_length,
-            slots,
+            (slots, cfg.mask_slots()),
             r,
             u,
             dim,

@@ -23,6 +23,7 @@ mod build;
 mod checks;
 mod draw;
 mod examples;
+mod masking;
 mod mixing;
 mod plan;
 
