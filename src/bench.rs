@@ -34,6 +34,13 @@ pub struct BenchRun {
     pub cells_per_s: f64,
     /// Seeds (contexts) per second.
     pub seeds_per_s: f64,
+    /// Sequence positions (`B·S`, padding included: the token budget
+    /// delivered) per second.
+    pub tokens_per_s: f64,
+    /// Process CPU seconds (every thread) over the timed batches.
+    pub cpu_seconds: f64,
+    /// Sequence positions per process CPU second.
+    pub tokens_per_cpu_s: f64,
     /// Whether several seeds' contexts were packed per sequence.
     pub pack: bool,
     /// `pack_factor` with `pack` (0: per task; `seeds_per_s / batches_per_s / B`
@@ -129,9 +136,11 @@ pub fn bench_run(
         std::thread::sleep(std::time::Duration::from_secs_f64(-late));
     }
     let t0 = Instant::now();
+    let cpu0 = crate::probes::process_cpu_ns();
     // Timed to the last counted batch (the builds still in flight after it
     // are finished but not counted).
     let mut t_last = t0;
+    let mut cpu_last = cpu0;
     let stop_after = window.map(|w| w.stop - w.start);
     let depth = if steps == 0 && window.is_none() {
         0
@@ -161,6 +170,7 @@ pub fn bench_run(
             }
             tally.add(&b);
             t_last = Instant::now();
+            cpu_last = crate::probes::process_cpu_ns();
             stop_after.is_some() || tally.made < steps
         },
     );
@@ -171,6 +181,7 @@ pub fn bench_run(
         Some(span) => span,
         None => (t_last - t0).as_secs_f64(),
     };
+    tally.cpu_ns = cpu_last.saturating_sub(cpu0);
     Ok(tally.run(&core, threads, telemetry, secs, first_batch_seconds))
 }
 
@@ -185,6 +196,7 @@ fn invalid_window(what: String) -> crate::error::Error {
 #[derive(Default)]
 struct Tally {
     telemetry_ns: u64,
+    cpu_ns: u64,
     stage: [u64; 4],
     cells: u64,
     slots: u64,
@@ -225,6 +237,9 @@ impl Tally {
             batches_per_s: made as f64 / secs,
             cells_per_s: self.cells as f64 / secs,
             seeds_per_s: self.seeds as f64 / secs,
+            tokens_per_s: self.slots as f64 / secs,
+            cpu_seconds: self.cpu_ns as f64 / 1e9,
+            tokens_per_cpu_s: self.slots as f64 * 1e9 / self.cpu_ns.max(1) as f64,
             pack: core.cfg.pack,
             segments: core.cfg.segments_per_sequence(),
             contexts_cut: self.cut as f64 / self.seeds.max(1) as f64,

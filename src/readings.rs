@@ -96,6 +96,9 @@ pub struct SeqReadings {
     pub deadline_hits: u32,
     /// With `mask_prob_max > 0`: cells masked as extra targets.
     pub masked_cells: u32,
+    /// With `examples`: 1 when the context, built in time, holds no example
+    /// (no eligible row of the seed's table, or no room after tier 0).
+    pub no_examples: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].
@@ -119,7 +122,8 @@ pub struct BatchReadings {
     pub db: u32,
     /// Seeds drawn (`B`, or more with `pack`).
     pub seeds: u32,
-    /// Sequence length `S` of the batch.
+    /// Sequence length `S` of the batch (the step's draw from
+    /// `sequence_lengths`, else `default_sequence_length`).
     pub seq_len: u32,
     /// Pool and mix state right after the batch's seeds were drawn.
     pub draw: DrawReadings,

@@ -219,6 +219,8 @@ class Sampler:
         num_prefetch: int = 3,
         default_batch_size: int = 32,
         default_sequence_length: int = 1024,
+        sequence_lengths: list[int] | tuple[int, ...] = (),
+        tokens_per_batch: int | None = None,
         bfs_child_width: int = 16,
         max_hops: int = 3,
         pack: bool = False,

@@ -69,6 +69,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         presets = a.model.split(",")
         print(json.dumps(run_step_bench(path, presets, a.batch_size, a.seq_len, sets, a.rounds)))
         return 0
+    if a.sequence_lengths:
+        return _bench_varlen(a)
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
     overrides: dict[str, Any] = {}
@@ -100,6 +102,34 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         sampler_overrides=overrides or None,
     )
     print(json.dumps(r) if a.json else format_bench(r))
+    return 0
+
+
+def _bench_varlen(a: argparse.Namespace) -> int:
+    """``bench --sequence-lengths``: variable against fixed S at one token budget."""
+    from headwater.bench_varlen import format_varlen_bench, run_varlen_bench
+    from headwater.train.origins import toml_value
+
+    if not a.tokens_per_batch:
+        raise SystemExit("--sequence-lengths needs --tokens-per-batch")
+    overrides = {}
+    for kv in a.sampler_set:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--sampler-set {kv!r}: expected KEY=VALUE")
+        overrides[key.strip()] = toml_value(value.strip())
+    r = run_varlen_bench(
+        a.db,
+        [int(x) for x in a.sequence_lengths.split(",")],
+        a.tokens_per_batch,
+        a.seq_len,
+        int(a.threads.split(",")[0]) if a.threads else 1,
+        a.steps,
+        a.warmup,
+        a.rounds,
+        overrides,
+    )
+    print(json.dumps(r) if a.json else format_varlen_bench(r))
     return 0
 
 
@@ -353,6 +383,7 @@ def _add_bench(sub: Sub) -> None:
     )
     _add_examples_args(pb)
     _add_step_bench_args(pb)
+    _add_varlen_args(pb)
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
 
@@ -373,6 +404,21 @@ def _add_examples_args(pb: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a sampler key (TOML value) set in the thread-count runs, after --examples "
         "(repeatable), e.g. --sampler-set num_walks=1000",
+    )
+
+
+def _add_varlen_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --sequence-lengths``: variable against fixed S (:mod:`headwater.bench_varlen`)."""
+    pb.add_argument(
+        "--sequence-lengths",
+        help="comma-separated S values: time variable length (each step draws its S, "
+        "B = --tokens-per-batch / S) against fixed S = --seq-len at the same budget, alternating "
+        "--rounds, on the first --threads count (default 1); --sampler-set applies to both",
+    )
+    pb.add_argument(
+        "--tokens-per-batch",
+        type=int,
+        help="with --sequence-lengths: cells per batch (B x S), e.g. 131072",
     )
 
 

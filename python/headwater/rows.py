@@ -106,6 +106,8 @@ class SamplerConfigDict(TypedDict):
     num_prefetch: int
     default_batch_size: int
     default_sequence_length: int
+    sequence_lengths: list[int]
+    tokens_per_batch: int | None
     bfs_child_width: int
     max_hops: int
     pack: bool
@@ -176,6 +178,9 @@ class BenchRun(TypedDict):
     batches_per_s: float
     cells_per_s: float
     seeds_per_s: float
+    tokens_per_s: float
+    cpu_seconds: float
+    tokens_per_cpu_s: float
     pack: bool
     segments: int
     contexts_cut: float

@@ -175,6 +175,10 @@ pub fn assemble_sequence(
         walk_steps: sub.walk_steps,
         deadline_hits: sub.deadline_hits,
         masked_cells: 0,
+        // Tier 0 is non-empty exactly when the context was built in-context.
+        no_examples: u32::from(
+            sub.tier_cells[0] > 0 && sub.example_rows.is_empty() && sub.deadline_hits == 0,
+        ),
     }
 }
 

@@ -77,6 +77,18 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "cells per sequence (S)",
     },
     FieldDoc {
+        name: "sequence_lengths",
+        ty: "list[int]",
+        range: "[] (every step has S = default_sequence_length), or a list of distinct integers in 1..=65535 (cell positions are u16), with tokens_per_batch set and pack off",
+        doc: "variable length: each step of the train stream draws its S from this list, uniformly and deterministically from (seed, step), the same on every rank; the step has B = tokens_per_batch / S sequences per rank (the val stream and evaluation passes keep default_batch_size x default_sequence_length)",
+    },
+    FieldDoc {
+        name: "tokens_per_batch",
+        ty: "int | None",
+        range: "None (without sequence_lengths), or with sequence_lengths an integer divisible by every listed length, at least the longest (one sequence) and at most 65536 x the shortest",
+        doc: "with sequence_lengths: cells per rank per step (B x S), fixed while S varies (RT-J's token budget per device)",
+    },
+    FieldDoc {
         name: "bfs_child_width",
         ty: "int",
         range: "an integer in 1..=2^64-1",
@@ -175,13 +187,13 @@ pub static FIELDS: &[FieldDoc] = &[
     FieldDoc {
         name: "local_context_sizes",
         ty: "list[int]",
-        range: "with examples: a non-empty list of integers in 1..=default_sequence_length",
+        range: "with examples: a non-empty list of integers in 1..=the longest S (the larger of default_sequence_length and the largest of sequence_lengths; a value above a batch's S is clamped to it)",
         doc: "with examples: each sequence draws the cell budget of its seed's BFS (tier 0) and of each example's BFS shell from this list",
     },
     FieldDoc {
         name: "bfs_widths",
         ty: "list[int]",
-        range: "with examples: a non-empty list of integers in 1..=default_sequence_length",
+        range: "with examples: a non-empty list of integers in 1..=the longest S (the larger of default_sequence_length and the largest of sequence_lengths)",
         doc: "with examples: each sequence draws its BFS child width (tiers 0 and 1) from this list (replaces bfs_child_width)",
     },
     FieldDoc {

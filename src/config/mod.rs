@@ -101,6 +101,12 @@ pub struct SamplerConfig {
     pub default_batch_size: usize,
     /// Cells per sequence (S).
     pub default_sequence_length: usize,
+    /// Variable length: each stream step draws its `S` from this list
+    /// (`SamplerCore::step_shape`); empty = every step has
+    /// `default_sequence_length`.
+    pub sequence_lengths: Vec<usize>,
+    /// With `sequence_lengths`: cells per rank per step, `B = tokens / S`.
+    pub tokens_per_batch: Option<usize>,
     /// At most this many children sampled per row per hop.
     pub bfs_child_width: usize,
     /// BFS hops from the seed row.
@@ -232,6 +238,8 @@ impl Default for SamplerConfig {
             num_prefetch: 3,
             default_batch_size: 32,
             default_sequence_length: 1024,
+            sequence_lengths: Vec::new(),
+            tokens_per_batch: None,
             bfs_child_width: 16,
             max_hops: 3,
             pack: false,
@@ -286,7 +294,17 @@ impl SamplerConfig {
         clippy::cast_precision_loss
     )]
     pub fn mask_slots(&self) -> usize {
-        (self.mask_prob_max * self.default_sequence_length as f64).ceil() as usize
+        self.mask_slots_at(self.default_sequence_length)
+    }
+
+    /// [`mask_slots`](Self::mask_slots) of a step of `s` cells per sequence.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    pub fn mask_slots_at(&self, s: usize) -> usize {
+        (self.mask_prob_max * s as f64).ceil() as usize
     }
 }
 

@@ -41,6 +41,7 @@ impl SamplerConfig {
             1,
             65_535,
         )?;
+        self.validate_lengths()?;
         int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
         int_range("max_hops", self.max_hops, 0, 64)?;
         int_range("pack_factor", self.pack_factor, 0, 64)?;
@@ -122,6 +123,75 @@ impl SamplerConfig {
         Ok(())
     }
 
+    /// The longest `S` any batch can have: the largest of
+    /// `sequence_lengths` (train steps) and `default_sequence_length` (the
+    /// val stream and evaluation passes).
+    pub fn max_sequence_length(&self) -> usize {
+        let listed = self.sequence_lengths.iter().copied().max().unwrap_or(0);
+        listed.max(self.default_sequence_length)
+    }
+
+    /// `sequence_lengths` and `tokens_per_batch`: every listed `S` must be
+    /// a valid length and leave a whole number of sequences, at least one
+    /// and at most the largest batch, in the token budget.
+    fn validate_lengths(&self) -> Result<()> {
+        let list = &self.sequence_lengths;
+        let Some(tokens) = self.tokens_per_batch else {
+            if list.is_empty() {
+                return Ok(());
+            }
+            return Err(bad(
+                "tokens_per_batch",
+                format!("None with sequence_lengths {list:?}"),
+            ));
+        };
+        if list.is_empty() {
+            return Err(bad(
+                "sequence_lengths",
+                format!("[] with tokens_per_batch {tokens}"),
+            ));
+        }
+        if let Some(s) = list.iter().find(|&&s| !(1..=65_535).contains(&s)) {
+            return Err(bad("sequence_lengths", format!("{list:?} (holds {s})")));
+        }
+        if let Some(i) = (1..list.len()).find(|&i| list[..i].contains(&list[i])) {
+            return Err(bad(
+                "sequence_lengths",
+                format!("{list:?} ({} listed twice)", list[i]),
+            ));
+        }
+        if self.pack {
+            return Err(bad(
+                "sequence_lengths",
+                format!("{list:?} with pack = true"),
+            ));
+        }
+        let longest = list.iter().copied().max().unwrap_or(0);
+        if tokens < longest {
+            return Err(bad(
+                "tokens_per_batch",
+                format!("{tokens}, smaller than one sequence of S = {longest}"),
+            ));
+        }
+        if let Some(s) = list.iter().find(|&&s| tokens % s != 0) {
+            return Err(bad(
+                "tokens_per_batch",
+                format!("{tokens}, not divisible by S = {s} of sequence_lengths {list:?}"),
+            ));
+        }
+        let shortest = list.iter().copied().min().unwrap_or(1);
+        if tokens / shortest > 65_536 {
+            return Err(bad(
+                "tokens_per_batch",
+                format!(
+                    "{tokens} (B = {} sequences of S = {shortest}, above 65536)",
+                    tokens / shortest
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The context recipe's keys (`examples` and the keys it reads); the
     /// lists are checked only with `examples` on, so the defaults never
     /// refuse a short `default_sequence_length` that does not use them.
@@ -152,13 +222,13 @@ impl SamplerConfig {
         if self.pack {
             return Err(bad("examples", "true with pack = true"));
         }
-        let s = self.default_sequence_length;
+        let s = self.max_sequence_length();
         for (key, list) in [
             ("local_context_sizes", &self.local_context_sizes),
             ("bfs_widths", &self.bfs_widths),
         ] {
             if list.is_empty() || list.iter().any(|&v| v == 0 || v > s) {
-                return Err(bad(key, format!("{list:?} (default_sequence_length {s})")));
+                return Err(bad(key, format!("{list:?} (longest S {s})")));
             }
         }
         if self.prefer_latest.is_empty() {
@@ -330,5 +400,86 @@ mod tests {
                 && e.contains(r#"["a", "b", "c"]"#),
             "{e}"
         );
+    }
+
+    #[test]
+    fn length_recipes_are_checked_naming_key_value_and_range() {
+        let varlen = |lengths: &[usize], tokens: Option<usize>| SamplerConfig {
+            sequence_lengths: lengths.to_vec(),
+            tokens_per_batch: tokens,
+            ..SamplerConfig::default()
+        };
+        varlen(&[512, 1024, 2048, 4096, 8192], Some(1 << 17))
+            .validate(None)
+            .unwrap();
+        varlen(&[], None).validate(None).unwrap();
+        let cases: Vec<(SamplerConfig, &str, &str)> = vec![
+            (
+                varlen(&[], Some(1024)),
+                "sequence_lengths",
+                "got [] with tokens_per_batch 1024",
+            ),
+            (
+                varlen(&[512], None),
+                "tokens_per_batch",
+                "got None with sequence_lengths [512]",
+            ),
+            (
+                varlen(&[0, 512], Some(1024)),
+                "sequence_lengths",
+                "(holds 0)",
+            ),
+            (
+                varlen(&[65_536], Some(65_536)),
+                "sequence_lengths",
+                "(holds 65536)",
+            ),
+            (
+                varlen(&[512, 512], Some(1024)),
+                "sequence_lengths",
+                "512 listed twice",
+            ),
+            (
+                varlen(&[512, 1536], Some(2048)),
+                "tokens_per_batch",
+                "not divisible by S = 1536",
+            ),
+            (
+                varlen(&[512, 4096], Some(2048)),
+                "tokens_per_batch",
+                "smaller than one sequence of S = 4096",
+            ),
+            (
+                varlen(&[1, 2], Some(1 << 17)),
+                "tokens_per_batch",
+                "B = 131072 sequences of S = 1",
+            ),
+            (
+                SamplerConfig {
+                    pack: true,
+                    ..varlen(&[512], Some(1024))
+                },
+                "sequence_lengths",
+                "with pack = true",
+            ),
+        ];
+        for (c, key, value) in cases {
+            match c.validate(None) {
+                Err(Error::Config { key: k, what, .. }) => {
+                    assert_eq!(k, key, "{what}");
+                    assert!(what.contains(field(key).unwrap().range), "{what}");
+                    assert!(what.contains(value), "{what} lacks {value}");
+                }
+                other => panic!("{key}: expected Config, got {other:?}"),
+            }
+        }
+        // The recipe's lists are checked against the longest S.
+        let examples = SamplerConfig {
+            examples: true,
+            default_sequence_length: 256,
+            local_context_sizes: vec![2048],
+            ..varlen(&[512, 2048], Some(4096))
+        };
+        examples.validate(None).unwrap();
     }
 }

@@ -249,7 +249,7 @@ impl EvalPass {
                 .push((seed, view.anchor_rows[i], view.obs_times[i], rs));
         }
         let mut made = core.build_batch(
-            t.task,
+            (t.task, core.cfg.default_sequence_length),
             &self.jobs,
             false,
             &mut self.buffers,

@@ -457,7 +457,7 @@ impl Sampler {
         if b.drawn.is_empty() {
             d.advance(
                 b.task_idx as usize,
-                core.seeds_per_step(b.task_idx as usize),
+                core.step_shape(split, b.task_idx as usize, b.step).1,
             );
         } else {
             d.advance_counts(&b.drawn);

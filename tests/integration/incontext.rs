@@ -488,3 +488,143 @@ fn an_evaluation_pass_keeps_plain_contexts_for_a_query_task() {
     }
     assert!(seen.contains(&query), "the pass skipped the query task");
 }
+
+/// The recipe is part of the stream: a state taken under one recipe is
+/// refused by a sampler with another, naming the key; the deadline (a
+/// wall-clock safety bound) may change; a state taken without examples is
+/// refused by a sampler with them, naming `examples`.
+#[test]
+fn a_state_saved_with_another_recipe_is_refused_naming_the_key() {
+    use headwater::Sampler;
+    let sdb = db();
+    let take_state = |c: SamplerConfig| {
+        let s = Sampler::new(&sdb.dir, c).unwrap();
+        s.next_batch(Split::Train).unwrap();
+        s.state()
+    };
+    let state = take_state(cfg());
+    let changes: Vec<(&str, SamplerConfig)> = vec![
+        (
+            "local_context_sizes",
+            SamplerConfig {
+                local_context_sizes: vec![16, 32],
+                ..cfg()
+            },
+        ),
+        (
+            "bfs_widths",
+            SamplerConfig {
+                bfs_widths: vec![4],
+                ..cfg()
+            },
+        ),
+        (
+            "prefer_latest",
+            SamplerConfig {
+                prefer_latest: vec![true],
+                ..cfg()
+            },
+        ),
+        (
+            "num_walks",
+            SamplerConfig {
+                num_walks: 100,
+                ..cfg()
+            },
+        ),
+        (
+            "walk_length",
+            SamplerConfig {
+                walk_length: 4,
+                ..cfg()
+            },
+        ),
+        (
+            "mask_prob_max",
+            SamplerConfig {
+                mask_prob_max: 0.25,
+                ..cfg()
+            },
+        ),
+        (
+            "examples",
+            SamplerConfig {
+                examples: false,
+                ..cfg()
+            },
+        ),
+    ];
+    for (key, c) in changes {
+        match Sampler::with_state(&sdb.dir, c, Some(&state)) {
+            Err(Error::State { field, what }) => {
+                assert_eq!(field, key, "{what}");
+                assert!(what.contains("it changes the batch stream"), "{what}");
+            }
+            other => panic!(
+                "{key}: expected a state refusal, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    let plain = take_state(SamplerConfig {
+        examples: false,
+        ..cfg()
+    });
+    match Sampler::with_state(&sdb.dir, cfg(), Some(&plain)) {
+        Err(Error::State { field, what }) => {
+            assert_eq!(field, "examples", "{what}");
+            assert!(what.contains("examples = not set"), "{what}");
+        }
+        other => panic!("expected an examples refusal, got {:?}", other.map(|_| ())),
+    }
+    // The same recipe, and another deadline, continue.
+    let same = Sampler::with_state(&sdb.dir, cfg(), Some(&state)).unwrap();
+    let again = take_state(cfg());
+    let cont = Sampler::with_state(
+        &sdb.dir,
+        SamplerConfig {
+            context_deadline_ms: Some(60_000.0),
+            ..cfg()
+        },
+        Some(&again),
+    )
+    .unwrap();
+    assert_eq!(
+        same.next_batch(Split::Train).unwrap().fingerprint,
+        cont.next_batch(Split::Train).unwrap().fingerprint
+    );
+}
+
+/// In-context batches keep the stream's promises: a resume from a state
+/// taken after k steps (another thread count) continues bit for bit, and
+/// `replay_batch` rebuilds every delivered step exactly.
+#[test]
+fn in_context_resume_and_replay_are_exact() {
+    use headwater::Sampler;
+    let sdb = db();
+    let with = |t: usize| SamplerConfig {
+        num_threads: Some(t),
+        ..cfg()
+    };
+    let whole = Sampler::new(&sdb.dir, with(2)).unwrap();
+    let all: Vec<MadeBatch> = (0..5)
+        .map(|_| whole.next_batch(Split::Train).unwrap())
+        .collect();
+    assert!(all
+        .iter()
+        .any(|b| b.readings.seqs.iter().any(|s| s.examples > 0)));
+    let first = Sampler::new(&sdb.dir, with(1)).unwrap();
+    for _ in 0..2 {
+        first.next_batch(Split::Train).unwrap();
+    }
+    let resumed = Sampler::with_state(&sdb.dir, with(1), Some(&first.state())).unwrap();
+    for (i, a) in all.iter().enumerate().skip(2) {
+        let b = resumed.next_batch(Split::Train).unwrap();
+        assert!(same_batch(a, &b), "step {i} differs after the resume");
+    }
+    for (i, a) in all.iter().enumerate() {
+        let r = whole.replay_batch(Split::Train, i as u64, None).unwrap();
+        assert!(same_batch(a, &r), "replay of step {i} differs");
+        assert_eq!(a.readings.seqs, r.readings.seqs);
+    }
+}

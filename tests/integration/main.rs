@@ -22,4 +22,5 @@ mod sampler;
 mod scratch;
 mod support;
 mod threads;
+mod varlen;
 mod writer;

@@ -379,6 +379,13 @@ def test_every_pathology_in_the_matrix_is_covered() -> None:
         spec, _ = D.load_spec(CONFIGS / f"{name}.toml")
         declared |= set(spec.expect)
         assert spec.description
+    # Configs outside the matrix (a generated database, killed processes) are
+    # run by their own tests, each named after its config.
+    for path in sorted(CONFIGS.glob("*/*.toml")):
+        spec, _ = D.load_spec(path)
+        declared |= set(spec.expect)
+        tests = ROOT / "tests" / "python"
+        assert any(path.name in t.read_text() for t in tests.glob("test_*.py")), path
     # Every signal is lit by some config (duplicate_seeds by its fault knob).
     assert set(D.SIGNALS) - declared == set()
 

@@ -281,3 +281,26 @@ def test_a_mixed_batch_spans_the_databases_of_a_mixture(db: Path) -> None:
     for a, b in zip(*got, strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_mixing_and_masking_follow_a_variable_sequence_length(db: Path) -> None:
+    """With ``sequence_lengths`` each step has its own ``S`` and ``B =
+    tokens / S``: a mixed step draws ``B`` task slots per rank, and masking
+    has ``ceil(mask_prob_max · S)`` slots at that step's ``S``."""
+    _, w = _weights(db)
+    kw = {"task_weights": w, "sequence_lengths": [32, 64], "tokens_per_batch": 512}
+    got = []
+    for threads in (1, 2):
+        s = N.Sampler(db, **{**_cfg(), **kw, "mask_prob_max": 0.5, "num_threads": threads})
+        try:
+            got.append([s.next_train_batch() for _ in range(6)])
+        finally:
+            s.shutdown()
+    shapes = {b["semantic_types"].shape for b in got[0]}
+    assert shapes == {(16, 32), (8, 64)}, shapes
+    for b in got[0]:
+        n, s = b["semantic_types"].shape
+        assert b["seq_task_idx"].shape == (n,) and b["mask_pos"].shape == (n, (s + 1) // 2)
+    for a, b in zip(*got, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)

@@ -36,6 +36,8 @@ BAD: dict[str, dict[str, Any]] = {
     "num_prefetch": {"num_prefetch": 0},
     "default_batch_size": {"default_batch_size": 0},
     "default_sequence_length": {"default_sequence_length": 65536},
+    "sequence_lengths": {"sequence_lengths": [], "tokens_per_batch": 1024},
+    "tokens_per_batch": {"sequence_lengths": [512, 1536], "tokens_per_batch": 2048},
     "bfs_child_width": {"bfs_child_width": 0},
     "max_hops": {"max_hops": 65},
     "pack": {"pack": "yes"},

@@ -89,6 +89,7 @@ def command_lines(text: str) -> list[str]:
 
 
 _PYTHON_KINDS = {
+    "tokens_per_batch=": "python-varlen",
     'headwater.preprocess("my.duckdb", "db/", embedder=': "python-quickstart",
     "headwater.preprocess(": "python-preprocess",
     "headwater.Sampler(": "python-sampler",
@@ -414,6 +415,12 @@ def test_python_sampling_block_runs(tiny_db: Path) -> None:
     ns = _exec_in(tiny_db.parent, _block("python-sampler"), {"db_path": str(tiny_db)})
     assert ns["batch"]["fingerprint"].shape == (1,)
     assert ns["col_emb"].dtype.name == "float16" and ns["meta"]["tasks"]
+
+
+def test_python_varlen_block_runs(tiny_db: Path) -> None:
+    ns = _exec_in(tiny_db.parent, _block("python-varlen"), {"db_path": str(tiny_db)})
+    assert len(ns["shapes"]) == 8 and all(b * s == 512 for b, s in ns["shapes"])
+    assert len({s for _, s in ns["shapes"]}) > 1, ns["shapes"]
 
 
 def test_mixture_file_block_opens_and_samples(tiny_db: Path, tmp_path: Path) -> None:

@@ -684,8 +684,10 @@ EXTRA_REDUCTIONS = {
     "context/tier1_cells": "SUM",
     "context/tier2_cells": "SUM",
     "context/examples_per_sequence": "HISTOGRAM",
+    "batch/seq_len": "HISTOGRAM",
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
+    "context/no_examples": "SUM",
     "context/tasks_per_batch": "MAX",
     "context/masked_cells": "HISTOGRAM",
 }
@@ -728,8 +730,9 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
     # The histograms bucket up to S (a sequence holds at most S rows,
-    # segments, example rows or masked cells).
+    # segments, example rows or masked cells; a step's S is at most the longest).
     assert diff(base, seq) == {
+        P + "batch/seq_len",
         P + "bfs/rows",
         P + "packing/segments_per_sequence",
         P + "context/examples_per_sequence",
@@ -806,10 +809,12 @@ PROM_COUNTERS = {
     "headwater_context_tier2_cells_total": "context/tier2_cells",
     "headwater_context_walk_steps_total": "context/walk_steps",
     "headwater_context_deadline_hits_total": "context/deadline_hits",
+    "headwater_context_no_examples_total": "context/no_examples",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_HISTS = {
     "headwater_bfs_depth_hops": "bfs/depth",
+    "headwater_batch_sequence_length_cells": "batch/seq_len",
     "headwater_bfs_sequence_rows": "bfs/rows",
     "headwater_padding_fraction_ratio": "padding/fraction",
     "headwater_stage_bfs_seconds": "stage/bfs_seconds",

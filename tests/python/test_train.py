@@ -318,7 +318,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
 
 
-#: The keys a saved sampler state records (docs/sampling.md, Resume): they define the
+#: The keys a saved sampler state records (docs/sampling.md and docs/contexts.md, Resume): they define the
 #: one global stream every rank reads, so no rank may set its own.
 STREAM_KEYS = {
     "split_ratios",
@@ -335,6 +335,17 @@ STREAM_KEYS = {
     "pack",
     "pack_factor",
     "database_weights",
+    "sequence_lengths",
+    "tokens_per_batch",
+    # the in-context recipe (docs/contexts.md, Resume)
+    "examples",
+    "local_context_sizes",
+    "bfs_widths",
+    "prefer_latest",
+    "num_walks",
+    "walk_length",
+    "example_ranker",
+    "mask_prob_max",
 }
 
 
@@ -360,17 +371,26 @@ def test_a_rank_cannot_override_a_stream_key(tmp_path: Path, key: str) -> None:
 
     default = next(f["default"] for f in _native.sampler_config_schema() if f["name"] == key)
     # Even the value [sampler] has is refused: the key has no per-rank meaning.
-    special = {"task_weights": "{ order_status = 2.0 }", "database_weights": "[1.0]"}
+    special = {
+        "task_weights": "{ order_status = 2.0 }",
+        "database_weights": "[1.0]",
+        "tokens_per_batch": "1024",
+    }
     value = special.get(key) or _toml_value(default)
+    # A key valid only beside another: the other set for every rank.
+    partner = {"tokens_per_batch": "sequence_lengths = [1024]\n"}.get(key, "")
+    sampler = f"[sampler]\n{partner}{key} = {value}\n"
+    head = (f"{sampler}\n" if partner else "") + "[train]\nsteps = 5\n\n"
     path = tmp_path / "c.toml"
-    path.write_text(f"[train]\nsteps = 5\n\n[ranks.1]\n{key} = {value}\n", encoding="utf-8")
+    path.write_text(f"{head}[ranks.1]\n{key} = {value}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     msg = str(e.value)
-    assert msg.startswith(f"{path}:5: `ranks.1.{key}` cannot be set for rank 1 alone"), msg
+    line = head.count("\n") + 2
+    assert msg.startswith(f"{path}:{line}: `ranks.1.{key}` cannot be set for rank 1 alone"), msg
     assert "defines the batch stream" in msg and "[sampler]" in msg, msg
     # The same key under [sampler] (every rank) is accepted.
-    path.write_text(f"[sampler]\n{key} = {value}\n", encoding="utf-8")
+    path.write_text(sampler, encoding="utf-8")
     assert key in load_config(path).sampler_kwargs(1)
 
 

@@ -28,13 +28,14 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dash_m
 
+from headwater.dashboards.contexts import _contexts
 from headwater.dashboards.panels import (
     ROWS,
     _bfs,
-    _contexts,
     _invariants,
     _pool_health,
     _queue,
+    _seq_len_panel,
     _stage_latency,
     _stalls,
     _task_mix,
@@ -53,7 +54,7 @@ def build() -> dict[str, Any]:
     sections = (
         _pool_health(),
         _task_mix(),
-        _bfs(),
+        [*_bfs(), _seq_len_panel()],
         _contexts(),
         _queue(),
         _stage_latency(),

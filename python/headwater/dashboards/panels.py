@@ -206,6 +206,24 @@ def _database_mix() -> list[PanelBuilder]:
     ]
 
 
+def _seq_len_panel() -> PanelBuilder:
+    """The step's S (``batch/seq_len``): constant, or drawn per step from
+    ``sequence_lengths``."""
+    return _timeseries(
+        "Sequence length S p50/p99",
+        "The S of each step from the cluster-merged buckets: default_sequence_length, or "
+        "with sequence_lengths drawn per step at a fixed tokens_per_batch (B = tokens / S). "
+        "Healthy: constant without sequence_lengths; with it p50 near the list's middle and "
+        "the p99 at its longest. Pathological: one length only (the list not in effect).",
+        [
+            Q(quantile(0.5, "batch/seq_len"), "p50"),
+            Q(quantile(0.99, "batch/seq_len"), "p99"),
+        ],
+        unit="short",
+        span=6,
+    )
+
+
 def _bfs() -> list[PanelBuilder]:
     return [
         _heatmap(
@@ -284,68 +302,6 @@ def _bfs() -> list[PanelBuilder]:
             [Q(across("bfs/temporal_filtered"), "cluster")],
             unit="cps",
             span=6,
-        ),
-    ]
-
-
-def _contexts() -> list[PanelBuilder]:
-    """The in-context recipe (``examples = true``): zero on the default layout."""
-    return [
-        _timeseries(
-            "Context cells per tier/s",
-            "Cells per second (cluster sum) of the seeds' own BFS (tier 0), of walk- or "
-            "recency-ranked labelled examples with their shells (tier 1) and of random labelled "
-            "rows (tier 2). Healthy: all three non-zero, tier 1 the bulk. Pathological: tier 1 "
-            "at 0 while tier 2 fills the context (no eligible examples: the walks reach no "
-            "labelled row of the seed's table before its time), or everything in tier 0.",
-            [Q(across(f"context/tier{t}_cells"), f"tier {t}") for t in range(3)],
-            unit="cps",
-            span=8,
-        ),
-        _timeseries(
-            "Examples per sequence p50/p95",
-            "Labelled example rows (tiers 1 and 2) per sequence from the cluster-merged "
-            "buckets. Healthy: tens, steady. Pathological: 0 (the context holds only the "
-            "seed's neighbourhood: a cold table, or every context past its deadline).",
-            [
-                Q(quantile(0.5, "context/examples_per_sequence"), "p50"),
-                Q(quantile(0.95, "context/examples_per_sequence"), "p95"),
-            ],
-            span=8,
-        ),
-        _timeseries(
-            "Walk steps/s and deadline hits/s",
-            "Random-walk steps taken ranking examples, and contexts abandoned past "
-            "context_deadline_ms (replaced by the seed's plain context), per second, cluster "
-            "sum. Healthy: walk steps ~ num_walks x walk_length x contexts/s, deadline hits 0. "
-            "Pathological: deadline hits above 0 (hub rows, a deadline below the walk cost).",
-            [
-                Q(across("context/walk_steps"), "walk steps/s"),
-                Q(across("context/deadline_hits"), "deadline hits/s"),
-            ],
-            unit="cps",
-            span=8,
-        ),
-        _timeseries(
-            "Masked cells per sequence p50/p95",
-            "Cells masked as extra targets per sequence (mask_prob_max), from the "
-            "cluster-merged buckets. Healthy: 0 without masking; with it, about "
-            "mask_prob_max / 2 of a sequence's cells. Pathological: most of the sequence "
-            "(contexts that are mostly targets leave the model little to read).",
-            [
-                Q(quantile(0.5, "context/masked_cells"), "p50"),
-                Q(quantile(0.95, "context/masked_cells"), "p95"),
-            ],
-            span=8,
-        ),
-        _timeseries(
-            "Tasks per batch",
-            "Distinct tasks among a batch's sequences, most on any rank (each task's share: "
-            "the per-task seeds panel). Healthy: 1 with task_mixing = step; with sequence, "
-            "about the tasks with weight > 0. Pathological: 1 with task_mixing = sequence "
-            "(one task has all the weight, or the others have no seeds in the split).",
-            [Q(across("context/tasks_per_batch"), "tasks")],
-            span=8,
         ),
     ]
 

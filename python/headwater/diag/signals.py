@@ -230,6 +230,23 @@ def total(label: str) -> Rule:
     return rule
 
 
+def per_seed(label: str) -> Rule:
+    """A counter's running total per drawn seed (the tasks' seed counts: one
+    per sequence without packing)."""
+    seeds = reduced("tasks/{task}")
+
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            per_task = [np.nan_to_num(series(rows, f"{seeds}{t}")) for t in ctx["task_weights"]]
+            drawn = np.sum(per_task, axis=0) if per_task else np.zeros(len(rows))
+            run = _running_ratio(np.nan_to_num(series(rows, key)), drawn)
+            return (_last(run) if run.size else 0.0), {label: run}
+
+        return f
+
+    return rule
+
+
 def task_shares(prefix: str) -> Measure:
     """Each task's running share of drawn seeds (``prefix``: the per-task
     keys' common start); the statistic is the smallest final share among
@@ -463,6 +480,26 @@ _TABLE: tuple[Signal, ...] = (
         what="draws and batch builds that ran past stall_after_ms, each with a stack dump "
         "(run total)",
         unit="stalls",
+        culprit=True,
+        counter=True,
+    ),
+    Signal(
+        metric="context/no_examples",
+        rule=per_seed("per seed so far"),
+        healthy=(0.0, 0.25),
+        what="share of in-context sequences that hold no example (no labelled row of the "
+        "seed's table dated before the seed, or no room after tier 0)",
+        unit="share of seeds",
+        culprit=True,
+        counter=True,
+    ),
+    Signal(
+        metric="context/deadline_hits",
+        rule=total("running total"),
+        healthy=(0.0, 0.0),
+        what="in-context builds past context_deadline_ms, replaced by the seed's plain "
+        "context (run total; each also counts in stalls)",
+        unit="contexts",
         culprit=True,
         counter=True,
     ),

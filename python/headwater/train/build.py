@@ -44,7 +44,7 @@ def batch_layout(cfg: TrainConfig, rank: int, mesh: Mesh, streams: int) -> dict[
             f"{cfg.where('sampler', 'default_batch_size')}: default_batch_size = {b} does "
             f"not split over this process's {per} local devices; use a multiple of {per}"
         )
-    return {
+    layout = {
         "per_process_batch": b * streams,
         "local_devices": mesh.local_devices,
         "per_device_batch": b // per,
@@ -53,6 +53,32 @@ def batch_layout(cfg: TrainConfig, rank: int, mesh: Mesh, streams: int) -> dict[
         "global_batch": b // per * mesh.devices,
         "platform": mesh.platform,
     }
+    return layout | varlen_layout(cfg, rank, mesh)
+
+
+def varlen_layout(cfg: TrainConfig, rank: int, mesh: Mesh) -> dict[str, Any]:
+    """With ``sampler.sequence_lengths``: the token budget and the global
+    batch of each ``S`` (``tokens_per_batch / S`` sequences per rank, split
+    over the local devices; a ``B`` that does not split is a
+    :class:`ConfigError`). The ``default_batch_size`` layout above is then
+    the val stream's and the evaluation passes' (they keep the fixed shape)."""
+    kw = cfg.sampler_kwargs(rank)
+    lengths = [int(x) for x in kw.get("sequence_lengths") or ()]
+    tokens = kw.get("tokens_per_batch")
+    if not lengths or tokens is None:
+        return {}
+    per = mesh.devices_per_stream
+    by_length = {}
+    for s in lengths:
+        b = int(tokens) // s
+        if b % per:
+            raise ConfigError(
+                f"{cfg.where('sampler', 'tokens_per_batch')}: tokens_per_batch = {tokens} gives "
+                f"B = {b} sequences of S = {s}, which do not split over this process's {per} "
+                f"local devices; make tokens_per_batch / S a multiple of {per} for every S"
+            )
+        by_length[str(s)] = b // per * mesh.devices
+    return {"tokens_per_batch": int(tokens), "global_batch_by_length": by_length}
 
 
 def open_sinks(

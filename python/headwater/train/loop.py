@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,11 @@ class Trainer:
         #: step since the last flush (for useful cells per second).
         self._next_useful = 0
         self._useful: list[int] = []
+        #: The fetched next batch's global ``(B, S)``, and the steps trained
+        #: at each (``sequence_lengths`` varies it; the summary's tokens/s
+        #: and MFU count each step's real tokens).
+        self._next_shape = (0, 0)
+        self.shapes: Counter[tuple[int, int]] = Counter()
         #: The next batch on the device, its sample wait and host→device seconds.
         self._next: tuple[Any, float, float] = (None, 0.0, 0.0)
         #: A batch fetched outside the previous step: (seconds, sample wait).
@@ -190,9 +196,12 @@ class Trainer:
     def announce(self, db: Path, endpoints: list[str]) -> None:
         """Rank 0's first lines: what runs where."""
         kw, m, lg = self.cfg.sampler_kwargs(0), self.model_cfg, self.cfg.logging
+        shape = f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')}"
+        if kw.get("sequence_lengths"):
+            shape = f"S in {list(kw['sequence_lengths'])} at {kw.get('tokens_per_batch')} tokens"
         print(
             f"headwater train: {db.name} · {self.world} process(es) · "
-            f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')} per rank · "
+            f"{shape} per rank · "
             f"model d={m.d_model} layers={m.num_layers} heads={m.num_heads} · "
             f"{self.cfg.train.steps} steps",
             flush=True,
@@ -299,6 +308,8 @@ class Trainer:
         self._next_useful = sum(
             int(b["is_padding"].size - np.count_nonzero(b["is_padding"])) for b in parts
         )
+        b, s = parts[0]["is_padding"].shape
+        self._next_shape = (int(b) // self.mesh.devices_per_stream * self.mesh.devices, int(s))
         batch = self.pad(np_batch, flag=self.stop.signum)
         if self.cfg.train.profile:
             jax.block_until_ready(batch)
@@ -316,6 +327,7 @@ class Trainer:
         batch = self._next[0]
         self._last = batch
         self._useful.append(self._next_useful)
+        self.shapes[self._next_shape] += 1
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
@@ -424,6 +436,11 @@ class Trainer:
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
         self.progress.update(step, self._window_loss, bps, wait_share, verdict, culprit, ucps)
+
+    def compiles(self) -> int:
+        """Compilations of the train step so far (its jit cache: one per
+        distinct batch shape fed, i.e. per ``S`` and padding high-water)."""
+        return int(self.train_fn._cache_size())
 
     def replay_rate(self, steps: int = 8) -> float:
         """Steps/s of the train step fed the last batch again and again, the

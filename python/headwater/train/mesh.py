@@ -6,8 +6,10 @@ axis ``data``; replicated and sharded global arrays; the split of a
 process's batch over its local devices; the element-wise maximum of a few
 sizes over ranks; the ``shard_map``-ped, jitted step) and :class:`Padder`
 (pads ``U`` and ``R`` of every batch to a high-water mark all ranks agree
-on, so every rank feeds the same shapes and the step compiles a handful of
-times per run).
+on, one per sequence length ``S``, so every rank feeds the same shapes and
+the step compiles a handful of times per run: with ``sequence_lengths``
+once per ``S`` and high-water growth, never a short ``S`` padded to the
+rows of a long one).
 
 A process with ``L`` local devices splits its batch of ``B`` sequences into
 ``L`` slices of ``B / L`` (tensors whose shape rule starts with ``B``); the
@@ -164,11 +166,15 @@ class Padder:
     """Pads ``U`` and ``R`` to a high-water mark agreed by all ranks: it only
     grows (to the next bucket), so the step compiles a handful of times per
     run instead of once per bucket combination, and every rank feeds the
-    same shapes."""
+    same shapes. One mark per sequence length ``S`` (the ranks agree on a
+    step's ``S``: the sampler draws it from the seed and the step), so the
+    ``[B, R, R]`` adjacency of a step with many short sequences is not
+    padded to the rows of the longest ``S``."""
 
     def __init__(self, mesh: Mesh, max_categories: int) -> None:
         self.mesh, self.max_categories = mesh, max_categories
-        self.high = [0, 0]
+        #: ``[U, R]`` high-water marks by ``S``.
+        self.marks: dict[int, list[int]] = {}
         #: The largest ``flag`` any rank passed to the last call (the stop
         #: request of :mod:`.checkpoint` rides on this agreement).
         self.flag = 0
@@ -183,17 +189,19 @@ class Padder:
         from headwater.train.device import bucket_size, pad_batch
 
         batches = [batch] if isinstance(batch, Mapping) else list(batch)
-        want = list(self.high)
+        high = self.marks.setdefault(int(batches[0]["is_padding"].shape[1]), [0, 0])
+        want = list(high)
         for b in batches:
             u = b["text_batch_embeddings"].shape[0]
             r = b["fk_adj"].shape[1]
             want = [max(h, bucket_size(x)) for h, x in zip(want, (u, r), strict=True)]
-        *self.high, self.flag = self.mesh.agree([*want, flag])
+        *agreed, self.flag = self.mesh.agree([*want, flag])
+        high[:] = agreed
         padded = [
             pad_batch(
                 b,
-                text_rows=self.high[0],
-                fk_rows=self.high[1],
+                text_rows=high[0],
+                fk_rows=high[1],
                 max_categories=self.max_categories,
             )
             for b in batches

@@ -222,7 +222,9 @@ def _train(
         trainer.batch_layout["global_batch"],
         int(cfg.sampler_kwargs(rank).get("default_sequence_length", 0)),
         summary["batches_per_second"] / world,
+        shapes=trainer.shapes,
     )
+    summary.update(_shape_summary(trainer))
     if run is not None:
         run.summary.update({"trainer/param_digest": param_digest})
         if summary["throughput"]["mfu"] is not None:
@@ -233,6 +235,18 @@ def _train(
         print(format_summary(summary, profile=cfg.train.profile), flush=True)
     return summary
 
+
+
+def _shape_summary(trainer: Any) -> dict[str, Any]:
+    """Steps trained per sequence length and the train step's compilations
+    (one per S and padding high-water: docs/training.md, "Variable length")."""
+    lengths = sorted({s for _, s in trainer.shapes})
+    return {
+        "steps_by_seq_len": {
+            str(s): sum(k for (_, t), k in trainer.shapes.items() if t == s) for s in lengths
+        },
+        "train_step_compiles": trainer.compiles(),
+    }
 
 
 def _record_devices(run_dir: Path, world: int, layout: dict[str, Any], resume: bool) -> None:
@@ -269,5 +283,6 @@ def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
 
     kw = cfg.sampler_kwargs(rank)
     shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
+    shapes += [int(kw.get("tokens_per_batch") or 0), *map(int, kw.get("sequence_lengths") or ())]
     describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
     check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)

@@ -27,7 +27,7 @@ reads of small tables are not counted (a gather's work, done as a matmul).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -116,16 +116,28 @@ def mfu(flops_per_step: float, steps_per_second: float, devices: int, kind: str)
 
 
 def throughput(
-    cfg: Any, global_batch: int, seq_len: int, steps_per_second: float
+    cfg: Any,
+    global_batch: int,
+    seq_len: int,
+    steps_per_second: float,
+    shapes: Mapping[tuple[int, int], int] | None = None,
 ) -> dict[str, Any]:
     """The run summary's ``throughput``: tokens/s, model FLOPs per step and
     MFU over the local devices' peak (``None`` where the peak is unknown,
-    as on a CPU)."""
+    as on a CPU). ``shapes``: steps trained per global ``(B, S)`` (variable
+    length); tokens and FLOPs per step are then their means over the steps
+    run, not those of ``global_batch × seq_len``."""
     devices = jax.devices()
     kind = devices[0].device_kind if devices else "unknown"
-    flops = train_flops_per_step(cfg, global_batch, seq_len)
+    if shapes and sum(shapes.values()) > 0:
+        n = sum(shapes.values())
+        tokens = sum(b * s * k for (b, s), k in shapes.items()) / n
+        flops = sum(train_flops_per_step(cfg, b, s) * k for (b, s), k in shapes.items()) / n
+    else:
+        tokens = global_batch * seq_len
+        flops = train_flops_per_step(cfg, global_batch, seq_len)
     return {
-        "tokens_per_second": global_batch * seq_len * steps_per_second,
+        "tokens_per_second": tokens * steps_per_second,
         "model_flops_per_step": flops,
         "device_kind": kind,
         "peak_flops_per_device": peak_flops(kind),

@@ -147,11 +147,19 @@ def _mean(values: list[float], empty: float = math.nan) -> float:
 
 def describe_layout(layout: Mapping[str, Any]) -> str:
     """How the global batch is formed, in words."""
-    return (
+    text = (
         f"{layout['processes']} process(es) × {layout['local_devices']} {layout['platform']} "
         f"device(s) = {layout['devices']} · global batch {layout['global_batch']} = "
         f"{layout['per_device_batch']} per device × {layout['devices']} devices "
         f"({layout['per_process_batch']} per process, one sampler per process)"
+    )
+    by_length = layout.get("global_batch_by_length")
+    if not by_length:
+        return text
+    shapes = ", ".join(f"{b}×{s}" for s, b in by_length.items())
+    return (
+        f"{text}; training steps draw S at {layout['tokens_per_batch']} tokens per rank: "
+        f"global B×S {shapes} (the batch above is the val stream's and evaluation passes')"
     )
 
 

@@ -24,10 +24,12 @@ thread_local! {
 
 impl SamplerCore {
     /// Assemble the sequences of `layout` into a batch of the tasks of
-    /// `groups` (the seeds of `jobs`), with each sequence's readings.
+    /// `groups` and length `s` (the step's `S`; the seeds of `jobs`), with
+    /// each sequence's readings.
     pub(super) fn assemble(
         &self,
         groups: &[TaskGroup],
+        s: usize,
         jobs: &[(u32, u32, i64, u64)],
         layout: &Layout<'_>,
         min_len: usize,
@@ -50,7 +52,6 @@ impl SamplerCore {
             })
             .max()
             .unwrap_or(0);
-        let s = self.cfg.default_sequence_length;
         let plan = &self.tasks[groups[0].0];
         let dim = self.dbs[plan.db].db.metadata().embedder.dim as usize;
         let mut batch = Batch::unfilled(b, s, r, slots, dim);

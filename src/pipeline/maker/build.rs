@@ -102,6 +102,7 @@ impl SamplerCore {
             draws:
                 Draws {
                     task: k,
+                    seq_len,
                     step,
                     key,
                     world_size,
@@ -138,6 +139,7 @@ impl SamplerCore {
         }
         let one = [(k, 0..jobs.len())];
         let bc = BuildCtx {
+            seq_len,
             batch_span: &batch_span,
             t0,
             split_up,
@@ -173,7 +175,8 @@ impl SamplerCore {
     }
 
     /// BFS, assemble and collate the sequences of `jobs` (seed, anchor row,
-    /// observation time, per-context RNG seed) of task `k`, `packed` into
+    /// observation time, per-context RNG seed) of task `k` at length `s`
+    /// (the step's `S`), `packed` into
     /// `B` sequences of up to [`segment_slots`](Self::segment_slots)
     /// contexts (`crate::batch::pack`) or one sequence per job, into a batch
     /// with its readings and stage timings (from `t0`): the part of a batch
@@ -185,7 +188,7 @@ impl SamplerCore {
     #[allow(clippy::too_many_arguments)]
     pub(in crate::pipeline) fn build_batch(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         packed: bool,
         buffers: &mut BuildBuffers,
@@ -196,6 +199,7 @@ impl SamplerCore {
     ) -> Result<MadeBatch> {
         let groups = [(k, 0..jobs.len())];
         let ctx = BuildCtx {
+            seq_len: s,
             batch_span,
             t0,
             split_up,
@@ -217,6 +221,7 @@ impl SamplerCore {
         bc: &BuildCtx<'_, '_>,
     ) -> Result<MadeBatch> {
         let BuildCtx {
+            seq_len: s,
             batch_span,
             t0,
             split_up,
@@ -242,7 +247,7 @@ impl SamplerCore {
         };
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_group_contexts(groups, jobs, subgraphs, min_len)?;
+        self.build_group_contexts(groups, s, jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
@@ -258,7 +263,7 @@ impl SamplerCore {
             slots: if packed { self.segment_slots } else { 1 },
         };
         stage_to(Stage::Assembly);
-        let (mut batch, seqs) = self.assemble(groups, jobs, &layout, min_len)?;
+        let (mut batch, seqs) = self.assemble(groups, s, jobs, &layout, min_len)?;
         let t_asm = Instant::now();
         stage_to(Stage::Collate);
         let collate_span =
@@ -282,7 +287,7 @@ impl SamplerCore {
             task: k as u32,
             db: self.tasks[k].db as u32,
             seeds: jobs.len() as u32,
-            seq_len: self.cfg.default_sequence_length as u32,
+            seq_len: s as u32,
             stage_ns,
             major_faults: used.major_faults,
             read_bytes: used.read_bytes,
@@ -332,21 +337,20 @@ impl SamplerCore {
         }
     }
 
-    /// Every context of `jobs` built as its unpacked self (budget `S`) into
-    /// `subgraphs`, in parallel (`min_len` contexts per job at least); with
-    /// `examples`, as an in-context context (`examples.rs`).
+    /// Every context of `jobs` built as its unpacked self (budget `s`, the
+    /// step's `S`) into `subgraphs`, in parallel (`min_len` contexts per job
+    /// at least); with `examples`, as an in-context context (`examples.rs`).
     fn build_contexts(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut [Subgraph],
         min_len: usize,
     ) -> Result<()> {
-        if self.cfg.examples && self.build_in_context(k, jobs, subgraphs, min_len)? {
+        if self.cfg.examples && self.build_in_context((k, s), jobs, subgraphs, min_len)? {
             return Ok(());
         }
         let builder = self.context_builder(k);
-        let s = self.cfg.default_sequence_length;
         self.pool.install(|| {
             subgraphs
                 .par_iter_mut()
@@ -362,6 +366,7 @@ impl SamplerCore {
     fn build_group_contexts(
         &self,
         groups: &[TaskGroup],
+        s: usize,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut Vec<Subgraph>,
         min_len: usize,
@@ -372,7 +377,7 @@ impl SamplerCore {
         for (k, range) in groups {
             let r = range.clone();
             self.check_anchors(*k, &jobs[r.clone()])?;
-            self.build_contexts(*k, &jobs[r.clone()], &mut subgraphs[r], min_len)?;
+            self.build_contexts((*k, s), &jobs[r.clone()], &mut subgraphs[r], min_len)?;
         }
         Ok(())
     }
@@ -457,6 +462,8 @@ fn task_seeds(groups: &[TaskGroup]) -> Vec<(u32, u32)> {
 /// Where a build reports: its span, start, threading and stall mark.
 #[derive(Clone, Copy)]
 pub(super) struct BuildCtx<'a, 'w> {
+    /// The step's `S`.
+    pub(super) seq_len: usize,
     pub(super) batch_span: &'a tracing::Span,
     pub(super) t0: Instant,
     pub(super) split_up: bool,

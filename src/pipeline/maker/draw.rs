@@ -46,14 +46,13 @@ impl SplitState {
     /// row adjacency and text embeddings as large as in the last batch.
     pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, slots: usize, dim: usize) -> u64 {
         let (r, u) = self.last_shape;
-        crate::batch::batch_bytes(
-            cfg.default_batch_size,
-            cfg.default_sequence_length,
-            (slots, cfg.mask_slots()),
-            r,
-            u,
-            dim,
-        )
+        // A train step with sequence_lengths: the shortest S, the most
+        // sequences (the val stream keeps the fixed shape).
+        let (b, s) = match (cfg.tokens_per_batch, cfg.sequence_lengths.iter().min()) {
+            (Some(t), Some(&s)) if self.split == Split::Train => (t / s, s),
+            _ => (cfg.default_batch_size, cfg.default_sequence_length),
+        };
+        crate::batch::batch_bytes(b, s, (slots, cfg.mask_slots_at(s)), r, u, dim)
     }
 
     /// Seeds left before the next reshuffle and pool size per task (`None`
@@ -182,8 +181,10 @@ impl SamplerCore {
         let pool = state.pools[k]
             .as_mut()
             .expect("picker only picks tasks with seeds");
+        let (seq_len, b) = self.step_shape(state.split, k, step);
         let mut d = Draws {
             task: k,
+            seq_len,
             step,
             key,
             world_size,
@@ -192,7 +193,6 @@ impl SamplerCore {
             groups: Vec::new(),
             drawn: Vec::new(),
         };
-        let b = self.seeds_per_step[k];
         jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
         let first_slot = state.rank as u64 * b as u64;
@@ -224,7 +224,8 @@ impl SamplerCore {
                 continue;
             }
             let k = state.picker.pick(state.stream.step) as usize;
-            state.stream.advance(k, self.seeds_per_step[k]);
+            let (_, b) = self.step_shape(state.split, k, state.stream.step);
+            state.stream.advance(k, b);
         }
         Ok(())
     }
@@ -324,7 +325,7 @@ impl SamplerCore {
             t.remaining_max = t.remaining_max.max(rem);
             t.remaining_fraction_min = t.remaining_fraction_min.min(rem / len);
             t.remaining_fraction_max = t.remaining_fraction_max.max(rem / len);
-            let b = (world_size as usize * self.seeds_per_step[j]) as f64;
+            let b = (world_size as usize * self.step_shape(state.split, j, step).1) as f64;
             let rate = st.mix.count(j) as f64 / st.mix.len().max(1) as f64 * b;
             if rate > 0.0 {
                 t.steps_to_exhaust_min = t.steps_to_exhaust_min.min(rem / rate);
@@ -434,6 +435,8 @@ pub(super) struct Planned {
 /// The random choices of one batch.
 pub(super) struct Draws {
     pub(super) task: usize,
+    /// The step's sequence length `S` (`shape.rs`).
+    pub(super) seq_len: usize,
     pub(super) step: u64,
     pub(super) key: u64,
     pub(super) world_size: u32,

@@ -76,7 +76,7 @@ impl SamplerCore {
     /// plain context.
     pub(super) fn build_in_context(
         &self,
-        k: usize,
+        (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut [Subgraph],
         min_len: usize,
@@ -98,7 +98,7 @@ impl SamplerCore {
         let graph = db.graph();
         let c = &self.cfg;
         let p = ExampleParams {
-            seq_len: c.default_sequence_length,
+            seq_len: s,
             max_hops: c.max_hops,
             temporal_filter: c.temporal_filter,
             num_walks: c.num_walks,

@@ -24,7 +24,7 @@ impl SamplerCore {
     /// Mask cells of every sequence of `made`, sequence `q` keyed by
     /// `derive(key, [q])`; counts each sequence's masked cells.
     pub(super) fn mask_cells(&self, made: &mut MadeBatch, key: u64) {
-        let m = self.cfg.mask_slots();
+        let m = self.cfg.mask_slots_at(made.batch.seq_len);
         let pmax = self.cfg.mask_prob_max;
         let MadeBatch { batch, readings } = made;
         let (b, s) = (batch.batch_size, batch.seq_len);

@@ -24,10 +24,16 @@ impl SamplerCore {
         self.cfg.task_mixing == TaskMixing::Sequence
     }
 
+    /// The step's `(S, B)`: unpacked (mixing refuses `pack`), `B` is the
+    /// same for every task.
+    fn mixed_shape(&self, state: &SplitState) -> (usize, usize) {
+        self.step_shape(state.split, 0, state.stream.step)
+    }
+
     /// The task of every global slot of `state`'s current step (`world_size`
     /// ranks of `B` slots each) and the (task, slots) counts, tasks ascending.
     fn slot_tasks(&self, state: &SplitState, world_size: u32) -> (Vec<u32>, Vec<(u32, u64)>) {
-        let per_step = u64::from(world_size) * self.cfg.default_batch_size as u64;
+        let per_step = u64::from(world_size) * self.mixed_shape(state).1 as u64;
         let step = state.stream.step;
         let tasks: Vec<u32> = (0..per_step)
             .map(|g| state.picker.pick_slot(step, g, per_step))
@@ -56,7 +62,8 @@ impl SamplerCore {
         let step = state.stream.step;
         let key = self.step_key(state.split, step);
         let (tasks, counts) = self.slot_tasks(state, world_size);
-        let b = self.cfg.default_batch_size as u64;
+        let (seq_len, b) = self.mixed_shape(state);
+        let b = b as u64;
         let first = u64::from(state.rank) * b;
         // (task, global slot, pool position) of this rank's slots.
         let mut seen = vec![0u64; self.tasks.len()];
@@ -72,6 +79,7 @@ impl SamplerCore {
         mine.sort_unstable();
         let mut d = Draws {
             task: mine.first().map_or(0, |m| m.0),
+            seq_len,
             step,
             key,
             world_size,

@@ -26,6 +26,7 @@ mod examples;
 mod masking;
 mod mixing;
 mod plan;
+mod shape;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

@@ -496,7 +496,7 @@ pub(super) fn mixture_schema(
     tasks: &[TaskPlan],
     dbs: &[MixtureDatabase],
 ) -> (TelemetrySchema, Vec<Option<usize>>) {
-    let (h, s) = (cfg.max_hops, cfg.default_sequence_length);
+    let (h, s) = (cfg.max_hops, cfg.max_sequence_length());
     if dbs.len() == 1 {
         return (TelemetrySchema::new(task_names, h, s), vec![Some(0)]);
     }

@@ -32,9 +32,15 @@
 //! pool itself), and `default_sequence_length`, `bfs_child_width`,
 //! `max_hops`, `temporal_filter`: these four change no seed, only each
 //! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
-//! the layout; `pack_factor` counts only with `pack`), and are refused because the promise is bit-identical
-//! continuation. `config_hash` is xxh3 of their canonical JSON: equal on all
-//! ranks of a consistent run.
+//! the layout; `pack_factor` counts only with `pack`), `sequence_lengths`
+//! and `tokens_per_batch` (each step's `S` and `B`; absent from the JSON
+//! while unset), the in-context recipe (`examples`, and with it
+//! `local_context_sizes`, `bfs_widths`, `prefer_latest`, `num_walks`,
+//! `walk_length`, `example_ranker`) and `mask_prob_max`, and are refused
+//! because the promise is bit-identical continuation. `context_deadline_ms`
+//! is not a stream key: it changes a batch only when a build runs out of
+//! time, which no promise covers. `config_hash` is xxh3 of their canonical
+//! JSON: equal on all ranks of a consistent run.
 //!
 //! Files: this one holds [`StreamState`], [`StreamConfig`] and the
 //! sampler's capture and restore; `saved.rs` the saved form, its JSON and
@@ -42,7 +48,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SamplerConfig, TaskMixing, TaskPick};
+use crate::config::{ExampleRanker, SamplerConfig, TaskMixing, TaskPick};
 use crate::error::Result;
 use crate::seeds::MixWindow;
 use crate::seeds::Split;
@@ -169,6 +175,38 @@ pub struct StreamConfig {
     /// (so an unpacked stream does not depend on the ignored value).
     #[serde(default = "one")]
     pub pack_factor: usize,
+    /// The `S` each step draws from (empty: fixed `S`; absent from the
+    /// JSON then, so a fixed-length state and its hash are unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sequence_lengths: Vec<usize>,
+    /// Cells per rank per step with `sequence_lengths` (`B = tokens / S`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_batch: Option<usize>,
+    /// In-context contexts (absent when off, as in states saved before they
+    /// existed, so those keep their hash).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub examples: bool,
+    /// The in-context recipe: these keys are present only with `examples`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_context_sizes: Option<Vec<usize>>,
+    /// Per-sequence choices of the BFS child width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfs_widths: Option<Vec<usize>>,
+    /// Per-sequence choices of recency-first ranking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_latest: Option<Vec<bool>>,
+    /// Walks per context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_walks: Option<usize>,
+    /// Rows per walk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walk_length: Option<usize>,
+    /// The ranker of tier-1 examples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub example_ranker: Option<ExampleRanker>,
+    /// Highest masking probability (absent at 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mask_prob_max: f64,
     /// One task per step or per sequence (absent in states saved before
     /// mixing existed: per step).
     #[serde(default)]
@@ -177,6 +215,16 @@ pub struct StreamConfig {
 
 fn one() -> usize {
     1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl StreamConfig {
@@ -198,6 +246,16 @@ impl StreamConfig {
             pool_fraction: cfg.pool_fraction,
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
+            sequence_lengths: cfg.sequence_lengths.clone(),
+            tokens_per_batch: cfg.tokens_per_batch,
+            examples: cfg.examples,
+            local_context_sizes: cfg.examples.then(|| cfg.local_context_sizes.clone()),
+            bfs_widths: cfg.examples.then(|| cfg.bfs_widths.clone()),
+            prefer_latest: cfg.examples.then(|| cfg.prefer_latest.clone()),
+            num_walks: cfg.examples.then_some(cfg.num_walks),
+            walk_length: cfg.examples.then_some(cfg.walk_length),
+            example_ranker: cfg.examples.then_some(cfg.example_ranker),
+            mask_prob_max: cfg.mask_prob_max,
             task_mixing: cfg.task_mixing,
         }
     }
@@ -208,8 +266,15 @@ impl StreamConfig {
     /// read one global stream, so a per-rank value would make them disagree
     /// about the pools, the orders or the picks.
     pub fn keys() -> Vec<String> {
-        let v = serde_json::to_value(Self::of(&SamplerConfig::default(), &[], &[]))
-            .expect("serialisable");
+        // Set the keys left out of the JSON while unset, so they are listed.
+        let all = SamplerConfig {
+            sequence_lengths: vec![1],
+            tokens_per_batch: Some(1),
+            examples: true,
+            mask_prob_max: 0.5,
+            ..SamplerConfig::default()
+        };
+        let v = serde_json::to_value(Self::of(&all, &[], &[])).expect("serialisable");
         v.as_object().expect("object").keys().cloned().collect()
     }
 
@@ -315,7 +380,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 15, "{keys:?}");
+        assert_eq!(keys.len(), 25, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),

@@ -278,13 +278,24 @@ impl SamplerState {
                 a.as_object().expect("object"),
                 b.as_object().expect("object"),
             );
-            for (key, saved) in a {
-                if b.get(key) != Some(saved) {
+            // Keys absent from one side (the recipe without `examples`)
+            // are named too, as "not set".
+            let shown = |v: Option<&serde_json::Value>| {
+                v.map_or_else(|| "not set".to_string(), ToString::to_string)
+            };
+            // `examples` first: it decides whether the recipe keys exist.
+            let first = "examples".to_string();
+            let keys = std::iter::once(&first)
+                .chain(a.keys())
+                .chain(b.keys().filter(|k| !a.contains_key(*k)));
+            for key in keys {
+                if a.get(key) != b.get(key) {
                     return Err(refuse(
                         key,
                         format!(
-                            "the state was taken with {key} = {saved}, this sampler has {}; it changes the batch stream",
-                            b.get(key).map(ToString::to_string).unwrap_or_default()
+                            "the state was taken with {key} = {}, this sampler has {}; it changes the batch stream",
+                            shown(a.get(key)),
+                            shown(b.get(key))
                         ),
                     ));
                 }

@@ -1,0 +1,104 @@
+"""The in-context pathology outside the diag matrix (which runs on TPC-H):
+``diag_configs/context/no_eligible_examples.toml`` on a database generated
+here, a ``snapshots`` table whose rows all share one ``taken_at``. An example
+must be dated strictly before its seed, so no context gets one:
+``context/no_examples`` counts every sequence, and ``headwater diag`` lights
+exactly that signal. The sampler-level pair (fires on the one-date table,
+quiet when the dates spread over days) runs without JAX; the matrix's
+``context_deadline`` config and its healthy run show the signal quiet in a
+whole run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import build_db_from_sql
+
+import headwater
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "diag_configs" / "context" / "no_eligible_examples.toml"
+
+SCHEMA = """
+[tables.stores]
+primary_key = "store_id"
+[tables.snapshots]
+primary_key = "snap_id"
+time_column = "taken_at"
+foreign_keys = { store_id = "stores" }
+
+[[tasks]]
+name = "snapshot_grade"
+anchor_table = "snapshots"
+target_stype = "categorical"
+column = "grade"
+"""
+
+
+def snapshots_db(root: Path, one_date: bool) -> Path:
+    """20 stores, 2,000 snapshots, each with a grade; all taken at one time,
+    or one per minute."""
+    when = "TIMESTAMP '2024-01-01'" if one_date else "TIMESTAMP '2024-01-01' + i * INTERVAL 1 MINUTE"
+    return build_db_from_sql(
+        root,
+        "snapshots",
+        [
+            "CREATE TABLE stores AS SELECT i AS store_id, 'r' || (i % 3) AS region "
+            "FROM range(20) t(i)",
+            "CREATE TABLE snapshots AS SELECT i AS snap_id, i % 20 AS store_id, "
+            f"{when} AS taken_at, 'g' || (i % 4) AS grade, (i % 7) * 1.5 AS score "
+            "FROM range(2000) t(i)",
+        ],
+        SCHEMA,
+        ["snapshot_grade"],
+    )
+
+
+RECIPE = {
+    "examples": True,
+    "default_batch_size": 8,
+    "default_sequence_length": 64,
+    "local_context_sizes": [32, 48],
+    "bfs_widths": [16],
+    "num_walks": 200,
+    "walk_length": 6,
+    "num_threads": 1,
+}
+
+
+@pytest.mark.parametrize("one_date", [True, False])
+def test_no_examples_counts_contexts_without_an_eligible_row(
+    tmp_path: Path, one_date: bool
+) -> None:
+    db = snapshots_db(tmp_path, one_date)
+    with headwater.Sampler(db, **RECIPE) as s:
+        for _ in range(4):
+            s.next_train_batch()
+        d = s.drain_step_metrics()
+    none, tier1, tier2 = (
+        d["sampler/context/no_examples"],
+        d["sampler/context/tier1_cells"],
+        d["sampler/context/tier2_cells"],
+    )
+    assert d["sampler/context/deadline_hits"] == 0
+    if one_date:
+        assert none == 4 * 8 and tier1 == 0 and tier2 == 0, d
+    else:  # a seed among the first minutes may have no earlier row: inside the band
+        from headwater.diag.signals import SIGNALS
+
+        assert none / (4 * 8) <= SIGNALS["context/no_examples"].healthy[1], d
+        assert tier1 + tier2 > 0, d
+
+
+def test_diag_lights_exactly_no_examples(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    from test_diag import lit, run_diag_cli
+
+    from headwater import diag as D
+
+    db = snapshots_db(tmp_path, one_date=True)
+    spec, _ = D.load_spec(CONFIG)
+    proc, result = run_diag_cli(tmp_path, CONFIG, db)
+    assert proc.returncode == 0 and result["ok"], proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert lit(result) == set(spec.expect) == {"context/no_examples"}
