@@ -94,6 +94,8 @@ pub struct SeqReadings {
     /// With `examples`: 1 when the build passed `context_deadline_ms` and
     /// was replaced by the seed's plain BFS context.
     pub deadline_hits: u32,
+    /// With `mask_prob_max > 0`: cells masked as extra targets.
+    pub masked_cells: u32,
     /// With `examples`: 1 when the context, built in time, holds no example
     /// (no eligible row of the seed's table, or no room after tier 0).
     pub no_examples: u32,
@@ -160,6 +162,12 @@ pub struct BatchReadings {
     pub first_batch_ns: u64,
     /// The databases' block checks so far, as the batch was finished.
     pub integrity: IntegrityReadings,
+    /// Distinct tasks among the batch's sequences (1 for a one-task step;
+    /// more with `task_mixing = "sequence"`).
+    pub tasks: u32,
+    /// With several tasks in the batch: (task, seeds drawn for it); empty
+    /// when every seed is of `task`.
+    pub task_seeds: Vec<(u32, u32)>,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

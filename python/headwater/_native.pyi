@@ -235,6 +235,7 @@ class Sampler:
         pack_factor: int = 0,
         task_weights: list[float] | dict[str, float] | None = None,
         task_pick: str = "weighted",
+        task_mixing: str = "step",
         database_weights: list[float] | dict[str, float] | None = None,
         telemetry_top_databases: int = 8,
         telemetry_databases: list[str] | tuple[str, ...] = (),

@@ -359,8 +359,8 @@ def examples_recipe(path: str | list[str], seq_len: int) -> dict[str, Any]:
     """Sampler keys of RT-J's in-context pretraining recipe at ``S =
     seq_len``: its local sizes up to ``S`` (RT-J drops the larger ones per
     sequence the same way), its widths up to ``S``, both recencies, 10,000
-    walks of 20 rows, ``mask_prob_max`` 0.5 (validated; masking is not built
-    yet), and weight 0 for query tasks (examples need cell tasks)."""
+    walks of 20 rows, ``mask_prob_max`` 0.5 (cells masked as extra targets),
+    and weight 0 for query tasks (examples need cell tasks)."""
     from headwater._native import Database
 
     query: dict[str, float] = {}

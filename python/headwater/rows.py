@@ -114,6 +114,7 @@ class SamplerConfigDict(TypedDict):
     pack_factor: int
     task_weights: list[float] | dict[str, float] | None
     task_pick: str
+    task_mixing: str
     database_weights: list[float] | dict[str, float] | None
     telemetry_top_databases: int
     telemetry_databases: list[str]

@@ -27,8 +27,8 @@ mod tensors;
 mod timestamp;
 
 pub use assemble::{
-    assemble_sequence, collate_text, AssembleScratch, FxHasher, FxMap, SeqContext, TableCells,
-    Target,
+    assemble_sequence, collate_text, collate_text_mixed, AssembleScratch, FxHasher, FxMap,
+    SeqContext, TableCells, Target,
 };
 pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan};
 pub use perm::rcm_order;
@@ -116,6 +116,33 @@ pub struct Batch {
     /// `[B]`: 1 for a real sequence, 0 for a padded one (only the last
     /// batch of an evaluation pass has any).
     pub seq_valid: Vec<u8>,
+    /// `[B]` each sequence's task (mixture index): the per-sequence form of
+    /// `task_idx` (every segment of a sequence has its sequence's task).
+    pub seq_task_idx: Vec<u32>,
+    /// `[B]` each sequence's target semantic type code.
+    pub seq_target_stype: Vec<u8>,
+    /// `[B]` first category embedding id of each sequence's target column.
+    pub seq_cat_emb_start: Vec<u32>,
+    /// `[B]` categories of each sequence's target column.
+    pub seq_cat_emb_count: Vec<u32>,
+    /// `[B]` each sequence's database (mixture index).
+    pub seq_db_idx: Vec<u32>,
+    /// M: masked-cell target slots per sequence (0 without masking).
+    pub mask_slots: usize,
+    /// `[B, S]` 1 at a masked cell (an extra target; `is_target` is 1 too).
+    pub is_masked: Vec<u8>,
+    /// `[B, M]` position of each masked cell (0 past `mask_count`).
+    pub mask_pos: Vec<u16>,
+    /// `[B]` masked cells per sequence.
+    pub mask_count: Vec<u16>,
+    /// `[B, M]` first category id of a masked categorical cell's column.
+    pub mask_cat_start: Vec<u32>,
+    /// `[B, M]` categories of a masked categorical cell's column.
+    pub mask_cat_count: Vec<u32>,
+    /// Global pool positions this step consumed per task (mixture index,
+    /// positions over every rank), when the step's sequences drew their own
+    /// tasks (`task_mixing = "sequence"`); empty for a one-task step.
+    pub drawn: Vec<(u32, u64)>,
 }
 
 impl Batch {
@@ -165,6 +192,18 @@ impl Batch {
             step: 0,
             fingerprint: 0,
             seq_valid: vec![1; b],
+            seq_task_idx: vec![0; b],
+            seq_target_stype: vec![0; b],
+            seq_cat_emb_start: vec![0; b],
+            seq_cat_emb_count: vec![0; b],
+            seq_db_idx: vec![0; b],
+            mask_slots: 0,
+            is_masked: vec![0; n],
+            mask_pos: Vec::new(),
+            mask_count: vec![0; b],
+            mask_cat_start: Vec::new(),
+            mask_cat_count: Vec::new(),
+            drawn: Vec::new(),
         }
     }
 

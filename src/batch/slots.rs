@@ -145,6 +145,13 @@ impl Batch {
         batch.target_count = vec![0; b];
         batch.segment_seeds = vec![u32::MAX; b * k];
         batch.seq_valid = vec![1; b];
+        batch.seq_task_idx = vec![0; b];
+        batch.seq_target_stype = vec![0; b];
+        batch.seq_cat_emb_start = vec![0; b];
+        batch.seq_cat_emb_count = vec![0; b];
+        batch.seq_db_idx = vec![0; b];
+        batch.is_masked = vec![0; n];
+        batch.mask_count = vec![0; b];
         batch
     }
 

@@ -75,6 +75,8 @@ pub enum Shape {
     B,
     /// `[B, K]`: one value per segment slot of each sequence.
     BK,
+    /// `[B, M]`: one value per masked-cell target slot of each sequence.
+    BM,
 }
 
 impl Shape {
@@ -89,6 +91,7 @@ impl Shape {
             Shape::One => s(&["1"]),
             Shape::B => s(&["B"]),
             Shape::BK => s(&["B", "K"]),
+            Shape::BM => s(&["B", "M"]),
         }
     }
 
@@ -102,15 +105,23 @@ impl Shape {
             Shape::One => vec![1],
             Shape::B => vec![b.batch_size],
             Shape::BK => vec![b.batch_size, b.segments],
+            Shape::BM => vec![b.batch_size, b.mask_slots],
         }
     }
 }
 
-/// Bytes of a batch with `b` sequences of `s` cells and up to `k` segments,
-/// `r` rows at most per sequence, `u` distinct texts and `d`-dimensional
-/// embeddings: the sum of every [`TENSORS`] row (what the RSS cap predicts
-/// a batch costs).
-pub fn batch_bytes(b: usize, s: usize, k: usize, r: usize, u: usize, d: usize) -> u64 {
+/// Bytes of a batch with `b` sequences of `s` cells and up to `k` segments
+/// and `m` masked-cell slots, `r` rows at most per sequence, `u` distinct
+/// texts and `d`-dimensional embeddings: the sum of every [`TENSORS`] row
+/// (what the RSS cap predicts a batch costs).
+pub fn batch_bytes(
+    b: usize,
+    s: usize,
+    (k, m): (usize, usize),
+    r: usize,
+    u: usize,
+    d: usize,
+) -> u64 {
     TENSORS
         .iter()
         .map(|t| {
@@ -120,6 +131,7 @@ pub fn batch_bytes(b: usize, s: usize, k: usize, r: usize, u: usize, d: usize) -
                 Shape::BRR => b * r * r,
                 Shape::B => b,
                 Shape::BK => b * k,
+                Shape::BM => b * m,
                 Shape::UD => u * d,
                 Shape::One => 1,
             };
@@ -150,7 +162,19 @@ pub struct TensorSpec {
 /// per sequence) and `segment_seeds` (each segment's seed; `u32::MAX` in
 /// unused slots; without `pack`, `K = 1`), then `db_idx` (the batch's
 /// database: its index in the sampler's mixture, 0 for a single database;
-/// `task_idx` is the task's index among the mixture's tasks).
+/// `task_idx` is the task's index among the mixture's tasks), then the
+/// per-sequence forms of the per-batch target tensors, `[B]` each:
+/// `seq_task_idx`, `seq_target_stype`, `seq_cat_emb_start`,
+/// `seq_cat_emb_count`, `seq_db_idx` (a sequence's segments share its task,
+/// so `[B]` is per target too; with `task_mixing = "sequence"` they differ
+/// between sequences and the one-value forms are sequence 0's), then the
+/// masked cells (`mask_prob_max`, training batches only): `is_masked`
+/// (`[B, S]`, 1 at a masked cell, which is also `is_target`), `mask_pos`
+/// (`[B, M]`, each masked cell's position, in position order), `mask_count`
+/// (`[B]`, masked cells per sequence: the real slots of `mask_pos`) and
+/// `mask_cat_start` / `mask_cat_count` (`[B, M]`, a masked categorical
+/// cell's column window; 0 otherwise). `M = ceil(mask_prob_max · S)`, 0
+/// by default.
 pub static TENSORS: &[TensorSpec] = &[
     TensorSpec {
         name: "semantic_types",
@@ -287,6 +311,56 @@ pub static TENSORS: &[TensorSpec] = &[
         dtype: Dtype::U32,
         shape: Shape::One,
     },
+    TensorSpec {
+        name: "seq_task_idx",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_target_stype",
+        dtype: Dtype::U8,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_cat_emb_start",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_cat_emb_count",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "seq_db_idx",
+        dtype: Dtype::U32,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "is_masked",
+        dtype: Dtype::U8,
+        shape: Shape::BS,
+    },
+    TensorSpec {
+        name: "mask_pos",
+        dtype: Dtype::U16,
+        shape: Shape::BM,
+    },
+    TensorSpec {
+        name: "mask_count",
+        dtype: Dtype::U16,
+        shape: Shape::B,
+    },
+    TensorSpec {
+        name: "mask_cat_start",
+        dtype: Dtype::U32,
+        shape: Shape::BM,
+    },
+    TensorSpec {
+        name: "mask_cat_count",
+        dtype: Dtype::U32,
+        shape: Shape::BM,
+    },
 ];
 
 /// How many [`TENSORS`] rows are the seed design's.
@@ -390,6 +464,16 @@ impl Batch {
             TensorData::U8(self.target_count),
             TensorData::U32(self.segment_seeds),
             TensorData::U32(vec![self.db_idx]),
+            TensorData::U32(self.seq_task_idx),
+            TensorData::U8(self.seq_target_stype),
+            TensorData::U32(self.seq_cat_emb_start),
+            TensorData::U32(self.seq_cat_emb_count),
+            TensorData::U32(self.seq_db_idx),
+            TensorData::U8(self.is_masked),
+            TensorData::U16(self.mask_pos),
+            TensorData::U16(self.mask_count),
+            TensorData::U32(self.mask_cat_start),
+            TensorData::U32(self.mask_cat_count),
         ];
         TENSORS
             .iter()
@@ -418,7 +502,7 @@ mod tests {
         assert_eq!(batch_keys().len(), 20);
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS].name, "fingerprint");
         assert_eq!(TENSORS[SEED_DESIGN_TENSORS + 1].name, "seq_valid");
-        assert_eq!(TENSORS.last().map(|t| t.name), Some("db_idx"));
+        assert_eq!(TENSORS.last().map(|t| t.name), Some("mask_cat_count"));
         let mut p = Batch::zeroed_packed(2, 5, 3, 4, 8);
         p.num_text = 0;
         for (spec, shape, data) in p.into_tensors() {

@@ -125,6 +125,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "how the task of each batch is chosen",
     },
     FieldDoc {
+        name: "task_mixing",
+        ty: "str",
+        range: "\"step\" or \"sequence\"; \"sequence\" needs pack off",
+        doc: "step: one task per step on every rank (task_pick); sequence: each sequence draws its own (database, task) by the task weights, so a batch mixes tasks and target types (per-sequence seq_* tensors; task_pick round_robin cycles over the sequences)",
+    },
+    FieldDoc {
         name: "database_weights",
         ty: "list[float] | dict[str, float] | None",
         range: "None, one finite weight >= 0 per database (the order given), or {database name: weight} (unlisted databases keep 1); at least one > 0",
@@ -212,7 +218,7 @@ pub static FIELDS: &[FieldDoc] = &[
         name: "mask_prob_max",
         ty: "float",
         range: "a number in [0, 1]",
-        doc: "with examples: highest per-sequence probability of masking a cell (validated only: masking is not built yet)",
+        doc: "highest per-sequence probability of masking a cell: each training sequence draws p uniformly in [0, mask_prob_max] and masks each visible non-null cell of a decodable type (not text, not the seed's target) with probability p, as an extra target (is_masked, mask_pos; at most ceil(mask_prob_max x S) per sequence); 0 = no masking (docs/contexts.md)",
     },
     FieldDoc {
         name: "example_ranker",

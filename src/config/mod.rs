@@ -43,6 +43,17 @@ pub enum TaskPick {
     RoundRobin,
 }
 
+/// Whether a step has one task or each sequence draws its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMixing {
+    /// One task per step (on every rank), picked by `task_pick`.
+    #[default]
+    Step,
+    /// Each sequence draws its own (database, task) by the task weights.
+    Sequence,
+}
+
 /// How tier-1 examples of an in-context context are ranked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,6 +126,9 @@ pub struct SamplerConfig {
     pub task_weights: Option<TaskWeights>,
     /// How the task of each batch is chosen.
     pub task_pick: TaskPick,
+    /// One task per step (`step`, the default) or per sequence
+    /// (`sequence`: a batch mixes tasks, and databases of a mixture).
+    pub task_mixing: TaskMixing,
     /// Database weights of a mixture (a list in the order the databases
     /// were given, or `{database name: weight}`); `None` = uniform.
     pub database_weights: Option<TaskWeights>,
@@ -154,8 +168,8 @@ pub struct SamplerConfig {
     pub num_walks: usize,
     /// With `examples`: rows each walk visits, the seed first.
     pub walk_length: usize,
-    /// With `examples`: highest masking probability (validated; masking is
-    /// not built yet).
+    /// Highest per-sequence probability of masking a cell (as an extra
+    /// target; with or without `examples`; 0: no masking).
     pub mask_prob_max: f64,
     /// With `examples`: how tier-1 examples are ranked.
     pub example_ranker: ExampleRanker,
@@ -235,6 +249,7 @@ impl Default for SamplerConfig {
             pack_factor: 0,
             task_weights: None,
             task_pick: TaskPick::Weighted,
+            task_mixing: TaskMixing::Step,
             database_weights: None,
             telemetry_top_databases: 8,
             telemetry_databases: Vec::new(),
@@ -270,6 +285,29 @@ impl Default for SamplerConfig {
             debug_spin_ms: 0.0,
             debug_cpu_hog: false,
         }
+    }
+}
+
+impl SamplerConfig {
+    /// Masked-cell target slots per sequence (`M`): `ceil(mask_prob_max ·
+    /// S)`, 0 without masking. A sequence masks at most `M` cells.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    pub fn mask_slots(&self) -> usize {
+        self.mask_slots_at(self.default_sequence_length)
+    }
+
+    /// [`mask_slots`](Self::mask_slots) of a step of `s` cells per sequence.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    pub fn mask_slots_at(&self, s: usize) -> usize {
+        (self.mask_prob_max * s as f64).ceil() as usize
     }
 }
 

@@ -196,6 +196,12 @@ impl SamplerConfig {
     /// lists are checked only with `examples` on, so the defaults never
     /// refuse a short `default_sequence_length` that does not use them.
     fn validate_recipe(&self) -> Result<()> {
+        if self.task_mixing == super::TaskMixing::Sequence && self.pack {
+            return Err(bad(
+                "task_mixing",
+                "\"sequence\" with pack on (a packed sequence holds one task's contexts); allowed: \"step\", or \"sequence\" with pack off",
+            ));
+        }
         if self.num_walks > 10_000_000 {
             return Err(bad("num_walks", self.num_walks));
         }

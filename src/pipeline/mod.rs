@@ -454,10 +454,8 @@ impl Sampler {
                 d.step
             )));
         }
-        d.advance(
-            b.task_idx as usize,
-            core.step_shape(split, b.task_idx as usize, b.step).1,
-        );
+        let task = b.task_idx as usize;
+        d.advance_batch(task, &b.drawn, || core.step_shape(split, task, b.step).1);
         Ok(true)
     }
 

@@ -65,6 +65,31 @@ impl TaskPicker {
     }
 }
 
+impl TaskPicker {
+    /// The task of global sequence slot `slot` of step `step` when each
+    /// sequence draws its own (`task_mixing = "sequence"`), with
+    /// `per_step` slots per step: weighted, from its own hash of (step,
+    /// slot); round robin, cycling over the step's slots in order.
+    pub fn pick_slot(&self, step: u64, slot: u64, per_step: u64) -> u32 {
+        match self.mode {
+            TaskPick::RoundRobin => {
+                let n = self.cumulative.len() as u64;
+                let i = step.wrapping_mul(per_step).wrapping_add(slot) % n;
+                self.cumulative[i as usize].0
+            }
+            TaskPick::Weighted => {
+                let total = self.cumulative.last().map_or(0.0, |c| c.1);
+                let h = mix64(step.wrapping_add(0x9E37_79B9_7F4A_7C15))
+                    ^ slot.wrapping_mul(0xA24B_AED4_963E_E407);
+                let bits = mix64(self.key ^ 0x5EC5_0000_0000_0001 ^ mix64(h));
+                let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
+                let i = self.cumulative.partition_point(|&(_, c)| c <= x);
+                self.cumulative[i.min(self.cumulative.len() - 1)].0
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,11 +120,14 @@ impl Recorder for StepRecorder {
                     }
                     Measure::Last(f) => *v = f(r),
                     Measure::Least(f) => *v = v.min(f(r)),
-                    Measure::TaskSeeds => {
-                        if task == Some(r.task()) {
-                            *v += r.seeds();
+                    Measure::TaskSeeds => match task {
+                        Some(t) if !r.batch.task_seeds.is_empty() => {
+                            let n = r.batch.task_seeds.iter().filter(|s| s.0 as usize == t);
+                            *v += n.map(|s| f64::from(s.1)).sum::<f64>();
                         }
-                    }
+                        Some(t) if t == r.task() => *v += r.seeds(),
+                        _ => {}
+                    },
                     other => *v += other.per_batch(r),
                 },
             }

@@ -45,6 +45,7 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}truncation/cells_dropped": float(rng.integers(0, 300)),
             f"{P}padding/fraction_p50": float(rng.random()),
             f"{P}packing/segments_per_sequence_p50": float(rng.integers(1, 5)),
+            f"{P}context/masked_cells_p95": float(rng.integers(0, 64)),
             f"{P}queue/depth_min": float(rng.integers(0, 2)),
             f"{P}queue/depth_min_argmin_rank": 0.0,
             f"{P}queue/wait_seconds": float(rng.random() * 0.01),
@@ -134,3 +135,22 @@ def test_the_table_says_what_each_statistic_is() -> None:
     assert "share of steps that found the batch queue empty" in table
     for sig in SIGNALS.values():
         assert sig.what in table and sig.unit in table
+
+
+def test_masked_share_fires_on_mostly_masked_contexts_and_not_otherwise() -> None:
+    """``context/masked_cells_p95`` is judged over a sequence's filled cells
+    (S · (1 - padding p50)): 100 of 128 filled cells lights it, 40 of 128
+    (RT-J's masking at 0.5 masks below half) and no masking do not."""
+    (sig,) = [s for s in SIGNALS.values() if s.name == "context/masked_cells_p95"]
+    ctx = {**CTX, "sequence_length": 256}
+
+    def stat(masked: float) -> float:
+        steps = [
+            {f"{P}context/masked_cells_p95": masked, f"{P}padding/fraction_p50": 0.5}
+            for _ in range(10)
+        ]
+        return sig.stat(steps, ctx)
+
+    lo, hi = sig.healthy
+    assert stat(100.0) == pytest.approx(100 / 128) and stat(100.0) > hi
+    assert lo <= stat(40.0) <= hi and stat(0.0) == 0.0

@@ -412,7 +412,8 @@ def test_batch_to_device_pads_to_static_buckets(setup: Setup) -> None:
     raw = setup.np_batches[0]
     assert "fingerprint" in raw
     dev = DV.batch_to_device(raw)
-    assert list(dev) == list(M.MODEL_KEYS) == [*_native.BATCH_KEYS, *M.SEGMENT_KEYS]
+    assert list(dev) == list(M.MODEL_KEYS)
+    assert list(M.MODEL_KEYS) == [*_native.BATCH_KEYS, *M.SEGMENT_KEYS, *M.TARGET_KEYS]
     u, r = raw["text_batch_embeddings"].shape[0], raw["fk_adj"].shape[1]
     assert dev["text_batch_embeddings"].shape == (
         DV.bucket_size(u),

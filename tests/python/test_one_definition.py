@@ -44,6 +44,7 @@ BAD: dict[str, dict[str, Any]] = {
     "pack_factor": {"pack_factor": 65},
     "task_weights": {"task_weights": [1.0]},
     "task_pick": {"task_pick": "bogus"},
+    "task_mixing": {"task_mixing": "per_cell"},
     "database_weights": {"database_weights": [1.0, -1.0]},
     "telemetry_top_databases": {"telemetry_top_databases": 1025},
     "telemetry_databases": {"telemetry_databases": ["a", "a"]},
@@ -264,7 +265,20 @@ def test_batch_keys_are_the_native_list() -> None:
     finally:
         s.shutdown()
     packing = ["segment_ids", "target_pos", "target_count", "segment_seeds"]
-    assert list(b) == [*N.BATCH_KEYS, "fingerprint", "seq_valid", *packing, "db_idx"]
+    per_seq = ["seq_task_idx", "seq_target_stype", "seq_cat_emb_start", "seq_cat_emb_count"]
+    masked = ["is_masked", "mask_pos", "mask_count", "mask_cat_start", "mask_cat_count"]
+    assert list(b) == [
+        *N.BATCH_KEYS,
+        "fingerprint",
+        "seq_valid",
+        *packing,
+        "db_idx",
+        *per_seq,
+        "seq_db_idx",
+        *masked,
+    ]
+    for one in ("task_idx", "target_stype", "cat_emb_start", "cat_emb_count", "db_idx"):
+        assert (b[f"seq_{one}"] == b[one][0]).all(), f"a one-task batch: seq_{one} is {one}"
     assert list(b) == [t["name"] for t in N.batch_tensors()]
     assert b["target_count"].tolist() == [1, 1] and b["target_pos"].tolist() == [[0], [0]]
     assert b["seq_valid"].tolist() == [1, 1], "a training batch has no padded sequence"

@@ -143,6 +143,7 @@ def test_refusals_name_the_field(small: SmallDb) -> None:
         ("default_batch_size", 5),
         ("task_pick", "round_robin"),
         ("pool_fraction", 0.5),
+        ("task_mixing", "sequence"),
     ]:
         with pytest.raises(StateError, match=f"`{key}`") as e:
             N.Sampler(small.path, **{**CFG, key: value}, state=st)

@@ -81,6 +81,16 @@ def test_native_tensor_list_is_the_contract() -> None:
         "target_count": (("B",), "uint8"),
         "segment_seeds": (("B", "K"), "uint32"),
         "db_idx": (("1",), "uint32"),
+        "seq_task_idx": (("B",), "uint32"),
+        "seq_target_stype": (("B",), "uint8"),
+        "seq_cat_emb_start": (("B",), "uint32"),
+        "seq_cat_emb_count": (("B",), "uint32"),
+        "seq_db_idx": (("B",), "uint32"),
+        "is_masked": (("B", "S"), "uint8"),
+        "mask_pos": (("B", "M"), "uint16"),
+        "mask_count": (("B",), "uint16"),
+        "mask_cat_start": (("B", "M"), "uint32"),
+        "mask_cat_count": (("B", "M"), "uint32"),
     }
     assert got == {**want, **extra}
     assert list(got) == [*N.BATCH_KEYS, *extra] == [*LAYOUT, *extra]

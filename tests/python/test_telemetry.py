@@ -688,6 +688,8 @@ EXTRA_REDUCTIONS = {
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
     "context/no_examples": "SUM",
+    "context/tasks_per_batch": "MAX",
+    "context/masked_cells": "HISTOGRAM",
 }
 
 
@@ -728,12 +730,13 @@ def test_schema_changes_with_hops_and_sequence_length(small: SmallDb, closing: l
     assert [x["key"] for x in hops] == [x["key"] for x in base]
     assert diff(base, hops) == {P + "bfs/depth"}
     # The histograms bucket up to S (a sequence holds at most S rows,
-    # segments or example rows; a step's S is at most the longest).
+    # segments, example rows or masked cells; a step's S is at most the longest).
     assert diff(base, seq) == {
         P + "batch/seq_len",
         P + "bfs/rows",
         P + "packing/segments_per_sequence",
         P + "context/examples_per_sequence",
+        P + "context/masked_cells",
     }
     assert schema_edges(hops, "bfs/depth") == [0, 1, 2, 3, 4, 5, INF]
     assert schema_edges(base, "bfs/rows") == [1, 2, 4, 8, 16, 32, 48, INF]
@@ -784,6 +787,7 @@ PROM_GAUGES = {
     "headwater_mixture_steps_since_pick_worst_index": "databases/steps_since_pick_worst",
     "headwater_mixture_remaining_fraction_min_ratio": "databases/remaining_fraction_min",
     "headwater_mixture_remaining_fraction_worst_index": "databases/remaining_fraction_worst",
+    "headwater_context_tasks_per_batch": "context/tasks_per_batch",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",
@@ -819,6 +823,7 @@ PROM_HISTS = {
     "headwater_stage_total_seconds": "stage/total_seconds",
     "headwater_packing_segments_per_sequence": "packing/segments_per_sequence",
     "headwater_context_examples_per_sequence": "context/examples_per_sequence",
+    "headwater_context_masked_cells": "context/masked_cells",
 }
 PROM_WAIT = "headwater_queue_wait_seconds"  # histogram; the drain keeps its sum
 #: Seconds per batch exported as latency histograms (the drain keeps their sums).

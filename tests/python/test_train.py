@@ -327,6 +327,7 @@ STREAM_KEYS = {
     "seed",
     "task_weights",
     "task_pick",
+    "task_mixing",  # docs/sampling.md, Mixed-task batches
     "default_batch_size",
     "default_sequence_length",
     "bfs_child_width",

@@ -28,10 +28,10 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dash_m
 
+from headwater.dashboards.contexts import _contexts
 from headwater.dashboards.panels import (
     ROWS,
     _bfs,
-    _contexts,
     _invariants,
     _pool_health,
     _queue,

@@ -306,51 +306,6 @@ def _bfs() -> list[PanelBuilder]:
     ]
 
 
-def _contexts() -> list[PanelBuilder]:
-    """The in-context recipe (``examples = true``): zero on the default layout."""
-    return [
-        _timeseries(
-            "Context cells per tier/s",
-            "Cells per second (cluster sum) of the seeds' own BFS (tier 0), of walk- or "
-            "recency-ranked labelled examples with their shells (tier 1) and of random labelled "
-            "rows (tier 2). Healthy: all three non-zero, tier 1 the bulk. Pathological: tier 1 "
-            "at 0 while tier 2 fills the context (no eligible examples: the walks reach no "
-            "labelled row of the seed's table before its time), or everything in tier 0.",
-            [Q(across(f"context/tier{t}_cells"), f"tier {t}") for t in range(3)],
-            unit="cps",
-            span=8,
-        ),
-        _timeseries(
-            "Examples per sequence p50/p95",
-            "Labelled example rows (tiers 1 and 2) per sequence from the cluster-merged "
-            "buckets. Healthy: tens, steady. Pathological: 0 (the context holds only the "
-            "seed's neighbourhood: a cold table, or every context past its deadline).",
-            [
-                Q(quantile(0.5, "context/examples_per_sequence"), "p50"),
-                Q(quantile(0.95, "context/examples_per_sequence"), "p95"),
-            ],
-            span=8,
-        ),
-        _timeseries(
-            "Walk steps/s, deadline hits/s, sequences without examples/s",
-            "Random-walk steps taken ranking examples, contexts abandoned past "
-            "context_deadline_ms (replaced by the seed's plain context), and sequences built in "
-            "time that hold no example, per second, cluster sum. Healthy: walk steps ~ "
-            "num_walks x walk_length x contexts/s, deadline hits 0, sequences without examples "
-            "near 0. Pathological: deadline hits above 0 (hub rows, a deadline below the walk "
-            "cost); sequences without examples ~ the sequence rate (no labelled row of the "
-            "seed's table dated before it, or tier 0 takes the whole context).",
-            [
-                Q(across("context/walk_steps"), "walk steps/s"),
-                Q(across("context/deadline_hits"), "deadline hits/s"),
-                Q(across("context/no_examples"), "sequences without examples/s"),
-            ],
-            unit="cps",
-            span=8,
-        ),
-    ]
-
-
 _WAIT_SHARE = across("queue/wait_seconds", by="rank")
 
 

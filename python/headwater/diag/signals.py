@@ -198,6 +198,25 @@ def maximum(label: str) -> Rule:
     return rule
 
 
+def share_of_cells(label: str) -> Rule:
+    """The key per step (a count of a sequence's cells) over a sequence's
+    filled cells, ``S · (1 - padding/fraction_p50)``; the statistic is its
+    median over the steps."""
+    padding_key = reduced("padding/fraction", "p50")
+
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            cells = float(ctx["sequence_length"]) * (1.0 - series(rows, padding_key))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                x = np.where(cells > 0, series(rows, key) / cells, np.nan)
+            ok = x[~np.isnan(x)]
+            return (float(np.median(ok)) if ok.size else math.nan), {label: x}
+
+        return f
+
+    return rule
+
+
 def total(label: str) -> Rule:
     """The run total of a counter (traced as the running total)."""
 
@@ -491,6 +510,17 @@ _TABLE: tuple[Signal, ...] = (
         healthy=(0.0, 0.05),
         what="median time to make one batch",
         unit="seconds",
+        per_step=True,
+    ),
+    Signal(
+        metric="context/masked_cells",
+        quantile="p95",
+        rule=share_of_cells("batch p95 / filled cells per step"),
+        healthy=(0.0, 0.6),
+        what="cells masked as extra targets in the 95th-percentile sequence, as a share of "
+        "a sequence's filled cells (median over steps; above 0.6: many contexts are mostly "
+        "targets, mask_prob_max too high; RT-J's 0.5 stays below)",
+        unit="share of cells",
         per_step=True,
     ),
     Signal(

@@ -44,7 +44,7 @@ def pad_batch(
     ``fingerprint`` (and any other extra key) is dropped; dtypes are kept.
     ``text_rows`` / ``fk_rows`` force a size (at least the batch's own);
     otherwise :func:`bucket_size` picks it. With ``max_categories``, a batch
-    whose ``cat_emb_count`` exceeds it is a ``ValueError``.
+    whose ``cat_emb_count`` (of any sequence) exceeds it is a ``ValueError``.
     """
     missing = [k for k in MODEL_KEYS if k not in np_batch]
     if missing:
@@ -66,10 +66,9 @@ def pad_batch(
         raise ValueError(f"fk_rows={r_to} is below the batch's {r} rows")
     if r_to > r:
         out["fk_adj"] = np.pad(adj, ((0, 0), (0, r_to - r), (0, r_to - r)))
-    if max_categories is not None and int(out["cat_emb_count"][0]) > max_categories:
-        raise ValueError(
-            f"cat_emb_count={int(out['cat_emb_count'][0])} exceeds max_categories={max_categories}"
-        )
+    most = int(np.max(out["seq_cat_emb_count"], initial=int(out["cat_emb_count"][0])))
+    if max_categories is not None and most > max_categories:
+        raise ValueError(f"cat_emb_count={most} exceeds max_categories={max_categories}")
     return out
 
 

@@ -55,7 +55,7 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
         def at(x: jax.Array) -> jax.Array:
             return jnp.take_along_axis(x, pos.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
 
-        start = batch["cat_emb_start"][0].astype(jnp.int32)
+        start = M.per_target(batch, "cat_emb_start")
         preds = jnp.stack(
             [
                 out["numeric"],
@@ -72,10 +72,11 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
                 (at(batch["categorical_embed_ids"]).astype(jnp.int32) - start).astype(jnp.float32),
             ]
         )
-        code = jnp.clip(batch["target_stype"][0].astype(jnp.int32), 0, 3)
+        # Each sequence's own target type (a batch may mix tasks).
+        code = jnp.clip(M.per_target(batch, "target_stype"), 0, 3)
         res = {
-            "pred": preds[code],
-            "label": labels[code],
+            "pred": jnp.take_along_axis(preds, code[None], axis=0)[0],
+            "label": jnp.take_along_axis(labels, code[None], axis=0)[0],
             "mask": ((valid != 0) & (at(batch["is_null"]) == 0)).astype(jnp.float32),
         }
         if axis_name is not None:

@@ -45,10 +45,12 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
   numerical (Huber on the z-score), boolean (BCE on a logit), timestamp (MSE
   on the 15-float encoding), categorical (scores against the projected
   category embeddings ``cat_emb_table[cat_emb_start + k]`` for ``k <
-  max_categories``, masked to ``k < cat_emb_count``: one static window, no
+  max_categories``, masked to ``k < cat_emb_count``: one static window per
+  target, its sequence's ``seq_cat_emb_start``/``seq_cat_emb_count``, no
   recompilation per batch), and null (BCE: is the target null?).
-* **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``,
-  ``one_hot(target_stype, 4) @ type_losses``,
+* **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``, each
+  target's row of ``one_hot(seq_target_stype, 4)`` times its column (a
+  batch may mix tasks and target types, ``task_mixing = "sequence"``),
   ``mean(null_loss + (1 - is_null_at_target) * type_loss)`` over the real
   targets (every segment of every sequence, weighted equally).
 
@@ -98,6 +100,7 @@ from headwater.train.attention import (
 )
 from headwater.train.optim import OptConfig, make_optimizer
 from headwater.train.scale import REMAT_POLICIES, remat
+from headwater.train.targets import _at_target, per_target, target_positions, target_weights
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
 NUMERICAL, BOOLEAN, TIMESTAMP, CATEGORICAL, TEXT = range(5)
@@ -116,8 +119,26 @@ SEGMENT_KEYS: tuple[str, ...] = tuple(
     for t in _native.batch_tensors()
     if t["name"] in ("segment_ids", "target_pos", "target_count")
 )
+#: The per-sequence forms of the per-batch target tensors the model reads
+#: (each sequence's target type and categorical window: a batch may mix
+#: tasks, ``task_mixing = "sequence"``) and the masked-cell targets
+#: (``mask_prob_max``; :mod:`headwater.train.targets`).
+TARGET_KEYS: tuple[str, ...] = tuple(
+    t["name"]
+    for t in _native.batch_tensors()
+    if t["name"]
+    in (
+        "seq_target_stype",
+        "seq_cat_emb_start",
+        "seq_cat_emb_count",
+        "mask_pos",
+        "mask_count",
+        "mask_cat_start",
+        "mask_cat_count",
+    )
+)
 #: Every tensor the model reads, in the native list's order.
-MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS
+MODEL_KEYS: tuple[str, ...] = BATCH_KEYS + SEGMENT_KEYS + TARGET_KEYS
 
 #: Default of ``ModelConfig.onehot_max_rows``: the type, null, mask and bool
 #: tables (5 and 2 rows), the column table and small category tables are
@@ -389,24 +410,6 @@ def encode(
     return h + col_e + _take(enc["type_emb"].astype(dt), st, oh)
 
 
-def target_positions(batch: Mapping[str, jax.Array]) -> jax.Array:
-    """``[B, K]`` position of each segment's target cell (``target_pos``)."""
-    return batch["target_pos"].astype(jnp.int32)
-
-
-def target_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
-    """``[B·K]`` 1.0 for a real target (slot below ``target_count``), else 0."""
-    k = batch["target_pos"].shape[1]
-    real = jnp.arange(k)[None, :] < batch["target_count"].astype(jnp.int32)[:, None]
-    return real.reshape(-1).astype(jnp.float32)
-
-
-def _at_target(x: jax.Array, pos: jax.Array) -> jax.Array:
-    """``x [B, S, ...]`` at ``pos [B, K]``, flattened to ``[B·K, ...]``."""
-    got = x[jnp.arange(x.shape[0])[:, None], pos]
-    return got.reshape(-1, *got.shape[2:])
-
-
 def hidden_states(
     params: Params,
     batch: Mapping[str, jax.Array],
@@ -445,8 +448,10 @@ def forward(
     cat_emb: jax.Array,
     cfg: ModelConfig,
 ) -> dict[str, jax.Array]:
-    """Decoder outputs (float32) at each target cell, ``N = B·K`` of them
-    (sequence-major; ``K = 1`` unpacked, so ``N = B``).
+    """Decoder outputs (float32) at each target cell, ``N = B·(K+M)`` of
+    them (sequence-major: each sequence's ``K`` segment targets, ``K = 1``
+    unpacked, then its ``M`` masked-cell slots, ``M = 0`` by default;
+    :mod:`headwater.train.targets`).
 
     ``numeric [N]``, ``boolean [N]`` (logit), ``timestamp [N, 15]``,
     ``categorical [N, max_categories]`` (logits, invalid slots ``-1e9``),
@@ -458,12 +463,14 @@ def forward(
     hp = params["head"]
     z = rms_norm(_at_target(h, target_positions(batch)), hp["norm"], cfg.norm_eps, jnp.float32)
 
-    start = batch["cat_emb_start"][0].astype(jnp.int32)
+    # Each target's own categorical window (its sequence's target column).
+    start = per_target(batch, "cat_emb_start")
+    count = per_target(batch, "cat_emb_count")
     slots = jnp.arange(cfg.max_categories)
-    cand = _take(cat_table, start + slots).astype(jnp.float32)  # [K, d]
+    cand = _take(cat_table, start[:, None] + slots[None]).astype(jnp.float32)  # [N, C, d]
     q = z @ hp["cat_w"]
-    cat_logits = (q @ cand.T) / math.sqrt(cfg.d_model)
-    cat_logits = jnp.where(slots[None] < batch["cat_emb_count"][0], cat_logits, MASK_FILL)
+    cat_logits = jnp.einsum("nd,ncd->nc", q, cand) / math.sqrt(cfg.d_model)
+    cat_logits = jnp.where(slots[None] < count[:, None], cat_logits, MASK_FILL)
     return {
         "numeric": (z @ hp["numeric_w"] + hp["numeric_b"])[:, 0],
         "boolean": (z @ hp["bool_w"] + hp["bool_b"])[:, 0],
@@ -488,9 +495,7 @@ def compute_loss(
     y_bool = _at_target(batch["bool_values"], pos).astype(jnp.float32)
     y_ts = _at_target(batch["timestamp_values"], pos).astype(jnp.float32)
     cat_id = _at_target(batch["categorical_embed_ids"], pos).astype(jnp.int32)
-    y_cat = jnp.clip(
-        cat_id - batch["cat_emb_start"][0].astype(jnp.int32), 0, cfg.max_categories - 1
-    )
+    y_cat = jnp.clip(cat_id - per_target(batch, "cat_emb_start"), 0, cfg.max_categories - 1)
     # A null target's value slots may hold anything: keep them finite, its
     # type loss is multiplied by 0 below.
     y_num = jnp.where(y_null > 0, 0.0, y_num)
@@ -502,9 +507,10 @@ def compute_loss(
     cat_loss = optax.softmax_cross_entropy_with_integer_labels(outputs["categorical"], y_cat)
     null_loss = optax.sigmoid_binary_cross_entropy(outputs["null"], y_null)
 
-    type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]
-    selector = jax.nn.one_hot(batch["target_stype"][0].astype(jnp.int32), NUM_TARGET_STYPES)
-    type_loss = selector @ type_losses  # [B]
+    type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, N]
+    # Each target's own type (its sequence's task): one-hot [N, 4].
+    selector = jax.nn.one_hot(per_target(batch, "target_stype"), NUM_TARGET_STYPES)
+    type_loss = jnp.sum(selector.T * type_losses, axis=0)  # [N]
     per_example = null_loss + (1.0 - y_null) * type_loss
     w = target_weights(batch)
     n = jnp.maximum(jnp.sum(w), 1.0)

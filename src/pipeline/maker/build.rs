@@ -11,23 +11,19 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::checks::in_database;
 use super::draw::{BuildBuffers, Draws, Planned};
-use super::plan::{SamplerCore, TargetPlan};
+use super::plan::{SamplerCore, TaskGroup};
 use super::MadeBatch;
-use crate::batch::{
-    assemble_packed_sequence, collate_text, pack_contexts, AssembleScratch, Batch, SeqContext,
-    TableCells, Target,
-};
+use crate::batch::pack_contexts;
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::readings::{stage, BatchReadings, IntegrityReadings, SeqReadings};
+use crate::readings::{stage, BatchReadings, IntegrityReadings};
 use crate::rng::Xoshiro256pp;
 use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::stalls::{Stage, Watched};
 
 thread_local! {
-    static SCRATCH: RefCell<(BfsScratch, AssembleScratch)> = RefCell::new(Default::default());
+    static SCRATCH: RefCell<BfsScratch> = RefCell::new(BfsScratch::default());
 }
 
 /// Builds task contexts: one BFS from a seed row, with this thread's
@@ -64,7 +60,7 @@ impl ContextBuilder<'_> {
                 obs_time,
                 &p,
                 &mut rng,
-                &mut sc.borrow_mut().0,
+                &mut sc.borrow_mut(),
                 sub,
             );
         });
@@ -112,6 +108,8 @@ impl SamplerCore {
                     world_size,
                     exhaust_events,
                     duplicates,
+                    groups,
+                    drawn,
                 },
             jobs,
             draw,
@@ -139,16 +137,20 @@ impl SamplerCore {
         if self.cfg.debug_stall_step == Some(step) && split == crate::seeds::Split::Train {
             super::super::inject::injected_stall(self.cfg.debug_stall_ms);
         }
-        let mut made = self.build_batch(
-            (k, seq_len),
-            &jobs,
-            self.cfg.pack,
-            buffers,
-            &batch_span,
+        let one = [(k, 0..jobs.len())];
+        let bc = BuildCtx {
+            seq_len,
+            batch_span: &batch_span,
             t0,
             split_up,
-            watched.as_ref(),
-        )?;
+            watched: watched.as_ref(),
+        };
+        let g = if groups.is_empty() {
+            &one[..]
+        } else {
+            &groups[..]
+        };
+        let mut made = self.build_groups(g, &jobs, self.cfg.pack, buffers, &bc)?;
         let out = watched.map(Watched::finish).unwrap_or_default();
         made.readings.stalls += u32::from(stall.stalled) + u32::from(out.stalled);
         made.readings.stall_dump_failures = stall.dump_failures + out.dump_failures;
@@ -160,8 +162,15 @@ impl SamplerCore {
         let batch = &mut made.batch;
         batch.fingerprint =
             fingerprint([key, step, rank as u64, world_size as u64], k, &batch.seeds);
+        if !groups.is_empty() {
+            batch.fingerprint = super::mixing::mixed_fingerprint(batch.fingerprint, &groups);
+            batch.drawn = drawn;
+        }
         batch.split = split;
         batch.step = step;
+        if self.cfg.mask_prob_max > 0.0 {
+            self.mask_cells(&mut made, super::derive(key, &[u64::from(rank), MASK_TAG]));
+        }
         Ok(made)
     }
 
@@ -188,6 +197,37 @@ impl SamplerCore {
         split_up: bool,
         watched: Option<&Watched<'_>>,
     ) -> Result<MadeBatch> {
+        let groups = [(k, 0..jobs.len())];
+        let ctx = BuildCtx {
+            seq_len: s,
+            batch_span,
+            t0,
+            split_up,
+            watched,
+        };
+        self.build_groups(&groups, jobs, packed, buffers, &ctx)
+    }
+
+    /// [`build_batch`](Self::build_batch) of a batch whose sequences are
+    /// `groups` (task, its jobs' range: contiguous, in job order) — one
+    /// group for a one-task step, one per task for `task_mixing =
+    /// "sequence"` (never packed).
+    pub(super) fn build_groups(
+        &self,
+        groups: &[TaskGroup],
+        jobs: &[(u32, u32, i64, u64)],
+        packed: bool,
+        buffers: &mut BuildBuffers,
+        bc: &BuildCtx<'_, '_>,
+    ) -> Result<MadeBatch> {
+        let BuildCtx {
+            seq_len: s,
+            batch_span,
+            t0,
+            split_up,
+            watched,
+        } = *bc;
+        let k = groups[0].0;
         let min_len = if split_up { 1 } else { usize::MAX };
         let usage0 = crate::probes::usage(split_up);
         let t_probe = Instant::now();
@@ -205,10 +245,9 @@ impl SamplerCore {
         } else {
             jobs.len()
         };
-        self.check_anchors(k, jobs)?;
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_contexts((k, s), jobs, subgraphs, min_len)?;
+        self.build_group_contexts(groups, s, jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
@@ -217,34 +256,25 @@ impl SamplerCore {
         };
         drop(bfs_span);
         let t_bfs = Instant::now();
-        let layout = Layout {
+        let layout = super::assembly::Layout {
             start: &start,
             seeds: &seq_seeds,
             subgraphs,
             slots: if packed { self.segment_slots } else { 1 },
         };
         stage_to(Stage::Assembly);
-        let (mut batch, seqs) = self.assemble((k, s), jobs, &layout, min_len)?;
+        let (mut batch, seqs) = self.assemble(groups, s, jobs, &layout, min_len)?;
         let t_asm = Instant::now();
         stage_to(Stage::Collate);
         let collate_span =
             tracing::info_span!("collate", unique_texts = tracing::field::Empty).entered();
-        let db = &*self.dbs[self.tasks[k].db].db;
-        collate_text(&mut batch, db.text_embedding_rows()?, &mut buffers.text_map);
-        // Every read above checked its block (on this thread, or on the
-        // pool's before the join): a corrupt one stops the batch here.
-        let name = &self.dbs[self.tasks[k].db].name;
-        db.integrity().check().map_err(|e| in_database(name, e))?;
+        self.collate(&mut batch, groups, buffers)?;
         collate_span.record("unique_texts", batch.num_text as i64);
         drop(collate_span);
         let t_end = Instant::now();
         batch_span.record("rows", seqs.iter().map(|q| q.rows as i64).sum::<i64>());
         batch_span.record("cells", seqs.iter().map(|q| q.cells as i64).sum::<i64>());
-        let mut stage_ns = [0; 4];
-        stage_ns[stage::BFS] = (t_bfs - t0).as_nanos() as u64;
-        stage_ns[stage::ASSEMBLE] = (t_asm - t_bfs).as_nanos() as u64;
-        stage_ns[stage::COLLATE] = (t_end - t_asm).as_nanos() as u64;
-        stage_ns[stage::TOTAL] = (t_end - t0).as_nanos() as u64;
+        let stage_ns = stage_times(t0, t_bfs, t_asm, t_end);
         let end = crate::probes::usage(split_up);
         let used = end.since(usage0);
         // The run-queue wait before the build started (woken for this job,
@@ -267,6 +297,8 @@ impl SamplerCore {
             probed_ns: t_probe.elapsed().as_nanos() as u64 + start_wait_ns,
             integrity: self.integrity_readings(),
             stalls: deadline_hits,
+            tasks: groups.len() as u32,
+            task_seeds: task_seeds(groups),
             seqs,
             ..BatchReadings::default()
         };
@@ -312,12 +344,9 @@ impl SamplerCore {
         &self,
         (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
-        subgraphs: &mut Vec<Subgraph>,
+        subgraphs: &mut [Subgraph],
         min_len: usize,
     ) -> Result<()> {
-        if subgraphs.len() != jobs.len() {
-            subgraphs.resize_with(jobs.len(), Subgraph::default);
-        }
         if self.cfg.examples && self.build_in_context((k, s), jobs, subgraphs, min_len)? {
             return Ok(());
         }
@@ -329,6 +358,27 @@ impl SamplerCore {
                 .with_min_len(min_len)
                 .for_each(|(sub, job)| builder.build(job.1, job.2, job.3, s, sub));
         });
+        Ok(())
+    }
+
+    /// Every context of `jobs` into `subgraphs`, group by group (each
+    /// with its task's anchors checked and its task's builder).
+    fn build_group_contexts(
+        &self,
+        groups: &[TaskGroup],
+        s: usize,
+        jobs: &[(u32, u32, i64, u64)],
+        subgraphs: &mut Vec<Subgraph>,
+        min_len: usize,
+    ) -> Result<()> {
+        if subgraphs.len() != jobs.len() {
+            subgraphs.resize_with(jobs.len(), Subgraph::default);
+        }
+        for (k, range) in groups {
+            let r = range.clone();
+            self.check_anchors(*k, &jobs[r.clone()])?;
+            self.build_contexts((*k, s), &jobs[r.clone()], &mut subgraphs[r], min_len)?;
+        }
         Ok(())
     }
 
@@ -383,112 +433,41 @@ impl SamplerCore {
         }
         (seq_seeds, start)
     }
+}
 
-    /// Assemble the sequences of `layout` into a batch of task `k` and
-    /// length `s` (the seeds of `jobs`), with each sequence's readings.
-    fn assemble(
-        &self,
-        (k, s): (usize, usize),
-        jobs: &[(u32, u32, i64, u64)],
-        layout: &Layout<'_>,
-        min_len: usize,
-    ) -> Result<(Batch, Vec<SeqReadings>)> {
-        let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
-        let plan = &self.tasks[k];
-        let mdb = &self.dbs[plan.db];
-        let db = &*mdb.db;
-        let m = db.metadata();
-        let Layout {
-            start,
-            seeds,
-            subgraphs,
-            slots,
-        } = *layout;
-        let b = start.len() - 1;
-        let r = start
-            .windows(2)
-            .map(|w| {
-                subgraphs[w[0]..w[1]]
-                    .iter()
-                    .map(|g| g.rows.len())
-                    .sum::<usize>()
-            })
-            .max()
-            .unwrap_or(0);
-        let mut batch = Batch::unfilled(b, s, r, slots, m.embedder.dim as usize);
-        batch.task_idx = k as u32;
-        batch.db_idx = plan.db as u32;
-        batch.target_stype = plan.stype_code;
-        batch.cat_emb_start = plan.cat_emb_start;
-        batch.cat_emb_count = plan.cat_emb_count;
-        batch.seeds.extend(jobs.iter().map(|j| j.0));
-        let tables = table_cells(db)?;
-        let task = db.task(plan.local)?;
-        let target = match plan.target {
-            TargetPlan::Cell { slot } => Target::Cell { slot },
-            TargetPlan::Virtual { column_idx, code } => Target::Virtual {
-                column_idx,
-                code,
-                values: task.targets,
-                validity: task.target_validity,
-            },
-        };
-        let ctx = SeqContext {
-            graph: db.graph(),
-            tables: &tables,
-            ts_mean: m.timestamp_stats.mean_us,
-            ts_std: m.timestamp_stats.std_us,
-            target,
-            num_categorical: u32::try_from(m.num_categorical_embeddings).unwrap_or(u32::MAX),
-            num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
-            column_offset: mdb.column_offset,
-            categorical_offset: mdb.categorical_offset,
-        };
-        let seqs = self.pool.install(|| {
-            batch.fill_sequences(min_len, |i, o, seg| {
-                let range = start[i]..start[i + 1];
-                let (subs, seeds) = (&subgraphs[range.clone()], &seeds[range]);
-                SCRATCH.with(|sc| {
-                    assemble_packed_sequence(&ctx, subs, seeds, r, o, seg, &mut sc.borrow_mut().1)
-                })
-            })
-        });
-        asm_span.record("max_rows", r as i64);
-        Ok((batch, seqs))
+/// Tags the masking keys apart from a step's other keys.
+const MASK_TAG: u64 = 0x6D61_736B;
+
+/// Wall time of each stage (`crate::readings::stage`) from its marks.
+fn stage_times(t0: Instant, t_bfs: Instant, t_asm: Instant, t_end: Instant) -> [u64; 4] {
+    let mut stage_ns = [0; 4];
+    stage_ns[stage::BFS] = (t_bfs - t0).as_nanos() as u64;
+    stage_ns[stage::ASSEMBLE] = (t_asm - t_bfs).as_nanos() as u64;
+    stage_ns[stage::COLLATE] = (t_end - t_asm).as_nanos() as u64;
+    stage_ns[stage::TOTAL] = (t_end - t0).as_nanos() as u64;
+    stage_ns
+}
+
+/// (task, seeds) of a batch of several tasks; empty for one task.
+fn task_seeds(groups: &[TaskGroup]) -> Vec<(u32, u32)> {
+    if groups.len() < 2 {
+        return Vec::new();
     }
-}
-
-/// How a batch's contexts are laid out over its sequences.
-#[derive(Clone, Copy)]
-struct Layout<'a> {
-    /// Sequence `q` holds contexts `start[q]..start[q + 1]`.
-    start: &'a [usize],
-    /// The contexts' seeds, in layout order.
-    seeds: &'a [u32],
-    /// The contexts, in layout order.
-    subgraphs: &'a [Subgraph],
-    /// Segment slots per sequence (`K`).
-    slots: usize,
-}
-
-/// Every table of `db` as stored columns with their cell type codes.
-fn table_cells(db: &crate::format::Database) -> Result<Vec<TableCells<'_>>> {
-    let m = db.metadata();
-    (0..m.tables.len())
-        .map(|t| {
-            let v = db.table(t)?;
-            let codes = v
-                .columns
-                .iter()
-                .map(|c| m.columns[c.column_idx as usize].stype.code().unwrap_or(0) as i8)
-                .collect();
-            Ok(TableCells {
-                row_offset: v.row_offset,
-                columns: v.columns,
-                codes,
-            })
-        })
+    groups
+        .iter()
+        .map(|(k, r)| (*k as u32, r.len() as u32))
         .collect()
+}
+
+/// Where a build reports: its span, start, threading and stall mark.
+#[derive(Clone, Copy)]
+pub(super) struct BuildCtx<'a, 'w> {
+    /// The step's `S`.
+    pub(super) seq_len: usize,
+    pub(super) batch_span: &'a tracing::Span,
+    pub(super) t0: Instant,
+    pub(super) split_up: bool,
+    pub(super) watched: Option<&'a Watched<'w>>,
 }
 
 /// Hash of the step's identity (its key, step, rank and world size), the

@@ -52,7 +52,7 @@ impl SplitState {
             (Some(t), Some(&s)) if self.split == Split::Train => (t / s, s),
             _ => (cfg.default_batch_size, cfg.default_sequence_length),
         };
-        crate::batch::batch_bytes(b, s, slots, r, u, dim)
+        crate::batch::batch_bytes(b, s, (slots, cfg.mask_slots_at(s)), r, u, dim)
     }
 
     /// Seeds left before the next reshuffle and pool size per task (`None`
@@ -172,6 +172,9 @@ impl SamplerCore {
                 ),
             ));
         }
+        if self.mixes_sequences() {
+            return self.draw_mixed(state, jobs, world_size);
+        }
         let k = state.picker.pick(step) as usize;
         let key = self.step_key(state.split, step);
         let task = self.task_view(k)?;
@@ -187,6 +190,8 @@ impl SamplerCore {
             world_size,
             exhaust_events: 0,
             duplicates: 0,
+            groups: Vec::new(),
+            drawn: Vec::new(),
         };
         jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
@@ -214,6 +219,10 @@ impl SamplerCore {
     pub fn skip_batches(&self, state: &mut SplitState, n: u64) -> Result<()> {
         for _ in 0..n {
             Self::check_can_draw(state)?;
+            if self.mixes_sequences() {
+                self.skip_mixed(state);
+                continue;
+            }
             let k = state.picker.pick(state.stream.step) as usize;
             let (_, b) = self.step_shape(state.split, k, state.stream.step);
             state.stream.advance(k, b);
@@ -406,6 +415,8 @@ fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
 pub(in crate::pipeline) struct BuildBuffers {
     pub(in crate::pipeline) subgraphs: Vec<Subgraph>,
     pub(in crate::pipeline) text_map: FxMap<u32, u32>,
+    /// Keyed by (database, text id): a batch of several databases.
+    pub(in crate::pipeline) text_map_mixed: FxMap<u64, u32>,
 }
 
 /// A batch drawn but not built: see [`SamplerCore::plan`].
@@ -431,6 +442,11 @@ pub(super) struct Draws {
     pub(super) world_size: u32,
     pub(super) exhaust_events: u32,
     pub(super) duplicates: u32,
+    /// With `task_mixing = "sequence"`: the jobs of each task (else empty:
+    /// every job is of `task`).
+    pub(super) groups: Vec<super::plan::TaskGroup>,
+    /// With `task_mixing = "sequence"`: (task, global positions consumed).
+    pub(super) drawn: Vec<(u32, u64)>,
 }
 
 #[cfg(test)]

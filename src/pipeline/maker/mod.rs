@@ -18,10 +18,13 @@
 //! What a batch's producer measured travels beside it
 //! ([`MadeBatch::readings`]), never inside the `Batch`.
 
+mod assembly;
 mod build;
 mod checks;
 mod draw;
 mod examples;
+mod masking;
+mod mixing;
 mod plan;
 mod recall;
 mod shape;

@@ -31,6 +31,9 @@ pub const MIX_WINDOW: usize = 64;
 /// for `pack_factor = 0`.
 pub const PACK_PROBE: usize = 64;
 
+/// A task and the range of a step's jobs (sequences) drawn for it.
+pub(super) type TaskGroup = (usize, std::ops::Range<usize>);
+
 /// How a task's target cell is found.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum TargetPlan {

@@ -48,7 +48,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ExampleRanker, SamplerConfig, TaskPick};
+use crate::config::{ExampleRanker, SamplerConfig, TaskMixing, TaskPick};
 use crate::error::Result;
 use crate::seeds::MixWindow;
 use crate::seeds::Split;
@@ -105,6 +105,38 @@ impl StreamState {
         self.last_picked[task] = Some(self.step);
         self.mix.push(task as u32);
         self.step += 1;
+    }
+
+    /// Record that `step` (the current one) drew its sequences' own tasks
+    /// (`task_mixing = "sequence"`): `counts` holds (task, global pool
+    /// positions consumed over every rank). The mix window records one
+    /// pick per sequence.
+    pub fn advance_counts(&mut self, counts: &[(u32, u64)]) {
+        for &(k, n) in counts {
+            let k = k as usize;
+            self.drawn[k] += n;
+            self.last_picked[k] = Some(self.step);
+            for _ in 0..n {
+                self.mix.push(k as u32);
+            }
+        }
+        self.step += 1;
+    }
+
+    /// Record the step a batch made: its sequences' own tasks (`drawn`,
+    /// as in [`Self::advance_counts`]) or, when empty, one task `task`
+    /// with `batch_size()` positions per rank (as in [`Self::advance`]).
+    pub fn advance_batch(
+        &mut self,
+        task: usize,
+        drawn: &[(u32, u64)],
+        batch_size: impl FnOnce() -> usize,
+    ) {
+        if drawn.is_empty() {
+            self.advance(task, batch_size());
+        } else {
+            self.advance_counts(drawn);
+        }
     }
 
     /// Continue with `world_size` ranks from the current step on.
@@ -191,6 +223,10 @@ pub struct StreamConfig {
     /// Highest masking probability (absent at 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mask_prob_max: f64,
+    /// One task per step or per sequence (absent in states saved before
+    /// mixing existed: per step).
+    #[serde(default)]
+    pub task_mixing: TaskMixing,
 }
 
 fn one() -> usize {
@@ -236,6 +272,7 @@ impl StreamConfig {
             walk_length: cfg.examples.then_some(cfg.walk_length),
             example_ranker: cfg.examples.then_some(cfg.example_ranker),
             mask_prob_max: cfg.mask_prob_max,
+            task_mixing: cfg.task_mixing,
         }
     }
 
@@ -359,7 +396,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 24, "{keys:?}");
+        assert_eq!(keys.len(), 25, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),
