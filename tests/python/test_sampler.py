@@ -453,11 +453,19 @@ def test_batch_has_exactly_the_contract_keys(small: SmallDb, closing: list[Any])
     for batch in (s.next_train_batch(), s.next_val_batch()):
         # The 20 keys of seed 000 §3b in order, then the telemetry fingerprint,
         # the per-sequence validity mask (all 1 outside evaluation passes),
-        # the packing tensors (one segment per sequence here) and db_idx.
+        # the packing tensors (one segment per sequence here), db_idx, the
+        # per-sequence target tensors (mixed-task batches) and the masked
+        # cells' (none here).
         assert list(batch)[:20] == list(LAYOUT), "keys or key order differ from seed 000 §3b"
         assert list(batch)[:20] == list(N.BATCH_KEYS)
         assert list(batch)[20:22] == ["fingerprint", "seq_valid"]
-        assert list(batch)[-1] == "db_idx"
+        assert list(batch)[22:] == [
+            "segment_ids", "target_pos", "target_count", "segment_seeds", "db_idx",
+            "seq_task_idx", "seq_target_stype", "seq_cat_emb_start", "seq_cat_emb_count",
+            "seq_db_idx", "is_masked", "mask_pos", "mask_count", "mask_cat_start",
+            "mask_cat_count",
+        ]
+        assert not batch["is_masked"].any() and not batch["mask_count"].any()
         assert batch["db_idx"].tolist() == [0], "one database is database 0 of its mixture"
         assert batch["fingerprint"].dtype == np.uint64 and batch["fingerprint"].shape == (1,)
         assert batch["seq_valid"].dtype == np.uint8 and np.all(batch["seq_valid"] == 1)
