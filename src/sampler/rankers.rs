@@ -86,30 +86,21 @@ pub fn rank(
         Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
         Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, sig)?,
     };
-    if ranker == Ranker::Shuffled {
-        walks.ranked(
-            a.g,
-            a.seed,
-            a.bound,
-            false,
-            a.key,
-            label,
-            usize::MAX,
-            ranked,
-        );
+    // `shuffled` takes every visited row, then orders them at random.
+    let shuffled = ranker == Ranker::Shuffled;
+    walks.ranked(
+        a.g,
+        a.seed,
+        a.bound,
+        a.prefer_latest && !shuffled,
+        a.key,
+        label,
+        if shuffled { usize::MAX } else { a.limit },
+        ranked,
+    );
+    if shuffled {
         ranked.sort_unstable_by_key(|&r| mix64(a.key ^ 0x7368_7566 ^ u64::from(r)));
         ranked.truncate(a.limit);
-    } else {
-        walks.ranked(
-            a.g,
-            a.seed,
-            a.bound,
-            a.prefer_latest,
-            a.key,
-            label,
-            a.limit,
-            ranked,
-        );
     }
     Ok(steps)
 }
