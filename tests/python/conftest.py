@@ -637,6 +637,26 @@ def build_db_from_sql(
     return root / "db"
 
 
+def tiny_model(sampler: Any, seed: int) -> tuple[Any, Any, Any, Any]:
+    """A one-layer d32 model for ``sampler``'s database, ``(cfg, params, col,
+    cat)`` with the embedding tables as float16 arrays; the sampler is shut
+    down."""
+    import jax
+    import jax.numpy as jnp
+
+    from headwater.train import model as M
+
+    try:
+        col = jnp.asarray(sampler.column_embeddings(), jnp.float16)
+        cat = jnp.asarray(sampler.categorical_embeddings(), jnp.float16)
+        meta = sampler.database_metadata()
+    finally:
+        sampler.shutdown()
+    cfg = M.ModelConfig(max_categories=M.max_categories(meta), num_layers=1, d_model=32)
+    params = M.init_params(jax.random.key(seed), cfg, int(col.shape[1]))
+    return cfg, params, col, cat
+
+
 # ----------------------------------------------------------------------------
 # Subprocesses that use JAX and W&B (hook, train and diag tests)
 # ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SmallData, build_small_db
+from conftest import SmallData, build_small_db, tiny_model
 
 import headwater
 from headwater import _native
@@ -144,20 +144,12 @@ def test_mask_prob_max_out_of_range_names_the_key(db: Path) -> None:
 @pytest.fixture(scope="module")
 def model(db: Path) -> Any:
     pytest.importorskip("jax")
-    import jax
-    import jax.numpy as jnp
 
     from headwater.train import model as M
 
-    s = N.Sampler(db, default_batch_size=2, default_sequence_length=S)
-    try:
-        col = jnp.asarray(s.column_embeddings(), jnp.float16)
-        cat = jnp.asarray(s.categorical_embeddings(), jnp.float16)
-        meta = s.database_metadata()
-    finally:
-        s.shutdown()
-    cfg = M.ModelConfig(max_categories=M.max_categories(meta), num_layers=1, d_model=32)
-    params = M.init_params(jax.random.key(2), cfg, int(col.shape[1]))
+    cfg, params, col, cat = tiny_model(
+        N.Sampler(db, default_batch_size=2, default_sequence_length=S), 2
+    )
     return M, cfg, params, col, cat
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SmallData, build_small_db
+from conftest import SmallData, build_small_db, tiny_model
 
 import headwater
 from headwater import _native
@@ -196,7 +196,6 @@ def _alone(b: dict[str, np.ndarray], q: int) -> dict[str, np.ndarray]:
 
 def test_loss_of_a_mixed_batch_is_each_sequence_through_its_own_decoder(db: Path) -> None:
     pytest.importorskip("jax")
-    import jax
     import jax.numpy as jnp
 
     from headwater.train import model as M
@@ -207,15 +206,7 @@ def test_loss_of_a_mixed_batch_is_each_sequence_through_its_own_decoder(db: Path
     b = next(x for x in _batches(db, 8, task_weights=w) if len(set(x["seq_task_idx"])) == 3)
     # Two categorical tasks: two windows in one batch.
     assert len(set(b["seq_cat_emb_start"][b["seq_target_stype"] == 3].tolist())) == 2
-    s = _sampler(db)
-    try:
-        col = jnp.asarray(s.column_embeddings(), jnp.float16)
-        cat = jnp.asarray(s.categorical_embeddings(), jnp.float16)
-        meta = s.database_metadata()
-    finally:
-        s.shutdown()
-    cfg = M.ModelConfig(max_categories=M.max_categories(meta), num_layers=1, d_model=32)
-    params = M.init_params(jax.random.key(1), cfg, int(col.shape[1]))
+    cfg, params, col, cat = tiny_model(_sampler(db), 1)
     keys = [*M.MODEL_KEYS]
     whole = {k: jnp.asarray(b[k]) for k in keys}
     loss, _ = M.loss_fn(params, whole, col, cat, cfg)
