@@ -422,7 +422,7 @@ def _add_examples_args(pb: argparse.ArgumentParser) -> None:
     pb.add_argument("--seeds", type=int, default=1000, help="seeds per task of --ranker-recall")
     pb.add_argument(
         "--ranker",
-        choices=["adaptive", "walks", "shuffled"],
+        choices=["expected", "adaptive", "walks", "shuffled"],
         default="adaptive",
         help="the ranker --ranker-recall measures (shuffled: a broken one, for tests)",
     )

@@ -223,8 +223,8 @@ pub static FIELDS: &[FieldDoc] = &[
     FieldDoc {
         name: "example_ranker",
         ty: "str",
-        range: "\"walks\" or \"adaptive\"",
-        doc: "with examples: how tier-1 examples are ranked; walks: visit counts of num_walks random walks of walk_length over the FK graph (RT-J's semantics); adaptive: the same walks in blocks of 32, stopped once the examples the context would take have not changed for 3 blocks (at most num_walks): docs/contexts.md",
+        range: "\"walks\", \"adaptive\" or \"expected\"",
+        doc: "with examples: how tier-1 examples are ranked; walks: visit counts of num_walks random walks of walk_length over the FK graph (RT-J's semantics); adaptive: the same walks in blocks of 64, stopped once the examples the context would take have not changed for 2 blocks (at most 256 walks); expected: the visit counts num_walks walks are expected to give, computed by spreading the walk's probability over the graph step by step, no walk drawn (deterministic): docs/contexts.md",
     },
     FieldDoc {
         name: "context_deadline_ms",

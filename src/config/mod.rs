@@ -63,6 +63,9 @@ pub enum ExampleRanker {
     /// The same walks in blocks, stopped once the examples the context
     /// would take are stable (`crate::sampler::rankers`).
     Adaptive,
+    /// The visit counts the walks are expected to give, computed without
+    /// drawing a walk (`crate::sampler::expected`).
+    Expected,
 }
 
 /// Task weights: a list in metadata order, or a `{task name: weight}`

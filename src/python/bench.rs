@@ -87,7 +87,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// `headwater bench --ranker-recall`: per task with examples, recall@k of
-/// `ranker` (`"adaptive"`, `"walks"`, or `"shuffled"`, a broken ranker for
+/// `ranker` (`"expected"`, `"adaptive"`, `"walks"`, or `"shuffled"`, a broken ranker for
 /// tests) against the `walks` ranker, the ceiling (an independent `walks`
 /// run) and each one's contexts per CPU-second, over `seeds` seeds
 /// (`crate::pipeline::SamplerCore::ranker_recall`, one thread, GIL
@@ -108,11 +108,14 @@ pub fn ranker_recall<'py>(
     let ranker = match ranker {
         "walks" => Ranker::Walks,
         "adaptive" => Ranker::Adaptive,
+        "expected" => Ranker::Expected,
         "shuffled" => Ranker::Shuffled,
         other => {
             return Err(to_py(crate::error::Error::InvalidArgument {
                 name: "ranker".into(),
-                what: format!("got {other:?}, allowed: \"walks\", \"adaptive\" or \"shuffled\""),
+                what: format!(
+                    "got {other:?}, allowed: \"walks\", \"adaptive\", \"expected\" or \"shuffled\""
+                ),
             }))
         }
     };

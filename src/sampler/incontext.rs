@@ -30,8 +30,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
-use super::rankers::{rank, RankArgs, Ranker};
-use super::walks::{WalkCounts, WalkGraph, WalkParams};
+use super::rankers::{rank, RankArgs, RankScratch, Ranker};
+use super::walks::{WalkGraph, WalkParams};
 use crate::format::GraphView;
 use crate::rng::{mix64, Xoshiro256pp};
 
@@ -97,9 +97,8 @@ pub struct ExampleParams<'a> {
 /// Per-worker scratch of in-context builds (reused, never per context).
 #[derive(Default)]
 pub struct ExampleScratch {
-    walks: WalkCounts,
+    rank: RankScratch,
     ranked: Vec<u32>,
-    sig: Vec<u32>,
     shell: Subgraph,
     local: HashMap<u32, u16, BuildHasherDefault<RowHasher>>,
 }
@@ -274,14 +273,13 @@ fn rank_examples(
     let mut ranked = std::mem::take(&mut sc.ranked);
     let walked = rank(
         p.ranker,
-        &mut sc.walks,
+        &mut sc.rank,
         p.walk_graph,
         &wp,
         &args,
         &mut walk_rng,
         fill.deadline,
         &mut ranked,
-        &mut sc.sig,
     );
     match walked {
         Ok(s) => {
@@ -442,7 +440,7 @@ impl Fill<'_, '_> {
             }
             let row = lo + pick.below(n) as u32;
             if row == seed
-                || sc.walks.get(row) > 0
+                || sc.rank.walks.get(row) > 0
                 || !self.eligible_time(row)
                 || !(self.p.has_label)(row)
             {

@@ -18,6 +18,7 @@
 //! O(width), never O(degree). Never reads column data.
 
 mod bfs;
+pub mod expected;
 pub mod incontext;
 pub mod rankers;
 mod walk_graph;

@@ -10,6 +10,9 @@
 //!   the previous block's, and the walks stop once they have stayed the
 //!   same for [`PATIENCE`] blocks, or at [`MAX_WALKS`] (or `num_walks`).
 //!   Same walks, same order: only how many walks run changes.
+//! - `expected`: the visit counts `num_walks` walks are expected to give,
+//!   computed by spreading the walk's probability over the graph step by
+//!   step, no walk drawn (`super::expected`).
 //! - `shuffled` (measurement only, never a config value): the rows the
 //!   walks visited in a random order, the broken ranker the recall
 //!   benchmark's test must score low.
@@ -20,6 +23,7 @@
 
 use std::time::Instant;
 
+use super::expected::Spread;
 use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::format::GraphView;
 use crate::rng::{mix64, Xoshiro256pp};
@@ -40,8 +44,21 @@ pub enum Ranker {
     Walks,
     /// Walks in blocks until the rows taken are stable.
     Adaptive,
+    /// The visit counts the walks are expected to give, no walk drawn.
+    Expected,
     /// Visited rows in a random order (a broken ranker, for measurement).
     Shuffled,
+}
+
+/// Per-worker scratch of the rankers.
+#[derive(Debug, Default)]
+pub struct RankScratch {
+    /// Visit counts (every ranker orders these).
+    pub walks: WalkCounts,
+    /// `adaptive`'s previous block's rows taken.
+    sig: Vec<u32>,
+    /// `expected`'s probabilities.
+    spread: Spread,
 }
 
 /// What a ranking reads besides the walks.
@@ -67,24 +84,25 @@ pub struct RankArgs<'a, 'g> {
 }
 
 /// Rank the examples of one context into `ranked`, best first; `Ok` the
-/// walk steps taken, `Err` those taken before `deadline` passed. `sig` is
-/// scratch.
+/// walk steps taken (`expected`: neighbour updates), `Err` those taken
+/// before `deadline` passed.
 #[allow(clippy::too_many_arguments)]
 pub fn rank(
     ranker: Ranker,
-    walks: &mut WalkCounts,
+    sc: &mut RankScratch,
     wg: &WalkGraph,
     wp: &WalkParams,
     a: &RankArgs<'_, '_>,
     rng: &mut Xoshiro256pp,
     deadline: Option<Instant>,
     ranked: &mut Vec<u32>,
-    sig: &mut Vec<u32>,
 ) -> Result<u64, u64> {
     let label = |r: u32| (a.has_label)(r);
+    let walks = &mut sc.walks;
     let steps = match ranker {
         Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
-        Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, sig)?,
+        Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, &mut sc.sig)?,
+        Ranker::Expected => sc.spread.expected(wg, a.seed, wp, walks, deadline)?,
     };
     // `shuffled` takes every visited row, then orders them at random.
     let shuffled = ranker == Ranker::Shuffled;

@@ -148,6 +148,19 @@ impl WalkCounts {
         }
     }
 
+    /// Set the visits of `row` (a row of the counted table, not set yet
+    /// since the last [`reset`](Self::reset)): the `expected` ranker's
+    /// counts.
+    pub fn set(&mut self, row: u32, visits: u32) {
+        let i = row.wrapping_sub(self.lo);
+        if i < self.len && visits > 0 {
+            if self.counts[i as usize] == 0 {
+                self.touched.push(row);
+            }
+            self.counts[i as usize] = visits;
+        }
+    }
+
     /// Note a visit of `row` (counted at the next [`flush`](Self::flush)):
     /// the visits of a round are counted together, so their scattered
     /// increments overlap instead of each stalling its walk's step.

@@ -60,6 +60,11 @@ fn row_time(g: &GraphView<'_>, r: u32) -> i64 {
 /// recipe of the lists in turn), check the tier rules and return the
 /// contexts with their seeds' observation times.
 fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
+    contexts_ranked(db, k, filter, Ranker::Walks)
+}
+
+/// [`contexts`] with `ranker` ranking tier 1.
+fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec<(Subgraph, i64)> {
     let m = db.metadata();
     let task = db.task(k).unwrap();
     let anchor = m.tasks[k].anchor_table as usize;
@@ -83,7 +88,7 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
         seed_cells: row_cells[anchor] as usize,
         has_label: &has_label,
         deadline: None,
-        ranker: Ranker::Walks,
+        ranker,
         walk_salt: 0,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
@@ -153,21 +158,22 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
 fn every_tier_keeps_the_rules_on_timed_and_untimed_tables() {
     let sdb = db();
     let m = sdb.db.metadata();
-    for k in 0..m.tasks.len() - 1 {
-        let subs = contexts(&sdb.db, k, true);
+    let rankers = [Ranker::Walks, Ranker::Adaptive, Ranker::Expected];
+    for (k, ranker) in (0..m.tasks.len() - 1).flat_map(|k| rankers.map(|r| (k, r))) {
+        let subs = contexts_ranked(&sdb.db, k, true, ranker);
         let tiers = |t: u8| {
             subs.iter()
                 .flat_map(|s| &s.0.example_rows)
                 .filter(|e| e.1 == t)
                 .count()
         };
-        assert!(tiers(1) > 0, "task {k}: no ranked example");
+        assert!(tiers(1) > 0, "task {k}, {ranker:?}: no ranked example");
         assert!(subs.iter().any(|s| s.0.walk_steps > 0));
         assert!(subs.iter().any(|s| s.0.tier_cells[1] > 0));
         // Early seeds of a timed table have few eligible rows: tier 2 may
         // be empty there, never on the untimed table 0.
         if k == 0 {
-            assert!(tiers(2) > 0, "task 0: no random example");
+            assert!(tiers(2) > 0, "task 0, {ranker:?}: no random example");
         }
     }
 }
@@ -685,4 +691,39 @@ fn the_adaptive_ranker_walks_less_takes_examples_and_keeps_batches_thread_indepe
         steps(&one),
         steps(&full)
     );
+}
+
+/// `expected` draws no walk: its batches are the same at any thread count
+/// and on every run, and it takes examples.
+#[test]
+fn the_expected_ranker_takes_examples_and_keeps_batches_thread_independent() {
+    let sdb = db();
+    let expected = SamplerConfig {
+        example_ranker: ExampleRanker::Expected,
+        num_walks: 2000,
+        ..cfg()
+    };
+    let one = run(
+        &sdb.db,
+        &SamplerConfig {
+            num_threads: Some(1),
+            ..expected.clone()
+        },
+        3,
+    );
+    let two = run(&sdb.db, &expected, 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!(
+            same_batch(a, b),
+            "expected batches differ between 1 and 2 threads"
+        );
+    }
+    let examples: u64 = one
+        .iter()
+        .flat_map(|b| b.readings.seqs.iter().map(|s| u64::from(s.examples)))
+        .sum();
+    assert!(examples > 0, "no example taken");
+    assert!(one
+        .iter()
+        .any(|b| b.readings.seqs.iter().any(|s| s.walk_steps > 0)));
 }

@@ -7,6 +7,7 @@
 use headwater::format::GraphView;
 use headwater::preprocess::SynthSpec;
 use headwater::rng::Xoshiro256pp;
+use headwater::sampler::expected::Spread;
 use headwater::sampler::walks::{WalkCounts, WalkGraph, WalkParams};
 
 use crate::oracle::build;
@@ -92,5 +93,65 @@ fn walk_visit_frequencies_match_a_reference_walker_and_tell_a_timeless_one_apart
     assert!(
         timeless_gap > 0.1,
         "the comparison cannot tell a walker ignoring time apart (TVD {timeless_gap:.4})"
+    );
+}
+
+#[test]
+fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
+    let sdb = build(&SynthSpec {
+        null_fk: 0.0,
+        ..SynthSpec::small(4, 150, 21)
+    })
+    .expect("synthesizes");
+    let g = sdb.db.graph();
+    let wg = WalkGraph::new(&g).unwrap();
+    let table = g.table_rows[1];
+    let (n, len) = (40_000, 6);
+    let mut w = WalkCounts::default();
+    let mut spread = Spread::default();
+    let mut timeless_gap = 0.0f64;
+    for seed in [table.0 + 30, table.0 + 75, table.0 + 140] {
+        let cutoff = g.row_time[seed as usize];
+        let p = WalkParams {
+            num_walks: n,
+            walk_length: len,
+            cutoff,
+            bound: cutoff,
+            table,
+        };
+        let updates = spread.expected(&wg, seed, &p, &mut w, None).unwrap();
+        assert!(updates > 0);
+        let ours: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
+        let theirs = reference(&g, seed, cutoff, n, len, table);
+        let d = tvd(&ours, &theirs);
+        assert!(d < 0.03, "seed {seed}: expected visits differ (TVD {d:.4})");
+        // Never more visits than the walks can make.
+        let total: f64 = ours.iter().sum();
+        assert!(total <= (n * len) as f64 * 1.0001, "{total}");
+        let timeless = reference(&g, seed, i64::MAX, n, len, table);
+        timeless_gap = timeless_gap.max(tvd(&ours, &timeless));
+        // Deterministic: the same counts again, and none left over.
+        let again = spread.expected(&wg, seed, &p, &mut w, None).unwrap();
+        assert_eq!(again, updates);
+        let twice: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
+        assert_eq!(twice, ours);
+    }
+    assert!(
+        timeless_gap > 0.1,
+        "the comparison cannot tell a spread ignoring time apart (TVD {timeless_gap:.4})"
+    );
+    let p = WalkParams {
+        num_walks: n,
+        walk_length: len,
+        cutoff: 0,
+        bound: 0,
+        table,
+    };
+    let now = std::time::Instant::now();
+    assert!(
+        spread
+            .expected(&wg, table.0, &p, &mut w, Some(now))
+            .is_err(),
+        "a passed deadline stops it"
     );
 }

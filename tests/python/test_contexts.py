@@ -99,3 +99,23 @@ def test_ranker_recall_is_one_against_itself_and_low_for_a_broken_ranker(tpch: A
     same = run_ranker_recall(tpch.built.path, 50, "walks", 4, recipe, same_key=True)
     for t in same["tasks"]:
         assert t["with_examples"] > 20 and t["recall"] == 1.0, t
+
+
+def test_expected_ranker_agrees_with_walks_as_well_as_walks_agrees_with_itself(tpch: Any) -> None:
+    """``expected`` (the walks' expected visit counts, no walk drawn) picks
+    the ``walks`` ranker's examples at least as often as an independent
+    ``walks`` run does (the ceiling of any ranker that draws its own walks),
+    and far more often than ``adaptive`` or the broken ``shuffled``."""
+    from headwater.bench import run_ranker_recall
+
+    recipe = {
+        "examples": True, "local_context_sizes": [32], "bfs_widths": [4, 8], "num_walks": 2000,
+        "walk_length": 10, "prefer_latest": [False, True], "default_sequence_length": 256,
+        "task_weights": {"order_num_lineitems": 0.0, "customer_repeat_order_90d": 0.0},
+    }
+    runs = {r: run_ranker_recall(tpch.built.path, 400, r, 4, recipe)["tasks"]
+            for r in ("expected", "adaptive", "shuffled")}
+    for e, a, s in zip(runs["expected"], runs["adaptive"], runs["shuffled"], strict=True):
+        assert e["with_examples"] > 300 and e["steps_per_context"] > 0, e
+        assert e["recall"] >= e["recall_walks"] - 0.03, e
+        assert e["recall"] > a["recall"] and e["recall"] > 3 * s["recall"], (e, a, s)

@@ -112,6 +112,7 @@ impl SamplerCore {
             ranker: match c.example_ranker {
                 ExampleRanker::Walks => Ranker::Walks,
                 ExampleRanker::Adaptive => Ranker::Adaptive,
+                ExampleRanker::Expected => Ranker::Expected,
             },
             walk_salt: 0,
         };
