@@ -168,6 +168,10 @@ pub struct BatchReadings {
     /// With several tasks in the batch: (task, seeds drawn for it); empty
     /// when every seed is of `task`.
     pub task_seeds: Vec<(u32, u32)>,
+    /// With sequences of several databases in the batch: (database,
+    /// seeds drawn from it, whether it has its own telemetry series);
+    /// empty when every seed is of `db`.
+    pub db_seeds: Vec<(u32, u32, bool)>,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

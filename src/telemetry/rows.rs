@@ -676,12 +676,15 @@ pub static METRICS: &[MetricDef] = &[
         unit: "seeds",
         help: "seeds drawn from databases without their own series (not in telemetry_databases, or outside telemetry_top_databases)",
         measure: Measure::Total(|r| {
-            if r.batch.draw.database_reported {
-            0.0
+            if !r.batch.db_seeds.is_empty() {
+                let other = r.batch.db_seeds.iter().filter(|e| !e.2);
+                other.map(|e| f64::from(e.1)).sum()
+            } else if r.batch.draw.database_reported {
+                0.0
             } else {
-            r.seeds()
+                r.seeds()
             }
-            }),
+        }),
     },
     MetricDef {
         key: "databases/{database}/seeds",

@@ -210,6 +210,10 @@ impl Measure {
     /// databases): `None` when the batch does not change that series.
     pub fn per_database(self, r: &BatchReport, db: usize, slot: usize) -> Option<f64> {
         match self {
+            Measure::DatabaseSeeds if !r.batch.db_seeds.is_empty() => {
+                let n = r.batch.db_seeds.iter().filter(|e| e.0 as usize == db);
+                Some(n.map(|e| f64::from(e.1)).sum())
+            }
             Measure::DatabaseSeeds => (r.db() == db).then_some(r.seeds()),
             Measure::DatabaseExhausts => {
                 (r.db() == db).then_some(f64::from(r.batch.exhaust_events))

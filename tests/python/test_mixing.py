@@ -276,6 +276,34 @@ def test_a_mixed_batch_spans_the_databases_of_a_mixture(db: Path) -> None:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def test_a_mixed_batch_counts_each_seed_under_its_own_database(db: Path) -> None:
+    """The per-database seed counters of a mixture count each sequence of a
+    mixed-database batch under its own database (not the first sequence's),
+    and ``other_seeds`` the sequences of databases without a series."""
+    _, w = _weights(db)
+    for top, reported in ((2, (0, 1)), (1, None)):
+        s = N.Sampler([db, db], **{**_cfg(), "task_weights": w + w, "telemetry": True,
+                                   "telemetry_top_databases": top})
+        try:
+            got = [s.next_train_batch() for _ in range(4)]
+            m = s.drain_step_metrics()
+        finally:
+            s.shutdown()
+        per_db = [sum(int((b["seq_db_idx"] == d).sum()) for b in got) for d in (0, 1)]
+        assert min(per_db) > 0, per_db
+        series = sorted((k, v) for k, v in m.items()
+                        if k.startswith("sampler/databases/") and k.endswith("/seeds"))
+        if reported:
+            # The mixture names the second copy `db#2`.
+            names = [f"sampler/databases/{n}/seeds" for n in (db.name, f"{db.name}#2")]
+            assert dict(series) == {names[d]: per_db[d] for d in reported}, (series, per_db)
+            assert m["sampler/databases/other_seeds"] == 0
+        else:
+            assert len(series) == 1, series
+            assert series[0][1] + m["sampler/databases/other_seeds"] == sum(per_db), (series, m)
+            assert series[0][1] in per_db and series[0][1] != sum(per_db), (series, per_db)
+
+
 def test_mixing_and_masking_follow_a_variable_sequence_length(db: Path) -> None:
     """With ``sequence_lengths`` each step has its own ``S`` and ``B =
     tokens / S``: a mixed step draws ``B`` task slots per rank, and masking

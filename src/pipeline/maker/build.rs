@@ -299,6 +299,7 @@ impl SamplerCore {
             stalls: deadline_hits,
             tasks: groups.len() as u32,
             task_seeds: task_seeds(groups),
+            db_seeds: self.db_seeds(groups),
             seqs,
             ..BatchReadings::default()
         };
@@ -457,6 +458,25 @@ fn task_seeds(groups: &[TaskGroup]) -> Vec<(u32, u32)> {
         .iter()
         .map(|(k, r)| (*k as u32, r.len() as u32))
         .collect()
+}
+
+impl SamplerCore {
+    /// (database, seeds, reported) of a batch whose tasks span several
+    /// databases (`task_mixing = "sequence"` over a mixture); empty for one.
+    fn db_seeds(&self, groups: &[TaskGroup]) -> Vec<(u32, u32, bool)> {
+        let mut out: Vec<(u32, u32, bool)> = Vec::new();
+        for (k, r) in groups {
+            let db = self.tasks[*k].db;
+            match out.iter_mut().find(|e| e.0 as usize == db) {
+                Some(e) => e.1 += r.len() as u32,
+                None => out.push((db as u32, r.len() as u32, self.reported[db].is_some())),
+            }
+        }
+        if out.len() < 2 {
+            out.clear();
+        }
+        out
+    }
 }
 
 /// Where a build reports: its span, start, threading and stall mark.
