@@ -147,16 +147,26 @@ fn adaptive(
             .more(wg, a.seed, wp, n, done, rng, deadline)
             .map_err(|s| steps + s)?;
         done += n;
-        walks.ranked(
-            a.g,
-            a.seed,
-            a.bound,
-            a.prefer_latest,
-            a.key,
-            label,
-            a.limit,
-            ranked,
-        );
+        // The rows taken are a prefix of the order: rank only a short head
+        // (the full one costs a sort of hundreds of rows per block), and
+        // the whole `limit` only when held rows crowd that head out.
+        let short = (2 * a.take + 8).min(a.limit);
+        for limit in [short, a.limit] {
+            walks.ranked(
+                a.g,
+                a.seed,
+                a.bound,
+                a.prefer_latest,
+                a.key,
+                label,
+                limit,
+                ranked,
+            );
+            let free = ranked.iter().filter(|&&r| !(a.held)(r)).count();
+            if free >= a.take || ranked.len() < limit || limit == a.limit {
+                break;
+            }
+        }
         let taken = ranked
             .iter()
             .copied()

@@ -64,10 +64,10 @@ pub struct WalkCounts {
     lo: u32,
     /// Rows of the counted table.
     len: u32,
-    /// `(record offset + 1, visible children)` of hubs at `cache_rank`.
-    cache: Vec<(u32, u32)>,
-    /// The visible rank the cache holds counts for.
-    cache_rank: u32,
+    /// `(record offset + 1, visible rank, visible children)` of hubs (the
+    /// rank in the tag: nothing to clear when the next context's cutoff
+    /// differs, where clearing cost more than a short context's walks).
+    cache: Vec<(u32, u32, u32)>,
     /// Visits noted and not counted yet (`row - lo`): `noted` of them.
     pending: Vec<u32>,
     noted: usize,
@@ -227,10 +227,8 @@ impl WalkCounts {
             return Ok(0);
         }
         let crank = wg.visible_rank(p.cutoff);
-        if self.cache.len() != CACHE_SLOTS || self.cache_rank != crank {
-            self.cache.clear();
-            self.cache.resize(CACHE_SLOTS, (0, 0));
-            self.cache_rank = crank;
+        if self.cache.len() != CACHE_SLOTS {
+            self.cache = vec![(0, 0, 0); CACHE_SLOTS];
         }
         if self.pending.len() < PENDING {
             self.pending.resize(PENDING, 0);
@@ -347,10 +345,10 @@ impl WalkCounts {
         }
         let tag = o as u32 + 1;
         let slot = &mut self.cache[(mix64(u64::from(tag)) as usize) & (CACHE_SLOTS - 1)];
-        if slot.0 != tag {
-            *slot = (tag, wg.visible_children(o, crank));
+        if slot.0 != tag || slot.1 != crank {
+            *slot = (tag, crank, wg.visible_children(o, crank));
         }
-        slot.1
+        slot.2
     }
 
     /// The touched rows that count (not `seed`, dated before `bound` or
