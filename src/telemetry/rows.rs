@@ -286,7 +286,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_context_walk_steps_total",
         prometheus_type: Counter,
         unit: "steps",
-        help: "with examples: random-walk steps taken building the contexts (per context: divide by the sequences)",
+        help: "with examples: random-walk steps taken building the contexts (example_ranker = expected: its neighbour updates; per context: divide by the sequences)",
         measure: Measure::TotalSeq(|_, s| s.walk_steps as f64),
     },
     MetricDef {
