@@ -252,6 +252,7 @@ class Sampler:
         walk_length: int = 20,
         mask_prob_max: float = 0.0,
         example_ranker: str = "walks",
+        expected_prune: float = 0.25,
         context_deadline_ms: float | None = None,
         telemetry: bool = True,
         prometheus_port: int | None = None,

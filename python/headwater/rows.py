@@ -131,6 +131,7 @@ class SamplerConfigDict(TypedDict):
     walk_length: int
     mask_prob_max: float
     example_ranker: str
+    expected_prune: float
     context_deadline_ms: float | None
     telemetry: bool
     prometheus_port: int | None

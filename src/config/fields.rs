@@ -227,6 +227,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "with examples: how tier-1 examples are ranked; walks: visit counts of num_walks random walks of walk_length over the FK graph (RT-J's semantics); adaptive: the same walks in blocks of 64, stopped once the examples the context would take have not changed for 2 blocks (at most 256 walks); expected: the visit counts num_walks walks are expected to give, computed by spreading the walk's probability over the graph step by step, no walk drawn (deterministic): docs/contexts.md",
     },
     FieldDoc {
+        name: "expected_prune",
+        ty: "float",
+        range: "a number in (0, 1000]",
+        doc: "with examples and example_ranker expected: a row spreads its walk probability only when each neighbour's share is at least this many expected visits of num_walks walks (its mass is dropped otherwise); lower: closer to the exact expectation and slower (docs/contexts.md)",
+    },
+    FieldDoc {
         name: "context_deadline_ms",
         ty: "float | None",
         range: "None or a number in (0, 3600000]",

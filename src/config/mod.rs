@@ -176,6 +176,10 @@ pub struct SamplerConfig {
     pub mask_prob_max: f64,
     /// With `examples`: how tier-1 examples are ranked.
     pub example_ranker: ExampleRanker,
+    /// With `example_ranker = "expected"`: a row spreads its probability
+    /// only when each neighbour's share is at least this many expected
+    /// visits of `num_walks` walks (`crate::sampler::expected`).
+    pub expected_prune: f64,
     /// With `examples`: wall-clock budget of one context's build (ms).
     pub context_deadline_ms: Option<f64>,
     /// Record step telemetry (drain API, Prometheus). Off only to measure
@@ -269,6 +273,7 @@ impl Default for SamplerConfig {
             walk_length: 20,
             mask_prob_max: 0.0,
             example_ranker: ExampleRanker::Walks,
+            expected_prune: 0.25,
             context_deadline_ms: None,
             telemetry: true,
             prometheus_port: None,

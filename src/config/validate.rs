@@ -211,6 +211,9 @@ impl SamplerConfig {
         if !(0.0..=1.0).contains(&self.mask_prob_max) {
             return Err(bad("mask_prob_max", self.mask_prob_max));
         }
+        if !(self.expected_prune > 0.0 && self.expected_prune <= 1000.0) {
+            return Err(bad("expected_prune", self.expected_prune));
+        }
         if let Some(d) = self.context_deadline_ms {
             if !(d > 0.0 && d <= 3_600_000.0) {
                 return Err(bad("context_deadline_ms", d));

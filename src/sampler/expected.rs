@@ -13,10 +13,11 @@
 //! without their sampling noise: two runs of `walks` agree with each other
 //! less than either agrees with this).
 //!
-//! Pruning: a row whose share per neighbour is below [`PRUNE`] of one
-//! expected visit of `num_walks` walks does not spread it (its mass is
-//! dropped, so expected visits are never overstated). A step's work is
-//! then at most `num_walks / PRUNE` neighbour updates (each spreading row
+//! Pruning: a row whose share per neighbour is below `expected_prune`
+//! (0.25 by default) of one expected visit of `num_walks` walks does not
+//! spread it (its mass is dropped, so expected visits are never
+//! overstated). A step's work is then at most `num_walks / expected_prune`
+//! neighbour updates (each spreading row
 //! gives each neighbour at least that share of a total of at most 1), and
 //! in practice far fewer: mass reaching a hub stops there.
 //!
@@ -38,10 +39,6 @@ use std::time::Instant;
 use super::walk_graph::HEAD;
 use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::prefetch::prefetch;
-
-/// A row spreads its probability only when each neighbour's share is at
-/// least this fraction of one expected visit of `num_walks` walks.
-pub const PRUNE: f32 = 0.25;
 
 /// Records whose first spread is prefetched ahead of the current one.
 const AHEAD: usize = 8;
@@ -113,13 +110,14 @@ fn home(tag: u32, mask: usize) -> usize {
 impl Spread {
     /// Set `counts` to the expected visits of `p.num_walks` walks from
     /// `seed` (rounded; rows expected less than half a visit are not
-    /// counted). Returns the neighbour updates made, or `Err(updates)`
+    /// counted), pruned at `prune` expected visits per neighbour. Returns the neighbour updates made, or `Err(updates)`
     /// when `deadline` passed first (read once per step).
     pub fn expected(
         &mut self,
         wg: &WalkGraph,
         seed: u32,
         p: &WalkParams,
+        prune: f32,
         counts: &mut WalkCounts,
         deadline: Option<Instant>,
     ) -> Result<u64, u64> {
@@ -138,7 +136,7 @@ impl Spread {
             return Ok(0);
         }
         let crank = wg.visible_rank(p.cutoff);
-        let floor = PRUNE / p.num_walks as f32;
+        let floor = prune / p.num_walks as f32;
         let s = self.local(&wg.words, start);
         self.mass[s as usize][0] = 1.0;
         self.cur.push(s);

@@ -89,6 +89,8 @@ pub struct ExampleParams<'a> {
     pub deadline: Option<std::time::Duration>,
     /// How tier 1 is ranked.
     pub ranker: Ranker,
+    /// The `expected` ranker's pruning (`expected_prune`).
+    pub prune: f32,
     /// Mixed into the walks' generator key (0 in training; the recall
     /// benchmark's independent runs of the same context set others).
     pub walk_salt: u64,
@@ -268,6 +270,7 @@ fn rank_examples(
         limit: 2 * (p.seq_len / ec + 1),
         take: room.div_ceil(r.local_size.max(ec)) + 1,
         has_label: p.has_label,
+        prune: p.prune,
         held: &|row| local.contains_key(&row),
     };
     let mut ranked = std::mem::take(&mut sc.ranked);

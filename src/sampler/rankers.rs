@@ -77,6 +77,8 @@ pub struct RankArgs<'a, 'g> {
     pub limit: usize,
     /// Examples the context's room fits (`adaptive`'s stable set).
     pub take: usize,
+    /// The `expected` ranker's pruning (`expected_prune`).
+    pub prune: f32,
     /// Whether a row has a label.
     pub has_label: &'a (dyn Fn(u32) -> bool + Sync),
     /// Whether the context holds a row already (it gets no shell).
@@ -102,7 +104,9 @@ pub fn rank(
     let steps = match ranker {
         Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
         Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, &mut sc.sig)?,
-        Ranker::Expected => sc.spread.expected(wg, a.seed, wp, walks, deadline)?,
+        Ranker::Expected => sc
+            .spread
+            .expected(wg, a.seed, wp, a.prune, walks, deadline)?,
     };
     // `shuffled` takes every visited row, then orders them at random.
     let shuffled = ranker == Ranker::Shuffled;

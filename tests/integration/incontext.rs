@@ -89,6 +89,7 @@ fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec
         has_label: &has_label,
         deadline: None,
         ranker,
+        prune: 0.25,
         walk_salt: 0,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
@@ -433,6 +434,22 @@ fn bad_recipes_are_config_errors_naming_key_value_and_range() {
         ),
         (
             SamplerConfig {
+                expected_prune: 0.0,
+                ..cfg()
+            },
+            "expected_prune",
+            "0",
+        ),
+        (
+            SamplerConfig {
+                expected_prune: f64::NAN,
+                ..cfg()
+            },
+            "expected_prune",
+            "NaN",
+        ),
+        (
+            SamplerConfig {
                 pack: true,
                 ..cfg()
             },
@@ -583,6 +600,21 @@ fn a_state_saved_with_another_recipe_is_refused_naming_the_key() {
             ),
         }
     }
+    // The expected ranker's pruning is part of its recipe.
+    let expected = || SamplerConfig {
+        example_ranker: ExampleRanker::Expected,
+        ..cfg()
+    };
+    let pruned = take_state(expected());
+    let finer = SamplerConfig {
+        expected_prune: 0.05,
+        ..expected()
+    };
+    match Sampler::with_state(&sdb.dir, finer, Some(&pruned)) {
+        Err(Error::State { field, what }) => assert_eq!(field, "expected_prune", "{what}"),
+        other => panic!("expected a state refusal, got {:?}", other.map(|_| ())),
+    }
+    assert!(Sampler::with_state(&sdb.dir, expected(), Some(&pruned)).is_ok());
     let plain = take_state(SamplerConfig {
         examples: false,
         ..cfg()

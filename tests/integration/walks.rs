@@ -2,13 +2,14 @@
 //! per-row visit frequencies of many walks agree (RT-J's semantics: a step
 //! uniform over the row's parents and its children visible at the seed's
 //! time), and the comparison is sharp enough to tell a walker that ignores
-//! the time apart.
+//! the time apart. The `expected` ranker's counts against the same walker.
 
 use headwater::format::GraphView;
 use headwater::preprocess::SynthSpec;
 use headwater::rng::Xoshiro256pp;
 use headwater::sampler::expected::Spread;
 use headwater::sampler::walks::{WalkCounts, WalkGraph, WalkParams};
+use headwater::SamplerConfig;
 
 use crate::oracle::build;
 
@@ -109,6 +110,7 @@ fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
     let (n, len) = (40_000, 6);
     let mut w = WalkCounts::default();
     let mut spread = Spread::default();
+    let prune = SamplerConfig::default().expected_prune as f32;
     let mut timeless_gap = 0.0f64;
     for seed in [table.0 + 30, table.0 + 75, table.0 + 140] {
         let cutoff = g.row_time[seed as usize];
@@ -119,7 +121,7 @@ fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
             bound: cutoff,
             table,
         };
-        let updates = spread.expected(&wg, seed, &p, &mut w, None).unwrap();
+        let updates = spread.expected(&wg, seed, &p, prune, &mut w, None).unwrap();
         assert!(updates > 0);
         let ours: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
         let theirs = reference(&g, seed, cutoff, n, len, table);
@@ -131,7 +133,7 @@ fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
         let timeless = reference(&g, seed, i64::MAX, n, len, table);
         timeless_gap = timeless_gap.max(tvd(&ours, &timeless));
         // Deterministic: the same counts again, and none left over.
-        let again = spread.expected(&wg, seed, &p, &mut w, None).unwrap();
+        let again = spread.expected(&wg, seed, &p, prune, &mut w, None).unwrap();
         assert_eq!(again, updates);
         let twice: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
         assert_eq!(twice, ours);
@@ -150,7 +152,7 @@ fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
     let now = std::time::Instant::now();
     assert!(
         spread
-            .expected(&wg, table.0, &p, &mut w, Some(now))
+            .expected(&wg, table.0, &p, prune, &mut w, Some(now))
             .is_err(),
         "a passed deadline stops it"
     );

@@ -61,6 +61,7 @@ BAD: dict[str, dict[str, Any]] = {
     "walk_length": {"walk_length": 0},
     "mask_prob_max": {"mask_prob_max": 1.5},
     "example_ranker": {"example_ranker": "fast"},
+    "expected_prune": {"examples": True, "expected_prune": 0.0},
     "context_deadline_ms": {"context_deadline_ms": 0.0},
     "telemetry": {"telemetry": 3},
     "prometheus_port": {"prometheus_port": 0},

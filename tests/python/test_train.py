@@ -347,6 +347,7 @@ STREAM_KEYS = {
     "num_walks",
     "walk_length",
     "example_ranker",
+    "expected_prune",
     "mask_prob_max",
 }
 

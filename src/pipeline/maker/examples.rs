@@ -114,6 +114,7 @@ impl SamplerCore {
                 ExampleRanker::Adaptive => Ranker::Adaptive,
                 ExampleRanker::Expected => Ranker::Expected,
             },
+            prune: c.expected_prune as f32,
             walk_salt: 0,
         };
         Ok(Some(f(&graph, &p)))

@@ -36,7 +36,8 @@
 //! and `tokens_per_batch` (each step's `S` and `B`; absent from the JSON
 //! while unset), the in-context recipe (`examples`, and with it
 //! `local_context_sizes`, `bfs_widths`, `prefer_latest`, `num_walks`,
-//! `walk_length`, `example_ranker`) and `mask_prob_max`, and are refused
+//! `walk_length`, `example_ranker`, with `expected` its `expected_prune`)
+//! and `mask_prob_max`, and are refused
 //! because the promise is bit-identical continuation. `context_deadline_ms`
 //! is not a stream key: it changes a batch only when a build runs out of
 //! time, which no promise covers. `config_hash` is xxh3 of their canonical
@@ -220,6 +221,9 @@ pub struct StreamConfig {
     /// The ranker of tier-1 examples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub example_ranker: Option<ExampleRanker>,
+    /// The `expected` ranker's pruning (present only with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_prune: Option<f64>,
     /// Highest masking probability (absent at 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mask_prob_max: f64,
@@ -271,6 +275,8 @@ impl StreamConfig {
             num_walks: cfg.examples.then_some(cfg.num_walks),
             walk_length: cfg.examples.then_some(cfg.walk_length),
             example_ranker: cfg.examples.then_some(cfg.example_ranker),
+            expected_prune: (cfg.examples && cfg.example_ranker == ExampleRanker::Expected)
+                .then_some(cfg.expected_prune),
             mask_prob_max: cfg.mask_prob_max,
             task_mixing: cfg.task_mixing,
         }
@@ -287,6 +293,7 @@ impl StreamConfig {
             sequence_lengths: vec![1],
             tokens_per_batch: Some(1),
             examples: true,
+            example_ranker: ExampleRanker::Expected,
             mask_prob_max: 0.5,
             ..SamplerConfig::default()
         };
