@@ -119,3 +119,29 @@ def test_expected_ranker_agrees_with_walks_as_well_as_walks_agrees_with_itself(t
         assert e["with_examples"] > 300 and e["steps_per_context"] > 0, e
         assert e["recall"] >= e["recall_walks"] - 0.03, e
         assert e["recall"] > a["recall"] and e["recall"] > 3 * s["recall"], (e, a, s)
+
+
+def test_recall_databases_script_writes_both_benchmark_databases(tmp_path: Path) -> None:
+    """``scripts/recall_databases.py`` (the recall table's two generated
+    databases) writes databases whose cell tasks the recall bench measures."""
+    from headwater.bench import run_ranker_recall
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "recall_databases.py"), str(tmp_path),
+                        "--scale", "1"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(tmp_path / "library"), str(tmp_path / "small")]
+    want = {"library": {"loan_returned_late", "book_genre"},
+            "small": {"event_amount", "event_kind", "user_country", "item_in_stock"}}
+    recipe = {"examples": True, "num_walks": 200, "default_sequence_length": 256,
+              "local_context_sizes": [32, 64], "bfs_widths": [4, 8]}
+    for name, tasks in want.items():
+        db = tmp_path / name
+        meta = json.loads(headwater.Database(str(db)).metadata_json())
+        weights = {t["name"]: 0.0 for t in meta["tasks"] if t["name"] not in tasks}
+        out = run_ranker_recall(db, 20, "expected", 4, {**recipe, "task_weights": weights or None})
+        assert {t["task"] for t in out["tasks"]} == tasks
+        assert all(t["with_examples"] > 0 and t["recall"] is not None for t in out["tasks"]), out
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "recall_databases.py"),
+                          str(tmp_path / "x"), "--scale", "0"], capture_output=True, text=True,
+                         check=False)
+    assert bad.returncode != 0 and "--scale 0" in bad.stderr
