@@ -307,25 +307,32 @@ def test_chunked_and_matmul_categorical_heads_equal_the_gather(
 
     batch = masked["mixed"]
     wide = dataclasses.replace(case.base, max_categories=WIDE_C)
-    ref = dataclasses.replace(wide, cat_chunk_mib=0, cat_head_impl="gather")
-    forms = [
-        dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="gather"),
-        dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="matmul"),
-        dataclasses.replace(case.base, cat_chunk_mib=0, cat_head_impl="gather"),
-        dataclasses.replace(case.base, cat_chunk_mib=1, cat_head_impl="auto"),
-    ]
+    bf16 = dataclasses.replace(case.base, compute_dtype="bfloat16")
     n = int(M.target_weights(batch).shape[0])
     # 1 MiB holds fewer targets' windows than the batch has: several chunks.
     assert CH.chunk_targets(WIDE_C * wide.d_model, 1) < n
-    (ref_out, ref_grads), (g_out, g_grads), (m_out, m_grads), (s_out, s_grads), (a_out, a_grads) = (
-        _run(case, (ref, *forms), batch)
+    # (reference, form, gradient tolerance): at the database's own window
+    # ``auto`` is the matmul (10 rows); in bfloat16 the gather's table
+    # gradient is a bfloat16 scatter-add, the matmul's a float32 product.
+    pairs = [
+        (wide, dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="gather"), 1e-5),
+        (wide, dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="matmul"), 1e-5),
+        (case.base, dataclasses.replace(case.base, cat_head_impl="auto"), 1e-5),
+        (bf16, dataclasses.replace(bf16, cat_head_impl="auto"), TOL_BF16),
+    ]
+    pairs = [
+        (dataclasses.replace(ref, cat_chunk_mib=0, cat_head_impl="gather"), form, tol)
+        for ref, form, tol in pairs
+    ]
+    rows = int(case.cat.shape[0])
+    assert all(
+        CH.pick_impl("auto", rows, f.max_categories, f.d_model) == "matmul" for _, f, _ in pairs[2:]
     )
-    for out, grads in ((g_out, g_grads), (m_out, m_grads)):
+    runs = _run(case, tuple(cfg for ref, form, _ in pairs for cfg in (ref, form)), batch)
+    for i, (_, _, tol) in enumerate(pairs):
+        (ref_out, ref_grads), (out, grads) = runs[2 * i], runs[2 * i + 1]
         _close(_valid_outputs(out, batch), _valid_outputs(ref_out, batch), 1e-5)
-        _close(grads, ref_grads, 1e-5)
-    # At the database's own window, ``auto`` (the matmul: 10 rows) = gather.
-    _close(_valid_outputs(a_out, batch), _valid_outputs(s_out, batch), 1e-5)
-    _close(a_grads, s_grads, 1e-5)
+        _close(grads, ref_grads, tol)
 
 
 def test_chunked_head_under_remat_fused_attention_and_grad_accum(
@@ -416,3 +423,24 @@ def test_matmul_head_in_chunks_of_a_large_table() -> None:
     _close(g, ref_g, 1e-5)
     assert CH.pick_impl("auto", v, c, d) == "gather"
     assert CH.pick_impl("auto", c * d // 8, c, d) == "matmul"
+
+
+def test_matmul_head_reads_the_table_rounded_to_the_compute_dtype() -> None:
+    """The projected table is bfloat16; left to itself XLA folds the
+    projection into the matmul and skips that rounding (2e-3 apart from the
+    gather). Both forms must score the same bfloat16 table."""
+    from headwater.train import cat_head as CH
+
+    rng = np.random.default_rng(4)
+    v, width, d, n, c = 10, 384, 16, 68, 8
+    emb = jnp.asarray(rng.standard_normal((v, width)), jnp.float16)
+    w = jnp.asarray(rng.standard_normal((width, d)) / np.sqrt(width), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+    start = jnp.asarray(rng.integers(0, v, n), jnp.int32)
+
+    def both(emb: Any, w: Any, q: Any) -> Any:
+        table = M._project_table(emb, w, jnp.bfloat16)
+        return [CH.window_logits(q, table, start, c, 0, impl) for impl in ("gather", "matmul")]
+
+    ref, out = jax.jit(both)(emb, w, q)
+    _close(out, ref, 1e-5)
