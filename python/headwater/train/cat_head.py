@@ -7,32 +7,34 @@ projected category table ``T [V, d]``: ``logits[n, c] = q[n] · T[start[n] +
 c] / sqrt(d)``, slots ``c >= count[n]`` set to ``-1e9``. Gathering every
 window at once (:func:`gathered_logits`, the reference) holds ``[N, C, d]``
 float32, and the backward keeps it as a residual: with masked cells as
-targets that is ``B·(1+M)·C·d·4`` bytes, 2.2 GB at RT-J's ``B 32, S 1024,
-M 512, d 512`` for ``C = 64``, 34 GB for ``C = 1024``.
+targets that is ``B·(1+M)·C·d·4`` bytes, 2.0 GiB at RT-J's ``B 32, S 1024,
+M 512, d 512`` for ``C = 64``, 32 GiB for ``C = 1024``.
 
 :func:`window_logits` scores the targets in chunks instead: a ``lax.map``
-over chunks of at most ``chunk_mib`` MiB of windows, each chunk's body under
-``jax.checkpoint``, so the backward regathers a chunk's windows rather than
-saving them. The step holds the ``[N, C]`` logits and one chunk's ``[chunk,
-C, d]``, whatever ``N`` is; the table's gradient is a ``[V, d]`` carry, the
-table's own size. Each logit is the same product and sum as the
-reference's (chunks only split ``N``), so values and gradients agree to
-float rounding.
+over chunks of at most ``chunk_mib`` MiB, each chunk's body under
+``jax.checkpoint``, so the backward recomputes a chunk rather than saving
+it. The step holds the ``[N, C]`` logits and one chunk, whatever ``N`` is;
+the table's gradient is a ``[V, d]`` carry, the table's own size. A chunk
+is scored one of two ways (``impl``), the same products and sums as the
+reference, so values and gradients agree to float rounding:
 
-Alternatives (measured on a CPU, see ``docs/training.md``, "Categorical
-head memory"):
+* ``gather`` (:func:`gathered_logits`): the chunk's ``[chunk, C, d]``
+  windows. Its backward is a scatter-add into ``C`` rows per window.
+* ``matmul`` (:func:`matmul_logits`): ``q @ T.T`` over all ``V`` rows,
+  ``[chunk, V]``, then each window taken from its row: ``V / C`` times
+  the products, but matmuls both ways and ``V`` floats per target, not
+  ``C·d``. ``auto`` takes it when ``V <= C·d / 8`` (:func:`pick_impl`).
 
-* ``q @ T.T`` then each target's window from the ``[N, V]`` scores: ``V``
-  counts every category of every categorical column (of every database in
-  a mixture), so it is ``N·V`` floats, unbounded, and ``V / C`` times the
-  work of the windows; chunked, it keeps that extra work for the same bound.
-* A one-hot or segment formulation over the distinct windows of a batch:
-  their number is not static (any categorical column can be masked), so
-  it is ``[N, V]`` again or one compilation per batch.
-* ``cand`` in bfloat16: half the bytes, still ``O(N·C·d)``.
-* ``sum(q[:, None] * cand, -1)`` instead of the einsum: XLA may fuse the
-  gather into the reduction, but the backward's residual is up to the
-  compiler; the chunks bound it by construction.
+Measured (the head's forward + backward, XLA's temporaries, on a 2-core
+CPU at a load average of 1 to 3, so times are rough; ``N`` 2056, ``C`` 152, ``d`` 256; ``scripts/cat_head_memory.py`` and
+``docs/training.md``): all windows at once 613 MiB, 188 ms; gather in 64
+MiB chunks 127 MiB, 77 ms; matmul with TPC-H's ``V`` 279: 4.8 MiB, 2.3 ms,
+with ``V`` 4096: 39 MiB, 42 ms; with ``V`` 32768 unchunked: 289 MiB,
+347 ms, where gather chunks took 90 ms (so ``auto`` switches there).
+Ruled out: ``cand`` in bfloat16 (614 MiB: still ``O(N·C·d)``, the product
+promotes it back); ``sum(q[:, None] * cand, -1)`` (916 MiB: the fusion
+XLA may find does not bound the backward); one matmul per distinct window
+(their number is not static: any categorical column can be masked).
 """
 
 from __future__ import annotations
