@@ -213,6 +213,10 @@ def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
         toml.write_text(text)
         with pytest.raises(headwater.ConfigError, match=pattern):
             load_config(toml)
+    for key, value in (("cat_head_impl", "onehot"), ("cat_chunk_mib", -1)):
+        with pytest.raises(headwater.ConfigError) as err:
+            load_config({"model": {key: value}})
+        assert (err.value.key, err.value.value) == (f"model.{key}", json.dumps(value))
 
 
 def test_flops_per_step_match_a_hand_count() -> None:
