@@ -206,11 +206,17 @@ def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
         "[model]\nd_model = 30\nnum_heads = 4\n": r"bad.toml:3: .*num_heads \(4\) must divide d_model \(30\): one of 1, 2, 3, 5",
         '[model]\nremat = "some"\n': r"bad.toml:2: .*remat must be one of none, full, dots_saveable",
         '[model]\nattention_impl = "flash"\n': r"bad.toml:2: .*attention_impl must be one of dense, fused",
+        '[model]\ncat_head_impl = "onehot"\n': r"bad.toml:2: .*cat_head_impl must be one of auto, gather, matmul, got 'onehot'",
+        "[model]\ncat_chunk_mib = -1\n": r"bad.toml:2: .*cat_chunk_mib must be >= 0, got -1",
     }
     for text, pattern in cases.items():
         toml.write_text(text)
         with pytest.raises(headwater.ConfigError, match=pattern):
             load_config(toml)
+    for key, value in (("cat_head_impl", "onehot"), ("cat_chunk_mib", -1)):
+        with pytest.raises(headwater.ConfigError) as err:
+            load_config({"model": {key: value}})
+        assert (err.value.key, err.value.value) == (f"model.{key}", json.dumps(value))
 
 
 def test_flops_per_step_match_a_hand_count() -> None:
@@ -252,3 +258,193 @@ def test_bench_model_times_the_device_step(case: Case) -> None:
     assert res["mfu"] is None and res["model_flops_per_step"] > 0
     with pytest.raises(headwater.ConfigError, match="one of default, rt, rt-j"):
         step_bench.run_step_bench(case.db, ["huge"], B, S, {})
+
+
+# ----------------------------------------------------------------------------
+# The categorical head in bounded memory (headwater.train.cat_head)
+# ----------------------------------------------------------------------------
+
+#: A window far wider than the small database's 4 categories, so that
+#: ``[N, C, d]`` dominates the step and 1 MiB chunks split ``N``.
+WIDE_C = 512
+
+
+def _targeted(batch: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Type and categorical window start of each real target."""
+    w = np.asarray(M.target_weights(batch)) > 0
+    stype = np.asarray(M.per_target(batch, "target_stype"))[w]
+    return stype, np.asarray(M.per_target(batch, "cat_emb_start"))[w]
+
+
+@pytest.fixture(scope="module")
+def masked(case: Case) -> dict[str, dict[str, Any]]:
+    """Batches with masked cells (``mask_prob_max`` 0.5): unpacked with mixed
+    tasks (``task_mixing = "sequence"``), packed with one task per batch."""
+    out = {}
+    for kind, kw in {
+        "mixed": {"default_sequence_length": S, "task_mixing": "sequence"},
+        "packed": {"default_sequence_length": 2 * S, "pack": True, "pack_factor": 2},
+    }.items():
+        s = _native.Sampler(
+            case.db, default_batch_size=B, mask_prob_max=0.5, num_threads=1, telemetry=False, **kw
+        )
+        try:
+            b = DV.batch_to_device(s.next_train_batch())
+        finally:
+            s.shutdown()
+        stype, start = _targeted(b)
+        # Masked targets of every type, categorical ones in several windows.
+        assert b["mask_pos"].shape[1] > 0 and set(stype) == {0, 1, 2, 3}
+        assert len(set(start[stype == M.CATEGORICAL])) > 1
+        out[kind] = b
+    assert len(set(np.asarray(out["mixed"]["seq_target_stype"]))) > 1
+    return out
+
+
+def test_chunked_and_matmul_categorical_heads_equal_the_gather(
+    case: Case, masked: dict[str, dict[str, Any]]
+) -> None:
+    """Every head form against all windows gathered at once, on a real batch
+    of mixed tasks with masked cells: outputs and gradients within 1e-5
+    (float32). (The packed batch: the remat / grad-accum test below.)"""
+    from headwater.train import cat_head as CH
+
+    batch = masked["mixed"]
+    wide = dataclasses.replace(case.base, max_categories=WIDE_C)
+    bf16 = dataclasses.replace(case.base, compute_dtype="bfloat16")
+    n = int(M.target_weights(batch).shape[0])
+    # 1 MiB holds fewer targets' windows than the batch has: several chunks.
+    assert CH.chunk_targets(WIDE_C * wide.d_model, 1) < n
+    # (reference, form, gradient tolerance): at the database's own window
+    # ``auto`` is the matmul (10 rows); in bfloat16 the gather's table
+    # gradient is a bfloat16 scatter-add, the matmul's a float32 product.
+    pairs = [
+        (wide, dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="gather"), 1e-5),
+        (wide, dataclasses.replace(wide, cat_chunk_mib=1, cat_head_impl="matmul"), 1e-5),
+        (case.base, dataclasses.replace(case.base, cat_head_impl="auto"), 1e-5),
+        (bf16, dataclasses.replace(bf16, cat_head_impl="auto"), TOL_BF16),
+    ]
+    pairs = [
+        (dataclasses.replace(ref, cat_chunk_mib=0, cat_head_impl="gather"), form, tol)
+        for ref, form, tol in pairs
+    ]
+    rows = int(case.cat.shape[0])
+    assert all(
+        CH.pick_impl("auto", rows, f.max_categories, f.d_model) == "matmul" for _, f, _ in pairs[2:]
+    )
+    runs = _run(case, tuple(cfg for ref, form, _ in pairs for cfg in (ref, form)), batch)
+    for i, (_, _, tol) in enumerate(pairs):
+        (ref_out, ref_grads), (out, grads) = runs[2 * i], runs[2 * i + 1]
+        _close(_valid_outputs(out, batch), _valid_outputs(ref_out, batch), 1e-5)
+        _close(grads, ref_grads, tol)
+
+
+def test_chunked_head_under_remat_fused_attention_and_grad_accum(
+    case: Case, masked: dict[str, dict[str, Any]]
+) -> None:
+    """Gradients of a packed batch with masked cells through the chunked
+    head inside gradient accumulation's scan (two micro-batches), with
+    fused attention and full remat, against one pass of the dense gathering
+    reference."""
+    from headwater.train.accum import accumulated_grads
+
+    batch = masked["packed"]
+    wide = dataclasses.replace(case.base, max_categories=WIDE_C)
+    ref = dataclasses.replace(wide, cat_chunk_mib=0, cat_head_impl="gather")
+    chunked = dataclasses.replace(wide, cat_chunk_mib=1, attention_impl="fused")
+
+    def grads(cfg: M.ModelConfig, parts: int, p: Any) -> Any:
+        fn = jax.value_and_grad(M.loss_fn, has_aux=True)
+        return accumulated_grads(
+            lambda p, b: fn(p, b, case.col, case.cat, cfg), M.target_weights, p, batch, parts
+        )
+
+    # remat wraps the layers, not the head: one policy shows they compose.
+    runs = [(ref, 1), (dataclasses.replace(chunked, remat="full"), 2)]
+    (ref_grads, ref_metrics), *others = jax.jit(
+        lambda p: [grads(cfg, parts, p) for cfg, parts in runs]
+    )(case.params)
+    for g, m in others:
+        _close(g, ref_grads, TOL_F32)
+        _close(m, ref_metrics, TOL_F32)
+
+
+def _grad_temp_bytes(case: Case, cfg: M.ModelConfig, batch: dict[str, Any]) -> int:
+    """Temporary bytes of the compiled forward + backward (the train step
+    without its optimiser update)."""
+    params = M.init_params(0, cfg, int(case.col.shape[1]))
+    grad_fn = jax.jit(jax.value_and_grad(M.loss_fn, has_aux=True), static_argnums=4)
+    lowered = grad_fn.lower(params, batch, case.col, case.cat, cfg)
+    return int(lowered.compile().memory_analysis().temp_size_in_bytes)
+
+
+def test_forward_and_backward_never_hold_every_window(
+    case: Case, masked: dict[str, dict[str, Any]]
+) -> None:
+    """Temporary memory of the compiled forward + backward at a window of
+    1024 (no layers: they do not touch the head, and compile slowly): all
+    windows at once need more than the ``[N, C, d]`` float32 tensor; in
+    1 MiB chunks, by either form, it stays below."""
+    batch = masked["mixed"]
+    cfg = dataclasses.replace(case.base, max_categories=1024, num_layers=0)
+    n = int(M.target_weights(batch).shape[0])
+    windows = n * cfg.max_categories * cfg.d_model * 4
+    ref_cfg = dataclasses.replace(cfg, cat_chunk_mib=0, cat_head_impl="gather")
+    ref = _grad_temp_bytes(case, ref_cfg, batch)
+    assert ref >= windows, (ref, windows)
+    for impl in ("gather", "matmul"):
+        chunked = dataclasses.replace(cfg, cat_chunk_mib=1, cat_head_impl=impl)
+        got = _grad_temp_bytes(case, chunked, batch)
+        assert got < windows, (impl, got, windows)
+
+
+def test_matmul_head_in_chunks_of_a_large_table() -> None:
+    """The matmul form over a table of 2^16 rows, several chunks of ``[chunk,
+    V]`` scores: values and gradients (query and table) equal the gather's,
+    windows clipped at the table's end included."""
+    from headwater.train import cat_head as CH
+
+    rng = np.random.default_rng(3)
+    n, c, d, v = 40, 8, 4, 1 << 16
+    q = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+    table = jnp.asarray(rng.standard_normal((v, d)), jnp.float32)
+    start = jnp.asarray(np.r_[rng.integers(0, v, n - 2), v - 3, v - 1], jnp.int32)
+    count = jnp.full((n,), c)
+    assert CH.chunk_targets(v, 1) < n  # 4 targets per MiB: 10 chunks
+
+    def loss(q: Any, t: Any, mib: int, impl: str) -> Any:
+        out = CH.categorical_logits(q, t, start, count, c, mib, impl)
+        return jnp.sum(jnp.sin(out)), out
+
+    def both(q: Any, t: Any) -> Any:
+        return [
+            jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(q, t, mib, impl)
+            for mib, impl in ((0, "gather"), (1, "matmul"))
+        ]
+
+    ((_, ref), ref_g), ((_, out), g) = jax.jit(both)(q, table)
+    _close(out, ref, 1e-5)
+    _close(g, ref_g, 1e-5)
+    assert CH.pick_impl("auto", v, c, d) == "gather"
+    assert CH.pick_impl("auto", c * d // 8, c, d) == "matmul"
+
+
+def test_matmul_head_reads_the_table_rounded_to_the_compute_dtype() -> None:
+    """The projected table is bfloat16; left to itself XLA folds the
+    projection into the matmul and skips that rounding (2e-3 apart from the
+    gather). Both forms must score the same bfloat16 table."""
+    from headwater.train import cat_head as CH
+
+    rng = np.random.default_rng(4)
+    v, width, d, n, c = 10, 384, 16, 68, 8
+    emb = jnp.asarray(rng.standard_normal((v, width)), jnp.float16)
+    w = jnp.asarray(rng.standard_normal((width, d)) / np.sqrt(width), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+    start = jnp.asarray(rng.integers(0, v, n), jnp.int32)
+
+    def both(emb: Any, w: Any, q: Any) -> Any:
+        table = M._project_table(emb, w, jnp.bfloat16)
+        return [CH.window_logits(q, table, start, c, 0, impl) for impl in ("gather", "matmul")]
+
+    ref, out = jax.jit(both)(emb, w, q)
+    _close(out, ref, 1e-5)

@@ -47,7 +47,8 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
   category embeddings ``cat_emb_table[cat_emb_start + k]`` for ``k <
   max_categories``, masked to ``k < cat_emb_count``: one static window per
   target, its sequence's ``seq_cat_emb_start``/``seq_cat_emb_count``, no
-  recompilation per batch), and null (BCE: is the target null?).
+  recompilation per batch; never ``[N, C, d]`` at once, :mod:`.cat_head`),
+  and null (BCE: is the target null?).
 * **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``, each
   target's row of ``one_hot(seq_target_stype, 4)`` times its column (a
   batch may mix tasks and target types, ``task_mixing = "sequence"``),
@@ -91,13 +92,9 @@ from jax import lax
 
 from headwater import _native
 from headwater.train.accum import accumulated_grads
-from headwater.train.attention import (
-    ATTENTION_IMPLS,
-    ATTENTION_KINDS,
-    MASK_FILL,
-    _attention,
-    attention_masks,
-)
+from headwater.train.attention import ATTENTION_IMPLS, ATTENTION_KINDS, _attention, attention_masks
+from headwater.train.cat_head import CAT_CHUNK_MIB, CAT_HEAD_IMPLS, categorical_logits
+from headwater.train.cat_head import max_categories as max_categories
 from headwater.train.optim import OptConfig, make_optimizer
 from headwater.train.scale import REMAT_POLICIES, remat
 from headwater.train.targets import _at_target, per_target, target_positions, target_weights
@@ -181,6 +178,15 @@ class ModelConfig:
     #: gathers (a gather's backward is a scatter-add with heavy index
     #: collisions on small tables); 0 = gathers everywhere (the reference).
     onehot_max_rows: int = ONEHOT_MAX_ROWS
+    #: The categorical head scores its targets in chunks of at most this many
+    #: MiB of float32 windows ``[chunk, max_categories, d_model]`` (or table
+    #: scores ``[chunk, V]``); 0 = all targets at once.
+    cat_chunk_mib: int = CAT_CHUNK_MIB
+    #: How the categorical head scores a target's window: ``gather`` its
+    #: ``max_categories`` rows of the category table, ``matmul`` all ``V``
+    #: rows then take the window, or ``auto`` (``matmul`` when ``V <=
+    #: max_categories · d_model / 8``).
+    cat_head_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.d_model <= 0 or self.num_layers < 0 or self.num_heads <= 0:
@@ -196,21 +202,21 @@ class ModelConfig:
             raise ValueError(f"attention: unknown kinds {bad}, expected some of {ATTENTION_KINDS}")
         if not self.attention:
             raise ValueError("attention: at least one kind is needed")
-        if self.max_categories <= 0:
-            raise ValueError(f"max_categories must be > 0, got {self.max_categories}")
         if self.compute_dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"compute_dtype: {self.compute_dtype!r} is not a float dtype")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(
-                f"remat must be one of {', '.join(REMAT_POLICIES)}, got {self.remat!r}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, "
-                f"got {self.attention_impl!r}"
-            )
-        if self.onehot_max_rows < 0:
-            raise ValueError(f"onehot_max_rows must be >= 0, got {self.onehot_max_rows}")
+        choices = {
+            "remat": REMAT_POLICIES,
+            "attention_impl": ATTENTION_IMPLS,
+            "cat_head_impl": CAT_HEAD_IMPLS,
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(
+                    f"{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}"
+                )
+        for key, least in (("max_categories", 1), ("onehot_max_rows", 0), ("cat_chunk_mib", 0)):
+            if getattr(self, key) < least:
+                raise ValueError(f"{key} must be >= {least}, got {getattr(self, key)}")
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -219,13 +225,6 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
-
-
-def max_categories(metadata: Mapping[str, Any], multiple: int = 8) -> int:
-    """The most categories of any column in ``database_metadata()``, rounded up."""
-    counts = [int(c.get("cat_emb_count", 0)) for c in metadata.get("columns", [])]
-    k = max([1, *counts])
-    return -(-k // multiple) * multiple
 
 
 # ----------------------------------------------------------------------------
@@ -463,14 +462,13 @@ def forward(
     hp = params["head"]
     z = rms_norm(_at_target(h, target_positions(batch)), hp["norm"], cfg.norm_eps, jnp.float32)
 
-    # Each target's own categorical window (its sequence's target column).
-    start = per_target(batch, "cat_emb_start")
-    count = per_target(batch, "cat_emb_count")
-    slots = jnp.arange(cfg.max_categories)
-    cand = _take(cat_table, start[:, None] + slots[None]).astype(jnp.float32)  # [N, C, d]
+    # Each target's own categorical window (its sequence's target column,
+    # a masked cell's own column), in chunks: never [N, C, d] (:mod:`.cat_head`).
+    start, count = per_target(batch, "cat_emb_start"), per_target(batch, "cat_emb_count")
     q = z @ hp["cat_w"]
-    cat_logits = jnp.einsum("nd,ncd->nc", q, cand) / math.sqrt(cfg.d_model)
-    cat_logits = jnp.where(slots[None] < count[:, None], cat_logits, MASK_FILL)
+    cat_logits = categorical_logits(
+        q, cat_table, start, count, cfg.max_categories, cfg.cat_chunk_mib, cfg.cat_head_impl
+    )
     return {
         "numeric": (z @ hp["numeric_w"] + hp["numeric_b"])[:, 0],
         "boolean": (z @ hp["bool_w"] + hp["bool_b"])[:, 0],
