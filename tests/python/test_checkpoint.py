@@ -470,3 +470,28 @@ def test_the_launch_record_keeps_the_runs_shape(
     assert C.set_aside_stale_ranks(tmp_path, 2) == ["rank-2.json", "rank-2.log"]
     assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0.json", "rank-1.json"]
     assert C.set_aside_stale_ranks(tmp_path, 2) == []
+
+
+def test_a_key_newer_than_the_checkpoint_reads_as_its_default(tmp_path: Path) -> None:
+    """A checkpoint written before a ``[model]`` key existed resumes (the
+    key reads as its default), unless the run now sets it to another value;
+    a key the checkpoint has keeps its strict comparison."""
+    pytest.importorskip("jax")
+    from headwater.train import checkpoint as C
+    from headwater.train.config import load_config
+
+    toml = tmp_path / "c.toml"
+    toml.write_text('[database]\npath = "db"\n', encoding="utf-8")
+    cfg = load_config(toml)
+    now = json.loads(json.dumps(cfg.to_dict()))
+    saved = json.loads(json.dumps(now))
+    del saved["model"]["cat_chunk_mib"]
+    defaults = C.section_defaults(cfg, C.SECTIONS_KEPT)
+    assert C.config_differences(saved, now, defaults=defaults) == []
+    assert C.config_differences(saved, now) != [], "without defaults the absent key differs"
+    changed = json.loads(json.dumps(now))
+    changed["model"]["cat_chunk_mib"] = 16
+    diffs = C.config_differences(saved, changed, defaults=defaults)
+    assert len(diffs) == 1 and "model.cat_chunk_mib" in diffs[0], diffs
+    changed["model"]["d_model"] = now["model"]["d_model"] * 2
+    assert len(C.config_differences(saved, changed, defaults=defaults)) == 2

@@ -58,6 +58,7 @@ naming the difference, or let ranks stop at different steps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import time
@@ -229,18 +230,42 @@ def _flat(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}.{k}": v for k, v in d.items()}
 
 
+def section_defaults(cfg: Any, sections: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each of ``sections``' keys with its default (as saved: JSON values),
+    from ``cfg``'s section dataclasses."""
+    out: dict[str, dict[str, Any]] = {}
+    for section in sections:
+        obj = getattr(cfg, section, None)
+        if not dataclasses.is_dataclass(obj):
+            continue
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            if f.default is not dataclasses.MISSING:
+                d[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                d[f.name] = f.default_factory()
+        out[section] = json.loads(json.dumps(d, default=str))
+    return out
+
+
 def config_differences(
     saved: Mapping[str, Any],
     now: Mapping[str, Any],
     sections: tuple[str, ...] = SECTIONS_KEPT,
     train_keys: tuple[str, ...] = TRAIN_KEYS_KEPT,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """``section.key: saved → now`` for every key of ``sections`` and of
-    ``[train]``'s ``train_keys`` (by default: every key a resume must keep)."""
+    ``[train]``'s ``train_keys`` (by default: every key a resume must keep).
+    A key the checkpoint does not have (added to headwater after it was
+    written) is read as its default from ``defaults`` (:func:`section_defaults`),
+    so a checkpoint of an older version resumes unless the key was set."""
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
     for section in sections:
-        old.update(_flat(saved[section], section))
+        missing = {k: v for k, v in (defaults or {}).get(section, {}).items()
+                   if k not in saved[section]}
+        old.update(_flat({**missing, **saved[section]}, section))
         new.update(_flat(now[section], section))
     for key in train_keys:
         old[f"train.{key}"], new[f"train.{key}"] = saved["train"][key], now["train"][key]
@@ -275,7 +300,9 @@ def check_resume(cfg: Any, db: Path, run_dir: Path) -> int:
             f"--resume {run_dir}: checkpoint {step} is already at train.steps = "
             f"{cfg.train.steps}: nothing to resume"
         )
-    diffs = config_differences(meta["config"], now)
+    diffs = config_differences(
+        meta["config"], now, defaults=section_defaults(cfg, SECTIONS_KEPT)
+    )
     if diffs:
         raise ConfigError(
             f"--resume {run_dir}: checkpoint {step} was written under another config: "

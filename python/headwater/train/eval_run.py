@@ -64,7 +64,9 @@ def checked_config(run_dir: Path, step: int, meta: dict[str, Any]) -> Any:
     config, overrides = C.read_launch_record(run_dir, "headwater eval")
     cfg = load_config(config, **overrides)
     now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples are lists
-    diffs = C.config_differences(meta["config"], now, SECTIONS_CHECKED, ())
+    diffs = C.config_differences(
+        meta["config"], now, SECTIONS_CHECKED, (), C.section_defaults(cfg, SECTIONS_CHECKED)
+    )
     if diffs:
         raise ConfigError(
             f"headwater eval {run_dir}: checkpoint {step} was written under another "
