@@ -57,8 +57,15 @@ fn tvd(a: &[f64], b: &[f64]) -> f64 {
         / 2.0
 }
 
-#[test]
-fn walk_visit_frequencies_match_a_reference_walker_and_tell_a_timeless_one_apart() {
+/// For three seeds of a synthetic database's table 1, `count` fills the
+/// counts for the seed's walk parameters: they must be within 0.03 (total
+/// variation) of the reference walker's over the same number of walks and,
+/// for some seed, more than 0.1 from a walker that ignores time (so the
+/// comparison can fail).
+fn matches_the_reference(
+    what: &str,
+    mut count: impl FnMut(&WalkGraph, u32, &WalkParams, &mut WalkCounts),
+) {
     let sdb = build(&SynthSpec {
         null_fk: 0.0,
         ..SynthSpec::small(4, 150, 21)
@@ -69,7 +76,6 @@ fn walk_visit_frequencies_match_a_reference_walker_and_tell_a_timeless_one_apart
     let table = g.table_rows[1];
     let (n, len) = (40_000, 6);
     let mut w = WalkCounts::default();
-    let mut rng = Xoshiro256pp::seed_from_u64(5);
     let mut timeless_gap = 0.0f64;
     for seed in [table.0 + 30, table.0 + 75, table.0 + 140] {
         let cutoff = g.row_time[seed as usize];
@@ -80,30 +86,56 @@ fn walk_visit_frequencies_match_a_reference_walker_and_tell_a_timeless_one_apart
             bound: cutoff,
             table,
         };
-        w.walk(&wg, seed, &p, &mut rng, None).unwrap();
+        count(&wg, seed, &p, &mut w);
         let ours: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
         let theirs = reference(&g, seed, cutoff, n, len, table);
         let d = tvd(&ours, &theirs);
         assert!(
             d < 0.03,
-            "seed {seed}: visit frequencies differ (TVD {d:.4})"
+            "{what}, seed {seed}: visit counts differ (TVD {d:.4})"
         );
         let timeless = reference(&g, seed, i64::MAX, n, len, table);
         timeless_gap = timeless_gap.max(tvd(&ours, &timeless));
     }
     assert!(
         timeless_gap > 0.1,
-        "the comparison cannot tell a walker ignoring time apart (TVD {timeless_gap:.4})"
+        "{what}: the comparison cannot tell a walker ignoring time apart (TVD {timeless_gap:.4})"
     );
 }
 
 #[test]
+fn walk_visit_frequencies_match_a_reference_walker_and_tell_a_timeless_one_apart() {
+    let mut rng = Xoshiro256pp::seed_from_u64(5);
+    matches_the_reference("walks", |wg, seed, p, w| {
+        w.walk(wg, seed, p, &mut rng, None).unwrap();
+    });
+}
+
+#[test]
 fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
-    let sdb = build(&SynthSpec {
-        null_fk: 0.0,
-        ..SynthSpec::small(4, 150, 21)
-    })
-    .expect("synthesizes");
+    let mut spread = Spread::default();
+    let prune = SamplerConfig::default().expected_prune as f32;
+    matches_the_reference("expected", |wg, seed, p, w| {
+        let updates = spread.expected(wg, seed, p, prune, w, None).unwrap();
+        assert!(updates > 0);
+        // Never more visits than the walks can make.
+        let total: f64 = (p.table.0..p.table.1).map(|r| f64::from(w.get(r))).sum();
+        assert!(
+            total <= (p.num_walks * p.walk_length) as f64 * 1.0001,
+            "{total}"
+        );
+        // Deterministic: the same counts again, and none left over.
+        let first: Vec<u32> = (p.table.0..p.table.1).map(|r| w.get(r)).collect();
+        let again = spread.expected(wg, seed, p, prune, w, None).unwrap();
+        assert_eq!(again, updates);
+        let second: Vec<u32> = (p.table.0..p.table.1).map(|r| w.get(r)).collect();
+        assert_eq!(first, second);
+    });
+}
+
+#[test]
+fn a_passed_deadline_stops_the_expected_ranker() {
+    let sdb = build(&SynthSpec::small(4, 150, 21)).expect("synthesizes");
     let g = sdb.db.graph();
     let wg = WalkGraph::new(&g).unwrap();
     let table = g.table_rows[1];
@@ -111,37 +143,6 @@ fn expected_visits_match_the_reference_walker_and_tell_a_timeless_one_apart() {
     let mut w = WalkCounts::default();
     let mut spread = Spread::default();
     let prune = SamplerConfig::default().expected_prune as f32;
-    let mut timeless_gap = 0.0f64;
-    for seed in [table.0 + 30, table.0 + 75, table.0 + 140] {
-        let cutoff = g.row_time[seed as usize];
-        let p = WalkParams {
-            num_walks: n,
-            walk_length: len,
-            cutoff,
-            bound: cutoff,
-            table,
-        };
-        let updates = spread.expected(&wg, seed, &p, prune, &mut w, None).unwrap();
-        assert!(updates > 0);
-        let ours: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
-        let theirs = reference(&g, seed, cutoff, n, len, table);
-        let d = tvd(&ours, &theirs);
-        assert!(d < 0.03, "seed {seed}: expected visits differ (TVD {d:.4})");
-        // Never more visits than the walks can make.
-        let total: f64 = ours.iter().sum();
-        assert!(total <= (n * len) as f64 * 1.0001, "{total}");
-        let timeless = reference(&g, seed, i64::MAX, n, len, table);
-        timeless_gap = timeless_gap.max(tvd(&ours, &timeless));
-        // Deterministic: the same counts again, and none left over.
-        let again = spread.expected(&wg, seed, &p, prune, &mut w, None).unwrap();
-        assert_eq!(again, updates);
-        let twice: Vec<f64> = (table.0..table.1).map(|r| f64::from(w.get(r))).collect();
-        assert_eq!(twice, ours);
-    }
-    assert!(
-        timeless_gap > 0.1,
-        "the comparison cannot tell a spread ignoring time apart (TVD {timeless_gap:.4})"
-    );
     let p = WalkParams {
         num_walks: n,
         walk_length: len,
