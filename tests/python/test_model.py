@@ -196,7 +196,7 @@ def _dispatch_case(stype: int, rng: np.random.Generator, k: int = 6) -> tuple[di
     batch["is_target"][:, 0] = 1
     batch["is_null"][1, 0] = 1  # one null target
     logits = rng.normal(size=(b, k)).astype(np.float32)
-    logits[:, 4:] = M.MASK_FILL
+    logits[:, 4:] = A.MASK_FILL
     outputs = {
         "numeric": rng.normal(size=b).astype(np.float32),
         "boolean": rng.normal(size=b).astype(np.float32),
