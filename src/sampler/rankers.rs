@@ -85,6 +85,24 @@ pub struct RankArgs<'a, 'g> {
     pub held: &'a dyn Fn(u32) -> bool,
 }
 
+impl RankArgs<'_, '_> {
+    /// The first `limit` rows of the order of `walks`' counts that may be
+    /// examples (labelled, not the seed, before the bound) into `out`.
+    fn order(&self, walks: &mut WalkCounts, prefer_latest: bool, limit: usize, out: &mut Vec<u32>) {
+        let label = |r: u32| (self.has_label)(r);
+        walks.ranked(
+            self.g,
+            self.seed,
+            self.bound,
+            prefer_latest,
+            self.key,
+            label,
+            limit,
+            out,
+        );
+    }
+}
+
 /// Rank the examples of one context into `ranked`, best first; `Ok` the
 /// walk steps taken (`expected`: neighbour updates), `Err` those taken
 /// before `deadline` passed.
@@ -99,7 +117,6 @@ pub fn rank(
     deadline: Option<Instant>,
     ranked: &mut Vec<u32>,
 ) -> Result<u64, u64> {
-    let label = |r: u32| (a.has_label)(r);
     let walks = &mut sc.walks;
     let steps = match ranker {
         Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
@@ -110,16 +127,8 @@ pub fn rank(
     };
     // `shuffled` takes every visited row, then orders them at random.
     let shuffled = ranker == Ranker::Shuffled;
-    walks.ranked(
-        a.g,
-        a.seed,
-        a.bound,
-        a.prefer_latest && !shuffled,
-        a.key,
-        label,
-        if shuffled { usize::MAX } else { a.limit },
-        ranked,
-    );
+    let limit = if shuffled { usize::MAX } else { a.limit };
+    a.order(walks, a.prefer_latest && !shuffled, limit, ranked);
     if shuffled {
         ranked.sort_unstable_by_key(|&r| mix64(a.key ^ 0x7368_7566 ^ u64::from(r)));
         ranked.truncate(a.limit);
@@ -142,7 +151,6 @@ fn adaptive(
 ) -> Result<u64, u64> {
     walks.reset(wp.table);
     sig.clear();
-    let label = |r: u32| (a.has_label)(r);
     let (mut done, mut steps, mut stable) = (0usize, 0u64, 0usize);
     let most = wp.num_walks.min(MAX_WALKS);
     while done < most {
@@ -156,16 +164,7 @@ fn adaptive(
         // the whole `limit` only when held rows crowd that head out.
         let short = (2 * a.take + 8).min(a.limit);
         for limit in [short, a.limit] {
-            walks.ranked(
-                a.g,
-                a.seed,
-                a.bound,
-                a.prefer_latest,
-                a.key,
-                label,
-                limit,
-                ranked,
-            );
+            a.order(walks, a.prefer_latest, limit, ranked);
             let free = ranked.iter().filter(|&&r| !(a.held)(r)).count();
             if free >= a.take || ranked.len() < limit || limit == a.limit {
                 break;
