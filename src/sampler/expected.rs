@@ -36,7 +36,7 @@
 
 use std::time::Instant;
 
-use super::walk_graph::HEAD;
+use super::walk_graph::{HubCache, HEAD};
 use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::prefetch::prefetch;
 
@@ -45,13 +45,6 @@ const AHEAD: usize = 8;
 
 /// Slots of the record → local id table before it first grows.
 const FIRST_SLOTS: usize = 1 << 14;
-
-/// Slots of [`Spread`]'s visible-children cache.
-const HUB_SLOTS: usize = 1 << 14;
-
-/// Records with at least this many children keep their visible count in
-/// the cache (a search over fewer reads the record's first lines anyway).
-const HUB_DEGREE: u32 = 16;
 
 /// A local record whose degree and row are not read yet.
 const UNREAD: u32 = u32::MAX;
@@ -95,10 +88,8 @@ pub struct Spread {
     visits: Vec<f32>,
     /// Rows of the seed's table with expected visits (table indexes).
     visited: Vec<u32>,
-    /// `(record offset + 1, cutoff rank, visible children)` of hubs,
-    /// direct-mapped by record offset (kept across contexts: the rank is
-    /// part of the tag).
-    hubs: Vec<(u32, u32, u32)>,
+    /// Visible children of hubs.
+    hubs: HubCache,
 }
 
 /// The home slot of `tag` in a table of `mask + 1` (multiplicative hash).
@@ -248,7 +239,7 @@ impl Spread {
         let nc = if w[o + 3] < crank {
             w[o + 2]
         } else {
-            self.visible(wg, o, crank)
+            self.hubs.visible(wg, o, crank)
         };
         let r = w[o];
         let l = &mut self.locals[id];
@@ -331,22 +322,5 @@ impl Spread {
             self.index[i] = (tag, id);
             self.used.push(i as u32);
         }
-    }
-
-    /// The children of the record at `o` visible below `crank` (a hub's
-    /// from the cache after its first search).
-    fn visible(&mut self, wg: &WalkGraph, o: usize, crank: u32) -> u32 {
-        if wg.words[o + 2] < HUB_DEGREE {
-            return wg.visible_children(o, crank);
-        }
-        if self.hubs.len() != HUB_SLOTS {
-            self.hubs = vec![(0, 0, 0); HUB_SLOTS];
-        }
-        let tag = o as u32 + 1;
-        let slot = &mut self.hubs[home(tag, HUB_SLOTS - 1)];
-        if slot.0 != tag || slot.1 != crank {
-            *slot = (tag, crank, wg.visible_children(o, crank));
-        }
-        slot.2
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::GraphView;
+use crate::rng::mix64;
 
 /// Words of a record before its neighbours: row, parents, children, rank
 /// of the latest child.
@@ -91,6 +92,40 @@ impl WalkGraph {
             }
         }
         lo as u32
+    }
+}
+
+/// Records with at least this many children keep their visible count in a
+/// [`HubCache`] (a search over fewer ranks reads the record's first lines
+/// anyway).
+const CACHED_DEGREE: u32 = 8;
+
+/// Slots of a [`HubCache`] (direct-mapped by record offset).
+const CACHE_SLOTS: usize = 1 << 16;
+
+/// The visible children of hubs at a cutoff, per worker:
+/// `(record offset + 1, visible rank, visible children)` by record offset,
+/// the rank in the tag so that nothing is cleared when the next context's
+/// cutoff differs (clearing cost more than a short context's walks).
+#[derive(Debug, Default)]
+pub struct HubCache(Vec<(u32, u32, u32)>);
+
+impl HubCache {
+    /// The children of the record at `o` of `wg` visible below `crank` (a
+    /// hub's from the cache after its first search).
+    pub fn visible(&mut self, wg: &WalkGraph, o: usize, crank: u32) -> u32 {
+        if wg.words[o + 2] < CACHED_DEGREE {
+            return wg.visible_children(o, crank);
+        }
+        if self.0.len() != CACHE_SLOTS {
+            self.0 = vec![(0, 0, 0); CACHE_SLOTS];
+        }
+        let tag = o as u32 + 1;
+        let slot = &mut self.0[(mix64(u64::from(tag)) as usize) & (CACHE_SLOTS - 1)];
+        if slot.0 != tag || slot.1 != crank {
+            *slot = (tag, crank, wg.visible_children(o, crank));
+        }
+        slot.2
     }
 }
 

@@ -26,7 +26,7 @@ use std::cmp::Reverse;
 use std::time::Instant;
 
 pub use super::walk_graph::WalkGraph;
-use super::walk_graph::HEAD;
+use super::walk_graph::{HubCache, HEAD};
 use crate::format::GraphView;
 use crate::prefetch::prefetch;
 use crate::rng::{mix64, Xoshiro256pp};
@@ -46,13 +46,6 @@ fn prefetch_record(w: &[u32], o: usize) {
     prefetch(w, o + 16);
 }
 
-/// Records with at least this many children keep their visible count in
-/// [`WalkCounts`]'s cache (a search over few ranks reads one line anyway).
-const CACHED_DEGREE: u32 = 8;
-
-/// Slots of the visible-children cache (direct-mapped by record offset).
-const CACHE_SLOTS: usize = 1 << 16;
-
 /// Per-worker walk state: visit counts over the rows of one table.
 #[derive(Debug, Default)]
 pub struct WalkCounts {
@@ -64,10 +57,8 @@ pub struct WalkCounts {
     lo: u32,
     /// Rows of the counted table.
     len: u32,
-    /// `(record offset + 1, visible rank, visible children)` of hubs (the
-    /// rank in the tag: nothing to clear when the next context's cutoff
-    /// differs, where clearing cost more than a short context's walks).
-    cache: Vec<(u32, u32, u32)>,
+    /// Visible children of hubs.
+    cache: HubCache,
     /// Visits noted and not counted yet (`row - lo`): `noted` of them.
     pending: Vec<u32>,
     noted: usize,
@@ -227,9 +218,6 @@ impl WalkCounts {
             return Ok(0);
         }
         let crank = wg.visible_rank(p.cutoff);
-        if self.cache.len() != CACHE_SLOTS {
-            self.cache = vec![(0, 0, 0); CACHE_SLOTS];
-        }
         if self.pending.len() < PENDING {
             self.pending.resize(PENDING, 0);
         }
@@ -330,25 +318,11 @@ impl WalkCounts {
         if s < o + HEAD + np || w[s + 1] < crank {
             return w[s];
         }
-        let d = w[o + 1] + self.visible(wg, o, crank);
+        let d = w[o + 1] + self.cache.visible(wg, o, crank);
         if d == 0 {
             return NO_SLOT;
         }
         w[wg.slot(o, rng.below(u64::from(d)) as u32)]
-    }
-
-    /// The visible children of the record at `o` (a hub's count from the
-    /// cache after its first search).
-    fn visible(&mut self, wg: &WalkGraph, o: usize, crank: u32) -> u32 {
-        if wg.words[o + 2] < CACHED_DEGREE {
-            return wg.visible_children(o, crank);
-        }
-        let tag = o as u32 + 1;
-        let slot = &mut self.cache[(mix64(u64::from(tag)) as usize) & (CACHE_SLOTS - 1)];
-        if slot.0 != tag || slot.1 != crank {
-            *slot = (tag, crank, wg.visible_children(o, crank));
-        }
-        slot.2
     }
 
     /// The touched rows that count (not `seed`, dated before `bound` or
