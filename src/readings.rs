@@ -94,6 +94,9 @@ pub struct SeqReadings {
     /// With `examples`: 1 when the build passed `context_deadline_ms` and
     /// was replaced by the seed's plain BFS context.
     pub deadline_hits: u32,
+    /// With `expected_store`: 1 when the stored ranking ran out and the
+    /// live ranker built the context.
+    pub store_misses: u32,
     /// With `mask_prob_max > 0`: cells masked as extra targets.
     pub masked_cells: u32,
     /// With `examples`: 1 when the context, built in time, holds no example

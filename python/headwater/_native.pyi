@@ -253,6 +253,8 @@ class Sampler:
         mask_prob_max: float = 0.0,
         example_ranker: str = "walks",
         expected_prune: float = 0.25,
+        expected_store: bool = False,
+        expected_store_rows: int = 96,
         context_deadline_ms: float | None = None,
         telemetry: bool = True,
         prometheus_port: int | None = None,

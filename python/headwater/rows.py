@@ -132,6 +132,8 @@ class SamplerConfigDict(TypedDict):
     mask_prob_max: float
     example_ranker: str
     expected_prune: float
+    expected_store: bool
+    expected_store_rows: int
     context_deadline_ms: float | None
     telemetry: bool
     prometheus_port: int | None

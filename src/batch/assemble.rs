@@ -174,6 +174,7 @@ pub fn assemble_sequence(
         examples: sub.example_rows.len() as u32,
         walk_steps: sub.walk_steps,
         deadline_hits: sub.deadline_hits,
+        store_misses: sub.store_misses,
         masked_cells: 0,
         // Tier 0 is non-empty exactly when the context was built in-context.
         no_examples: u32::from(

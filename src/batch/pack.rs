@@ -186,6 +186,7 @@ pub fn assemble_packed_sequence(
         total.examples += st.examples;
         total.walk_steps += st.walk_steps;
         total.deadline_hits += st.deadline_hits;
+        total.store_misses += st.store_misses;
         total.no_examples += st.no_examples;
         off += len;
         row_off += sub.rows.len();

@@ -233,6 +233,18 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "with examples and example_ranker expected: a row spreads its walk probability only when each neighbour's share is at least this many expected visits of num_walks walks (its mass is dropped otherwise); lower: closer to the exact expectation and slower (docs/contexts.md)",
     },
     FieldDoc {
+        name: "expected_store",
+        ty: "bool",
+        range: "true or false; true needs examples and example_ranker expected",
+        doc: "with examples and example_ranker expected: rank each task item's examples from rankings computed once per database (in parallel, when the sampler is made) and stored under rankings/ in its directory, reused while the database, the walk settings and the tasks stay the same; the same batches as computing them per context, at a fraction of the cost (docs/contexts.md)",
+    },
+    FieldDoc {
+        name: "expected_store_rows",
+        ty: "int",
+        range: "an integer in 1..=65536",
+        doc: "with expected_store: rows each stored ranking keeps at most per order (most visits first; latest first), cut between rows of equal rank; a context that reads past them is ranked live (context/store_misses); more rows: fewer misses, a larger file (docs/contexts.md)",
+    },
+    FieldDoc {
         name: "context_deadline_ms",
         ty: "float | None",
         range: "None or a number in (0, 3600000]",

@@ -180,6 +180,13 @@ pub struct SamplerConfig {
     /// only when each neighbour's share is at least this many expected
     /// visits of `num_walks` walks (`crate::sampler::expected`).
     pub expected_prune: f64,
+    /// With `example_ranker = "expected"`: rank from rankings computed
+    /// once per database and stored in its directory
+    /// (`crate::sampler::rank_store`; the same picks).
+    pub expected_store: bool,
+    /// With `expected_store`: rows each stored head (the count order, the
+    /// recency order) of an item keeps at most.
+    pub expected_store_rows: usize,
     /// With `examples`: wall-clock budget of one context's build (ms).
     pub context_deadline_ms: Option<f64>,
     /// Record step telemetry (drain API, Prometheus). Off only to measure
@@ -274,6 +281,8 @@ impl Default for SamplerConfig {
             mask_prob_max: 0.0,
             example_ranker: ExampleRanker::Walks,
             expected_prune: 0.25,
+            expected_store: false,
+            expected_store_rows: 96,
             context_deadline_ms: None,
             telemetry: true,
             prometheus_port: None,

@@ -5,7 +5,7 @@
 //! [`FIELDS`](super::FIELDS) (via [`bad`]). Never: change a value; a config
 //! is accepted or refused as given.
 
-use super::{bad, SamplerConfig, TaskWeights};
+use super::{bad, ExampleRanker, SamplerConfig, TaskWeights};
 use crate::error::Result;
 
 impl SamplerConfig {
@@ -213,6 +213,16 @@ impl SamplerConfig {
         }
         if !(self.expected_prune > 0.0 && self.expected_prune <= 1000.0) {
             return Err(bad("expected_prune", self.expected_prune));
+        }
+        if self.expected_store && !(self.examples && self.example_ranker == ExampleRanker::Expected)
+        {
+            return Err(bad(
+                "expected_store",
+                "true without examples and example_ranker \"expected\" (it stores the expected ranker's rankings); allowed: false, or true with both",
+            ));
+        }
+        if !(1..=65536).contains(&self.expected_store_rows) {
+            return Err(bad("expected_store_rows", self.expected_store_rows));
         }
         if let Some(d) = self.context_deadline_ms {
             if !(d > 0.0 && d <= 3_600_000.0) {

@@ -58,6 +58,9 @@ pub struct Subgraph {
     /// With examples: 1 when the build passed `context_deadline_ms` and the
     /// context was replaced by the seed's plain BFS context.
     pub deadline_hits: u32,
+    /// With `expected_store`: 1 when the item's stored ranking ran out
+    /// before the context was full and the live ranker built it.
+    pub store_misses: u32,
 }
 
 impl Subgraph {
@@ -77,6 +80,7 @@ impl Subgraph {
         self.example_rows.clear();
         self.walk_steps = 0;
         self.deadline_hits = 0;
+        self.store_misses = 0;
     }
 
     /// Cut this context to its longest prefix of rows (BFS order: the seed,

@@ -30,6 +30,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
+use super::rank_store::RankStore;
 use super::rankers::{rank, RankArgs, RankScratch, Ranker};
 use super::walks::{WalkGraph, WalkParams};
 use crate::format::GraphView;
@@ -94,6 +95,9 @@ pub struct ExampleParams<'a> {
     /// Mixed into the walks' generator key (0 in training; the recall
     /// benchmark's independent runs of the same context set others).
     pub walk_salt: u64,
+    /// The `expected` ranker's stored rankings of the database, if any
+    /// (`expected_store`; the same picks, read instead of computed).
+    pub store: Option<&'a RankStore>,
 }
 
 /// Per-worker scratch of in-context builds (reused, never per context).
@@ -123,8 +127,14 @@ impl Hasher for RowHasher {
     }
 }
 
-/// The deadline passed: the build stops.
-struct DeadlineHit;
+/// Why a build stopped.
+enum Stop {
+    /// The deadline passed.
+    Deadline,
+    /// The stored ranking's exact head ran out before the context was
+    /// full: the live ranker must build it.
+    Live,
+}
 
 /// Build the in-context context of `seed` observed at `obs_time` into
 /// `out`, its generator keyed by `key`. Past `p.deadline` the context is
@@ -143,7 +153,14 @@ pub fn build_in_context(
     out: &mut Subgraph,
 ) {
     let deadline = p.deadline.map(|d| Instant::now() + d);
-    if tiers(g, seed, obs_time, key, r, p, deadline, bs, sc, out).is_ok() {
+    let mut done = tiers(g, seed, obs_time, key, r, p, deadline, bs, sc, out);
+    let missed = matches!(done, Err(Stop::Live));
+    if missed {
+        let live = ExampleParams { store: None, ..*p };
+        done = tiers(g, seed, obs_time, key, r, &live, deadline, bs, sc, out);
+    }
+    if done.is_ok() {
+        out.store_misses = u32::from(missed);
         return;
     }
     let steps = out.walk_steps;
@@ -168,6 +185,7 @@ pub fn build_in_context(
     out.tier_cells = [u32::try_from(out.cells).unwrap_or(u32::MAX), 0, 0];
     out.walk_steps = steps;
     out.deadline_hits = 1;
+    out.store_misses = u32::from(missed);
 }
 
 /// The three tiers into `out`; `Err` when `deadline` passed.
@@ -183,7 +201,7 @@ fn tiers(
     bs: &mut BfsScratch,
     sc: &mut ExampleScratch,
     out: &mut Subgraph,
-) -> Result<(), DeadlineHit> {
+) -> Result<(), Stop> {
     let mut bfs_rng = Xoshiro256pp::seed_from_u64(key);
     // The seed row is whole whatever the drawn size.
     let params = BfsParams {
@@ -222,12 +240,17 @@ fn tiers(
         bound,
         deadline,
     };
-    let ranked = rank_examples(g, seed, key, r, p, &fill, sc, out)?;
+    let (ranked, partial) = rank_examples(g, seed, key, r, p, &fill, sc, out)?;
     let res = ranked
         .iter()
         .try_for_each(|&row| fill.example(row, 1, &mut bfs_rng, bs, sc, out));
     sc.ranked = ranked;
     res?;
+    // Past a partial stored ranking's exact head (or in tier 2, which
+    // skips every counted row) only the live counts decide.
+    if partial && !fill.full(out) {
+        return Err(Stop::Live);
+    }
     fill.random_examples(seed, key, &mut bfs_rng, bs, sc, out)?;
     finish_edges(g, sc, out);
     Ok(())
@@ -235,7 +258,8 @@ fn tiers(
 
 /// Tier 1's ranking (`p.ranker`) of `seed`'s context, whose tier 0 is
 /// `out` (its rows in `sc.local`); the walk steps go to `out`. The ranked
-/// rows are `sc.ranked`'s buffer, handed back by the caller.
+/// rows are `sc.ranked`'s buffer, handed back by the caller, with whether
+/// they came from an incomplete stored ranking.
 #[allow(clippy::too_many_arguments)]
 fn rank_examples(
     g: &GraphView<'_>,
@@ -246,7 +270,7 @@ fn rank_examples(
     fill: &Fill<'_, '_>,
     sc: &mut ExampleScratch,
     out: &mut Subgraph,
-) -> Result<Vec<u32>, DeadlineHit> {
+) -> Result<(Vec<u32>, bool), Stop> {
     let wp = WalkParams {
         num_walks: p.num_walks,
         walk_length: p.walk_length,
@@ -260,6 +284,11 @@ fn rank_examples(
     // the order is all it ever reads.
     let ec = fill.example_cells();
     let room = p.seq_len.saturating_sub(out.cells);
+    let stored = match (p.ranker, p.store) {
+        (Ranker::Expected, Some(st)) => st.get(seed, fill.bound),
+        _ => None,
+    };
+    let partial = stored.is_some_and(|s| !s.complete());
     let local = &sc.local;
     let args = RankArgs {
         g,
@@ -272,6 +301,7 @@ fn rank_examples(
         has_label: p.has_label,
         prune: p.prune,
         held: &|row| local.contains_key(&row),
+        stored,
     };
     let mut ranked = std::mem::take(&mut sc.ranked);
     let walked = rank(
@@ -287,12 +317,12 @@ fn rank_examples(
     match walked {
         Ok(s) => {
             out.walk_steps = s;
-            Ok(ranked)
+            Ok((ranked, partial))
         }
         Err(s) => {
             sc.ranked = ranked;
             out.walk_steps = s;
-            Err(DeadlineHit)
+            Err(Stop::Deadline)
         }
     }
 }
@@ -340,12 +370,12 @@ impl Fill<'_, '_> {
         bs: &mut BfsScratch,
         sc: &mut ExampleScratch,
         out: &mut Subgraph,
-    ) -> Result<(), DeadlineHit> {
+    ) -> Result<(), Stop> {
         if self.full(out) || sc.local.contains_key(&row) {
             return Ok(());
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(DeadlineHit);
+            return Err(Stop::Deadline);
         }
         let t = self.g.time_of(row).unwrap_or(i64::MIN);
         let cut = if t == i64::MIN || !self.p.temporal_filter {
@@ -429,7 +459,7 @@ impl Fill<'_, '_> {
         bs: &mut BfsScratch,
         sc: &mut ExampleScratch,
         out: &mut Subgraph,
-    ) -> Result<(), DeadlineHit> {
+    ) -> Result<(), Stop> {
         let (lo, hi) = self.p.table;
         let n = u64::from(hi - lo);
         if n == 0 {

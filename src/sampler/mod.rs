@@ -20,6 +20,7 @@
 mod bfs;
 pub mod expected;
 pub mod incontext;
+pub mod rank_store;
 pub mod rankers;
 mod walk_graph;
 pub mod walks;

@@ -12,7 +12,9 @@
 //!   Same walks, same order: only how many walks run changes.
 //! - `expected`: the visit counts `num_walks` walks are expected to give,
 //!   computed by spreading the walk's probability over the graph step by
-//!   step, no walk drawn (`super::expected`).
+//!   step, no walk drawn (`super::expected`), or read from the item's
+//!   stored ranking (`super::rank_store`), then cut to the head the
+//!   store vouches for.
 //! - `shuffled` (measurement only, never a config value): the rows the
 //!   walks visited in a random order, the broken ranker the recall
 //!   benchmark's test must score low.
@@ -24,6 +26,7 @@
 use std::time::Instant;
 
 use super::expected::Spread;
+use super::rank_store::StoredRanking;
 use super::walks::{WalkCounts, WalkGraph, WalkParams};
 use crate::format::GraphView;
 use crate::rng::{mix64, Xoshiro256pp};
@@ -83,6 +86,8 @@ pub struct RankArgs<'a, 'g> {
     pub has_label: &'a (dyn Fn(u32) -> bool + Sync),
     /// Whether the context holds a row already (it gets no shell).
     pub held: &'a dyn Fn(u32) -> bool,
+    /// `expected`'s stored ranking of this item, if any.
+    pub stored: Option<StoredRanking<'a>>,
 }
 
 impl RankArgs<'_, '_> {
@@ -121,9 +126,15 @@ pub fn rank(
     let steps = match ranker {
         Ranker::Walks | Ranker::Shuffled => walks.walk(wg, a.seed, wp, rng, deadline)?,
         Ranker::Adaptive => adaptive(walks, wg, wp, a, rng, deadline, ranked, &mut sc.sig)?,
-        Ranker::Expected => sc
-            .spread
-            .expected(wg, a.seed, wp, a.prune, walks, deadline)?,
+        Ranker::Expected => match &a.stored {
+            Some(s) => {
+                s.load(walks, wp.table);
+                0
+            }
+            None => sc
+                .spread
+                .expected(wg, a.seed, wp, a.prune, walks, deadline)?,
+        },
     };
     // `shuffled` takes every visited row, then orders them at random.
     let shuffled = ranker == Ranker::Shuffled;
@@ -132,6 +143,11 @@ pub fn rank(
     if shuffled {
         ranked.sort_unstable_by_key(|&r| mix64(a.key ^ 0x7368_7566 ^ u64::from(r)));
         ranked.truncate(a.limit);
+    }
+    if let Some(s) = &a.stored {
+        let exact = |&r: &u32| s.exact(a.g, a.prefer_latest, r, walks.get(r));
+        let n = ranked.iter().take_while(|r| exact(r)).count();
+        ranked.truncate(n);
     }
     Ok(steps)
 }

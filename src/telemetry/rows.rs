@@ -290,6 +290,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::TotalSeq(|_, s| s.walk_steps as f64),
     },
     MetricDef {
+        key: "context/store_misses",
+        reduction: Sum,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_context_store_misses_total",
+        prometheus_type: Counter,
+        unit: "contexts",
+        help: "with expected_store: contexts whose stored ranking ran out before the context was full, ranked live instead (the same batch, the live cost; divide by the sequences for the share)",
+        measure: Measure::TotalSeq(|_, s| f64::from(s.store_misses)),
+    },
+    MetricDef {
         key: "context/deadline_hits",
         reduction: Sum,
         buckets: None,

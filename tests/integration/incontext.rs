@@ -90,6 +90,7 @@ fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec
         deadline: None,
         ranker,
         prune: 0.25,
+        store: None,
         walk_salt: 0,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());

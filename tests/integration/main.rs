@@ -17,6 +17,7 @@ mod mixture;
 mod oracle;
 mod packing;
 mod props;
+mod rank_store;
 mod resume;
 mod sampler;
 mod scratch;

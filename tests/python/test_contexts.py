@@ -145,3 +145,30 @@ def test_recall_databases_script_writes_both_benchmark_databases(tmp_path: Path)
                           str(tmp_path / "x"), "--scale", "0"], capture_output=True, text=True,
                          check=False)
     assert bad.returncode != 0 and "--scale 0" in bad.stderr
+
+
+def test_expected_store_writes_its_rankings_and_keeps_the_batches(tmp_path: Path) -> None:
+    import shutil
+
+    import numpy as np
+
+    db = tmp_path / "golden"
+    shutil.copytree(GOLDEN, db)
+    recipe = {**RECIPE, "example_ranker": "expected", "num_walks": 500}
+
+    def batches(store: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        with headwater.Sampler(db, default_batch_size=4, default_sequence_length=64,
+                               num_threads=1, expected_store=store, **recipe) as s:
+            got = [s.next_train_batch() for _ in range(3)]
+            return got, s.drain_step_metrics()
+
+    live, d_live = batches(False)
+    assert not (db / "rankings").exists()
+    stored, d = batches(True)
+    assert len(list((db / "rankings").glob("expected-*.bin"))) == 1
+    for a, b in zip(live, stored, strict=True):
+        for k, v in a.items():
+            if isinstance(v, np.ndarray):
+                assert np.array_equal(v, b[k]), k
+    assert d["sampler/context/walk_steps"] < d_live["sampler/context/walk_steps"]
+    assert d["sampler/context/store_misses"] == 0 == d_live["sampler/context/store_misses"]

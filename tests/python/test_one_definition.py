@@ -62,6 +62,8 @@ BAD: dict[str, dict[str, Any]] = {
     "mask_prob_max": {"mask_prob_max": 1.5},
     "example_ranker": {"example_ranker": "fast"},
     "expected_prune": {"examples": True, "expected_prune": 0.0},
+    "expected_store": {"expected_store": True},
+    "expected_store_rows": {"expected_store_rows": 0},
     "context_deadline_ms": {"context_deadline_ms": 0.0},
     "telemetry": {"telemetry": 3},
     "prometheus_port": {"prometheus_port": 0},

@@ -687,6 +687,7 @@ EXTRA_REDUCTIONS = {
     "batch/seq_len": "HISTOGRAM",
     "context/walk_steps": "SUM",
     "context/deadline_hits": "SUM",
+    "context/store_misses": "SUM",
     "context/no_examples": "SUM",
     "context/tasks_per_batch": "MAX",
     "context/masked_cells": "HISTOGRAM",
@@ -809,6 +810,7 @@ PROM_COUNTERS = {
     "headwater_context_tier2_cells_total": "context/tier2_cells",
     "headwater_context_walk_steps_total": "context/walk_steps",
     "headwater_context_deadline_hits_total": "context/deadline_hits",
+    "headwater_context_store_misses_total": "context/store_misses",
     "headwater_context_no_examples_total": "context/no_examples",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"

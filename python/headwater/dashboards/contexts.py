@@ -40,17 +40,19 @@ def _contexts() -> list[PanelBuilder]:
             span=8,
         ),
         _timeseries(
-            "Walk steps/s, deadline hits/s, sequences without examples/s",
+            "Walk steps/s, deadline hits/s, store misses/s, sequences without examples/s",
             "Random-walk steps taken ranking examples, contexts abandoned past "
-            "context_deadline_ms (replaced by the seed's plain context), and sequences built in "
+            "context_deadline_ms (replaced by the seed's plain context), contexts whose stored "
+            "ranking ran out (expected_store: ranked live), and sequences built in "
             "time that hold no example, per second, cluster sum. Healthy: walk steps ~ "
             "num_walks x walk_length x contexts/s, deadline hits 0, sequences without examples "
-            "near 0. Pathological: deadline hits above 0 (hub rows, a deadline below the walk "
+            "near 0, stored rankings run out (expected_store) a small share of the sequence rate. Pathological: deadline hits above 0 (hub rows, a deadline below the walk "
             "cost); sequences without examples ~ the sequence rate (no labelled row of the "
             "seed's table dated before it, or tier 0 takes the whole context).",
             [
                 Q(across("context/walk_steps"), "walk steps/s"),
                 Q(across("context/deadline_hits"), "deadline hits/s"),
+                Q(across("context/store_misses"), "stored rankings run out/s"),
                 Q(across("context/no_examples"), "sequences without examples/s"),
             ],
             unit="cps",

@@ -14,8 +14,9 @@ use rayon::prelude::*;
 
 use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::GraphView;
+use crate::sampler::rank_store::{RankStore, StoreParams};
 use crate::sampler::rankers::Ranker;
 use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
@@ -68,7 +69,88 @@ impl SamplerCore {
             .iter()
             .map(|d| WalkGraph::new(&d.db.graph()))
             .collect::<Result<_>>()?;
+        if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
+            self.rank_stores = (0..self.dbs.len())
+                .map(|d| self.rank_store(d))
+                .collect::<Result<_>>()?;
+        }
         Ok(())
+    }
+
+    /// Database `d`'s stored rankings (`expected_store`) of the items of
+    /// its tasks with examples: read from `rankings/` in its directory,
+    /// or computed and written there when missing or refused.
+    fn rank_store(&self, d: usize) -> Result<RankStore> {
+        let c = &self.cfg;
+        let db = &*self.dbs[d].db;
+        let mut keys = Vec::new();
+        for (k, t) in self.tasks.iter().enumerate() {
+            if t.db != d || self.weights[k] <= 0.0 {
+                continue;
+            }
+            let task = db.task(t.local)?;
+            let bound = |obs: i64| if c.temporal_filter { obs } else { i64::MAX };
+            keys.extend(
+                task.anchor_rows
+                    .iter()
+                    .zip(task.obs_times)
+                    .map(|(&r, &o)| (r, bound(o))),
+            );
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let p = StoreParams {
+            num_walks: c.num_walks,
+            walk_length: c.walk_length,
+            prune: c.expected_prune as f32,
+            cap: c.expected_store_rows,
+        };
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(db.content_hash().as_bytes());
+        for x in [
+            p.num_walks as u64,
+            p.walk_length as u64,
+            u64::from(p.prune.to_bits()),
+            p.cap as u64,
+        ] {
+            h.update(&x.to_le_bytes());
+        }
+        for &(r, b) in &keys {
+            h.update(&r.to_le_bytes());
+            h.update(&b.to_le_bytes());
+        }
+        let key = h.digest();
+        let path = db
+            .dir()
+            .join("rankings")
+            .join(format!("expected-{key:016x}.bin"));
+        match RankStore::read(&path, key) {
+            Ok(s) => return Ok(s),
+            Err(Error::Io { .. }) => {}
+            Err(e) => tracing::warn!("expected_store: {e}; computing it again"),
+        }
+        let t0 = std::time::Instant::now();
+        let (g, wg) = (db.graph(), &self.walk_graphs[d]);
+        let s = self.pool.install(|| RankStore::compute(&g, wg, keys, &p));
+        s.write(&path, key).map_err(|e| {
+            bad(
+                "expected_store",
+                format!("true, but its rankings cannot be written: {e}"),
+            )
+        })?;
+        let msg = format!(
+            "expected_store: {} items ranked in {:.1} s ({} rows, {} complete) into {}",
+            s.len(),
+            t0.elapsed().as_secs_f64(),
+            s.stored_rows(),
+            s.complete_items(),
+            path.display()
+        );
+        tracing::info!("{msg}");
+        if !tracing::dispatcher::has_been_set() {
+            eprintln!("headwater: {msg}");
+        }
+        Ok(s)
     }
 
     /// The in-context parameters of task `k`, handed to `f` with the
@@ -116,6 +198,7 @@ impl SamplerCore {
             },
             prune: c.expected_prune as f32,
             walk_salt: 0,
+            store: self.rank_stores.get(plan.db),
         };
         Ok(Some(f(&graph, &p)))
     }

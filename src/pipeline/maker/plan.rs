@@ -114,6 +114,8 @@ pub struct SamplerCore {
     pub(super) stalls: Option<StallWatch>,
     /// With `examples`: each database's walk graph (else empty).
     pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
+    /// With `expected_store`: each database's stored rankings.
+    pub(super) rank_stores: Vec<crate::sampler::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::pipeline::inject::Hog>,
 }
@@ -222,6 +224,7 @@ impl SamplerCore {
             seeds_per_step: Vec::new(),
             segment_slots: 1,
             walk_graphs: Vec::new(),
+            rank_stores: Vec::new(),
         };
         core.plan_packing();
         core.plan_examples()?;
