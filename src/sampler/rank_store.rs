@@ -18,8 +18,9 @@
 //!
 //! The file (`rankings/expected-{key}.bin` in the database directory; the
 //! key hashes the database's content hash, the walk settings, the cap and
-//! the items): magic, version, key, sizes, the arrays little-endian, and
-//! an xxh3-64 of everything before it. A file that fails any check is
+//! the items): magic, version, key, sizes, the arrays little-endian (as
+//! every host the format runs on), and an xxh3-64 of everything before
+//! it; mapped and read in place, so the ranks of a host share one copy. A file that fails any check is
 //! refused naming it and what is wrong; the caller builds it again.
 //!
 //! Never: a stored row whose count differs from the live ranker's, or a
@@ -42,7 +43,7 @@ const VERSION: u32 = 1;
 const CHUNK: usize = 512;
 
 /// The floors of one item's stored heads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Floors {
     /// Every row with at least this many visits is stored (0: all are).
     pub count: u32,
@@ -100,21 +101,6 @@ impl StoredRanking<'_> {
     }
 }
 
-/// The stored rankings of a database's task items.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct RankStore {
-    /// `(seed, bound)` per item, ascending.
-    keys: Vec<(u32, i64)>,
-    /// Item `i`'s rows are `rows[offsets[i]..offsets[i + 1]]`.
-    offsets: Vec<u64>,
-    rows: Vec<u32>,
-    counts: Vec<u32>,
-    floors: Vec<Floors>,
-}
-
-/// One item's stored rows `(row, visits)`, ascending, and their floors.
-type Head = (Vec<(u32, u32)>, Floors);
-
 /// The walk settings of a store.
 #[derive(Debug, Clone, Copy)]
 pub struct StoreParams {
@@ -128,46 +114,125 @@ pub struct StoreParams {
     pub cap: usize,
 }
 
+/// The bytes of a store: computed here, or the file mapped (shared by
+/// every process of the host that reads it).
+#[derive(Debug)]
+enum Bytes {
+    /// 8-aligned, as the file's sections need.
+    Owned(Vec<u64>),
+    Mapped(memmap2::Mmap),
+}
+
+impl Bytes {
+    fn get(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(v) => bytemuck::cast_slice(v),
+            Bytes::Mapped(m) => m,
+        }
+    }
+}
+
+/// The file's fixed header: magic, version, padding, key, items, rows.
+const HEADER: usize = 40;
+
+/// The stored rankings of a database's task items: the file's bytes
+/// (header; the 8-byte arrays `bounds`, `offsets` (items + 1),
+/// `time_floor`; the 4-byte arrays `seeds`, `count_floor`,
+/// `time_count_floor`, `rows`, `counts`; zero padding to 8; the xxh3-64 of
+/// everything before it), read in place.
+#[derive(Debug)]
+pub struct RankStore {
+    bytes: Bytes,
+    n: usize,
+    m: usize,
+}
+
+/// One item's stored rows `(row, visits)`, ascending, and their floors.
+type Head = (Vec<(u32, u32)>, Floors);
+
 impl RankStore {
+    /// Byte ranges of the arrays, in file order.
+    fn sections(n: usize, m: usize) -> [(usize, usize); 8] {
+        let lens = [8 * n, 8 * (n + 1), 8 * n, 4 * n, 4 * n, 4 * n, 4 * m, 4 * m];
+        let mut at = HEADER;
+        lens.map(|l| {
+            at += l;
+            (at - l, at)
+        })
+    }
+
+    fn u32s(&self, i: usize) -> &[u32] {
+        let (a, b) = Self::sections(self.n, self.m)[i];
+        bytemuck::cast_slice(&self.bytes.get()[a..b])
+    }
+
+    fn u64s(&self, i: usize) -> &[u64] {
+        let (a, b) = Self::sections(self.n, self.m)[i];
+        bytemuck::cast_slice(&self.bytes.get()[a..b])
+    }
+
+    fn i64s(&self, i: usize) -> &[i64] {
+        let (a, b) = Self::sections(self.n, self.m)[i];
+        bytemuck::cast_slice(&self.bytes.get()[a..b])
+    }
+
     /// Items stored.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.n
     }
 
     /// Whether no item is stored.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.n == 0
     }
 
     /// Rows stored over all items.
     pub fn stored_rows(&self) -> usize {
-        self.rows.len()
+        self.m
     }
 
     /// Items whose every eligible counted row is stored.
     pub fn complete_items(&self) -> usize {
-        self.floors.iter().filter(|f| f.count == 0).count()
+        self.u32s(4).iter().filter(|&&c| c == 0).count()
     }
 
     /// The stored ranking of `seed` at `bound`, if stored.
     pub fn get(&self, seed: u32, bound: i64) -> Option<StoredRanking<'_>> {
-        let i = self.keys.binary_search(&(seed, bound)).ok()?;
-        let (lo, hi) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        let (seeds, bounds) = (self.u32s(3), self.i64s(0));
+        let (mut lo, mut hi) = (0, self.n);
+        while lo < hi {
+            let mid = usize::midpoint(lo, hi);
+            if (seeds[mid], bounds[mid]) < (seed, bound) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo == self.n || (seeds[lo], bounds[lo]) != (seed, bound) {
+            return None;
+        }
+        let offsets = self.u64s(1);
+        let (a, b) = (offsets[lo] as usize, offsets[lo + 1] as usize);
         Some(StoredRanking {
-            rows: &self.rows[lo..hi],
-            counts: &self.counts[lo..hi],
-            floors: self.floors[i],
+            rows: &self.u32s(6)[a..b],
+            counts: &self.u32s(7)[a..b],
+            floors: Floors {
+                count: self.u32s(4)[lo],
+                time: self.i64s(2)[lo],
+                time_count: self.u32s(5)[lo],
+            },
         })
     }
 
     /// Compute the items `keys` (`(seed, bound)`, ascending, distinct;
     /// the walks see children dated up to `bound`) in parallel on the
-    /// current rayon pool.
+    /// current rayon pool, under file key `key`.
     pub fn compute(
         g: &GraphView<'_>,
         wg: &WalkGraph,
-        keys: Vec<(u32, i64)>,
+        keys: &[(u32, i64)],
         p: &StoreParams,
+        key: u64,
     ) -> RankStore {
         let parts: Vec<Vec<Head>> = keys
             .par_chunks(CHUNK)
@@ -194,170 +259,116 @@ impl RankStore {
                     .collect()
             })
             .collect();
-        let mut s = RankStore {
-            keys,
-            offsets: vec![0],
-            ..RankStore::default()
-        };
-        for (rows, floors) in parts.into_iter().flatten() {
-            s.rows.extend(rows.iter().map(|x| x.0));
-            s.counts.extend(rows.iter().map(|x| x.1));
-            s.offsets.push(s.rows.len() as u64);
-            s.floors.push(floors);
+        let heads: Vec<&Head> = parts.iter().flatten().collect();
+        let (n, m) = (keys.len(), heads.iter().map(|h| h.0.len()).sum::<usize>());
+        let words = Self::sections(n, m)[7].1.div_ceil(8) + 1;
+        let mut v = vec![0u64; words];
+        let b: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+        b[..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[16..24].copy_from_slice(&key.to_le_bytes());
+        b[24..32].copy_from_slice(&(n as u64).to_le_bytes());
+        b[32..40].copy_from_slice(&(m as u64).to_le_bytes());
+        let mut off = 0u64;
+        let offsets = std::iter::once(0).chain(heads.iter().map(|h| {
+            off += h.0.len() as u64;
+            off
+        }));
+        let sec = Self::sections(n, m);
+        put(b, sec[0], keys.iter().map(|k| k.1));
+        put(b, sec[1], offsets);
+        put(b, sec[2], heads.iter().map(|h| h.1.time));
+        put(b, sec[3], keys.iter().map(|k| k.0));
+        put(b, sec[4], heads.iter().map(|h| h.1.count));
+        put(b, sec[5], heads.iter().map(|h| h.1.time_count));
+        put(
+            b,
+            sec[6],
+            heads.iter().flat_map(|h| h.0.iter().map(|x| x.0)),
+        );
+        put(
+            b,
+            sec[7],
+            heads.iter().flat_map(|h| h.0.iter().map(|x| x.1)),
+        );
+        let end = b.len() - 8;
+        let sum = xxhash_rust::xxh3::xxh3_64(&b[..end]);
+        b[end..].copy_from_slice(&sum.to_le_bytes());
+        RankStore {
+            bytes: Bytes::Owned(v),
+            n,
+            m,
         }
-        s
     }
 
-    /// Write the store to `path` under `key` (through a temporary file
-    /// renamed into place: a reader never sees half a file).
-    pub fn write(&self, path: &Path, key: u64) -> Result<()> {
-        let mut b = Vec::with_capacity(64 + self.rows.len() * 8 + self.keys.len() * 40);
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&key.to_le_bytes());
-        b.extend_from_slice(&(self.keys.len() as u64).to_le_bytes());
-        b.extend_from_slice(&(self.rows.len() as u64).to_le_bytes());
-        put(&mut b, self.keys.iter().map(|k| k.0));
-        put(&mut b, self.keys.iter().map(|k| k.1));
-        put(&mut b, self.offsets.iter().copied());
-        put(&mut b, self.floors.iter().map(|f| f.count));
-        put(&mut b, self.floors.iter().map(|f| f.time));
-        put(&mut b, self.floors.iter().map(|f| f.time_count));
-        put(&mut b, self.rows.iter().copied());
-        put(&mut b, self.counts.iter().copied());
-        let sum = xxhash_rust::xxh3::xxh3_64(&b);
-        b.extend_from_slice(&sum.to_le_bytes());
+    /// Write the store to `path` (through a temporary file renamed into
+    /// place: a reader never sees half a file).
+    pub fn write(&self, path: &Path) -> Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, &b).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::write(&tmp, self.bytes.get()).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
     }
 
-    /// Read the store at `path`, refusing (naming what is wrong) a file
+    /// Map the store at `path`, refusing (naming what is wrong) a file
     /// that is not one, is damaged, or was written under another `key`.
-    pub fn read(path: &Path, key: u64) -> Result<RankStore> {
-        let b = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    pub fn open(path: &Path, key: u64) -> Result<RankStore> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: read-only; written whole by rename, never in place, and
+        // every byte used is checked below.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let b: &[u8] = &map;
         let bad = |what: String| Error::format(path, what);
-        if b.len() < 44 || &b[..8] != MAGIC {
+        if b.len() < HEADER + 8 || &b[..8] != MAGIC {
             return Err(bad("not a headwater ranking store (magic)".into()));
         }
-        let (body, tail) = b.split_at(b.len() - 8);
-        let sum = u64::from_le_bytes(tail.try_into().unwrap_or_default());
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        let (body, sum) = (&b[..b.len() - 8], word(b.len() - 8));
         if xxhash_rust::xxh3::xxh3_64(body) != sum {
             return Err(bad(format!(
                 "checksum mismatch (stored {sum:016x}): the file is damaged"
             )));
         }
-        let mut r = Reader {
-            b: body,
-            at: 8,
-            path,
-        };
-        let version = r.u32()?;
+        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
         if version != VERSION {
             return Err(bad(format!(
                 "version {version}, this build reads {VERSION}"
             )));
         }
-        let found = r.u64()?;
-        if found != key {
+        if word(16) != key {
             return Err(bad(format!(
-                "written for key {found:016x}, expected {key:016x} (other settings or items)"
+                "written for key {:016x}, expected {key:016x} (other settings or items)",
+                word(16)
             )));
         }
-        let (n, m) = (r.u64()? as usize, r.u64()? as usize);
-        let seeds = r.vec(n, u32::from_le_bytes)?;
-        let bounds = r.vec(n, i64::from_le_bytes)?;
-        let offsets = r.vec(n + 1, u64::from_le_bytes)?;
-        let fc = r.vec(n, u32::from_le_bytes)?;
-        let ft = r.vec(n, i64::from_le_bytes)?;
-        let ftc = r.vec(n, u32::from_le_bytes)?;
-        let rows = r.vec(m, u32::from_le_bytes)?;
-        let counts = r.vec(m, u32::from_le_bytes)?;
-        if r.at != body.len()
-            || offsets.first() != Some(&0)
-            || offsets.last() != Some(&(m as u64))
-            || offsets.windows(2).any(|w| w[0] > w[1])
-        {
-            return Err(bad("inconsistent sizes or offsets".into()));
+        let (n, m) = (word(24) as usize, word(32) as usize);
+        let fits = n < usize::MAX / 64 && m < usize::MAX / 16;
+        if !fits || Self::sections(n, m)[7].1.div_ceil(8) * 8 + 8 != b.len() {
+            return Err(bad(format!(
+                "{} bytes do not hold {n} items and {m} rows",
+                b.len()
+            )));
         }
-        Ok(RankStore {
-            keys: seeds.into_iter().zip(bounds).collect(),
-            offsets,
-            rows,
-            counts,
-            floors: (0..n)
-                .map(|i| Floors {
-                    count: fc[i],
-                    time: ft[i],
-                    time_count: ftc[i],
-                })
-                .collect(),
-        })
-    }
-}
-
-/// Append `xs` little-endian.
-fn put<T: ToLeBytes>(b: &mut Vec<u8>, xs: impl Iterator<Item = T>) {
-    for x in xs {
-        x.put(b);
-    }
-}
-
-/// A fixed-size integer written little-endian.
-trait ToLeBytes {
-    fn put(self, b: &mut Vec<u8>);
-}
-
-macro_rules! to_le {
-    ($($t:ty),*) => {$(
-        impl ToLeBytes for $t {
-            fn put(self, b: &mut Vec<u8>) {
-                b.extend_from_slice(&self.to_le_bytes());
-            }
-        }
-    )*};
-}
-to_le!(u32, u64, i64);
-
-/// A cursor over a checked file body.
-struct Reader<'b> {
-    b: &'b [u8],
-    at: usize,
-    path: &'b Path,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len());
-        let Some(end) = end else {
-            return Err(Error::format(
-                self.path,
-                format!("truncated at byte {}", self.at),
-            ));
+        let s = RankStore {
+            bytes: Bytes::Mapped(map),
+            n,
+            m,
         };
-        let s = &self.b[self.at..end];
-        self.at = end;
+        let o = s.u64s(1);
+        if o[0] != 0 || o[n] != m as u64 || o.windows(2).any(|w| w[0] > w[1]) {
+            return Err(bad("item offsets out of order or past the rows".into()));
+        }
         Ok(s)
     }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().unwrap_or_default(),
-        ))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().unwrap_or_default(),
-        ))
-    }
-    fn vec<T, const W: usize>(&mut self, n: usize, f: fn([u8; W]) -> T) -> Result<Vec<T>> {
-        let bytes = self.take(n.saturating_mul(W))?;
-        Ok(bytes
-            .chunks_exact(W)
-            .map(|c| f(c.try_into().unwrap_or([0; W])))
-            .collect())
+}
+
+/// Write `xs` little-endian into the byte range `at` of `b`.
+fn put<T: bytemuck::Pod>(b: &mut [u8], at: (usize, usize), xs: impl Iterator<Item = T>) {
+    let w = std::mem::size_of::<T>();
+    for (chunk, x) in b[at.0..at.1].chunks_exact_mut(w).zip(xs) {
+        chunk.copy_from_slice(bytemuck::bytes_of(&x));
     }
 }
 

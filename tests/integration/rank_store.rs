@@ -119,7 +119,7 @@ fn compare_task(db: &Database, k: usize) -> Vec<(usize, usize)> {
             prune: 0.25,
             cap,
         };
-        let store = RankStore::compute(&g, &wg, keys.clone(), &p);
+        let store = RankStore::compute(&g, &wg, &keys, &p, 0);
         assert_eq!(store.len(), keys.len());
         let stored = ExampleParams {
             store: Some(&store),
@@ -237,7 +237,7 @@ fn the_sampler_writes_reads_and_rebuilds_its_store_with_the_live_batches() {
     let mid = bad.len() / 2;
     bad[mid] ^= 0x40;
     std::fs::write(&path, &bad).unwrap();
-    match RankStore::read(&path, 0) {
+    match RankStore::open(&path, 0) {
         Err(Error::Format { file, what }) => {
             assert_eq!(file, path);
             assert!(what.contains("checksum"), "{what}");
@@ -251,14 +251,14 @@ fn the_sampler_writes_reads_and_rebuilds_its_store_with_the_live_batches() {
         "not rewritten whole"
     );
     // Another key (other settings): refused naming both keys.
-    match RankStore::read(&path, 7) {
+    match RankStore::open(&path, 7) {
         Err(Error::Format { what, .. }) => assert!(what.contains("key"), "{what}"),
         other => panic!("a foreign store was read: {other:?}"),
     }
     // A truncated file.
     std::fs::write(&path, &written[..written.len() / 3]).unwrap();
     assert!(matches!(
-        RankStore::read(&path, 0),
+        RankStore::open(&path, 0),
         Err(Error::Format { .. })
     ));
 }

@@ -124,15 +124,17 @@ impl SamplerCore {
             .dir()
             .join("rankings")
             .join(format!("expected-{key:016x}.bin"));
-        match RankStore::read(&path, key) {
+        match RankStore::open(&path, key) {
             Ok(s) => return Ok(s),
             Err(Error::Io { .. }) => {}
             Err(e) => tracing::warn!("expected_store: {e}; computing it again"),
         }
         let t0 = std::time::Instant::now();
         let (g, wg) = (db.graph(), &self.walk_graphs[d]);
-        let s = self.pool.install(|| RankStore::compute(&g, wg, keys, &p));
-        s.write(&path, key).map_err(|e| {
+        let s = self
+            .pool
+            .install(|| RankStore::compute(&g, wg, &keys, &p, key));
+        s.write(&path).map_err(|e| {
             bad(
                 "expected_store",
                 format!("true, but its rankings cannot be written: {e}"),
@@ -150,7 +152,10 @@ impl SamplerCore {
         if !tracing::dispatcher::has_been_set() {
             eprintln!("headwater: {msg}");
         }
-        Ok(s)
+        // Read back mapped: one copy in the page cache for every process
+        // of the host.
+        drop(s);
+        RankStore::open(&path, key)
     }
 
     /// The in-context parameters of task `k`, handed to `f` with the
