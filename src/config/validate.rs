@@ -218,7 +218,7 @@ impl SamplerConfig {
         {
             return Err(bad(
                 "expected_store",
-                "true without examples and example_ranker \"expected\" (it stores the expected ranker's rankings); allowed: false, or true with both",
+                "true without examples and example_ranker \"expected\" (it stores the expected ranker's rankings)",
             ));
         }
         if !(1..=65536).contains(&self.expected_store_rows) {
