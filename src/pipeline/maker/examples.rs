@@ -127,7 +127,7 @@ impl SamplerCore {
         match RankStore::open(&path, key) {
             Ok(s) => return Ok(s),
             Err(Error::Io { .. }) => {}
-            Err(e) => tracing::warn!("expected_store: {e}; computing it again"),
+            Err(e) => say(&format!("expected_store: {e}; computing it again")),
         }
         let t0 = std::time::Instant::now();
         let (g, wg) = (db.graph(), &self.walk_graphs[d]);
@@ -148,10 +148,7 @@ impl SamplerCore {
             s.complete_items(),
             path.display()
         );
-        tracing::info!("{msg}");
-        if !tracing::dispatcher::has_been_set() {
-            eprintln!("headwater: {msg}");
-        }
+        say(&msg);
         // Read back mapped: one copy in the page cache for every process
         // of the host.
         drop(s);
@@ -254,5 +251,14 @@ impl SamplerCore {
             });
         })?;
         Ok(built.is_some())
+    }
+}
+
+/// Log `msg` (to stderr too when no subscriber listens: the store's build
+/// takes seconds to minutes, and a refused file should not pass unseen).
+fn say(msg: &str) {
+    tracing::info!("{msg}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("headwater: {msg}");
     }
 }
