@@ -414,6 +414,32 @@ def test_a_signal_during_start_up_stops_it_at_once(tmp_path: Path, tpch: Tpch) -
     assert took < 15, took
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_start_up_signal_whose_exception_python_swallowed_still_stops() -> None:
+    """The handler's raise can run inside a callback whose exceptions Python
+    only prints (JAX's gc callback during the compilation: seen in CI, the
+    run trained on and checkpointed); the loop's recheck raises it again."""
+    import gc
+
+    from headwater.train.stopping import StartupInterrupted, StopFlag
+
+    quiet = StopFlag(abort_startup=True)
+    quiet.recheck_startup()  # no signal: nothing raised
+    flag = StopFlag(abort_startup=True)
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        gc.callbacks.remove(callback)
+        flag._handle(signal.SIGINT, None)
+
+    gc.callbacks.append(callback)
+    gc.collect()  # the handler's StartupInterrupted is printed and dropped
+    assert flag.signum == signal.SIGINT
+    with pytest.raises(StartupInterrupted):
+        flag.recheck_startup()
+    flag.training = True
+    flag.recheck_startup()  # once training, a signal waits for the step
+
+
 def test_a_signal_during_a_two_process_start_up_stops_it_at_once(
     tmp_path: Path, tpch: Tpch
 ) -> None:

@@ -564,8 +564,13 @@ class Trainer:
             # The ranks agreed on the stop request with this batch's shapes.
             stopping = bool(self._next_meta[1])
             due_save = bool(tc.checkpoint_every) and done % tc.checkpoint_every == 0
+            if step == self.start_step:
+                self.stop.recheck_startup()
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
+                # A start-up signal taken during the compilation, its
+                # exception lost there: nothing is saved for it.
+                self.stop.recheck_startup()
                 # From here a signal waits for the current step (and its
                 # checkpoint); before, it ends the start-up at once.
                 self.stop.training = True

@@ -79,6 +79,15 @@ class StopFlag:
         if self.abort_startup and not self.training:
             raise StartupInterrupted(signum)
 
+    def recheck_startup(self) -> None:
+        """Raise :class:`StartupInterrupted` for a start-up signal whose
+        exception was lost: Python runs a signal handler between any two
+        bytecodes, also inside a callback whose exceptions it only prints
+        (JAX's garbage-collection callback during a compilation), so the
+        raise in :meth:`_handle` can vanish and start-up would go on."""
+        if self.abort_startup and not self.training and self.signum:
+            raise StartupInterrupted(self.signum)
+
     def _start_acknowledger(self) -> None:
         import socket
         import threading
