@@ -63,10 +63,17 @@ fn contexts(db: &Database, k: usize, filter: bool) -> Vec<(Subgraph, i64)> {
     contexts_ranked(db, k, filter, Ranker::Walks)
 }
 
-/// [`contexts`] with `ranker` ranking tier 1.
-fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec<(Subgraph, i64)> {
+/// The in-context parameters of cell task `k` these tests build with
+/// (`S` = 128, 200 walks of 6 rows, `ranker`, the time filter `filter`),
+/// handed to `f` with the graph.
+pub(crate) fn with_task_params<R>(
+    db: &Database,
+    k: usize,
+    filter: bool,
+    ranker: Ranker,
+    f: impl FnOnce(&GraphView<'_>, &ExampleParams<'_>) -> R,
+) -> R {
     let m = db.metadata();
-    let task = db.task(k).unwrap();
     let anchor = m.tasks[k].anchor_table as usize;
     let col = &m.columns[m.tasks[k].target_column as usize];
     let view = db.table(anchor).unwrap();
@@ -93,67 +100,74 @@ fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec
         store: None,
         walk_salt: 0,
     };
-    let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
-    let mut out = Vec::new();
-    for (i, (&seed, &obs)) in task
-        .anchor_rows
-        .iter()
-        .zip(task.obs_times)
-        .enumerate()
-        .take(60)
-    {
-        let r = SeqRecipe {
-            local_size: [16, 32, 64][i % 3],
-            bfs_width: 4,
-            prefer_latest: i % 2 == 1,
-        };
-        let mut sub = Subgraph::default();
-        build_in_context(
-            &g, seed, obs, i as u64, &r, &p, 4, &mut bs, &mut ex, &mut sub,
-        );
-        assert_eq!(sub.rows[0], seed, "the seed is row 0");
-        assert!(sub.cells <= 128 && sub.tier_cells.iter().sum::<u32>() as usize == sub.cells);
-        let distinct: HashSet<u32> = sub.rows.iter().copied().collect();
-        assert_eq!(distinct.len(), sub.rows.len(), "a row twice");
-        for &(c, par) in &sub.edges {
-            let (c, par) = (sub.rows[c as usize], sub.rows[par as usize]);
-            assert!(
-                g.parents(c).contains(&par),
-                "edge {c}->{par} is not an FK edge"
-            );
-        }
-        let mut last_time = i64::MAX;
-        for &(e, tier) in &sub.example_rows {
-            assert!(tier == 1 || tier == 2);
-            assert_eq!(
-                g.table_of(e),
-                Some(anchor),
-                "an example outside the seed's table"
-            );
-            assert_ne!(e, seed);
-            assert!(has_label(e), "an example without a label");
-            let t = row_time(&g, e);
-            if filter {
+    f(&g, &p)
+}
+
+/// [`contexts`] with `ranker` ranking tier 1.
+fn contexts_ranked(db: &Database, k: usize, filter: bool, ranker: Ranker) -> Vec<(Subgraph, i64)> {
+    let task = db.task(k).unwrap();
+    let anchor = db.metadata().tasks[k].anchor_table as usize;
+    with_task_params(db, k, filter, ranker, |g, p| {
+        let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
+        let mut out = Vec::new();
+        for (i, (&seed, &obs)) in task
+            .anchor_rows
+            .iter()
+            .zip(task.obs_times)
+            .enumerate()
+            .take(60)
+        {
+            let r = SeqRecipe {
+                local_size: [16, 32, 64][i % 3],
+                bfs_width: 4,
+                prefer_latest: i % 2 == 1,
+            };
+            let mut sub = Subgraph::default();
+            build_in_context(g, seed, obs, i as u64, &r, p, 4, &mut bs, &mut ex, &mut sub);
+            assert_eq!(sub.rows[0], seed, "the seed is row 0");
+            assert!(sub.cells <= 128 && sub.tier_cells.iter().sum::<u32>() as usize == sub.cells);
+            let distinct: HashSet<u32> = sub.rows.iter().copied().collect();
+            assert_eq!(distinct.len(), sub.rows.len(), "a row twice");
+            for &(c, par) in &sub.edges {
+                let (c, par) = (sub.rows[c as usize], sub.rows[par as usize]);
                 assert!(
-                    t == i64::MIN || t < obs,
-                    "an example at or after the seed's time"
+                    g.parents(c).contains(&par),
+                    "edge {c}->{par} is not an FK edge"
                 );
             }
-            if tier == 1 && r.prefer_latest {
-                assert!(t <= last_time, "prefer_latest ranks latest first");
-                last_time = t;
+            let mut last_time = i64::MAX;
+            for &(e, tier) in &sub.example_rows {
+                assert!(tier == 1 || tier == 2);
+                assert_eq!(
+                    g.table_of(e),
+                    Some(anchor),
+                    "an example outside the seed's table"
+                );
+                assert_ne!(e, seed);
+                assert!((p.has_label)(e), "an example without a label");
+                let t = row_time(g, e);
+                if filter {
+                    assert!(
+                        t == i64::MIN || t < obs,
+                        "an example at or after the seed's time"
+                    );
+                }
+                if tier == 1 && r.prefer_latest {
+                    assert!(t <= last_time, "prefer_latest ranks latest first");
+                    last_time = t;
+                }
             }
-        }
-        if filter {
-            assert_eq!(sub.temporal_leaks, 0);
-            for &row in &sub.rows[1..] {
-                let t = row_time(&g, row);
-                assert!(t == i64::MIN || t <= obs, "row {row} after the seed's time");
+            if filter {
+                assert_eq!(sub.temporal_leaks, 0);
+                for &row in &sub.rows[1..] {
+                    let t = row_time(g, row);
+                    assert!(t == i64::MIN || t <= obs, "row {row} after the seed's time");
+                }
             }
+            out.push((sub, obs));
         }
-        out.push((sub, obs));
-    }
-    out
+        out
+    })
 }
 
 #[test]

@@ -14,12 +14,12 @@ use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
 use headwater::sampler::rank_store::{RankStore, StoreParams};
 use headwater::sampler::rankers::Ranker;
-use headwater::sampler::walks::WalkGraph;
 use headwater::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
 use headwater::{Error, SamplerConfig, Split};
 
+use crate::incontext::with_task_params;
 use crate::oracle::{build, same_batch, SynthDb};
 
 /// Tables 0..4 of 150 rows (1 and 3 timed), no null keys.
@@ -73,86 +73,67 @@ fn stored_rankings_build_the_live_expected_contexts() {
 /// the same contexts; per cap, the contexts read from the store and those
 /// redone live.
 fn compare_task(db: &Database, k: usize) -> Vec<(usize, usize)> {
-    let m = db.metadata();
     let task = db.task(k).unwrap();
-    let anchor = m.tasks[k].anchor_table as usize;
-    let col = &m.columns[m.tasks[k].target_column as usize];
-    let view = db.table(anchor).unwrap();
-    let label = &view.columns[col.slot.unwrap() as usize];
-    let off = view.row_offset;
-    let has_label = move |r: u32| label.is_valid((r - off) as usize);
-    let g = db.graph();
-    let wg = WalkGraph::new(&g).unwrap();
-    let row_cells: Vec<u16> = m.tables.iter().map(|t| t.columns.len() as u16).collect();
-    let live = ExampleParams {
-        seq_len: 256,
-        max_hops: 2,
-        temporal_filter: true,
-        num_walks: 20000,
-        walk_length: 12,
-        table: g.table_rows[anchor],
-        walk_graph: &wg,
-        row_cells: &row_cells,
-        seed_cells: row_cells[anchor] as usize,
-        has_label: &has_label,
-        deadline: None,
-        ranker: Ranker::Expected,
-        prune: 0.25,
-        walk_salt: 0,
-        store: None,
-    };
-    let mut keys: Vec<(u32, i64)> = task
-        .anchor_rows
-        .iter()
-        .zip(task.obs_times)
-        .map(|(&r, &o)| (r, o))
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
-    let (mut a, mut b) = (Subgraph::default(), Subgraph::default());
-    let mut served = Vec::new();
-    for cap in CAPS {
-        let p = StoreParams {
+    with_task_params(db, k, true, Ranker::Expected, |g, p| {
+        let live = ExampleParams {
+            seq_len: 256,
             num_walks: 20000,
             walk_length: 12,
-            prune: 0.25,
-            cap,
+            ..*p
         };
-        let store = RankStore::compute(&g, &wg, &keys, &p, 0);
-        assert_eq!(store.len(), keys.len());
-        let stored = ExampleParams {
-            store: Some(&store),
-            ..live
-        };
-        let (mut from_store, mut redone) = (0, 0);
-        for (i, (&seed, &obs)) in task.anchor_rows.iter().zip(task.obs_times).enumerate() {
-            let r = SeqRecipe {
-                local_size: [64, 96, 128][i % 3],
-                bfs_width: 4,
-                prefer_latest: i % 2 == 1,
+        let mut keys: Vec<(u32, i64)> = task
+            .anchor_rows
+            .iter()
+            .zip(task.obs_times)
+            .map(|(&r, &o)| (r, o))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
+        let (mut a, mut b) = (Subgraph::default(), Subgraph::default());
+        let mut served = Vec::new();
+        for cap in CAPS {
+            let p = StoreParams {
+                num_walks: 20000,
+                walk_length: 12,
+                prune: 0.25,
+                cap,
             };
-            let key = i as u64 * 7 + 1;
-            build_in_context(&g, seed, obs, key, &r, &live, 4, &mut bs, &mut ex, &mut a);
-            build_in_context(&g, seed, obs, key, &r, &stored, 4, &mut bs, &mut ex, &mut b);
-            assert_eq!(
-                shape(&a),
-                shape(&b),
-                "cap {cap}, seed {seed}: stored ≠ live"
-            );
-            // A stored build reads (0 updates) unless it was redone live,
-            // which it counts.
-            assert_eq!(b.walk_steps, a.walk_steps * u64::from(b.store_misses));
-            assert_eq!(a.store_misses, 0);
-            if b.store_misses == 1 {
-                redone += 1;
-            } else if a.walk_steps > 0 {
-                from_store += 1;
+            let store = RankStore::compute(g, live.walk_graph, &keys, &p, 0);
+            assert_eq!(store.len(), keys.len());
+            let stored = ExampleParams {
+                store: Some(&store),
+                ..live
+            };
+            let (mut from_store, mut redone) = (0, 0);
+            for (i, (&seed, &obs)) in task.anchor_rows.iter().zip(task.obs_times).enumerate() {
+                let r = SeqRecipe {
+                    local_size: [64, 96, 128][i % 3],
+                    bfs_width: 4,
+                    prefer_latest: i % 2 == 1,
+                };
+                let key = i as u64 * 7 + 1;
+                build_in_context(g, seed, obs, key, &r, &live, 4, &mut bs, &mut ex, &mut a);
+                build_in_context(g, seed, obs, key, &r, &stored, 4, &mut bs, &mut ex, &mut b);
+                assert_eq!(
+                    shape(&a),
+                    shape(&b),
+                    "cap {cap}, seed {seed}: stored ≠ live"
+                );
+                // A stored build reads (0 updates) unless it was redone live,
+                // which it counts.
+                assert_eq!(b.walk_steps, a.walk_steps * u64::from(b.store_misses));
+                assert_eq!(a.store_misses, 0);
+                if b.store_misses == 1 {
+                    redone += 1;
+                } else if a.walk_steps > 0 {
+                    from_store += 1;
+                }
             }
+            served.push((from_store, redone));
         }
-        served.push((from_store, redone));
-    }
-    served
+        served
+    })
 }
 
 fn cfg(store: bool) -> SamplerConfig {
