@@ -23,7 +23,7 @@ use headwater::{Error, SamplerConfig, Split};
 use crate::oracle::{build, same_batch, SynthDb};
 
 /// Tables 0..4 of 150 rows (1 and 3 timed), no null keys.
-fn db() -> SynthDb {
+pub(crate) fn db() -> SynthDb {
     build(&SynthSpec {
         null_fk: 0.0,
         ..SynthSpec::small(4, 150, 21)
@@ -272,7 +272,8 @@ fn the_seed_target_is_masked_and_example_labels_are_visible() {
     assert!(examples > 0);
 }
 
-fn run(db: &Arc<Database>, c: &SamplerConfig, n: usize) -> Vec<MadeBatch> {
+/// `n` training batches of a fresh sampler on `db` with `c`.
+pub(crate) fn run(db: &Arc<Database>, c: &SamplerConfig, n: usize) -> Vec<MadeBatch> {
     let mut mk = maker(db, c);
     (0..n).map(|_| mk.next().unwrap().unwrap()).collect()
 }

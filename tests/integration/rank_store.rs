@@ -6,30 +6,19 @@
 //! equal the live ranker's; the key is refused without the ranker.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use headwater::config::ExampleRanker;
 use headwater::format::Database;
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
-use headwater::preprocess::SynthSpec;
+use headwater::pipeline::{MadeBatch, SamplerCore};
 use headwater::sampler::rank_store::{RankStore, StoreParams};
 use headwater::sampler::rankers::Ranker;
 use headwater::sampler::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
-use headwater::{Error, SamplerConfig, Split};
+use headwater::{Error, SamplerConfig};
 
-use crate::incontext::with_task_params;
-use crate::oracle::{build, same_batch, SynthDb};
-
-/// Tables 0..4 of 150 rows (1 and 3 timed), no null keys.
-fn db() -> SynthDb {
-    build(&SynthSpec {
-        null_fk: 0.0,
-        ..SynthSpec::small(4, 150, 21)
-    })
-    .expect("synthesizes")
-}
+use crate::incontext::{db, run, with_task_params};
+use crate::oracle::{same_batch, SynthDb};
 
 /// What a context is, for comparing two builds.
 fn shape(s: &Subgraph) -> impl PartialEq + std::fmt::Debug {
@@ -156,12 +145,6 @@ fn cfg(store: bool) -> SamplerConfig {
         )]))),
         ..SamplerConfig::default()
     }
-}
-
-fn run(db: &Arc<Database>, c: &SamplerConfig, n: usize) -> Vec<MadeBatch> {
-    let core = Arc::new(SamplerCore::with_database(db.clone(), c.clone()).unwrap());
-    let mut mk = BatchMaker::new(core, Split::Train);
-    (0..n).map(|_| mk.next().unwrap().unwrap()).collect()
 }
 
 /// The one store file of the database.
