@@ -414,30 +414,51 @@ def test_a_signal_during_start_up_stops_it_at_once(tmp_path: Path, tpch: Tpch) -
     assert took < 15, took
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_start_up_signal_whose_exception_python_swallowed_still_stops() -> None:
     """The handler's raise can run inside a callback whose exceptions Python
     only prints (JAX's gc callback during the compilation: seen in CI, the
-    run trained on and checkpointed); the loop's recheck raises it again."""
+    run trained on and checkpointed); the loop's recheck raises it again,
+    and the installed flag keeps the dropped one from printing a traceback."""
     import gc
 
     from headwater.train.stopping import StartupInterrupted, StopFlag
 
     quiet = StopFlag(abort_startup=True)
     quiet.recheck_startup()  # no signal: nothing raised
-    flag = StopFlag(abort_startup=True)
+    seen: list[BaseException | None] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        for installed in (False, True):
+            flag = StopFlag(abort_startup=True)
+            if installed:
+                flag.install()
 
-    def callback(phase: str, info: dict[str, int]) -> None:
-        gc.callbacks.remove(callback)
-        flag._handle(signal.SIGINT, None)
+            def callback(phase: str, info: dict[str, int], flag: StopFlag = flag) -> None:
+                gc.callbacks.remove(callback)
+                flag._handle(signal.SIGINT, None)
 
-    gc.callbacks.append(callback)
-    gc.collect()  # the handler's StartupInterrupted is printed and dropped
-    assert flag.signum == signal.SIGINT
-    with pytest.raises(StartupInterrupted):
-        flag.recheck_startup()
-    flag.training = True
-    flag.recheck_startup()  # once training, a signal waits for the step
+            gc.callbacks.append(callback)
+            gc.collect()  # the handler's StartupInterrupted is dropped
+            flag.restore()
+            assert flag.signum == signal.SIGINT
+            with pytest.raises(StartupInterrupted):
+                flag.recheck_startup()
+            flag.training = True
+            flag.recheck_startup()  # once training, a signal waits for the step
+            # Not installed, Python reports it (a traceback on stderr);
+            # installed, the flag's hook keeps it quiet.
+            assert [type(e) for e in seen] == [StartupInterrupted], (installed, seen)
+        # The hook is put back, and passes on other exceptions.
+        assert sys.unraisablehook is not flag._unraisable_hook
+        flag = StopFlag(abort_startup=True).install()
+        sys.unraisablehook(
+            type("U", (), {"exc_value": ValueError("x"), "exc_type": ValueError})()  # type: ignore[arg-type]
+        )
+        flag.restore()
+        assert [type(e) for e in seen] == [StartupInterrupted, ValueError]
+    finally:
+        sys.unraisablehook = before
 
 
 def test_a_signal_during_a_two_process_start_up_stops_it_at_once(

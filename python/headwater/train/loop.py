@@ -341,6 +341,9 @@ class Trainer:
         self.params, self.opt_state, metrics = self.train_fn(
             self.params, self.opt_state, batch, self.col, self.cat
         )
+        # The first call compiles: a start-up signal whose exception was
+        # lost there ends the run here, before any step line or checkpoint.
+        self.stop.recheck_startup()
         if tc.profile:  # the device's time in "compute", not in a later phase
             import jax
 
@@ -568,8 +571,8 @@ class Trainer:
                 self.stop.recheck_startup()
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
-                # A start-up signal taken during the compilation, its
-                # exception lost there: nothing is saved for it.
+                # A start-up signal lost after the dispatch (the step's
+                # telemetry, the next fetch): still nothing saved for it.
                 self.stop.recheck_startup()
                 # From here a signal waits for the current step (and its
                 # checkpoint); before, it ends the start-up at once.

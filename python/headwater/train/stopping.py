@@ -58,6 +58,7 @@ class StopFlag:
         self.final_phase = False
         self.previous: dict[int, Any] = {}
         self._wakeup: tuple[Any, Any, int] | None = None
+        self._unraisable: Any = None
         self._acked = 0
         #: Signals the Python handler has run for (the main thread's view).
         self._handled = 0
@@ -65,6 +66,9 @@ class StopFlag:
     def install(self) -> StopFlag:
         for s in (signal.SIGTERM, signal.SIGINT):
             self.previous[s] = signal.signal(s, self._handle)
+        if self.abort_startup:
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._unraisable_hook
         if self.announce:
             self._start_acknowledger()
         return self
@@ -87,6 +91,14 @@ class StopFlag:
         raise in :meth:`_handle` can vanish and start-up would go on."""
         if self.abort_startup and not self.training and self.signum:
             raise StartupInterrupted(self.signum)
+
+    def _unraisable_hook(self, unraisable: Any) -> None:
+        """A :class:`StartupInterrupted` dropped inside such a callback is
+        not printed as a traceback (the loop's :meth:`recheck_startup`
+        raises it again); anything else goes to the previous hook."""
+        if isinstance(unraisable.exc_value, StartupInterrupted):
+            return
+        (self._unraisable or sys.__unraisablehook__)(unraisable)
 
     def _start_acknowledger(self) -> None:
         import socket
@@ -147,6 +159,10 @@ class StopFlag:
             # preemption notifier); it cannot be put back, the default can.
             signal.signal(s, signal.SIG_DFL if h is None else h)
         self.previous.clear()
+        if self._unraisable is not None:
+            if sys.unraisablehook == self._unraisable_hook:
+                sys.unraisablehook = self._unraisable
+            self._unraisable = None
         if self._wakeup is not None:
             r, w, old = self._wakeup
             self._wakeup = None
