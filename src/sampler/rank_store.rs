@@ -21,7 +21,8 @@
 //! the items): magic, version, key, sizes, the arrays little-endian (as
 //! every host the format runs on), and an xxh3-64 of everything before
 //! it; mapped and read in place, so the ranks of a host share one copy. A file that fails any check is
-//! refused naming it and what is wrong; the caller builds it again.
+//! refused naming it and what is wrong; the caller builds it again,
+//! under a `BuildLock` beside it, so the processes of a host build it once.
 //!
 //! Never: a stored row whose count differs from the live ranker's, or a
 //! context built from a head that the floors do not vouch for.
@@ -41,6 +42,51 @@ const VERSION: u32 = 1;
 
 /// Items computed per parallel job (each job allocates its scratch).
 const CHUNK: usize = 512;
+
+/// An exclusive advisory lock (`flock`) on a file beside a store, held
+/// until dropped: of the processes of a host that start together without
+/// the store (the ranks of a job), one computes it while the others wait,
+/// then read it back.
+pub struct BuildLock {
+    _file: std::fs::File,
+}
+
+impl BuildLock {
+    /// Take the lock on `path` (created, with its directory, if missing);
+    /// `on_wait` runs once, before blocking, when another process holds it.
+    pub fn take(path: &Path, on_wait: impl FnOnce()) -> Result<BuildLock> {
+        use std::os::fd::AsRawFd;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let fd = file.as_raw_fd();
+        // SAFETY: `fd` is open for the life of `file`; the lock goes with it.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(BuildLock { _file: file });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(Error::io(path, e));
+        }
+        on_wait();
+        loop {
+            // SAFETY: as above.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } == 0 {
+                return Ok(BuildLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io(path, e));
+            }
+        }
+    }
+}
 
 /// The floors of one item's stored heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

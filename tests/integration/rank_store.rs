@@ -147,13 +147,15 @@ fn cfg(store: bool) -> SamplerConfig {
     }
 }
 
-/// The one store file of the database.
+/// The one store file of the database (beside it, its build lock).
 fn store_file(sdb: &SynthDb) -> std::path::PathBuf {
-    let files: Vec<_> = std::fs::read_dir(sdb.dir.join("rankings"))
+    let mut files: Vec<_> = std::fs::read_dir(sdb.dir.join("rankings"))
         .expect("rankings/ written")
         .map(|e| e.unwrap().path())
         .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert_eq!(files[1], files[0].with_extension("lock"), "{files:?}");
     files[0].clone()
 }
 

@@ -172,3 +172,60 @@ def test_expected_store_writes_its_rankings_and_keeps_the_batches(tmp_path: Path
                 assert np.array_equal(v, b[k]), k
     assert d["sampler/context/walk_steps"] < d_live["sampler/context/walk_steps"]
     assert d["sampler/context/store_misses"] == 0 == d_live["sampler/context/store_misses"]
+
+
+def test_the_processes_of_a_host_compute_one_store(tmp_path: Path) -> None:
+    """Ranks that start together without the store: one computes it under
+    the lock beside it, the others say they wait, then read it back, with
+    the same batches."""
+    import fcntl
+    import shutil
+    import time
+
+    db = tmp_path / "golden"
+    shutil.copytree(GOLDEN, db)
+    recipe = {**RECIPE, "example_ranker": "expected", "num_walks": 500,
+              "default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1,
+              "expected_store": True}
+    with headwater.Sampler(db, **recipe):
+        pass
+    (store,) = (db / "rankings").glob("expected-*.bin")
+    store.unlink()  # as before any run: the key (its name) is now known
+    child = (
+        "import hashlib, sys, headwater\n"
+        f"with headwater.Sampler({str(db)!r}, **{recipe!r}) as s:\n"
+        "    h = hashlib.sha256()\n"
+        "    for _ in range(2):\n"
+        "        for k, v in sorted(s.next_train_batch().items()):\n"
+        "            h.update(k.encode() + getattr(v, 'tobytes', lambda: repr(v).encode())())\n"
+        "print(h.hexdigest())\n"
+    )
+    with open(store.with_suffix(".lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process is computing it
+        errs = [tmp_path / f"rank{i}.err" for i in range(2)]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                             stderr=e.open("w"), text=True)
+            for e in errs
+        ]
+        deadline = time.monotonic() + 120
+        while not all("waiting for it" in e.read_text() for e in errs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+                e.read_text() for e in errs
+            ]
+            time.sleep(0.05)
+        assert not store.exists()
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    text = [e.read_text() for e in errs]
+    assert [p.returncode for p in procs] == [0, 0], text
+    assert sum(t.count("items ranked in") for t in text) == 1, text
+    assert outs[0] == outs[1] and len(outs[0].strip()) == 64, (outs, text)
+
+    # Where neither the lock nor the store can be written: the key, the path.
+    shutil.rmtree(db / "rankings")
+    (db / "rankings").write_text("not a directory")
+    with pytest.raises(headwater.ConfigError) as ei:
+        headwater.Sampler(db, **recipe)
+    msg = str(ei.value)
+    assert "expected_store" in msg and "cannot be written" in msg, msg
+    assert str(db / "rankings") in msg, msg

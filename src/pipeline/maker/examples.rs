@@ -16,7 +16,7 @@ use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::sampler::rank_store::{RankStore, StoreParams};
+use crate::sampler::rank_store::{BuildLock, RankStore, StoreParams};
 use crate::sampler::rankers::Ranker;
 use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
@@ -29,6 +29,10 @@ thread_local! {
     // TLS block").
     static SCRATCH: RefCell<Box<(BfsScratch, ExampleScratch)>> = RefCell::new(Box::default());
 }
+
+/// A database's store items (seed row, time bound; sorted), the store's
+/// settings, and the key naming its file.
+type StoreItems = (Vec<(u32, i64)>, StoreParams, u64);
 
 impl SamplerCore {
     /// With `examples`, every task with weight > 0 must be a cell task
@@ -81,6 +85,58 @@ impl SamplerCore {
     /// its tasks with examples: read from `rankings/` in its directory,
     /// or computed and written there when missing or refused.
     fn rank_store(&self, d: usize) -> Result<RankStore> {
+        let db = &*self.dbs[d].db;
+        let (keys, p, key) = self.store_items(d)?;
+        let path = db
+            .dir()
+            .join("rankings")
+            .join(format!("expected-{key:016x}.bin"));
+        if let Ok(s) = RankStore::open(&path, key) {
+            return Ok(s);
+        }
+        let unwritable = |e: Error| {
+            bad(
+                "expected_store",
+                format!("true, but its rankings cannot be written: {e}"),
+            )
+        };
+        // One process of the host computes it; the others wait, then read.
+        let _lock = BuildLock::take(&path.with_extension("lock"), || {
+            say(&format!(
+                "expected_store: another process is computing {}; waiting for it",
+                path.display()
+            ));
+        })
+        .map_err(unwritable)?;
+        match RankStore::open(&path, key) {
+            Ok(s) => return Ok(s),
+            Err(Error::Io { .. }) => {}
+            Err(e) => say(&format!("expected_store: {e}; computing it again")),
+        }
+        let t0 = std::time::Instant::now();
+        let (g, wg) = (db.graph(), &self.walk_graphs[d]);
+        let s = self
+            .pool
+            .install(|| RankStore::compute(&g, wg, &keys, &p, key));
+        s.write(&path).map_err(unwritable)?;
+        let msg = format!(
+            "expected_store: {} items ranked in {:.1} s ({} rows, {} complete) into {}",
+            s.len(),
+            t0.elapsed().as_secs_f64(),
+            s.stored_rows(),
+            s.complete_items(),
+            path.display()
+        );
+        say(&msg);
+        // Read back mapped: one copy in the page cache for every process
+        // of the host.
+        drop(s);
+        RankStore::open(&path, key)
+    }
+
+    /// The items of database `d`'s tasks with examples, the settings and
+    /// the key (content hash, settings, items) of their store.
+    fn store_items(&self, d: usize) -> Result<StoreItems> {
         let c = &self.cfg;
         let db = &*self.dbs[d].db;
         let mut keys = Vec::new();
@@ -119,40 +175,7 @@ impl SamplerCore {
             h.update(&r.to_le_bytes());
             h.update(&b.to_le_bytes());
         }
-        let key = h.digest();
-        let path = db
-            .dir()
-            .join("rankings")
-            .join(format!("expected-{key:016x}.bin"));
-        match RankStore::open(&path, key) {
-            Ok(s) => return Ok(s),
-            Err(Error::Io { .. }) => {}
-            Err(e) => say(&format!("expected_store: {e}; computing it again")),
-        }
-        let t0 = std::time::Instant::now();
-        let (g, wg) = (db.graph(), &self.walk_graphs[d]);
-        let s = self
-            .pool
-            .install(|| RankStore::compute(&g, wg, &keys, &p, key));
-        s.write(&path).map_err(|e| {
-            bad(
-                "expected_store",
-                format!("true, but its rankings cannot be written: {e}"),
-            )
-        })?;
-        let msg = format!(
-            "expected_store: {} items ranked in {:.1} s ({} rows, {} complete) into {}",
-            s.len(),
-            t0.elapsed().as_secs_f64(),
-            s.stored_rows(),
-            s.complete_items(),
-            path.display()
-        );
-        say(&msg);
-        // Read back mapped: one copy in the page cache for every process
-        // of the host.
-        drop(s);
-        RankStore::open(&path, key)
+        Ok((keys, p, h.digest()))
     }
 
     /// The in-context parameters of task `k`, handed to `f` with the
