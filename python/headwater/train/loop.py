@@ -571,9 +571,7 @@ class Trainer:
                 self.stop.recheck_startup()
             self.step(step, prefetch=not (stopping or due_save or done == tc.steps))
             if step == self.start_step:
-                # A start-up signal lost after the dispatch (the step's
-                # telemetry, the next fetch): still nothing saved for it.
-                self.stop.recheck_startup()
+                self.stop.recheck_startup()  # one lost after the dispatch: no save
                 # From here a signal waits for the current step (and its
                 # checkpoint); before, it ends the start-up at once.
                 self.stop.training = True
