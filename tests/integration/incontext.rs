@@ -32,7 +32,7 @@ pub(crate) fn db() -> SynthDb {
 }
 
 /// The query task has no labels on its rows: weight 0.
-fn cfg() -> SamplerConfig {
+pub(crate) fn cfg() -> SamplerConfig {
     SamplerConfig {
         default_batch_size: 8,
         default_sequence_length: 128,

@@ -5,8 +5,6 @@
 //! a damaged or foreign file naming it, computes it again, and its batches
 //! equal the live ranker's; the key is refused without the ranker.
 
-use std::collections::BTreeMap;
-
 use headwater::config::ExampleRanker;
 use headwater::format::Database;
 use headwater::pipeline::{MadeBatch, SamplerCore};
@@ -17,7 +15,7 @@ use headwater::sampler::{
 };
 use headwater::{Error, SamplerConfig};
 
-use crate::incontext::{db, run, with_task_params};
+use crate::incontext::{self, db, run, with_task_params};
 use crate::oracle::{same_batch, SynthDb};
 
 /// What a context is, for comparing two builds.
@@ -125,25 +123,13 @@ fn compare_task(db: &Database, k: usize) -> Vec<(usize, usize)> {
     })
 }
 
+/// The in-context tests' config, with the expected ranker and more walks.
 fn cfg(store: bool) -> SamplerConfig {
     SamplerConfig {
-        default_batch_size: 8,
-        default_sequence_length: 128,
-        max_hops: 2,
-        num_threads: Some(2),
-        seed: 3,
-        examples: true,
-        local_context_sizes: vec![16, 32, 64],
-        bfs_widths: vec![2, 4],
         num_walks: 2000,
-        walk_length: 6,
         example_ranker: ExampleRanker::Expected,
         expected_store: store,
-        task_weights: Some(headwater::config::TaskWeights::ByName(BTreeMap::from([(
-            "future_flag".to_string(),
-            0.0,
-        )]))),
-        ..SamplerConfig::default()
+        ..incontext::cfg()
     }
 }
 
