@@ -25,8 +25,15 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-/// Log2 of the block size the writer uses (256 KiB).
+/// Log2 of the block size the writer uses for files read whole or in long
+/// runs: tasks (256 KiB).
 pub const BLOCK_SHIFT: u32 = 18;
+/// Log2 of the block size the writer uses for files read at random — the
+/// graph, tables and embeddings (4 KiB, one page): the first read of a
+/// block hashes the one page it faults in, so a cold random read costs one
+/// page, not the 256 KiB around it (64 pages of I/O where the database
+/// does not fit in memory).
+pub const RANDOM_BLOCK_SHIFT: u32 = 12;
 /// Smallest and largest block shift a reader accepts (4 KiB ..= 1 GiB).
 pub(crate) const BLOCK_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
 
@@ -91,8 +98,10 @@ pub(crate) struct Blocks {
     start: usize,
     end: usize,
     shift: u32,
-    /// The stored xxh3-64 of each block; `None` for a format-1 file.
-    sums: Option<Vec<u64>>,
+    /// File offset of the stored xxh3-64s (one `u64` per block, read in
+    /// place from the map: shared by every process, no private copy);
+    /// `None` for a format-1 file.
+    sums: Option<usize>,
     bits: Box<[AtomicU64]>,
     /// Blocks marked so far, and whether that is all of them (then a read
     /// costs one load of this flag).
@@ -102,12 +111,13 @@ pub(crate) struct Blocks {
 }
 
 impl Blocks {
-    /// Blocks over `start..end` with `sums` (`None`: unchecked, format 1).
+    /// Blocks over `start..end` whose checksums start at file offset
+    /// `sums` (`None`: unchecked, format 1).
     pub(crate) fn new(
         start: usize,
         end: usize,
         shift: u32,
-        sums: Option<Vec<u64>>,
+        sums: Option<usize>,
         integrity: Arc<Integrity>,
     ) -> Self {
         let n = count(start, end, shift);
@@ -248,7 +258,7 @@ impl Blocks {
     #[cold]
     #[inline(never)]
     fn first_read(&self, map: &[u8], file: &Path, b: usize) -> Option<String> {
-        let Some(sums) = &self.sums else {
+        let Some(sums) = self.sums else {
             if self.mark(b) {
                 self.integrity.unverified.fetch_add(1, Ordering::Relaxed);
             }
@@ -257,7 +267,8 @@ impl Blocks {
         let lo = self.start + (b << self.shift);
         let hi = (lo + (1 << self.shift)).min(self.end);
         let computed = xxhash_rust::xxh3::xxh3_64(&map[lo..hi]);
-        let stored = sums[b];
+        let at = sums + 8 * b;
+        let stored = u64::from_le_bytes(map[at..at + 8].try_into().expect("8 bytes"));
         if computed == stored {
             if self.mark(b) {
                 self.integrity.verified.fetch_add(1, Ordering::Relaxed);
@@ -329,24 +340,20 @@ pub(crate) fn read_block_table(
     if len < 8 || len % 8 != 0 {
         return bad(format!("{len} bytes is not a shift and whole checksums"));
     }
-    let words: Vec<u64> = table
-        .chunks_exact(8)
-        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-        .collect();
-    let shift = u32::try_from(words[0]).unwrap_or(u32::MAX);
+    let word0 = u64::from_le_bytes(table[..8].try_into().expect("8 bytes"));
+    let shift = u32::try_from(word0).unwrap_or(u32::MAX);
     if !BLOCK_SHIFTS.contains(&shift) {
         return bad(format!(
-            "block size 2^{} is outside 2^{}..=2^{}",
-            words[0],
+            "block size 2^{word0} is outside 2^{}..=2^{}",
             BLOCK_SHIFTS.start(),
             BLOCK_SHIFTS.end()
         ));
     }
     let want = count(payload_start, off, shift);
-    if words.len() - 1 != want {
+    if len / 8 - 1 != want {
         return bad(format!(
             "{} checksums for {want} blocks of {} bytes",
-            words.len() - 1,
+            len / 8 - 1,
             1u64 << shift
         ));
     }
@@ -354,7 +361,7 @@ pub(crate) fn read_block_table(
         payload_start,
         off,
         shift,
-        Some(words[1..].to_vec()),
+        Some(off + 8),
         integrity,
     ))
 }

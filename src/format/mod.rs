@@ -51,11 +51,11 @@
 //!
 //! A format-2 file ends with one more section than its kind lists below,
 //! the **block table**: `shift: u64`, then the xxh3-64 of each block of
-//! `1 << shift` bytes (the writer uses [`BLOCK_SHIFT`] = 18, 256 KiB) of
-//! the bytes from the payload start up to the block table (every data
-//! section and its padding; the last block is short). Its own xxh3-64 is
-//! header field 40, which the header checksum covers; open hashes the table
-//! (8 bytes per block: 32 KiB per GiB of data) and checks that every data
+//! `1 << shift` bytes of the bytes from the payload start up to the block
+//! table (every data section and its padding; the last block is short). Its
+//! own xxh3-64 is header field 40, which the header checksum covers; open
+//! hashes the table (8 bytes per block: 2 MiB per GiB of 4 KiB blocks,
+//! hashed at memory speed) and checks that every data
 //! section ends before it — still O(metadata), with no data byte read.
 //!
 //! Each open file keeps one bit per block, "checked". The sampler reads
@@ -71,15 +71,24 @@
 //! before handing the batch on. So a batch whose bytes include a corrupt
 //! block is never delivered: the stream stops with that `FormatError`.
 //!
+//! The shift is the file's own (a reader accepts 2^12..=2^30). The writer
+//! uses [`RANDOM_BLOCK_SHIFT`] = 12, 4 KiB — one page — for the files the
+//! sampler reads at random (the graph, the tables, the embeddings), so that
+//! the first read of a block where the database does not fit in memory
+//! hashes the page it faulted in and nothing more; and [`BLOCK_SHIFT`] =
+//! 18, 256 KiB, for tasks, which are read whole. (Databases written before
+//! 2026-11-28 use 256 KiB everywhere and read as before.) The checksums are
+//! read in place from the map, shared by every process of a host.
+//!
 //! Cost: writing hashes every byte twice (whole and per block); open adds
-//! 8 bytes hashed per 256 KiB (391 MiB TPC-H: 0.26 → 0.31 ms median open);
-//! a block is hashed once per process, by its first reader (about 0.1 ms
-//! per 256 KiB from the page cache: `headwater verify` hashes that 391 MiB
+//! 8 bytes hashed per block (with 256 KiB blocks, 391 MiB TPC-H: 0.26 →
+//! 0.31 ms median open); a block is hashed once per process, by its first
+//! reader (about 0.1 ms per 256 KiB from the page cache: `headwater verify` hashes that 391 MiB
 //! database in 0.15–0.25 s), so checking is spread over the first batches
 //! that touch each block and costs at most one pass over the bytes actually
 //! read — never over bytes no batch reads. Until a file has been read
 //! whole, each read costs one relaxed load of its block's bit (a bit per
-//! 256 KiB: 512 bytes per GiB, cache-resident) inlined into the reader;
+//! 4 KiB block: 32 KiB per GiB) inlined into the reader;
 //! views are made per batch, and a view of a file whose every block is
 //! checked carries no check at all. `headwater verify` and `verify="full"`
 //! are unchanged (the whole-payload checksums; the block table is part of
@@ -152,14 +161,14 @@ mod verify;
 mod views;
 mod writer;
 
-pub use blocks::{Integrity, BLOCK_SHIFT};
+pub use blocks::{Integrity, BLOCK_SHIFT, RANDOM_BLOCK_SHIFT};
 pub use database::{Database, EmbeddingKind};
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
     TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
-pub use page_cache::PageCache;
+pub use page_cache::{memory_limit_bytes, PageCache};
 pub use split::Split;
 pub use verify::{verify_database, Verify, VerifyReport};
 pub use views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};

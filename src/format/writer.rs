@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::blocks::BLOCK_SHIFT;
+use super::blocks::{BLOCK_SHIFT, RANDOM_BLOCK_SHIFT};
 use super::header::{FileKind, ALIGN, FIXED_HEADER, FORMAT_VERSION, SECTION_ENTRY};
 use crate::error::{Error, Result};
 
@@ -41,6 +41,9 @@ pub struct FileWriter {
     block: Xxh3,
     block_fill: usize,
     block_sums: Vec<u64>,
+    /// Log2 of this file's block size: [`RANDOM_BLOCK_SHIFT`] for files the
+    /// sampler reads at random, [`BLOCK_SHIFT`] for tasks (read whole).
+    block_shift: u32,
 }
 
 const ZEROS: [u8; ALIGN] = [0; ALIGN];
@@ -60,6 +63,10 @@ impl FileWriter {
             block: Xxh3::new(),
             block_fill: 0,
             block_sums: Vec::new(),
+            block_shift: match kind {
+                FileKind::Task => BLOCK_SHIFT,
+                FileKind::Graph | FileKind::Table | FileKind::Embeddings => RANDOM_BLOCK_SHIFT,
+            },
         };
         // The data sections and the block table.
         let header_len = align_up(FIXED_HEADER + (num_sections + 1) * SECTION_ENTRY, ALIGN);
@@ -76,7 +83,7 @@ impl FileWriter {
             .map_err(|e| Error::io(&self.path, e))?;
         self.hasher.update(bytes);
         self.pos += bytes.len() as u64;
-        let size = 1usize << BLOCK_SHIFT;
+        let size = 1usize << self.block_shift;
         let mut rest = bytes;
         while !rest.is_empty() {
             let take = rest.len().min(size - self.block_fill);
@@ -101,7 +108,7 @@ impl FileWriter {
             self.block_sums.push(self.block.digest());
         }
         let mut table = Vec::with_capacity(8 * (self.block_sums.len() + 1));
-        table.extend_from_slice(&u64::from(BLOCK_SHIFT).to_le_bytes());
+        table.extend_from_slice(&u64::from(self.block_shift).to_le_bytes());
         for s in &self.block_sums {
             table.extend_from_slice(&s.to_le_bytes());
         }

@@ -461,7 +461,7 @@ def _invariants() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Blocks verified per rank",
-            "Database blocks (256 KiB) hashed on their first read and found intact since the "
+            "Database blocks (4 KiB pages; 256 KiB in tasks) hashed on their first read and found intact since the "
             "sampler opened, per rank. Healthy: rises over the first batches, then flattens "
             "(each block read has been checked once). Pathological: flat at 0 while batches "
             "flow (a format-1 database: see unverified reads); a corrupt block stops the "
