@@ -89,29 +89,32 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Produce `warmup` then `steps` train batches with `threads` worker threads.
-/// With telemetry on, every batch is also recorded and drained, as a
-/// training loop with the step hook would. With a `window`, the timed
-/// batches are instead the ones finished inside it (`steps` is ignored);
-/// a warm-up that ends after the window starts is an error.
+/// How many batches a run times after its warm-up.
+#[derive(Debug, Clone, Copy)]
+pub enum Timed {
+    /// This many batches.
+    Steps(u64),
+    /// The batches finished inside this wall-clock window.
+    Window(Window),
+    /// Batches until this many seconds have passed, the one that crosses
+    /// the mark included (so a run whose batches each take longer than
+    /// the span still times one): for slow storage, where a fixed count
+    /// of batches could take hours.
+    Seconds(f64),
+}
+
+/// Produce `warmup` then the `timed` train batches with `threads` worker
+/// threads. With telemetry on, every batch is also recorded and drained, as
+/// a training loop with the step hook would. A window's warm-up that ends
+/// after the window starts is an error.
 pub fn bench_run(
     db_paths: &[PathBuf],
     mut cfg: SamplerConfig,
     threads: usize,
     warmup: u64,
-    steps: u64,
-    window: Option<Window>,
+    timed: Timed,
 ) -> Result<BenchRun> {
-    // A window that cannot be timed is rejected before the opening and the
-    // warm-up, which can take seconds on a large database.
-    if let Some(w) = window {
-        if w.stop.partial_cmp(&w.start) != Some(std::cmp::Ordering::Greater) {
-            return Err(invalid_window(format!(
-                "stop {} is not after start {}",
-                w.stop, w.start
-            )));
-        }
-    }
+    let (steps, window, seconds) = check_timed(timed)?;
     cfg.num_threads = Some(threads);
     let telemetry = cfg.telemetry;
     let t_open = Instant::now();
@@ -142,7 +145,7 @@ pub fn bench_run(
     let mut t_last = t0;
     let mut cpu_last = cpu0;
     let stop_after = window.map(|w| w.stop - w.start);
-    let depth = if steps == 0 && window.is_none() {
+    let depth = if steps == 0 && window.is_none() && seconds.is_none() {
         0
     } else {
         core.stream_depth()
@@ -171,6 +174,9 @@ pub fn bench_run(
             tally.add(&b);
             t_last = Instant::now();
             cpu_last = crate::probes::process_cpu_ns();
+            if let Some(s) = seconds {
+                return (t_last - t0).as_secs_f64() < s;
+            }
             stop_after.is_some() || tally.made < steps
         },
     );
@@ -183,6 +189,33 @@ pub fn bench_run(
     };
     tally.cpu_ns = cpu_last.saturating_sub(cpu0);
     Ok(tally.run(&core, threads, telemetry, secs, first_batch_seconds))
+}
+
+/// `timed` as (steps, window, seconds), refused before the opening and the
+/// warm-up (seconds on a large database) when it cannot be timed.
+fn check_timed(timed: Timed) -> Result<(u64, Option<Window>, Option<f64>)> {
+    let (steps, window, seconds) = match timed {
+        Timed::Steps(n) => (n, None, None),
+        Timed::Window(w) => (0, Some(w), None),
+        Timed::Seconds(s) => (0, None, Some(s)),
+    };
+    if let Some(s) = seconds {
+        if !(s > 0.0 && s.is_finite()) {
+            return Err(crate::error::Error::InvalidArgument {
+                name: "seconds".into(),
+                what: format!("{s} is not a positive number of seconds"),
+            });
+        }
+    }
+    if let Some(w) = window {
+        if w.stop.partial_cmp(&w.start) != Some(std::cmp::Ordering::Greater) {
+            return Err(invalid_window(format!(
+                "stop {} is not after start {}",
+                w.stop, w.start
+            )));
+        }
+    }
+    Ok((steps, window, seconds))
 }
 
 fn invalid_window(what: String) -> crate::error::Error {

@@ -186,6 +186,7 @@ def bench_sampler(
     page_cache: str = "lazy",
     window: tuple[float, float] | None = None,
     sampler_overrides: str | None = None,
+    seconds: float | None = None,
 ) -> BenchRun: ...
 def peak_rss_bytes() -> int | None: ...
 def verify_database(
@@ -241,6 +242,7 @@ class Sampler:
         telemetry_databases: list[str] | tuple[str, ...] = (),
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
+        memory_budget: int | None = None,
         verify: str = "header",
         page_cache: str = "lazy",
         temporal_filter: bool = True,

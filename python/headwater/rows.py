@@ -120,6 +120,7 @@ class SamplerConfigDict(TypedDict):
     telemetry_databases: list[str]
     num_threads: int | None
     max_rss_bytes: int | None
+    memory_budget: int | None
     verify: str
     page_cache: str
     temporal_filter: bool

@@ -161,6 +161,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "fail fast when the process RSS exceeds this many bytes",
     },
     FieldDoc {
+        name: "memory_budget",
+        ty: "int | None",
+        range: "None or an integer in 2^20..=2^64-1 (1 MiB or more)",
+        doc: "bytes of memory, page cache included, the sampler plans its reads for (None = the memory cgroup's limit, else the host's memory); databases larger than it are read without read-ahead",
+    },
+    FieldDoc {
         name: "verify",
         ty: "str",
         range: "\"header\" or \"full\"",

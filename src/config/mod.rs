@@ -148,6 +148,11 @@ pub struct SamplerConfig {
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
     pub max_rss_bytes: Option<u64>,
+    /// Bytes of memory, page cache included, the sampler plans its reads
+    /// for; `None` = the memory cgroup's limit, else the host's memory
+    /// ([`crate::format::memory_limit_bytes`]). Databases whose files add
+    /// up to more are read without read-ahead.
+    pub memory_budget: Option<u64>,
     /// What opening the database checks: `header` (O(metadata)) or `full`.
     pub verify: crate::format::Verify,
     /// How the mapped files enter the page cache at open: `lazy`,
@@ -269,6 +274,7 @@ impl Default for SamplerConfig {
             telemetry_databases: Vec::new(),
             num_threads: None,
             max_rss_bytes: None,
+            memory_budget: None,
             verify: crate::format::Verify::Header,
             page_cache: crate::format::PageCache::Lazy,
             temporal_filter: true,

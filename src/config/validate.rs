@@ -9,6 +9,20 @@ use super::{bad, ExampleRanker, SamplerConfig, TaskWeights};
 use crate::error::Result;
 
 impl SamplerConfig {
+    /// The resource keys: threads, the RSS cap and the memory budget.
+    fn validate_resources(&self) -> Result<()> {
+        if let Some(n) = self.num_threads.filter(|n| !(1..=1024).contains(n)) {
+            return Err(bad("num_threads", n));
+        }
+        if self.max_rss_bytes == Some(0) {
+            return Err(bad("max_rss_bytes", 0));
+        }
+        if let Some(b) = self.memory_budget.filter(|&b| b < 1 << 20) {
+            return Err(bad("memory_budget", b));
+        }
+        Ok(())
+    }
+
     /// Check every value; with `task_names` (the database's tasks), also
     /// the task weights against them.
     pub fn validate(&self, task_names: Option<&[String]>) -> Result<()> {
@@ -61,12 +75,7 @@ impl SamplerConfig {
                 return Err(bad("database_weights", format!("a weight of {x}")));
             }
         }
-        if let Some(n) = self.num_threads {
-            int_range("num_threads", n, 1, 1024)?;
-        }
-        if self.max_rss_bytes == Some(0) {
-            return Err(bad("max_rss_bytes", 0));
-        }
+        self.validate_resources()?;
         self.validate_weights(task_names)?;
         if let Some(p) = self.prometheus_port {
             let port = u32::from(p) + self.local_rank.unwrap_or(self.rank);

@@ -438,6 +438,18 @@ impl Database {
             .map_err(|e| Error::format(f.path(), format!("string {i} is not UTF-8: {e}")))
     }
 
+    /// Turn read-ahead off on the files read at random (the graph, the
+    /// tables, the text embeddings): for a database that does not fit in
+    /// the memory the process has ([`super::page_cache`]).
+    pub fn advise_random(&self) {
+        for f in std::iter::once(&self.graph)
+            .chain(&self.tables)
+            .chain([&self.text_emb])
+        {
+            super::page_cache::advise_random(f.map());
+        }
+    }
+
     /// Total bytes of all mapped files.
     pub fn bytes_on_disk(&self) -> u64 {
         self.meta.files.values().map(|d| d.bytes).sum::<u64>()

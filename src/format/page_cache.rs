@@ -21,6 +21,14 @@
 //! `lazy` does not advise it: faults on a database larger than memory would
 //! read 2 MiB each.
 //!
+//! A database larger than the memory the process has is read at random:
+//! [`advise_random`] turns the kernel's read-ahead off for a map
+//! (`MADV_RANDOM`), so a fault reads the page it needs and not the megabytes
+//! around it, which would evict pages the next batch needs. The memory the
+//! process has is [`memory_limit_bytes`]: the tightest memory-cgroup limit
+//! on its path (v1 `memory.limit_in_bytes`, v2 `memory.max`; the page cache
+//! counts against both) or, with none, the host's `MemTotal`.
+//!
 //! This module knows memory maps, not the file format: it is below
 //! `header.rs` (which advises a fresh map before reading its header) and
 //! never imports it, so the two do not form a loop.
@@ -110,4 +118,99 @@ fn populate(map: &Mmap) {
         acc ^= page[0];
     }
     std::hint::black_box(acc);
+}
+
+/// Turn read-ahead off for `map` (`MADV_RANDOM`): each fault reads one
+/// page. For maps read at random while the database does not fit in memory.
+pub(super) fn advise_random(map: &Mmap) {
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Random);
+    #[cfg(not(unix))]
+    let _ = map;
+}
+
+/// The memory this process can fill, page cache included: the smallest
+/// memory-cgroup limit on its path (v1 or v2, every ancestor) or, without
+/// one, the host's `MemTotal`; `None` where neither can be read.
+pub fn memory_limit_bytes() -> Option<u64> {
+    let host = meminfo_total();
+    let cg = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_limit(&text, Path::new("/sys/fs/cgroup")));
+    match (cg, host) {
+        (Some(c), Some(h)) => Some(c.min(h)),
+        (c, h) => c.or(h),
+    }
+}
+
+fn meminfo_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The tightest limit along the memory cgroup path named in `proc_cgroup`
+/// (the text of `/proc/self/cgroup`) under the mount `root`: v1's
+/// `memory/<path>/memory.limit_in_bytes` (a value near 2^63 is "none"),
+/// else v2's `<path>/memory.max` (`max` is "none").
+fn cgroup_limit(proc_cgroup: &str, root: &Path) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    let mut keep = |v: Option<u64>| {
+        if let Some(v) = v {
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    };
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let (base, file) = if ctl.split(',').any(|c| c == "memory") {
+            (root.join("memory"), "memory.limit_in_bytes")
+        } else if ctl.is_empty() {
+            (root.to_path_buf(), "memory.max")
+        } else {
+            continue;
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            keep(read_limit(&dir.join(file)));
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    best
+}
+
+fn read_limit(path: &Path) -> Option<u64> {
+    let v: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    // v1 writes "no limit" as the largest page-aligned i64.
+    (v < 1 << 62).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cgroup_limit;
+
+    #[test]
+    fn the_tightest_limit_on_the_path_is_the_budget() {
+        let root = tempfile::tempdir().unwrap();
+        let v1 = root.path().join("memory");
+        std::fs::create_dir_all(v1.join("a/b")).unwrap();
+        std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        std::fs::write(v1.join("a/memory.limit_in_bytes"), "629145600\n").unwrap();
+        std::fs::write(v1.join("a/b/memory.limit_in_bytes"), "1258291200\n").unwrap();
+        let text = "9:pids:/\n4:memory:/a/b\n0::/\n";
+        assert_eq!(cgroup_limit(text, root.path()), Some(629_145_600));
+        // v2: `max` is no limit; a number below it on the path is.
+        std::fs::create_dir_all(root.path().join("x/y")).unwrap();
+        std::fs::write(root.path().join("x/y/memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_limit("0::/x/y\n", root.path()), None);
+        std::fs::write(root.path().join("x/memory.max"), "734003200\n").unwrap();
+        assert_eq!(cgroup_limit("0::/x/y\n", root.path()), Some(734_003_200));
+        // No limit anywhere on a v1 path.
+        assert_eq!(cgroup_limit("4:memory:/\n", root.path()), None);
+    }
 }

@@ -52,7 +52,9 @@ pub mod state;
 
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use gate::{Gate, Turn};
-pub use maker::{BatchMaker, MadeBatch, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW};
+pub use maker::{
+    BatchMaker, MadeBatch, MixtureDatabase, ReadPlan, SamplerCore, SplitState, MIX_WINDOW,
+};
 pub use report::SplitTelemetry;
 pub use rss::{current_private_bytes, current_rss_bytes, status_bytes};
 pub use state::DatabaseRecord;

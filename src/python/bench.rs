@@ -8,11 +8,12 @@ use crate::config::SamplerConfig;
 
 /// Steady-state train-batch production on `threads` threads (GIL released);
 /// with `window` (Unix start and stop seconds), the batches finished inside
-/// it instead of `steps`. `sampler_overrides`: a JSON object of sampler
+/// it instead of `steps`; with `seconds`, the batches until that many
+/// seconds have passed after the warm-up. `sampler_overrides`: a JSON object of sampler
 /// keys set over the run's config (e.g. an in-context recipe), read
 /// through the config table.
 #[pyfunction]
-#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy", window=None, sampler_overrides=None))]
+#[pyo3(signature = (db_path, threads, steps, warmup=10, batch_size=32, sequence_length=1024, seed=0, bfs_child_width=16, max_hops=3, telemetry=true, pack=false, pack_factor=0, database_weights=None, page_cache="lazy", window=None, sampler_overrides=None, seconds=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn bench_sampler<'py>(
     py: Python<'py>,
@@ -32,6 +33,7 @@ pub fn bench_sampler<'py>(
     page_cache: &str,
     window: Option<(f64, f64)>,
     sampler_overrides: Option<&str>,
+    seconds: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let paths = super::sampler::db_paths(db_path)?;
     // Read through the config table, so a bad value gets its one error.
@@ -57,8 +59,12 @@ pub fn bench_sampler<'py>(
     };
     let run = py
         .detach(|| {
-            let window = window.map(|(start, stop)| bench::Window { start, stop });
-            bench::bench_run(&paths, cfg, threads, warmup, steps, window)
+            let timed = match (window, seconds) {
+                (Some((start, stop)), _) => bench::Timed::Window(bench::Window { start, stop }),
+                (None, Some(s)) => bench::Timed::Seconds(s),
+                (None, None) => bench::Timed::Steps(steps),
+            };
+            bench::bench_run(&paths, cfg, threads, warmup, timed)
         })
         .map_err(to_py)?;
     let s = serde_json::to_string(&run).expect("serialisable");

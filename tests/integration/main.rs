@@ -13,6 +13,7 @@ mod golden_batches;
 mod incontext;
 mod integrity;
 mod layout;
+mod memory;
 mod mixture;
 mod oracle;
 mod packing;

@@ -24,6 +24,7 @@ mod checks;
 mod draw;
 mod examples;
 mod masking;
+mod memory;
 mod mixing;
 mod plan;
 mod recall;
@@ -33,6 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 pub use draw::SplitState;
+pub use memory::ReadPlan;
 pub use plan::{MixtureDatabase, SamplerCore, MIX_WINDOW};
 
 pub(in crate::pipeline) use draw::BuildBuffers;

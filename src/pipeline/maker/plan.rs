@@ -106,6 +106,8 @@ pub struct SamplerCore {
     /// Seconds [`SamplerCore::new`] took (open + preparation); 0 when the
     /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
+    /// How the databases are read under the memory budget.
+    pub reads: super::ReadPlan,
     /// Seeds per rank per step of each task (`seeds_per_step`).
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
@@ -175,6 +177,7 @@ impl SamplerCore {
             }
         }
         cfg.validate(Some(&task_names))?;
+        let reads = super::memory::plan_reads(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;
@@ -221,6 +224,7 @@ impl SamplerCore {
             schema,
             concatenated: Concatenated::default(),
             startup_seconds: 0.0,
+            reads,
             seeds_per_step: Vec::new(),
             segment_slots: 1,
             walk_graphs: Vec::new(),

@@ -1,0 +1,95 @@
+"""``headwater bench --memory-limit``: runs in a memory cgroup (page cache
+included) and a read throttle, each from a dropped page cache, and the clear
+errors of a host or an argument that cannot give them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from headwater import bench_limits
+from headwater.bench_limits import LimitError, Limits, parse_size
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "data" / "golden_v2"
+BENCH = [sys.executable, "-m", "headwater.cli", "bench", str(GOLDEN), "--batch-size", "4",
+         "--seq-len", "64", "--warmup", "1"]
+
+
+def _host_can_limit() -> str | None:
+    """Why this host cannot run limited benches, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        bench_limits.cgroup_version()
+    except LimitError as e:
+        return str(e)
+    return None
+
+
+def test_a_limited_run_is_charged_its_reads_and_stays_under_its_limit() -> None:
+    why = _host_can_limit()
+    cmd = [*BENCH, "--memory-limit", "none,160MiB", "--seconds", "1", "--rounds", "1", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if why is not None:
+        # The host cannot: the error says what is missing, nothing is run.
+        assert r.returncode == 2 and ("root" in r.stderr or "cgroup" in r.stderr), r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    free, limited = out["runs"]
+    assert free["memory_limit_bytes"] is None and limited["memory_limit_bytes"] == 160 << 20
+    assert limited["limits"] == "160 MiB"
+    # The cgroup charged the run, page cache included, and held it to its limit.
+    assert 0 < limited["cgroup_peak_bytes"] <= 160 << 20
+    # The page cache was dropped before it: the database had to be read.
+    assert limited["read_bytes"] > 0
+    assert limited["best_batches_per_s"] > 0 and free["best_batches_per_s"] > 0
+    assert free["ratio_to_first"] == 1.0
+    assert limited["ratio_to_first"] == pytest.approx(
+        limited["best_batches_per_s"] / free["best_batches_per_s"]
+    )
+    text = bench_limits.format_limited(out)
+    assert "160 MiB" in text and "no memory limit" in text and "page cache dropped" in text
+
+
+def test_a_limit_the_run_cannot_fit_in_is_named() -> None:
+    if _host_can_limit() is not None:
+        pytest.skip(f"this host cannot limit a run: {_host_can_limit()}")
+    cmd = [*BENCH, "--memory-limit", "4MiB", "--seconds", "1", "--rounds", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "killed at --memory-limit 4194304 bytes" in r.stderr and "raise the limit" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--memory-limit", "12x"], "--memory-limit '12x': expected a size"),
+        (["--memory-limit", "1000"], "--memory-limit '1000': 1000 bytes is below 1 MiB"),
+        (["--memory-limit", "600MiB", "--read-bps", "fast"], "--read-bps 'fast': expected a size"),
+    ],
+)
+def test_bad_limits_are_refused_before_any_run(flags: list[str], message: str) -> None:
+    r = subprocess.run([*BENCH, *flags], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_sizes_and_labels() -> None:
+    assert parse_size("600MiB") == 600 << 20
+    assert parse_size("1.5G") == 3 << 29
+    assert parse_size("629145600") == 629145600
+    assert parse_size("none") is None
+    assert Limits(600 << 20, 200 << 20, 2000).label() == "600 MiB, 200 MiB/s, 2000 IOPS"
+    assert Limits(None).label() == "no memory limit"
+
+
+def test_a_throttle_needs_a_block_device() -> None:
+    # procfs has no block device behind it (device number 0:N).
+    with pytest.raises(LimitError, match=r"/proc is on a file system without a block device"):
+        bench_limits.block_device("/proc")
