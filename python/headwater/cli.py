@@ -71,6 +71,12 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return 0
     if a.sequence_lengths:
         return _bench_varlen(a)
+    if a.embedder:
+        from headwater.bench_embed import format_embed_bench, run_embed_bench
+
+        r = run_embed_bench(a.embedder, a.strings, a.rounds)
+        print(json.dumps(r) if a.json else format_embed_bench(r))
+        return 0
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
     overrides: dict[str, Any] = {}
@@ -391,6 +397,15 @@ def _add_bench(sub: Sub) -> None:
     _add_examples_args(pb)
     _add_step_bench_args(pb)
     _add_varlen_args(pb)
+    pb.add_argument(
+        "--embedder",
+        choices=["minilm"],
+        help="time the embedder instead: strings/s of its JAX and numpy forward passes on the "
+        "same TPC-H comments, alternating, best of --rounds (headwater.bench_embed)",
+    )
+    pb.add_argument(
+        "--strings", type=int, default=1000, help="strings of --embedder (default: %(default)s)"
+    )
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
 

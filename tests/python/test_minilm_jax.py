@@ -147,9 +147,7 @@ def test_cpu_backend_runs_float32() -> None:
         assert device_description().startswith(jax.devices()[0].platform)
 
 
-def test_registry_uses_jax_when_importable(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_registry_uses_jax_when_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     emb = get_embedder("minilm")
     assert isinstance(emb, CachedEmbedder) and isinstance(emb.inner, MiniLMJaxEmbedder)

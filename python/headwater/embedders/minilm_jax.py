@@ -90,7 +90,9 @@ def plan_batches(
     least 1); its last batch is padded to the next power of two of rows.
     """
     if len(lengths) and int(lengths.max()) > buckets[-1]:
-        raise ValueError(f"a text has {int(lengths.max())} tokens, over the last bucket {buckets[-1]}")
+        raise ValueError(
+            f"a text has {int(lengths.max())} tokens, over the last bucket {buckets[-1]}"
+        )
     order = np.argsort(lengths, kind="stable")
     which = np.searchsorted(np.asarray(buckets), lengths[order], side="left")
     batches: list[Batch] = []
@@ -212,9 +214,7 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
             with self._lock:
                 if self._compiled is None:
                     fwd = functools.partial(_forward, heads=model.num_heads, eps=model.eps)
-                    self._compiled = _Compiled(
-                        _device_params(model, matmul_dtype()), jax.jit(fwd)
-                    )
+                    self._compiled = _Compiled(_device_params(model, matmul_dtype()), jax.jit(fwd))
         return self._compiled
 
     def _embed_unique(self, texts: list[str]) -> F32:
