@@ -394,20 +394,23 @@ def _add_bench(sub: Sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="a `headwater train --set` value for the training comparison's runs (repeatable)",
     )
-    _add_examples_args(pb)
-    _add_step_bench_args(pb)
-    _add_varlen_args(pb)
+    for add_args in (_add_examples_args, _add_step_bench_args, _add_varlen_args, _add_embed_bench_args):
+        add_args(pb)
+    pb.add_argument("--json", action="store_true", help="print one JSON object")
+    pb.set_defaults(func=_cmd_bench)
+
+
+def _add_embed_bench_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --embedder minilm``: JAX against numpy strings/s (:mod:`headwater.bench_embed`)."""
     pb.add_argument(
         "--embedder",
         choices=["minilm"],
         help="time the embedder instead: strings/s of its JAX and numpy forward passes on the "
-        "same TPC-H comments, alternating, best of --rounds (headwater.bench_embed)",
+        "same TPC-H comments, alternating, best of --rounds",
     )
     pb.add_argument(
         "--strings", type=int, default=1000, help="strings of --embedder (default: %(default)s)"
     )
-    pb.add_argument("--json", action="store_true", help="print one JSON object")
-    pb.set_defaults(func=_cmd_bench)
 
 
 def _add_examples_args(pb: argparse.ArgumentParser) -> None:

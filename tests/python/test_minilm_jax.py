@@ -160,3 +160,15 @@ def test_registry_uses_jax_when_importable(monkeypatch: pytest.MonkeyPatch, tmp_
     assert type(minilm_embedder()) is MiniLMEmbedder
     with pytest.raises(ValueError, match="backend 'torch'"):
         minilm_embedder("torch")
+
+
+def test_embed_bench_strings_and_errors() -> None:
+    from headwater.bench_embed import run_embed_bench, tpch_comment_strings
+
+    texts = tpch_comment_strings(200)
+    assert len(set(texts)) == 200 and all(texts)
+    assert texts == tpch_comment_strings(200)  # same seed, same strings
+    with pytest.raises(ValueError, match="unknown 'hash'"):
+        run_embed_bench("hash")
+    with pytest.raises(ValueError, match="--strings >= 1"):
+        run_embed_bench("minilm", strings=0)
