@@ -1,9 +1,9 @@
 """Tests for ``headwater.embedders.minilm_jax``: the JAX MiniLM against the numpy one.
 
 The JAX embedder under test uses one bucket below the model's limit (64, then
-256), so the varied strings of :data:`TEXTS` and the golden texts compile two
-programs once for the module (a few seconds on a CPU), and most rows carry
-heavy padding, which the comparison then covers.  The default buckets are
+256) and one batch a bucket, so the varied strings of :data:`TEXTS` and the
+golden texts compile two programs once for the module (a few seconds on a
+CPU), and most rows carry heavy padding, which the comparison then covers.  The default buckets are
 checked by the pure-numpy :func:`plan_batches` tests.
 """
 
@@ -59,7 +59,8 @@ def numpy_minilm() -> MiniLMEmbedder:
 
 @pytest.fixture(scope="module")
 def jax_minilm() -> MiniLMJaxEmbedder:
-    return MiniLMJaxEmbedder(buckets=(64,), batch_tokens=4096)
+    # one batch a bucket: rows padded to a power of two, no binary split
+    return MiniLMJaxEmbedder(buckets=(64,), batch_tokens=4096, min_texts=0, row_granule=64)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,9 @@ def test_jax_matches_numpy_on_varied_strings(
     assert lengths.max() == 256 and (lengths > 64).sum() >= 2  # truncation and both buckets
     cos = _cosine(got, ref)
     worst = int(np.argmin(cos))
-    print(f"\njax vs numpy minilm: min cosine {cos[worst]:.8f} ({texts[worst][:40]!r})")
+    print(
+        f"\njax vs numpy minilm: min cosine {cos[worst]:.8f}, 1 - cos {1 - cos[worst]:.1e} ({texts[worst][:40]!r})"
+    )
     bad = {texts[i][:40]: float(c) for i, c in enumerate(cos) if c < 0.999}
     assert not bad, bad
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -95,7 +98,9 @@ def test_jax_matches_sentence_transformers(
     index = {t: i for i, t in enumerate(texts)}
     rows = [index[str(t)] for t in golden["texts"]]
     cos = _cosine(got[rows], golden["vectors"])
-    print(f"\njax minilm vs sentence-transformers: min cosine {cos.min():.8f}")
+    print(
+        f"\njax minilm vs sentence-transformers: min cosine {cos.min():.8f}, 1 - cos {1 - cos.min():.1e}"
+    )
     assert cos.min() >= 0.999
 
 
@@ -128,6 +133,23 @@ def test_plan_batches_fixed_shapes_cover_every_text_once() -> None:
     assert len(shapes) <= sum(max(1, min(256, 8192 // x)).bit_length() for x in buckets)
     with pytest.raises(ValueError, match="over the last bucket"):
         plan_batches(np.array([300]), buckets, 8192, 256)
+
+
+def test_small_calls_run_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Compiling(Exception):
+        """Raised where the JAX path would start compiling."""
+
+    def compile_stub(self: MiniLMJaxEmbedder) -> None:
+        raise Compiling
+
+    emb = MiniLMJaxEmbedder(min_texts=3)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(MiniLMEmbedder, "_embed_unique", lambda self, t: ran.append(t))
+    monkeypatch.setattr(MiniLMJaxEmbedder, "_get_compiled", compile_stub)
+    emb._embed_unique(["a", "b"])
+    assert ran == [["a", "b"]]
+    with pytest.raises(Compiling):
+        emb._embed_unique(["a", "b", "c"])
 
 
 def test_bucket_lengths_end_at_the_model_limit(jax_minilm: MiniLMJaxEmbedder) -> None:

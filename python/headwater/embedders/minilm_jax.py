@@ -207,7 +207,12 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
 
     Same name, dimension, de-duplication and tokenisation as the numpy
     :class:`MiniLMEmbedder` it extends; only :meth:`_embed_unique` differs.
-    ``batch_tokens`` bounds the padded tokens of a batch, ``max_rows`` its rows.
+    ``batch_tokens`` bounds the padded tokens of a batch, ``max_rows`` its rows;
+    ``row_granule`` is :func:`plan_batches`' ``granule``.
+    Calls with fewer than ``min_texts`` distinct new texts run the numpy
+    forward pass instead: compiling one shape takes seconds on a CPU, longer
+    than numpy takes for a few hundred short strings (a database's column
+    names and categories are such calls).
     """
 
     def __init__(
@@ -216,10 +221,14 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
         batch_tokens: int = 8192,
         max_rows: int = 256,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
+        min_texts: int = 256,
+        row_granule: int = 8,
     ) -> None:
         super().__init__(model_dir, batch_size=max_rows, max_batch_tokens=batch_tokens)
         if not buckets or any(b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive token lengths, got {list(buckets)}")
+        self.min_texts = min_texts
+        self.row_granule = row_granule
         self._bucket_request = tuple(sorted(set(buckets)))
         self._compiled: _Compiled | None = None
 
@@ -239,9 +248,13 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
         return self._compiled
 
     def _embed_unique(self, texts: list[str]) -> F32:
+        if len(texts) < self.min_texts:
+            return super()._embed_unique(texts)
         compiled = self._get_compiled()
         tokens, lengths = self._tokenize(texts)
-        batches = plan_batches(lengths, self.buckets, self.max_batch_tokens, self.batch_size)
+        batches = plan_batches(
+            lengths, self.buckets, self.max_batch_tokens, self.batch_size, self.row_granule
+        )
         pending = []
         for batch in batches:  # dispatch all first: JAX runs them while we pad the next
             ids = np.zeros((batch.rows, batch.length), dtype=np.int32)
