@@ -23,6 +23,7 @@ from headwater.embedders.cache import CACHE_DIR_ENV, CachedEmbedder
 from headwater.embedders.minilm import MiniLMEmbedder
 from headwater.embedders.minilm_jax import (
     DEFAULT_BUCKETS,
+    Batch,
     MiniLMJaxEmbedder,
     device_description,
     matmul_dtype,
@@ -114,6 +115,10 @@ def test_jax_embed_is_float16_in_input_order(jax_minilm: MiniLMJaxEmbedder) -> N
     assert jax_minilm.embed([]).shape == (0, 384)
 
 
+def _rows_and_full(batches: list[Batch]) -> list[tuple[int, int]]:
+    return [(b.rows, max(1, min(256, 8192 // b.length))) for b in batches]
+
+
 def test_plan_batches_fixed_shapes_cover_every_text_once() -> None:
     rng = np.random.default_rng(3)
     lengths = np.concatenate([rng.integers(2, 40, 900), rng.integers(40, 257, 60), [256, 2]])
@@ -130,7 +135,9 @@ def test_plan_batches_fixed_shapes_cover_every_text_once() -> None:
         full = max(1, min(256, 8192 // b.length))
         assert b.rows == full or (b.rows & (b.rows - 1) == 0 and b.rows < 2 * len(b.index))
     shapes = {(b.rows, b.length) for b in batches}
-    assert len(shapes) <= sum(max(1, min(256, 8192 // x)).bit_length() for x in buckets)
+    # per bucket: the full row count and the powers of two below it
+    assert len(shapes) <= sum(max(1, min(256, 8192 // x)).bit_length() + 1 for x in buckets)
+    assert all(rows == full or rows & (rows - 1) == 0 for rows, full in _rows_and_full(batches))
     with pytest.raises(ValueError, match="over the last bucket"):
         plan_batches(np.array([300]), buckets, 8192, 256)
 

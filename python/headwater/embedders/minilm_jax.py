@@ -13,8 +13,9 @@ Shapes are bounded so compilation happens a bounded number of times: texts are
 sorted by token count and each goes to the smallest *bucket length* that
 holds it (a few fixed lengths: powers of two and the midpoints between them,
 up to 256); a bucket's texts run in batches of a fixed number of rows
-(``batch_tokens // bucket length``) and the rest in power-of-two row counts.  So at most
-``len(buckets) * log2(rows)`` programs are compiled per process, each once.
+(``batch_tokens // bucket length``) and the rest in power-of-two row counts.  So
+a bucket has at most ``log2(rows) + 2`` row counts, and a process compiles
+each (rows, length) shape once.
 
 Matmuls run in float32 on the CPU backend and in bfloat16 (accumulating in
 float32) on an accelerator, chosen by ``jax.default_backend()``; layer norms,
@@ -36,7 +37,7 @@ import numpy.typing as npt
 
 from headwater.embedders.minilm import F32, MiniLMEmbedder, _Model
 
-__all__ = ["DEFAULT_BUCKETS", "MiniLMJaxEmbedder", "device_description", "plan_batches"]
+__all__ = ["DEFAULT_BUCKETS", "Batch", "MiniLMJaxEmbedder", "device_description", "plan_batches"]
 
 #: Token lengths a batch is padded to (the model's 256 is always added):
 #: powers of two and the midpoints 1.5 * 2**k between them.  On the 1,000
