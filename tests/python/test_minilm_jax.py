@@ -25,6 +25,7 @@ from headwater.embedders.minilm_jax import (
     DEFAULT_BUCKETS,
     Batch,
     MiniLMJaxEmbedder,
+    default_min_texts,
     device_description,
     matmul_dtype,
     plan_batches,
@@ -169,8 +170,10 @@ def test_bucket_lengths_end_at_the_model_limit(jax_minilm: MiniLMJaxEmbedder) ->
 def test_cpu_backend_runs_float32() -> None:
     import jax
 
+    assert MiniLMJaxEmbedder().min_texts == default_min_texts()
     if jax.default_backend() == "cpu":
         assert matmul_dtype() == np.float32 and device_description() == "cpu"
+        assert default_min_texts() == 4096
     else:
         assert matmul_dtype() == np.dtype("bfloat16")
         assert device_description().startswith(jax.devices()[0].platform)

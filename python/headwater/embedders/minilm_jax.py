@@ -37,7 +37,14 @@ import numpy.typing as npt
 
 from headwater.embedders.minilm import F32, MiniLMEmbedder, _Model
 
-__all__ = ["DEFAULT_BUCKETS", "Batch", "MiniLMJaxEmbedder", "device_description", "plan_batches"]
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "Batch",
+    "MiniLMJaxEmbedder",
+    "default_min_texts",
+    "device_description",
+    "plan_batches",
+]
 
 #: Token lengths a batch is padded to (the model's 256 is always added):
 #: powers of two and the midpoints 1.5 * 2**k between them.  On the 1,000
@@ -59,6 +66,18 @@ def device_description() -> str:
 def matmul_dtype() -> jnp.dtype:
     """float32 on the CPU backend, bfloat16 on an accelerator."""
     return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+
+
+def default_min_texts() -> int:
+    """Fewest texts a call must have to run in JAX rather than numpy.
+
+    4096 on the CPU backend (one chunk of the preprocessing pipeline):
+    there the bench's 1,000 TPC-H comments needed 17 shapes that took about
+    45 s to compile, against 8 s to run them and 14 s for numpy, so JAX
+    only pays off in a process that embeds several thousand strings; 256 on
+    an accelerator, where compiling is the same but running is far faster.
+    """
+    return 4096 if jax.default_backend() == "cpu" else 256
 
 
 # --------------------------------------------------------------------------- #
@@ -211,9 +230,8 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
     ``batch_tokens`` bounds the padded tokens of a batch, ``max_rows`` its rows;
     ``row_granule`` is :func:`plan_batches`' ``granule``.
     Calls with fewer than ``min_texts`` distinct new texts run the numpy
-    forward pass instead: compiling one shape takes seconds on a CPU, longer
-    than numpy takes for a few hundred short strings (a database's column
-    names and categories are such calls).
+    forward pass instead (default :func:`default_min_texts`): compiling one
+    shape takes seconds on a CPU, so JAX pays off there only on large calls.
     """
 
     def __init__(
@@ -222,13 +240,13 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
         batch_tokens: int = 8192,
         max_rows: int = 256,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
-        min_texts: int = 256,
+        min_texts: int | None = None,
         row_granule: int = 8,
     ) -> None:
         super().__init__(model_dir, batch_size=max_rows, max_batch_tokens=batch_tokens)
         if not buckets or any(b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive token lengths, got {list(buckets)}")
-        self.min_texts = min_texts
+        self.min_texts = default_min_texts() if min_texts is None else min_texts
         self.row_granule = row_granule
         self._bucket_request = tuple(sorted(set(buckets)))
         self._compiled: _Compiled | None = None
