@@ -106,6 +106,24 @@ def test_jax_matches_sentence_transformers(
     assert cos.min() >= 0.999
 
 
+def test_bfloat16_matmuls_stay_within_cosine_0999(
+    both: tuple[list[str], npt.NDArray[np.float32], npt.NDArray[np.float32]],
+    jax_minilm: MiniLMJaxEmbedder,
+) -> None:
+    """The accelerator's bfloat16 matmuls, run here on the CPU (texts of one shape)."""
+    texts, _, ref = both
+    _, lengths = jax_minilm._tokenize(texts)
+    short = [i for i in range(len(texts)) if lengths[i] <= 64]
+    bf16 = MiniLMJaxEmbedder(buckets=(64,), min_texts=0, row_granule=64, matmul="bfloat16")
+    assert bf16.matmul == np.dtype("bfloat16")
+    got = bf16._embed_unique([texts[i] for i in short])
+    cos = _cosine(got, ref[short])
+    print(f"\nbfloat16 jax vs numpy minilm: min cosine {cos.min():.6f}")
+    assert cos.min() >= 0.999
+    with pytest.raises(ValueError, match="matmul"):
+        MiniLMJaxEmbedder(matmul="float16")
+
+
 def test_jax_embed_is_float16_in_input_order(jax_minilm: MiniLMJaxEmbedder) -> None:
     texts = ["MAIL", "1-URGENT", "MAIL", ""]
     out = jax_minilm.embed(texts)

@@ -232,6 +232,7 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
     Calls with fewer than ``min_texts`` distinct new texts run the numpy
     forward pass instead (default :func:`default_min_texts`): compiling one
     shape takes seconds on a CPU, so JAX pays off there only on large calls.
+    ``matmul`` (``"float32"`` or ``"bfloat16"``) overrides :func:`matmul_dtype`.
     """
 
     def __init__(
@@ -242,12 +243,16 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         min_texts: int | None = None,
         row_granule: int = 8,
+        matmul: str | None = None,
     ) -> None:
         super().__init__(model_dir, batch_size=max_rows, max_batch_tokens=batch_tokens)
         if not buckets or any(b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive token lengths, got {list(buckets)}")
         self.min_texts = default_min_texts() if min_texts is None else min_texts
         self.row_granule = row_granule
+        if matmul not in (None, "float32", "bfloat16"):
+            raise ValueError(f"matmul must be 'float32' or 'bfloat16', got {matmul!r}")
+        self.matmul = jnp.dtype(matmul) if matmul is not None else matmul_dtype()
         self._bucket_request = tuple(sorted(set(buckets)))
         self._compiled: _Compiled | None = None
 
@@ -263,7 +268,7 @@ class MiniLMJaxEmbedder(MiniLMEmbedder):
             with self._lock:
                 if self._compiled is None:
                     fwd = functools.partial(_forward, heads=model.num_heads, eps=model.eps)
-                    self._compiled = _Compiled(_device_params(model, matmul_dtype()), jax.jit(fwd))
+                    self._compiled = _Compiled(_device_params(model, self.matmul), jax.jit(fwd))
         return self._compiled
 
     def _embed_unique(self, texts: list[str]) -> F32:
