@@ -191,7 +191,7 @@ def test_cpu_backend_runs_float32() -> None:
     assert MiniLMJaxEmbedder().min_texts == default_min_texts()
     if jax.default_backend() == "cpu":
         assert matmul_dtype() == np.float32 and device_description() == "cpu"
-        assert default_min_texts() == 4096
+        assert default_min_texts() == 2048
     else:
         assert matmul_dtype() == np.dtype("bfloat16")
         assert device_description().startswith(jax.devices()[0].platform)

@@ -71,13 +71,15 @@ def matmul_dtype() -> jnp.dtype:
 def default_min_texts() -> int:
     """Fewest texts a call must have to run in JAX rather than numpy.
 
-    4096 on the CPU backend (one chunk of the preprocessing pipeline):
-    there the bench's 1,000 TPC-H comments needed 17 shapes that took about
-    45 s to compile, against 8 s to run them and 14 s for numpy, so JAX
-    only pays off in a process that embeds several thousand strings; 256 on
-    an accelerator, where compiling is the same but running is far faster.
+    2048 on the CPU backend, half a chunk of the preprocessing pipeline (a
+    chunk's cache misses, de-duplicated, are one call, so a threshold at the
+    chunk size would almost never be met): there the bench's 1,000 TPC-H
+    comments needed 17 shapes that took about 45 s to compile, against 8 s
+    to run them and 14 s for numpy, so JAX pays off only in a process that
+    embeds several thousand strings; 256 on an accelerator, where compiling
+    costs the same but running is far faster.
     """
-    return 4096 if jax.default_backend() == "cpu" else 256
+    return 2048 if jax.default_backend() == "cpu" else 256
 
 
 # --------------------------------------------------------------------------- #
