@@ -26,6 +26,7 @@ from headwater.embedders.minilm_jax import (
     Batch,
     MiniLMJaxEmbedder,
     default_min_texts,
+    default_warm_after,
     device_description,
     matmul_dtype,
     plan_batches,
@@ -62,7 +63,9 @@ def numpy_minilm() -> MiniLMEmbedder:
 @pytest.fixture(scope="module")
 def jax_minilm() -> MiniLMJaxEmbedder:
     # one batch a bucket: rows padded to a power of two, no binary split
-    return MiniLMJaxEmbedder(buckets=(64,), batch_tokens=4096, min_texts=0, row_granule=64)
+    return MiniLMJaxEmbedder(
+        buckets=(64,), batch_tokens=4096, min_texts=0, warm_after=0, row_granule=64
+    )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,9 @@ def test_bfloat16_matmuls_stay_within_cosine_0999(
     texts, _, ref = both
     _, lengths = jax_minilm._tokenize(texts)
     short = [i for i in range(len(texts)) if lengths[i] <= 64]
-    bf16 = MiniLMJaxEmbedder(buckets=(64,), min_texts=0, row_granule=64, matmul="bfloat16")
+    bf16 = MiniLMJaxEmbedder(
+        buckets=(64,), min_texts=0, warm_after=0, row_granule=64, matmul="bfloat16"
+    )
     assert bf16.matmul == np.dtype("bfloat16")
     got = bf16._embed_unique([texts[i] for i in short])
     cos = _cosine(got, ref[short])
@@ -168,14 +173,21 @@ def test_small_calls_run_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     def compile_stub(self: MiniLMJaxEmbedder) -> None:
         raise Compiling
 
-    emb = MiniLMJaxEmbedder(min_texts=3)
     ran: list[list[str]] = []
     monkeypatch.setattr(MiniLMEmbedder, "_embed_unique", lambda self, t: ran.append(t))
     monkeypatch.setattr(MiniLMJaxEmbedder, "_get_compiled", compile_stub)
-    emb._embed_unique(["a", "b"])
+    emb = MiniLMJaxEmbedder(min_texts=3, warm_after=0)
+    emb._embed_unique(["a", "b"])  # a small call
     assert ran == [["a", "b"]]
     with pytest.raises(Compiling):
         emb._embed_unique(["a", "b", "c"])
+    ran.clear()
+    warming = MiniLMJaxEmbedder(min_texts=0, warm_after=5)
+    warming._embed_unique(["a", "b"])  # 2 given so far
+    warming._embed_unique(["c", "d"])  # 4
+    assert ran == [["a", "b"], ["c", "d"]]
+    with pytest.raises(Compiling):
+        warming._embed_unique(["e", "f"])  # 6: warm
 
 
 def test_bucket_lengths_end_at_the_model_limit(jax_minilm: MiniLMJaxEmbedder) -> None:
@@ -188,10 +200,11 @@ def test_bucket_lengths_end_at_the_model_limit(jax_minilm: MiniLMJaxEmbedder) ->
 def test_cpu_backend_runs_float32() -> None:
     import jax
 
-    assert MiniLMJaxEmbedder().min_texts == default_min_texts()
+    emb = MiniLMJaxEmbedder()
+    assert (emb.min_texts, emb.warm_after) == (default_min_texts(), default_warm_after())
     if jax.default_backend() == "cpu":
         assert matmul_dtype() == np.float32 and device_description() == "cpu"
-        assert default_min_texts() == 2048
+        assert (default_min_texts(), default_warm_after()) == (2048, 16384)
     else:
         assert matmul_dtype() == np.dtype("bfloat16")
         assert device_description().startswith(jax.devices()[0].platform)
