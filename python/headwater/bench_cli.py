@@ -26,6 +26,12 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return 0
     if a.sequence_lengths:
         return _bench_varlen(a)
+    if a.embedder:
+        from headwater.bench_embed import format_embed_bench, run_embed_bench
+
+        r = run_embed_bench(a.embedder, a.strings, a.rounds)
+        print(json.dumps(r) if a.json else format_embed_bench(r))
+        return 0
     threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     factors = [0 if f == "auto" else int(f) for f in a.pack_factors.split(",")] if a.pack_factors else None
     overrides: dict[str, Any] = {}
@@ -177,10 +183,11 @@ def add_bench(sub: Any) -> None:
         "the kernel allows, before timing; default: %(default)s)",
     )
     _add_comparison_args(pb)
-    _add_limit_args(pb)
-    _add_examples_args(pb)
-    _add_step_bench_args(pb)
-    _add_varlen_args(pb)
+    for add_args in (
+        _add_limit_args, _add_examples_args, _add_step_bench_args, _add_varlen_args,
+        _add_embed_bench_args,
+    ):
+        add_args(pb)
     pb.add_argument("--json", action="store_true", help="print one JSON object")
     pb.set_defaults(func=_cmd_bench)
 
@@ -238,6 +245,19 @@ def _add_limit_args(pb: argparse.ArgumentParser) -> None:
     pb.add_argument(
         "--seconds", type=float, default=20.0, help="with --memory-limit: seconds timed per run "
         "after the warm-up (default: %(default)s)",
+    )
+
+
+def _add_embed_bench_args(pb: argparse.ArgumentParser) -> None:
+    """``bench --embedder minilm``: JAX against numpy strings/s (:mod:`headwater.bench_embed`)."""
+    pb.add_argument(
+        "--embedder",
+        choices=["minilm"],
+        help="time the embedder instead: strings/s of its JAX and numpy forward passes on the "
+        "same TPC-H comments, alternating, best of --rounds",
+    )
+    pb.add_argument(
+        "--strings", type=int, default=1000, help="strings of --embedder (default: %(default)s)"
     )
 
 

@@ -317,6 +317,66 @@ def test_cache_first_open_races_between_processes(tmp_path: Path) -> None:
             assert len(stored) == workers
 
 
+class Toy384(ToyEmbedder):
+    """:class:`ToyEmbedder` standing in for the MiniLM model: same name and width."""
+
+    name = "minilm"
+    dim = 384
+
+
+def _tiny_db(root: Path, own: str, shared: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True)
+    notes = [f"{own} note {i}" for i in range(12)] + shared
+    n = len(notes)
+    table = pa.table(
+        {
+            "note_id": list(range(n)),
+            "body": notes,
+            "kind": [("open", "closed", "pending")[i % 3] for i in range(n)],
+            "score": [float(i % 7) for i in range(n)],  # a maskable column: a task
+        }
+    )
+    pq.write_table(table, root / "notes.parquet")
+    return root
+
+
+def test_databases_sharing_a_cache_dir_embed_each_string_once(
+    cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two databases preprocessed with one cache dir send a string to the model once.
+
+    The cache is content-addressed by (model name, text) and lives under the
+    cache dir, not under a database: the second database's run embeds only
+    its own strings.  The model is a toy here (the property is the cache's).
+    """
+    pytest.importorskip("headwater._native")
+    import headwater
+    from headwater import embedders
+
+    toy = Toy384()
+    monkeypatch.setattr(embedders, "minilm_embedder", lambda backend="auto": toy)
+    shared = [f"shared comment {i}: carefully regular deposits" for i in range(15)]
+    first = _tiny_db(tmp_path / "a", "alpha", shared)
+    second = _tiny_db(tmp_path / "b", "beta", shared)
+
+    headwater.preprocess(first, tmp_path / "out_a", embedder="minilm", progress=False)
+    seen_first = list(toy.seen)
+    toy.seen.clear()
+    headwater.preprocess(second, tmp_path / "out_b", embedder="minilm", progress=False)
+    seen_second = list(toy.seen)
+
+    assert set(shared) <= set(seen_first)
+    assert len(seen_first) == len(set(seen_first))  # each text once within a run
+    assert not set(seen_second) & set(seen_first)  # nothing twice across the runs
+    assert {f"beta note {i}" for i in range(12)} <= set(seen_second)
+    with sqlite3.connect(cache_root / "embeddings" / "minilm.sqlite") as conn:
+        (rows,) = conn.execute("SELECT count(*) FROM embeddings").fetchone()
+    assert rows == len(seen_first) + len(seen_second)
+
+
 # --------------------------------------------------------------------------- #
 # hash (native)
 # --------------------------------------------------------------------------- #

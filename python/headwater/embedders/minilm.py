@@ -371,20 +371,27 @@ class MiniLMEmbedder:
             batches.append(order[start:])
         return batches
 
-    def _embed_unique(self, texts: list[str]) -> F32:
+    def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], npt.NDArray[np.intp]]:
+        """Token ids of each text (truncated at ``max_seq_length``) and their counts."""
         model = self._get_model()
         # sentence-transformers strips surrounding whitespace before tokenising
         encodings = model.tokenizer.encode_batch(
             [t.strip() for t in texts], add_special_tokens=True
         )
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.intp, count=len(encodings))
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter((len(t) for t in ids), dtype=np.intp, count=len(ids))
+        return ids, lengths
+
+    def _embed_unique(self, texts: list[str]) -> F32:
+        model = self._get_model()
+        encodings, lengths = self._tokenize(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for idx in self._batches(lengths):
             seq = int(lengths[idx].max())
             ids = np.zeros((len(idx), seq), dtype=np.int64)
             mask = np.zeros((len(idx), seq), dtype=np.float32)
             for row, i in enumerate(idx):
-                tok = encodings[i].ids
+                tok = encodings[i]
                 ids[row, : len(tok)] = tok
                 mask[row, : len(tok)] = 1.0
             out[idx] = _encode_batch(model, ids, mask)
