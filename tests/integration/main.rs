@@ -16,6 +16,7 @@ mod layout;
 mod mixture;
 mod oracle;
 mod packing;
+mod past_stats;
 mod props;
 mod rank_store;
 mod resume;
