@@ -95,6 +95,25 @@ impl DatabaseWriter {
         self.stats_cutoff
     }
 
+    /// `end_table`'s row times pick the rows `set_row_times`' did (`past`,
+    /// kept for table `table` when a cutoff applies).
+    pub(super) fn check_same_past(
+        &self,
+        table: &str,
+        past: Option<&[u8]>,
+        row_time: &[i64],
+    ) -> Result<()> {
+        let (Some(past), Some(cutoff)) = (past, self.stats_cutoff) else {
+            return Ok(());
+        };
+        if rows_up_to(row_time, cutoff) == past {
+            return Ok(());
+        }
+        Err(Error::Preprocess(format!(
+            "table `{table}`: the row times given to end_table differ from those given to set_row_times (rows on the other side of the statistics cutoff {cutoff} µs)"
+        )))
+    }
+
     /// The rule `metadata.json` records.
     pub(super) fn stats_rule(&self) -> StatsRule {
         let (split_seed, split_ratios) = default_split();

@@ -288,14 +288,7 @@ impl DatabaseWriter {
             row_time.len(),
             n,
         )?;
-        if let (Some(past), Some(cutoff)) = (&past, self.stats_cutoff) {
-            if rows_up_to(row_time, cutoff) != *past {
-                return Err(Error::Preprocess(format!(
-                    "table `{}`: the row times given to end_table differ from those given to set_row_times (rows on the other side of the statistics cutoff {cutoff} µs)",
-                    spec.name
-                )));
-            }
-        }
+        self.check_same_past(&spec.name, past.as_deref(), row_time)?;
         let (len, sum) = writer.finish()?;
         let (fk_meta, fk_refs) = foreign_key_meta(&spec.name, n, foreign_keys)?;
         let table = TableMeta {
