@@ -42,14 +42,14 @@ impl Source {
             .collect();
         Source { times, x, stamp }
     }
+}
 
-    /// A task's target per seed (one seed per row, observed at the row's
-    /// time): the row's value, shifted where `scored` says the seed is.
-    fn labels(&self, shift: bool, scored: impl Fn(usize) -> bool) -> Vec<f64> {
-        (0..ROWS)
-            .map(|i| i as f64 + if shift && scored(i) { SHIFT } else { 0.0 })
-            .collect()
-    }
+/// A task's target per seed (one seed per row): the row's index, shifted
+/// where `scored` says the seed is (when `shift`).
+fn labels(shift: bool, scored: impl Fn(usize) -> bool) -> Vec<f64> {
+    (0..ROWS)
+        .map(|i| i as f64 + if shift && scored(i) { SHIFT } else { 0.0 })
+        .collect()
 }
 
 fn numerical<'a>(name: &str, values: &'a [f64], valid: &'a [u8]) -> ColumnInput<'a> {
@@ -136,16 +136,16 @@ fn build(dir: &std::path::Path, src: &Source, shift: bool, cutoff: Option<i64>) 
     // shifted. Task 1: stored split, its val/test labels shifted.
     let anchors: Vec<u32> = (0..ROWS as u32).collect();
     let early = vec![0i64; ROWS];
-    let hashed = src.labels(shift, |i| hash_scored(0, i));
+    let hashed = labels(shift, |i| hash_scored(0, i));
     w.add_task(task("hashed", &anchors, &early, &hashed, &ok, None))
         .unwrap();
     let codes: Vec<u8> = (0..ROWS).map(stored_code).collect();
-    let stored = src.labels(shift, |i| stored_code(i) != 0);
+    let stored = labels(shift, |i| stored_code(i) != 0);
     w.add_task(task("stored", &anchors, &early, &stored, &ok, Some(&codes)))
         .unwrap();
     // Task 2: hash split, observed at the rows' times; the labels of seeds
     // after the cutoff shifted.
-    let late = src.labels(shift, |i| i >= PAST);
+    let late = labels(shift, |i| i >= PAST);
     w.add_task(task("timed", &anchors, &src.times, &late, &ok, None))
         .unwrap();
     let z = |n: usize| vec![half::f16::ZERO; n * 4];

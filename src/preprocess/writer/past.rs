@@ -55,13 +55,13 @@ pub(super) struct SeedRule<'a> {
 impl SeedRule<'_> {
     /// Does seed `i`'s target feed the statistics?
     pub(super) fn counts(&self, i: usize) -> bool {
-        let train = match self.splits {
-            Some(codes) => Split::from_code(codes[i]) == Some(Split::Train),
-            None => {
-                let row = self.base + self.anchors[i];
-                split_of(self.task, row, self.split_seed, self.ratios) == Split::Train
-            }
+        let hashed = || {
+            let row = self.base + self.anchors[i];
+            split_of(self.task, row, self.split_seed, self.ratios) == Split::Train
         };
+        let train = self.splits.map_or_else(hashed, |codes| {
+            Split::from_code(codes[i]) == Some(Split::Train)
+        });
         let t = self.obs_time[i];
         train && (t == i64::MAX || self.cutoff.is_none_or(|c| t <= c))
     }
