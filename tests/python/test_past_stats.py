@@ -88,3 +88,23 @@ def test_a_shift_after_val_timestamp_is_in_no_statistic(
     assert main(["inspect", str(tmp_path / "shifted")]) == 0
     out = capsys.readouterr().out
     assert "statistics    rows dated up to 2024-02-15T00:00:00Z (the validation cutoff)" in out, out
+
+
+def test_a_database_written_before_the_rule_inspects_as_every_row() -> None:
+    from headwater.inspection import format_report, inspect
+
+    golden = Path(__file__).resolve().parents[1] / "data" / "golden_v1"
+    r = inspect(golden)
+    assert r["statistics"]["cutoff"] is None
+    assert "statistics    every row (written before the statistics rule)" in format_report(r)
+
+
+def test_val_timestamp_reads_as_utc_micros_and_a_bad_one_names_the_manifest() -> None:
+    from headwater.errors import SchemaError
+    from headwater.preprocessing.sources import _micros
+
+    want = (CUTOFF - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+    assert _micros(CUTOFF.date(), "m") == _micros("2024-02-15", "m") == want
+    assert _micros("2024-02-15T02:00:00+02:00", "m") == want
+    with pytest.raises(SchemaError, match=r"manifest\.yaml: val_timestamp: 'soon'"):
+        _micros("soon", "manifest.yaml: val_timestamp")
