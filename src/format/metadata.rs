@@ -394,4 +394,29 @@ impl Metadata {
     pub fn task_by_name(&self, name: &str) -> Option<&TaskMeta> {
         self.tasks.iter().find(|t| t.name == name)
     }
+
+    /// The tasks whose numerical target's statistics left out the val/test
+    /// seeds of another hash split than (`split_seed`, `ratios`): supplied
+    /// targets without stored splits, of which a sampler with those
+    /// settings scores some labels that fed the statistics. None in a
+    /// database written before the [`StatsRule`].
+    pub fn targets_split_otherwise(&self, split_seed: u64, ratios: [f64; 3]) -> Vec<&str> {
+        let Some(rule) = &self.stats_rule else {
+            return vec![];
+        };
+        if rule.split_seed == split_seed && rule.split_ratios == ratios {
+            return vec![];
+        }
+        let supplied = |k: &TaskMeta| {
+            self.columns
+                .get(k.target_column as usize)
+                .is_some_and(|c| c.slot.is_none())
+        };
+        self.tasks
+            .iter()
+            .filter(|k| !k.stored_splits && k.target_stype == SemanticType::Numerical)
+            .filter(|k| supplied(k))
+            .map(|k| k.name.as_str())
+            .collect()
+    }
 }

@@ -234,6 +234,16 @@ fn a_shift_after_the_cutoff_moves_no_statistic() {
     assert!((hashed.mean - mean_std(&train).0).abs() < 1e-9);
     let rule = past_b.stats_rule.as_ref().unwrap();
     assert_eq!(rule.cutoff_us, Some(CUTOFF));
+    // A run with the default split scores none of the labels the hash-split
+    // targets' statistics saw; one with another split seed is told which.
+    let c = SamplerConfig::default();
+    assert!(past_b
+        .targets_split_otherwise(c.split_seed, c.split_ratios)
+        .is_empty());
+    assert_eq!(
+        past_b.targets_split_otherwise(c.split_seed + 1, c.split_ratios),
+        ["hashed", "timed"]
+    );
     assert_eq!(all_b.stats_rule.as_ref().unwrap().cutoff_us, None);
     // Every row is still normalised, with the past's statistics.
     let d = Database::open(tmp.path().join("past_b")).unwrap();
@@ -283,6 +293,7 @@ fn databases_written_before_the_rule_open_without_it() {
         let d = Database::open(&dir).unwrap();
         let m = d.metadata();
         assert!(m.stats_rule.is_none(), "{}", dir.display());
+        assert!(m.targets_split_otherwise(7, [0.5, 0.25, 0.25]).is_empty());
         assert!(m.columns.iter().all(|c| c.stats.stats_count.is_none()));
     }
 }

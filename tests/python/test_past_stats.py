@@ -108,3 +108,32 @@ def test_val_timestamp_reads_as_utc_micros_and_a_bad_one_names_the_manifest() ->
     assert _micros("2024-02-15T02:00:00+02:00", "m") == want
     with pytest.raises(SchemaError, match=r"manifest\.yaml: val_timestamp: 'soon'"):
         _micros("soon", "manifest.yaml: val_timestamp")
+
+
+def test_a_sampler_splitting_otherwise_is_told_which_targets_saw_its_labels(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A query task (hash split): its target's statistics left out the
+    default split's val/test seeds, so a sampler with another split seed
+    warns, naming the task; one with the default does not."""
+    from headwater import _native
+    from headwater.cli import main
+
+    src = _folder(tmp_path / "src", shift=False, cutoff=False)
+    schema = tmp_path / "schema.toml"
+    schema.write_text(
+        '[[tasks]]\nname = "amount_x2"\nanchor_table = "events"\ntarget_stype = "numerical"\n'
+        'query = "SELECT event_id, NULL, amount * 2 FROM events"\n',
+        encoding="utf-8",
+    )
+    db = tmp_path / "db"
+    argv = ["preprocess", str(src), str(db), "--embedder", "hash", "--schema", str(schema)]
+    assert main(argv) == 0, capfd.readouterr().err
+    capfd.readouterr()
+    small = {"default_batch_size": 4, "default_sequence_length": 16}
+    for split_seed, warned in ((0, False), (1, True)):
+        with _native.Sampler(db, split_seed=split_seed, **small):
+            pass
+        err = capfd.readouterr().err
+        said = "task target(s) amount_x2 left out the val/test seeds of split_seed 0" in err
+        assert said == warned, (split_seed, err)
