@@ -4,6 +4,7 @@ contents, with a progress bar."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sys
@@ -58,6 +59,7 @@ def inspect(db_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "edges": meta["num_edges"],
         "tables": tables,
         "tasks": tasks,
+        "statistics": _statistics(meta.get("stats_rule")),
         "embeddings": {
             "column": [len(meta["columns"]), dim],
             "categorical": [meta["num_categorical_embeddings"], dim],
@@ -119,6 +121,25 @@ def _table_summary(meta: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _statistics(rule: dict[str, Any] | None) -> dict[str, Any]:
+    """Which rows the normalisation statistics come from (``stats_rule`` of
+    the metadata; a database written before the rule has none: every row)."""
+    if rule is None:
+        return {"rule": "every row (written before the statistics rule)", "cutoff": None}
+    cutoff = rule.get("cutoff_us")
+    when = None
+    if cutoff is not None:
+        t = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=cutoff)
+        when = t.isoformat().replace("+00:00", "Z")
+    seed, ratios = rule["split_seed"], rule["split_ratios"]
+    rows = f"rows dated up to {when} (the validation cutoff)" if when else "every row (no time split)"
+    targets = (
+        "task targets from their train seeds (the stored split, else split_seed "
+        f"{seed}, ratios {'/'.join(f'{r:g}' for r in ratios)})"
+    )
+    return {"rule": f"{rows}; {targets}", "cutoff": when, "split_seed": seed, "split_ratios": ratios}
+
+
 def _bytes(n: int) -> str:
     x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -146,6 +167,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"embedder      {r['embedder']['name']} (dim {r['embedder']['dim']})",
         f"rows          {r['rows']:,}   edges {r['edges']:,} (each way)",
         f"size on disk  {_bytes(r['bytes_on_disk'])}",
+        f"statistics    {r['statistics']['rule']}",
         "",
         f"{'table':<16} {'rows':>12} {'bytes':>10}  columns by type",
     ]

@@ -112,6 +112,32 @@ pub struct ColumnStats {
     pub min: f64,
     /// Largest non-null value.
     pub max: f64,
+    /// Non-null values the mean, std, min and max come from, where the
+    /// database's [`StatsRule`] left values out of them (rows after the
+    /// cutoff, a task's val/test labels); absent: every non-null value
+    /// (always so in databases written before the rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_count: Option<u64>,
+}
+
+/// Which rows the normalisation statistics (column stats, timestamp stats)
+/// come from: those a model may see before the earliest scored period.
+/// Absent in databases written before the rule (statistics of every row).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsRule {
+    /// Rows dated after this (µs since the epoch) feed no statistic: the
+    /// validation cutoff (RelBench: the dataset's `val_timestamp`). Rows of
+    /// tables without a time column, and undated rows, count. Absent: no
+    /// time split, every row counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cutoff_us: Option<i64>,
+    /// The hash split (`split_seed`) under which a supplied task target
+    /// without stored splits left its val/test seeds out of its statistics:
+    /// the sampler's default, as the sampler's own seed is not known when
+    /// the database is written.
+    pub split_seed: u64,
+    /// The split ratios (train, val, test) of that rule.
+    pub split_ratios: [f64; 3],
 }
 
 /// One column of the database, global across tables. Task target columns that
@@ -285,6 +311,10 @@ pub struct Metadata {
     pub num_categorical_embeddings: u64,
     /// Timestamp statistics.
     pub timestamp_stats: TimestampStats,
+    /// The rows the statistics come from; absent in databases written
+    /// before the rule (every row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_rule: Option<StatsRule>,
     /// Tables, in index order.
     pub tables: Vec<TableMeta>,
     /// Columns, in global index order.
@@ -363,5 +393,30 @@ impl Metadata {
     /// The task named `name`.
     pub fn task_by_name(&self, name: &str) -> Option<&TaskMeta> {
         self.tasks.iter().find(|t| t.name == name)
+    }
+
+    /// The tasks whose numerical target's statistics left out the val/test
+    /// seeds of another hash split than (`split_seed`, `ratios`): supplied
+    /// targets without stored splits, of which a sampler with those
+    /// settings scores some labels that fed the statistics. None in a
+    /// database written before the [`StatsRule`].
+    pub fn targets_split_otherwise(&self, split_seed: u64, ratios: [f64; 3]) -> Vec<&str> {
+        let Some(rule) = &self.stats_rule else {
+            return vec![];
+        };
+        if rule.split_seed == split_seed && rule.split_ratios == ratios {
+            return vec![];
+        }
+        let supplied = |k: &TaskMeta| {
+            self.columns
+                .get(k.target_column as usize)
+                .is_some_and(|c| c.slot.is_none())
+        };
+        self.tasks
+            .iter()
+            .filter(|k| !k.stored_splits && k.target_stype == SemanticType::Numerical)
+            .filter(|k| supplied(k))
+            .map(|k| k.name.as_str())
+            .collect()
     }
 }

@@ -20,6 +20,15 @@
 //! Rows of all tables share one global row-id space (`u32`): table `t` owns
 //! `[row_offset[t], row_offset[t] + num_rows[t])`, tables in metadata order.
 //!
+//! `metadata.json`'s optional `stats_rule` ([`StatsRule`]) says which rows
+//! the normalisation statistics come from: `cutoff_us`, the validation
+//! cutoff after which no row feeds a statistic (absent: no time split), and
+//! the `split_seed` / `split_ratios` under which a task target without
+//! stored splits left its val/test seeds out. A column whose statistics
+//! left values out records how many they came from (`stats.stats_count`).
+//! Both are absent in databases written before the rule (statistics of
+//! every row), which read as before.
+//!
 //! # Binary file header
 //!
 //! Every `.bin` file starts with this header (all integers little-endian):
@@ -166,7 +175,7 @@ pub use database::{Database, EmbeddingKind};
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};
 pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
-    TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
+    StatsRule, TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
 pub use page_cache::{memory_limit_bytes, PageCache};
 pub use split::Split;

@@ -1,4 +1,8 @@
-//! Column statistics, merged exactly across chunks (Chan et al.).
+//! Column statistics, merged exactly across chunks (Chan et al.), and the
+//! rule that picks the rows they come from: a column's mean, std, min and
+//! max are computed over the rows a model may see before the earliest
+//! scored period (the `counted` rows of [`column_stats`]); its counts cover
+//! every row. See docs/preprocessing.md, "Statistics from the past only".
 
 use crate::format::ColumnStats;
 
@@ -72,24 +76,35 @@ impl RunningStats {
     }
 }
 
-/// Statistics of `values` where `valid[i] != 0`; non-finite values count as null.
-pub fn column_stats(values: impl Iterator<Item = (f64, bool)>) -> (RunningStats, ColumnStats) {
+/// Statistics of a column: `values` yields `(value, present)` per row;
+/// absent and non-finite values count as null. `counted` picks the rows
+/// whose values feed the mean, std, min and max (`None`: every row), which
+/// then records how many did (`stats_count`); `count` and `null_count`
+/// always cover every row, as they describe the stored column.
+pub fn column_stats(
+    values: impl Iterator<Item = (f64, bool)>,
+    counted: Option<&dyn Fn(usize) -> bool>,
+) -> (RunningStats, ColumnStats) {
     let mut rs = RunningStats::default();
-    let mut nulls = 0u64;
-    for (x, ok) in values {
-        if ok && x.is_finite() {
-            rs.push(x);
-        } else {
+    let (mut nonnull, mut nulls) = (0u64, 0u64);
+    for (i, (x, ok)) in values.enumerate() {
+        if !(ok && x.is_finite()) {
             nulls += 1;
+            continue;
+        }
+        nonnull += 1;
+        if counted.is_none_or(|keep| keep(i)) {
+            rs.push(x);
         }
     }
     let cs = ColumnStats {
-        count: rs.count,
+        count: nonnull,
         null_count: nulls,
         mean: rs.mean,
         std: rs.std(),
         min: if rs.count > 0 { rs.min } else { 0.0 },
         max: if rs.count > 0 { rs.max } else { 0.0 },
+        stats_count: counted.map(|_| rs.count),
     };
     (rs, cs)
 }
@@ -121,10 +136,26 @@ mod tests {
 
     #[test]
     fn nan_counts_as_null() {
-        let (rs, cs) =
-            column_stats([(1.0, true), (f64::NAN, true), (3.0, true), (9.0, false)].into_iter());
+        let rows = [(1.0, true), (f64::NAN, true), (3.0, true), (9.0, false)];
+        let (rs, cs) = column_stats(rows.into_iter(), None);
         assert_eq!(rs.count, 2);
         assert_eq!(cs.null_count, 2);
         assert_eq!(cs.mean, 2.0);
+        assert_eq!(cs.stats_count, None, "no rule: every value counted");
+    }
+
+    #[test]
+    fn rows_left_out_feed_no_value_statistic_but_are_counted() {
+        let rows = [(1.0, true), (3.0, true), (1000.0, true), (f64::NAN, true)];
+        let past = |i: usize| i < 2;
+        let (rs, cs) = column_stats(rows.into_iter(), Some(&past));
+        let (_, only_past) = column_stats(rows[..2].iter().copied(), None);
+        assert_eq!(rs.count, 2);
+        assert_eq!((cs.count, cs.null_count), (3, 1), "counts cover every row");
+        assert_eq!(cs.stats_count, Some(2));
+        assert_eq!(
+            (cs.mean, cs.std, cs.min, cs.max),
+            (only_past.mean, only_past.std, only_past.min, only_past.max)
+        );
     }
 }

@@ -167,6 +167,24 @@ impl DatabaseWriter {
         py.detach(|| w.begin_table(spec)).map_err(to_py)
     }
 
+    /// Leave the rows dated after `cutoff_us` (µs since the epoch: the
+    /// validation cutoff) out of every statistic; before the first table.
+    fn set_stats_cutoff(&mut self, cutoff_us: i64) -> PyResult<()> {
+        self.w()?.set_stats_cutoff(cutoff_us).map_err(to_py)
+    }
+
+    /// The open table's row times, before its first column (with a
+    /// statistics cutoff they pick the rows its statistics come from).
+    fn set_row_times<'py>(
+        &mut self,
+        py: Python<'py>,
+        row_time: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<()> {
+        let row_time = slice(&row_time, "row_time")?;
+        let w = self.w()?;
+        py.detach(|| w.set_row_times(row_time)).map_err(to_py)
+    }
+
     /// Encode and write one column of the open table.
     #[pyo3(signature = (name, stype, source_type, inferred, values=None, valid=None, extra=None))]
     #[allow(clippy::too_many_arguments)]

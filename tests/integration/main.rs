@@ -17,6 +17,7 @@ mod memory;
 mod mixture;
 mod oracle;
 mod packing;
+mod past_stats;
 mod props;
 mod rank_store;
 mod resume;

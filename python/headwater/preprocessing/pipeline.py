@@ -178,12 +178,15 @@ def _preprocess(
     with phases.phase("keys", sum(counts[p.name] for p in plans if p.primary_key)):
         keys = _primary_keys(src, plans, counts)
     writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
+    if src.stats_cutoff_us is not None:
+        writer.set_stats_cutoff(src.stats_cutoff_us)
+        log(f"statistics from the rows up to {src.stats_cutoff_from} (the validation cutoff)")
     resuming = True
     by_name = {p.name: p for p in plans}
     with phases.phase("tables", total):
         bar = _row_bar("tables", total, progress)
         for i, plan in enumerate(plans):
-            fp = _fingerprint(plan, i, by_name)
+            fp = _fingerprint(plan, i, by_name, src.stats_cutoff_us)
             if resuming and writer.resume_table(fp):
                 # Re-derive stypes for task planning from the staged metadata.
                 _restore_stypes(writer, plan)

@@ -97,7 +97,10 @@ def _plan(src: Source, schema: Schema) -> list[TablePlan]:
 
 
 def _fingerprint(
-    plan: TablePlan, index: int, by_name: dict[str, TablePlan] | None = None
+    plan: TablePlan,
+    index: int,
+    by_name: dict[str, TablePlan] | None = None,
+    stats_cutoff_us: int | None = None,
 ) -> str:
     # Foreign keys are stored as row indices into the referenced tables, so a
     # staged table is only reusable while those tables (and their keys) are too.
@@ -117,4 +120,7 @@ def _fingerprint(
         "fks": parents,
         "declared": plan.declared,
     }
+    if stats_cutoff_us is not None:
+        # The column statistics come from the rows up to the cutoff.
+        doc["stats_cutoff_us"] = stats_cutoff_us
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -15,6 +15,7 @@ and temporal columns the source itself declares:
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import hashlib
 import json
 import os
@@ -63,6 +64,10 @@ class Source:
     tables: dict[str, SourceTable]
     tasks: list[SourceTask] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The validation cutoff (µs since the epoch; RelBench `val_timestamp`):
+    # rows dated after it feed no normalisation statistic. None: no time split.
+    stats_cutoff_us: int | None = None
+    stats_cutoff_from: str = ""  # where the cutoff came from, for the log
 
 
 def quote(name: str) -> str:
@@ -145,11 +150,32 @@ def _open_relbench(p: Path) -> Source:
             identity=_file_identity(f),
         )
     src = Source(path=p, kind="relbench", con=con, tables=tables)
+    if manifest.get("val_timestamp") is not None:
+        where = f"{p / 'manifest.yaml'}: val_timestamp"
+        src.stats_cutoff_us = _micros(manifest["val_timestamp"], where)
+        src.stats_cutoff_from = f"val_timestamp {manifest['val_timestamp']}"
     tasks_dir = p / "tasks"
     if tasks_dir.is_dir():
         for tdir in sorted(d for d in tasks_dir.iterdir() if d.is_dir()):
             _relbench_task(src, tdir)
     return src
+
+
+def _micros(value: Any, where: str) -> int:
+    """``value`` (a date, datetime or ISO 8601 string, as YAML gives it) in
+    µs since the epoch; a naive time is UTC, as naive timestamp columns are."""
+    if isinstance(value, dt.datetime):
+        d = value
+    elif isinstance(value, dt.date):
+        d = dt.datetime(value.year, value.month, value.day)
+    else:
+        try:
+            d = dt.datetime.fromisoformat(str(value))
+        except ValueError as e:
+            raise SchemaError(f"{where}: {value!r} is not an ISO 8601 date or time: {e}") from e
+    if d.tzinfo is not None:
+        d = d.astimezone(dt.UTC).replace(tzinfo=None)
+    return (d - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
 
 
 _RELBENCH_STYPES = {

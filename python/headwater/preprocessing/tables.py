@@ -90,21 +90,32 @@ def _add_table(
     for c, _ in plan.source.columns:
         plan.stypes[c], plan.reasons[c] = _column_stype(src, plan, c, c in key_cols, log)
     stored = sum(1 for st in plan.stypes.values() if st not in ("identifier", "ignored"))
+    # The row times go first: with a statistics cutoff only the rows dated at
+    # or before it feed the columns' statistics (held beside one column).
+    row_time = _row_times(src, plan, n)
     writer.begin_table(plan.name, n, plan.primary_key, plan.time_column, fingerprint, stored)
+    writer.set_row_times(row_time)
     for c, _ in plan.source.columns:
         _add_column(writer, src, plan, c, plan.stypes[c], plan.reasons[c] != "declared", n)
         _release_arrow_memory()
-    if plan.time_column:
-        where = f"table `{plan.name}` time column"
-        row_time, _, put, done = _into(n, np.int64, where, with_valid=False)
-        for chunk in _chunks(src.con, plan.name, plan.time_column):
-            put(_fill(_to_micros(chunk, where), I64_MIN, np.int64), None)
-        done()
-    else:
-        row_time = memory.column_array(n, np.int64)
-        row_time.fill(I64_MIN)
     fks = _foreign_keys(src, plan, keys, n, log)
     writer.end_table(row_time, fks)
+
+
+
+def _row_times(src: Source, plan: TablePlan, n: int) -> np.ndarray:
+    """The table's row times in µs (``I64_MIN`` where undated or without a
+    time column), a chunk at a time."""
+    if not plan.time_column:
+        row_time = memory.column_array(n, np.int64)
+        row_time.fill(I64_MIN)
+        return row_time
+    where = f"table `{plan.name}` time column"
+    row_time, _, put, done = _into(n, np.int64, where, with_valid=False)
+    for chunk in _chunks(src.con, plan.name, plan.time_column):
+        put(_fill(_to_micros(chunk, where), I64_MIN, np.int64), None)
+    done()
+    return row_time
 
 
 

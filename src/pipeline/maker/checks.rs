@@ -1,11 +1,50 @@
 //! Checks on the databases a sampler is made from, before any plan: one
 //! embedder across a mixture, distinct names, every task file intact (tasks
-//! are read whole), and errors that name their database.
+//! are read whole), and errors that name their database; a warning where a
+//! task target's statistics assumed other split settings than the run's.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use super::tracing_warn;
+use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::format::Database;
+
+/// The databases (content hash) and split seeds [`warn_stats_split`] has
+/// warned of in this process: a run that opens a sampler per evaluation
+/// says it once.
+static WARNED: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// Warn (rank 0, once per process, database and split seed) of each
+/// database whose hash-split task targets' statistics left out the val/test
+/// seeds of other split settings than `cfg`'s: some labels this run scores
+/// fed them (docs/preprocessing.md).
+pub(super) fn warn_stats_split(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) {
+    if cfg.rank != 0 {
+        return;
+    }
+    for (name, db) in dbs {
+        let m = db.metadata();
+        let tasks = m.targets_split_otherwise(cfg.split_seed, cfg.split_ratios);
+        let (Some(rule), false) = (&m.stats_rule, tasks.is_empty()) else {
+            continue;
+        };
+        let key = (db.content_hash().to_string(), cfg.split_seed);
+        let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+        if warned.contains(&key) {
+            continue;
+        }
+        warned.push(key);
+        tracing_warn(&format!(
+            "database `{name}`: the statistics of task target(s) {} left out the val/test seeds of split_seed {} with split_ratios {:?}; this run splits with split_seed {} and split_ratios {:?}, so some labels it scores fed them (docs/preprocessing.md, \"Statistics from the past only\")",
+            tasks.join(", "),
+            rule.split_seed,
+            rule.split_ratios,
+            cfg.split_seed,
+            cfg.split_ratios
+        ));
+    }
+}
 
 /// A mixture needs at least one database, one embedder (name and
 /// dimension), unique database names and intact task files.

@@ -16,7 +16,7 @@ use std::time::Instant;
 use half::f16;
 use rayon::prelude::*;
 
-use super::checks::{check_mixture, in_database};
+use super::checks::{check_mixture, in_database, warn_stats_split};
 use super::derive;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
@@ -178,6 +178,7 @@ impl SamplerCore {
         }
         cfg.validate(Some(&task_names))?;
         let reads = super::memory::plan_reads(&dbs, &cfg);
+        warn_stats_split(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;

@@ -176,14 +176,22 @@ fn check_lengths(what: &str, n: usize, data: &ColumnData<'_>) -> Result<()> {
 impl DatabaseWriter {
     /// The first pass over a column: checks its lengths and values, computes
     /// its statistics, and fixes its [`Encoding`] (interning a text
-    /// dictionary). Nothing per row is kept; [`Encoding::write`] is the
-    /// second pass.
-    pub(super) fn scan(&mut self, what: &str, n: usize, data: &ColumnData<'_>) -> Result<Scanned> {
+    /// dictionary). `counted` picks the rows whose values feed the mean,
+    /// std, min and max (`None`: every row; see `past.rs`). Nothing per row
+    /// is kept; [`Encoding::write`] is the second pass, which normalises
+    /// every row with these statistics.
+    pub(super) fn scan(
+        &mut self,
+        what: &str,
+        n: usize,
+        data: &ColumnData<'_>,
+        counted: Option<&dyn Fn(usize) -> bool>,
+    ) -> Result<Scanned> {
         check_lengths(what, n, data)?;
         Ok(match data {
             ColumnData::Unstored => unreachable!("unstored columns are not encoded"),
             ColumnData::Numerical { values, valid } => {
-                let (rs, stats) = column_stats(values.iter().copied().zip(present(valid)));
+                let (rs, stats) = column_stats(values.iter().copied().zip(present(valid)), counted);
                 Scanned {
                     encoding: Encoding::Numerical {
                         mean: rs.mean,
@@ -195,7 +203,7 @@ impl DatabaseWriter {
             }
             ColumnData::Boolean { values, valid } => {
                 let as_f64 = values.iter().map(|&x| (x != 0) as u8 as f64);
-                let (_, stats) = column_stats(as_f64.zip(present(valid)));
+                let (_, stats) = column_stats(as_f64.zip(present(valid)), counted);
                 Scanned {
                     encoding: Encoding::Boolean,
                     stats,
@@ -204,7 +212,7 @@ impl DatabaseWriter {
             }
             ColumnData::Timestamp { values, valid } => {
                 let as_f64 = values.iter().map(|&x| x as f64);
-                let (rs, stats) = column_stats(as_f64.zip(present(valid)));
+                let (rs, stats) = column_stats(as_f64.zip(present(valid)), counted);
                 Scanned {
                     encoding: Encoding::Timestamp,
                     stats,

@@ -6,6 +6,9 @@
 //! - `columns.rs`: a column's two passes: the scan (lengths, values,
 //!   statistics, the encoding, text interning) and the streamed write of its
 //!   values and validity sections, shared by table columns and task targets;
+//! - `past.rs`: which rows feed the statistics (the validation cutoff, a
+//!   task's val/test seeds left out) and the
+//!   [`StatsRule`](crate::format::StatsRule) that records it;
 //! - `tables.rs`: `tables/<t>.bin`, fed one column at a time
 //!   (`begin_table` / `add_column` / `end_table`), and each finished
 //!   table's restart record in `parts/`;
@@ -44,6 +47,7 @@ mod columns;
 mod embeddings;
 mod graph_file;
 mod input;
+mod past;
 mod resume;
 mod tables;
 mod tasks;
@@ -74,6 +78,8 @@ pub struct DatabaseWriter {
     texts: TextTable,
     cat_strings: Vec<String>,
     ts_stats: RunningStats,
+    /// Rows dated after this (µs) feed no statistic (`set_stats_cutoff`).
+    stats_cutoff: Option<i64>,
     resumed: usize,
     /// The table between `begin_table` and `end_table`.
     open: Option<OpenTable>,
@@ -170,6 +176,7 @@ impl DatabaseWriter {
             texts,
             cat_strings: vec![],
             ts_stats: RunningStats::default(),
+            stats_cutoff: None,
             resumed: 0,
             open: None,
         })
@@ -252,6 +259,7 @@ impl DatabaseWriter {
                 std_us: self.ts_stats.scale(),
                 count: self.ts_stats.count,
             },
+            stats_rule: Some(self.stats_rule()),
             tables: std::mem::take(&mut self.tables),
             columns: std::mem::take(&mut self.columns),
             tasks: std::mem::take(&mut self.tasks),

@@ -3,6 +3,10 @@
 //! (row times, each foreign key's parent rows, the text values it added)
 //! and `parts/<t>.json`, written last, which marks the table complete.
 //!
+//! With a statistics cutoff, a table with a time column gets its row times
+//! before its first column ([`DatabaseWriter::set_row_times`]): one bit per
+//! row says which rows feed its columns' statistics (see `past.rs`).
+//!
 //! Invariants: only one table is open at a time and only one of its columns
 //! is held; a column that fails discards the open table and releases the
 //! column, category and text indices it allocated. Never: write a restart
@@ -12,6 +16,7 @@ use std::collections::HashSet;
 use std::fs;
 
 use super::columns::stream_values;
+use super::past::rows_up_to;
 use super::resume::TablePart;
 use super::{
     check_len, check_name, digest, io, parent_row, ColumnData, ColumnInput, DatabaseWriter,
@@ -19,7 +24,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::format::{
-    FileKind, FileWriter, ForeignKeyMeta, MappedFile, Section, SemanticType, TableMeta,
+    bit, FileKind, FileWriter, ForeignKeyMeta, MappedFile, Section, SemanticType, TableMeta,
     UnstoredColumn,
 };
 use crate::preprocess::stats::RunningStats;
@@ -38,10 +43,14 @@ pub(super) struct OpenTable {
     unstored: Vec<UnstoredColumn>,
     ts_table: RunningStats,
     seen: HashSet<String>,
+    /// With a statistics cutoff and a time column: one bit per row, set
+    /// where the row feeds the statistics (`set_row_times`).
+    past: Option<Vec<u8>>,
 }
 
 impl DatabaseWriter {
     /// Add the next table in one call: [`begin_table`](Self::begin_table),
+    /// [`set_row_times`](Self::set_row_times),
     /// [`add_column`](Self::add_column) per column,
     /// [`end_table`](Self::end_table). Same bytes as the streamed calls.
     pub fn add_table(&mut self, input: TableInput<'_>) -> Result<()> {
@@ -54,6 +63,11 @@ impl DatabaseWriter {
             fingerprint: input.fingerprint,
             num_stored,
         })?;
+        if let Err(e) = self.set_row_times(input.row_time) {
+            let open = self.open.take().expect("begun above");
+            self.discard(open);
+            return Err(e);
+        }
         for c in input.columns {
             self.add_column(c)?;
         }
@@ -108,8 +122,37 @@ impl DatabaseWriter {
             unstored: vec![],
             ts_table: RunningStats::default(),
             seen: HashSet::new(),
+            past: None,
             spec,
         });
+        Ok(())
+    }
+
+    /// The open table's row times (µs, `i64::MIN` where undated), before its
+    /// first column: with a statistics cutoff and a time column, only rows
+    /// dated at or before the cutoff (and undated rows) feed its columns'
+    /// statistics. Without either, every row does and nothing is kept.
+    /// `end_table` must get the same times.
+    pub fn set_row_times(&mut self, row_time: &[i64]) -> Result<()> {
+        let cutoff = self.stats_cutoff;
+        let open = self
+            .open
+            .as_mut()
+            .ok_or_else(|| Error::Preprocess("set_row_times: no table begun".into()))?;
+        let name = &open.spec.name;
+        if !open.seen.is_empty() {
+            return Err(Error::Preprocess(format!(
+                "table `{name}`: row times given after its first column; give them before"
+            )));
+        }
+        check_len(
+            &format!("table `{name}` row times"),
+            row_time.len(),
+            open.spec.num_rows,
+        )?;
+        open.past = cutoff
+            .filter(|_| open.spec.time_column.is_some())
+            .map(|c| rows_up_to(row_time, c));
         Ok(())
     }
 
@@ -170,7 +213,17 @@ impl DatabaseWriter {
                 open.spec.num_stored
             )));
         }
-        let enc = self.scan(&what, open.spec.num_rows, &c.data)?;
+        if let (Some(tc), Some(cutoff), None) =
+            (&open.spec.time_column, self.stats_cutoff, &open.past)
+        {
+            return Err(Error::Preprocess(format!(
+                "{what}: the database has a statistics cutoff ({cutoff} µs) and the table a time column `{tc}`: give its row times (set_row_times) before its first column"
+            )));
+        }
+        let past = open.past.as_deref();
+        let counted = past.map(|m| move |i: usize| bit(m, i));
+        let counted = counted.as_ref().map(|f| f as &dyn Fn(usize) -> bool);
+        let enc = self.scan(&what, open.spec.num_rows, &c.data, counted)?;
         enc.encoding
             .write(&mut open.writer, open.spec.num_rows, &c.data)?;
         if let Some(ts) = &enc.ts {
@@ -218,6 +271,7 @@ impl DatabaseWriter {
             unstored,
             ts_table,
             spec,
+            past,
             ..
         } = open;
         let n = spec.num_rows;
@@ -234,6 +288,7 @@ impl DatabaseWriter {
             row_time.len(),
             n,
         )?;
+        self.check_same_past(&spec.name, past.as_deref(), row_time)?;
         let (len, sum) = writer.finish()?;
         let (fk_meta, fk_refs) = foreign_key_meta(&spec.name, n, foreign_keys)?;
         let table = TableMeta {

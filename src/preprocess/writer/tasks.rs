@@ -3,7 +3,8 @@
 //!
 //! Invariants: a task's anchors are global row ids of its anchor table, its
 //! observation times are `i64::MAX` for a non-temporal seed, and a supplied
-//! target becomes a virtual column of the anchor table. Never: hold a
+//! target becomes a virtual column of the anchor table, whose statistics
+//! come from its train seeds up to the cutoff (`past.rs`). Never: hold a
 //! per-seed array; every section is streamed a chunk of seeds at a time.
 
 use super::columns::stream_values;
@@ -177,6 +178,10 @@ impl DatabaseWriter {
         let t = self.check_task_rows(&input)?;
         let tm = self.tables[t].clone();
         let n = input.anchor_rows.len();
+        let k = self.tasks.len();
+        // The target's statistics leave out the val/test seeds and those
+        // observed after the cutoff (`past.rs`).
+        let rule = self.seed_rule(k as u32, tm.row_offset as u32, &input);
         let TaskTarget::Values { stype, data } = input.target;
         if !stype.is_target() {
             return Err(Error::Preprocess(format!(
@@ -184,7 +189,8 @@ impl DatabaseWriter {
                 stype.name()
             )));
         }
-        let enc = self.scan(&format!("task `{name}` target"), n, &data)?;
+        let counted = |i: usize| rule.counts(i);
+        let enc = self.scan(&format!("task `{name}` target"), n, &data, Some(&counted))?;
         let categories = match &data {
             ColumnData::Categorical { categories, .. } => categories.clone(),
             _ => vec![],
@@ -200,7 +206,6 @@ impl DatabaseWriter {
             enc.stats.clone(),
             categories,
         );
-        let k = self.tasks.len();
         let meta = TaskMeta {
             idx: k as u32,
             name,
