@@ -164,7 +164,7 @@ pub static FIELDS: &[FieldDoc] = &[
         name: "memory_budget",
         ty: "int | None",
         range: "None or an integer in 2^20..=2^64-1 (1 MiB or more)",
-        doc: "bytes of memory, page cache included, the sampler plans its reads for (None = the memory cgroup's limit, else the host's memory); databases larger than it are read without read-ahead",
+        doc: "bytes of memory, page cache included, the sampler plans its reads for (None = the memory cgroup's limit, else the host's memory); databases more than 1.1 times larger are read without read-ahead",
     },
     FieldDoc {
         name: "verify",

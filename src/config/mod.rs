@@ -151,7 +151,7 @@ pub struct SamplerConfig {
     /// Bytes of memory, page cache included, the sampler plans its reads
     /// for; `None` = the memory cgroup's limit, else the host's memory
     /// ([`crate::format::memory_limit_bytes`]). Databases whose files add
-    /// up to more are read without read-ahead.
+    /// up to more than 1.1 times it are read without read-ahead.
     pub memory_budget: Option<u64>,
     /// What opening the database checks: `header` (O(metadata)) or `full`.
     pub verify: crate::format::Verify,

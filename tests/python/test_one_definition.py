@@ -50,7 +50,7 @@ BAD: dict[str, dict[str, Any]] = {
     "telemetry_databases": {"telemetry_databases": ["a", "a"]},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
-    "memory_budget": {"memory_budget": 1 << 20},
+    "memory_budget": {"memory_budget": 1 << 19},
     "verify": {"verify": "payload"},
     "page_cache": {"page_cache": "eager"},
     "temporal_filter": {"temporal_filter": "yes"},
