@@ -430,6 +430,13 @@ def test_mismatch_exits_non_zero(tmp_path: Path, tpch: Tpch) -> None:
             "culprit_rank 3 is outside",
         ),
         ('[[diag.expect]]\nsignal = "mix/tv_distance"\nbnd = [0, 1]\n', "unknown key `bnd`"),
+        ('host_dependent = ["nope"]\n', "diag.host_dependent: unknown signal 'nope'"),
+        ('host_dependent = "queue/wait_seconds"\n', "must be a list of signal names"),
+        (
+            'host_dependent = ["mix/tv_distance"]\n'
+            '[[diag.expect]]\nsignal = "mix/tv_distance"\nband = [0, 1]\n',
+            "'mix/tv_distance' is also declared in diag.expect",
+        ),
     ],
 )
 def test_bad_diag_sections_are_errors(tmp_path: Path, diag: str, message: str) -> None:

@@ -154,3 +154,25 @@ def test_masked_share_fires_on_mostly_masked_contexts_and_not_otherwise() -> Non
     lo, hi = sig.healthy
     assert stat(100.0) == pytest.approx(100 / 128) and stat(100.0) > hi
     assert lo <= stat(40.0) <= hi and stat(0.0) == 0.0
+
+
+def test_a_host_dependent_signal_passes_lit_or_unlit_and_says_so() -> None:
+    """Undeclared, a lit signal is a false positive; listed as
+    host-dependent it passes either way, and the report and matrix say so."""
+    import dataclasses
+
+    from headwater.diag.verdict import DiagResult, evaluate, format_matrix
+
+    data = rows()
+    base = {v.signal: v for v in evaluate(SPEC, data, CTX)}
+    lit = next(n for n, v in base.items() if v.lit)
+    unlit = next(n for n, v in base.items() if not v.lit)
+    assert not base[lit].ok and "false positive" in base[lit].why
+    spec = dataclasses.replace(SPEC, host_dependent=frozenset({lit, unlit}))
+    got = {v.signal: v for v in evaluate(spec, data, CTX)}
+    assert got[lit].ok and got[lit].why == "host-dependent: lit on this host"
+    assert got[unlit].ok and got[unlit].why == "host-dependent: unlit on this host"
+    others = [n for n in got if n not in (lit, unlit)]
+    assert [got[n].ok for n in others] == [base[n].ok for n in others]
+    matrix = format_matrix([DiagResult(spec, list(got.values()), Path("run"), [])])
+    assert matrix.split("\n")[1].split().count("host") == 2

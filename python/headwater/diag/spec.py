@@ -11,6 +11,12 @@ A ``[diag]`` section::
     band = [0.0, 0.01]               # the statistic's lit band
     culprit_rank = 1                 # optional
 
+A signal whose state depends on the host running the config (the share of
+a step spent waiting, on a loaded 2-core machine or an idle 64-core one)
+is listed in ``host_dependent = ["queue/wait_seconds"]`` instead: its run
+passes lit or unlit, and the report says which. A signal cannot be both
+declared and host-dependent.
+
 Owns: :class:`Expect`, :class:`DiagSpec` and :func:`load_spec` (every
 unknown key, ill-typed value and unknown signal is a ``ConfigError`` naming
 the file).
@@ -41,6 +47,7 @@ class DiagSpec:
     processes: int
     skip: int
     expect: dict[str, Expect]
+    host_dependent: frozenset[str] = frozenset()
 
 
 def _band(where: str, value: Any) -> tuple[float, float]:
@@ -92,7 +99,7 @@ def load_spec(path: str | Path, **overrides: Any) -> tuple[DiagSpec, Any]:
     cfg = load_config(path, **overrides)
     where = str(path)
     raw = dict(cfg.diag)
-    known = {"description", "processes", "skip", "expect"}
+    known = {"description", "processes", "skip", "expect", "host_dependent"}
     for k in raw:
         if k not in known:
             raise ConfigError(
@@ -110,4 +117,22 @@ def load_spec(path: str | Path, **overrides: Any) -> tuple[DiagSpec, Any]:
     desc = raw.get("description", "")
     if not isinstance(desc, str):
         raise ConfigError(f"{where}: `diag.description` must be a string")
-    return DiagSpec(Path(path), desc, processes, skip, expect), cfg
+    host = _host_dependent(where, raw.get("host_dependent", []), expect)
+    return DiagSpec(Path(path), desc, processes, skip, expect, host), cfg
+
+
+def _host_dependent(where: str, value: Any, expect: Mapping[str, Expect]) -> frozenset[str]:
+    """``diag.host_dependent``: known signals, none of them declared."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: `diag.host_dependent` must be a list of signal names")
+    for name in value:
+        if name not in SIGNALS:
+            raise ConfigError(
+                f"{where}: diag.host_dependent: unknown signal {name!r} "
+                f"(known: {', '.join(SIGNALS)})"
+            )
+        if name in expect:
+            raise ConfigError(
+                f"{where}: diag.host_dependent: signal {name!r} is also declared in diag.expect"
+            )
+    return frozenset(value)

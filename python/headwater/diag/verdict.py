@@ -5,7 +5,8 @@ A signal is *lit* when its statistic leaves the healthy band. A config
 passes when every signal it declares is lit inside its declared band (and,
 where it names one, the culprit rank is the one reported by the
 ``_argmin_rank`` / ``_argmax_rank`` sibling in most steps) and every other
-signal is unlit: false positives count as failures.
+signal is unlit: false positives count as failures, except for the signals
+the config lists as host-dependent, which pass either way (reported as such).
 
 The statistics read rank 0's ``metrics.jsonl`` (the cross-rank reduction,
 written by ``headwater train`` every step), so they see exactly what the
@@ -101,6 +102,8 @@ def evaluate(spec: DiagSpec, rows: Rows, ctx: Mapping[str, Any]) -> list[Verdict
         exp = spec.expect.get(name)
         culprit, share = _culprit(name, steady)
         ok, why = _judge(value, lit, exp, culprit, share)
+        if name in spec.host_dependent:
+            ok, why = True, f"host-dependent: {'lit' if lit else 'unlit'} on this host"
         band = exp.band if exp else None
         out.append(
             Verdict(name, value, sig.healthy, lit, exp is not None, band, culprit, share, ok, why)
@@ -170,7 +173,8 @@ class DiagResult:
 
 def format_matrix(results: Sequence[DiagResult]) -> str:
     """Pathology × signal: ``LIT`` declared and lit, ``miss`` declared but
-    unlit, ``FP`` lit but undeclared, ``.`` unlit and undeclared."""
+    unlit, ``FP`` lit but undeclared, ``host`` host-dependent (either
+    way), ``.`` unlit and undeclared."""
     names = list(SIGNALS)
     short = [n.split("/")[-1][:10] for n in names]
     width = max(len(r.spec.path.stem) for r in results) + 1
@@ -179,6 +183,8 @@ def format_matrix(results: Sequence[DiagResult]) -> str:
         cells = []
         for v in r.verdicts:
             cell = ("LIT" if v.lit else "miss") if v.expected else ("FP" if v.lit else ".")
+            if v.why.startswith("host-dependent"):
+                cell = "host"
             cells.append(f"{cell:>10}")
         lines.append(f"{r.spec.path.stem:<{width}}" + " ".join(cells) + ("" if r.ok else "  FAIL"))
     lines.append("columns: " + ", ".join(f"{s} = {n}" for s, n in zip(short, names, strict=True)))
