@@ -49,6 +49,8 @@ pub struct DrawReadings {
     /// `telemetry_databases`, or else one of the top
     /// `telemetry_top_databases`); else its seeds count as `other`.
     pub database_reported: bool,
+    /// Databases of the mixture dropped at open (`on_bad_database`).
+    pub dropped_databases: f64,
     /// Per reported database (schema order): its own pool and pick state.
     pub databases: Vec<DatabaseDraw>,
 }

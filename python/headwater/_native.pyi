@@ -242,6 +242,7 @@ class Sampler:
         database_weights: list[float] | dict[str, float] | None = None,
         telemetry_top_databases: int = 8,
         telemetry_databases: list[str] | tuple[str, ...] = (),
+        on_bad_database: str = "error",
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         memory_budget: int | None = None,

@@ -149,6 +149,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "databases of a mixture with their own telemetry series, in this order (replaces telemetry_top_databases when not empty); the rest are folded into aggregates",
     },
     FieldDoc {
+        name: "on_bad_database",
+        ty: "str",
+        range: "\"error\" or \"skip\"",
+        doc: "a database of a mixture that fails to open (missing, unreadable, bad header or checksum table): error fails the open naming it; skip drops it with one line naming it and why, shares its weight out among the others, counts it (databases/dropped) and records it in the saved state, so a resume drops it again",
+    },
+    FieldDoc {
         name: "num_threads",
         ty: "int | None",
         range: "None or an integer in 1..=1024",

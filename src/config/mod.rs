@@ -54,6 +54,18 @@ pub enum TaskMixing {
     Sequence,
 }
 
+/// What a mixture does with a database that fails to open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadDatabase {
+    /// Fail the open, naming the database and why.
+    #[default]
+    Error,
+    /// Drop it with one line naming it and why, and share its weight out
+    /// among the others (`databases/dropped`; a saved state remembers it).
+    Skip,
+}
+
 /// How tier-1 examples of an in-context context are ranked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -144,6 +156,9 @@ pub struct SamplerConfig {
     /// in this order; when non-empty the list replaces
     /// `telemetry_top_databases` (K = its length). Empty = the top K.
     pub telemetry_databases: Vec<String>,
+    /// A database of a mixture that fails to open: `error` (the open
+    /// fails) or `skip` (it is dropped and its weight shared out).
+    pub on_bad_database: OnBadDatabase,
     /// Threads in the sampler's pool; `None` = available parallelism.
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
@@ -272,6 +287,7 @@ impl Default for SamplerConfig {
             database_weights: None,
             telemetry_top_databases: 8,
             telemetry_databases: Vec::new(),
+            on_bad_database: OnBadDatabase::Error,
             num_threads: None,
             max_rss_bytes: None,
             memory_budget: None,

@@ -125,7 +125,7 @@ impl SamplerCore {
                 "metadata": meta,
             }));
         }
-        if self.dbs.len() > 1 {
+        if self.as_mixture {
             merged["tables"] = Value::Array(tables);
             merged["columns"] = Value::Array(columns);
             merged["tasks"] = Value::Array(tasks);
@@ -137,6 +137,13 @@ impl SamplerCore {
             merged["files"] = json!({});
         }
         merged["databases"] = Value::Array(described);
+        if !self.dropped.is_empty() {
+            merged["dropped_databases"] = self
+                .dropped
+                .iter()
+                .map(|d| json!({"name": d.name, "reason": d.reason}))
+                .collect();
+        }
         merged
     }
 }

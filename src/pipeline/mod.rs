@@ -153,7 +153,8 @@ impl Sampler {
         cfg: SamplerConfig,
         state: Option<&SamplerState>,
     ) -> Result<Sampler> {
-        let core = Arc::new(SamplerCore::open_mixture(paths, cfg)?);
+        let dropped = state.map_or(&[][..], |s| &s.dropped_databases[..]);
+        let core = Arc::new(SamplerCore::open_mixture_dropping(paths, cfg, dropped)?);
         Sampler::start_at(core, state)
     }
 

@@ -678,6 +678,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::Last(|r| r.batch.draw.database_remaining_fraction_worst),
     },
     MetricDef {
+        key: "databases/dropped",
+        reduction: Max,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_mixture_dropped_databases",
+        prometheus_type: Gauge,
+        unit: "databases",
+        help: "databases of the mixture dropped at open (on_bad_database = \"skip\"; their names are database_metadata()['dropped_databases'])",
+        measure: Measure::Last(|r| r.batch.draw.dropped_databases),
+    },
+    MetricDef {
         key: "databases/other_seeds",
         reduction: Sum,
         buckets: None,

@@ -170,8 +170,10 @@ def _database_mix() -> list[PanelBuilder]:
             "Database waits and TV distance",
             "Batches since the least recently picked weighted database was picked (cluster "
             "max; the worst database's mixture index as a pointer), per reported database, and "
-            "the TV distance of the recent database mix from the weights. Healthy: bounded, "
-            "flat; TV small. Pathological: a wait that grows with the run (starved database).",
+            "the TV distance of the recent database mix from the weights, and the databases "
+            "dropped at open (on_bad_database = skip). Healthy: bounded, flat; TV small; none "
+            "dropped. Pathological: a wait that grows with the run (starved database); a "
+            "dropped database (its name and reason in database_metadata()).",
             [
                 Q(across("databases/steps_since_pick_max"), "cluster max"),
                 Q(across("databases/steps_since_pick_worst"), "worst database index"),
@@ -180,6 +182,7 @@ def _database_mix() -> list[PanelBuilder]:
                     "{{database}}",
                 ),
                 Q(across("mix/database_tv_distance"), "database TV distance"),
+                Q(across("databases/dropped"), "dropped databases"),
             ],
             span=12,
         ),

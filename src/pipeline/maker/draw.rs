@@ -390,6 +390,7 @@ impl SamplerCore {
             }
         }
         t.database_reported = self.reported[self.tasks[k].db].is_some();
+        t.dropped_databases = self.dropped.len() as f64;
         t.databases.clear();
         for &d in &self.schema.database_ids {
             t.databases.push(DatabaseDraw {

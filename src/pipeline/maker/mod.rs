@@ -26,6 +26,7 @@ mod examples;
 mod masking;
 mod memory;
 mod mixing;
+mod open;
 mod plan;
 mod recall;
 mod shape;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 
 pub use draw::SplitState;
 pub use memory::ReadPlan;
+pub use open::DroppedDatabase;
 pub use plan::{MixtureDatabase, SamplerCore, MIX_WINDOW};
 
 pub(in crate::pipeline) use draw::BuildBuffers;

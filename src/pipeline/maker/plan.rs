@@ -11,13 +11,13 @@
 use crate::stalls::{StallConfig, StallWatch};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::checks::{check_mixture, in_database, warn_stats_split};
+use super::checks::{check_mixture, warn_stats_split};
 use super::derive;
+use super::open::database_names;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::format::Database;
@@ -120,37 +120,16 @@ pub struct SamplerCore {
     pub(super) rank_stores: Vec<crate::sampler::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::pipeline::inject::Hog>,
+    /// Named and reported as a mixture (more than one database given).
+    pub as_mixture: bool,
+    /// Databases of the mixture dropped at open (`on_bad_database`).
+    pub dropped: Vec<super::DroppedDatabase>,
 }
 
 impl SamplerCore {
     /// Open `db_path` and prepare sampling with `cfg` (validated here).
     pub fn new(db_path: impl AsRef<Path>, cfg: SamplerConfig) -> Result<Self> {
         Self::open_mixture(&[db_path.as_ref().to_path_buf()], cfg)
-    }
-
-    /// Open every database of `paths` (named by their folder names, made
-    /// unique with `#2`, `#3`, … when two are equal) and prepare sampling
-    /// the mixture with `cfg`. An open error names the database; the
-    /// databases opened before it are closed (their maps dropped) before
-    /// the error is returned.
-    pub fn open_mixture(paths: &[std::path::PathBuf], cfg: SamplerConfig) -> Result<Self> {
-        let t0 = Instant::now();
-        if paths.is_empty() {
-            return Err(Error::invalid(
-                "databases",
-                "a mixture needs at least one database".to_string(),
-            ));
-        }
-        let names = database_names(paths);
-        let mut dbs = Vec::with_capacity(paths.len());
-        for (name, path) in names.into_iter().zip(paths) {
-            let db = Database::open_for(path, cfg.verify, cfg.page_cache)
-                .map_err(|e| in_database(&name, e))?;
-            dbs.push((name, Arc::new(db)));
-        }
-        let mut core = Self::with_databases(dbs, cfg)?;
-        core.startup_seconds = t0.elapsed().as_secs_f64();
-        Ok(core)
     }
 
     /// Prepare sampling an already open database with `cfg` (validated here).
@@ -163,9 +142,21 @@ impl SamplerCore {
     /// database) with `cfg` (validated here). Every database must share the
     /// first one's embedder (name and dimension).
     pub fn with_databases(dbs: Vec<(String, Arc<Database>)>, cfg: SamplerConfig) -> Result<Self> {
+        let mixture = dbs.len() > 1;
+        Self::prepare(dbs, cfg, mixture)
+    }
+
+    /// [`with_databases`](Self::with_databases); `mixture`: named and
+    /// reported as a mixture even with one database (a mixture whose other
+    /// databases were dropped keeps its task names).
+    pub(super) fn prepare(
+        dbs: Vec<(String, Arc<Database>)>,
+        cfg: SamplerConfig,
+        as_mixture: bool,
+    ) -> Result<Self> {
         check_mixture(&dbs)?;
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
-        let single = dbs.len() == 1;
+        let single = !as_mixture;
         let mut task_names = Vec::new();
         for (name, db) in &dbs {
             for k in &db.metadata().tasks {
@@ -199,7 +190,8 @@ impl SamplerCore {
             })
             .build()
             .map_err(|e| Error::Worker(format!("cannot build the sampler thread pool: {e}")))?;
-        let (schema, reported) = mixture_schema(&cfg, listed, &task_names, &tasks, &mixture);
+        let (schema, reported) =
+            mixture_schema(&cfg, listed, &task_names, &tasks, &mixture, as_mixture);
         let stalls = StallWatch::start(StallConfig {
             stall_after_ms: cfg.stall_after_ms,
             dump_dir: cfg
@@ -217,6 +209,7 @@ impl SamplerCore {
             stalls,
             reported,
             dbs: mixture,
+            as_mixture,
             cfg,
             tasks,
             task_names,
@@ -230,6 +223,7 @@ impl SamplerCore {
             segment_slots: 1,
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
+            dropped: Vec::new(),
         };
         core.plan_packing();
         core.plan_examples()?;
@@ -363,7 +357,7 @@ impl SamplerCore {
     /// The mixture's identity: the content hash of a single database, or
     /// xxh3 of the databases' names and content hashes in order.
     pub fn content_hash(&self) -> String {
-        if let [one] = &self.dbs[..] {
+        if let ([one], false) = (&self.dbs[..], self.as_mixture) {
             return one.db.content_hash().to_string();
         }
         let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -503,9 +497,10 @@ pub(super) fn mixture_schema(
     task_names: &[String],
     tasks: &[TaskPlan],
     dbs: &[MixtureDatabase],
+    as_mixture: bool,
 ) -> (TelemetrySchema, Vec<Option<usize>>) {
     let (h, s) = (cfg.max_hops, cfg.max_sequence_length());
-    if dbs.len() == 1 {
+    if !as_mixture {
         return (TelemetrySchema::new(task_names, h, s), vec![Some(0)]);
     }
     let order = listed.unwrap_or_else(|| {
@@ -544,23 +539,6 @@ pub struct Concatenated {
 
 /// Unique names for the databases at `paths`: each folder's name (`db<i>`
 /// when it has none), `#2`, `#3`, … appended to repeats.
-fn database_names(paths: &[std::path::PathBuf]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(paths.len());
-    for (i, p) in paths.iter().enumerate() {
-        let base = p
-            .file_name()
-            .map_or_else(|| format!("db{i}"), |n| n.to_string_lossy().into_owned());
-        let mut name = base.clone();
-        let mut n = 1;
-        while out.contains(&name) {
-            n += 1;
-            name = format!("{base}#{n}");
-        }
-        out.push(name);
-    }
-    out
-}
-
 fn too_many(what: &str) -> Error {
     Error::invalid(
         "databases",

@@ -329,13 +329,15 @@ impl super::SamplerCore {
 
     /// The saved form of `streams` (split, stream, global pool sizes).
     pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
-        SamplerState::capture(
+        let mut state = SamplerState::capture(
             &self.content_hash(),
             &self.database_records(),
             self.stream_config(),
             self.task_names(),
             streams,
-        )
+        );
+        state.dropped_databases = self.dropped.iter().map(|d| d.name.clone()).collect();
+        state
     }
 
     /// The streams of `fresh`'s splits restored from `saved` (refusing an
@@ -367,6 +369,18 @@ impl super::SamplerCore {
         saved: &SamplerState,
         fresh: &[super::SplitState],
     ) -> Result<(Vec<StreamState>, Vec<String>)> {
+        let mine: Vec<&str> = self.dropped.iter().map(|d| d.name.as_str()).collect();
+        if saved.dropped_databases != mine {
+            return Err(crate::error::Error::State {
+                field: "dropped_databases".into(),
+                what: format!(
+                    "the state was taken with the databases {:?} dropped, this sampler dropped \
+                     {mine:?} (a state that drops databases is restored by opening a sampler \
+                     with it: Sampler(..., state=...))",
+                    saved.dropped_databases
+                ),
+            });
+        }
         saved.check(
             &self.content_hash(),
             &self.database_records(),

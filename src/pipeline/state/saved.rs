@@ -77,6 +77,11 @@ pub struct SamplerState {
     pub content_hash: String,
     /// The mixture's databases, in order (one for a single database).
     pub databases: Vec<DatabaseRecord>,
+    /// Databases of the mixture dropped at open (`on_bad_database =
+    /// "skip"`), by name: a resume drops them again (absent when none, so
+    /// states without drops are unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_databases: Vec<String>,
     /// [`StreamConfig::hash`] of `config`.
     pub config_hash: String,
     /// The stream keys the state was taken under.
@@ -176,6 +181,7 @@ impl SamplerState {
             version: STATE_VERSION,
             content_hash: content_hash.into(),
             databases: databases.to_vec(),
+            dropped_databases: Vec::new(),
             config_hash: config.hash(),
             config,
             tasks: tasks.to_vec(),
