@@ -243,6 +243,7 @@ class Sampler:
         telemetry_top_databases: int = 8,
         telemetry_databases: list[str] | tuple[str, ...] = (),
         on_bad_database: str = "error",
+        stage_dir: str | None = None,
         num_threads: int | None = None,
         max_rss_bytes: int | None = None,
         memory_budget: int | None = None,

@@ -155,6 +155,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "a database of a mixture that fails to open (missing, unreadable, bad header or checksum table): error fails the open naming it; skip drops it with one line naming it and why, shares its weight out among the others, counts it (databases/dropped) and records it in the saved state, so a resume drops it again",
     },
     FieldDoc {
+        name: "stage_dir",
+        ty: "str | None",
+        range: "None or a directory path",
+        doc: "node-local folder each database is copied to before it is read (once per host under a lock, verified by every checksum, marked `.staged`, resumed when cut off; a new snapshot is staged beside the old one); None: read in place",
+    },
+    FieldDoc {
         name: "num_threads",
         ty: "int | None",
         range: "None or an integer in 1..=1024",

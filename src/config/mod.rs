@@ -159,6 +159,10 @@ pub struct SamplerConfig {
     /// A database of a mixture that fails to open: `error` (the open
     /// fails) or `skip` (it is dropped and its weight shared out).
     pub on_bad_database: OnBadDatabase,
+    /// Node-local folder each database is copied to (verified, once per
+    /// host, resumable) and read from (`crate::format::stage`); `None`:
+    /// read in place.
+    pub stage_dir: Option<String>,
     /// Threads in the sampler's pool; `None` = available parallelism.
     pub num_threads: Option<usize>,
     /// Fail fast when the process RSS exceeds this many bytes.
@@ -288,6 +292,7 @@ impl Default for SamplerConfig {
             telemetry_top_databases: 8,
             telemetry_databases: Vec::new(),
             on_bad_database: OnBadDatabase::Error,
+            stage_dir: None,
             num_threads: None,
             max_rss_bytes: None,
             memory_budget: None,

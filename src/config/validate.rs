@@ -112,6 +112,9 @@ impl SamplerConfig {
                 return Err(bad("stall_after_ms", ms));
             }
         }
+        if self.stage_dir.as_deref() == Some("") {
+            return Err(bad("stage_dir", "\"\""));
+        }
         if self.stall_dump_dir.as_deref() == Some("") {
             return Err(bad("stall_dump_dir", "\"\""));
         }

@@ -166,6 +166,7 @@ mod header;
 mod metadata;
 mod page_cache;
 mod split;
+mod stage;
 mod verify;
 mod views;
 mod writer;
@@ -179,6 +180,7 @@ pub use metadata::{
 };
 pub use page_cache::{memory_limit_bytes, PageCache};
 pub use split::Split;
+pub use stage::{stage, Staged, STAGED_MARKER};
 pub use verify::{verify_database, Verify, VerifyReport};
 pub use views::{ColumnValues, ColumnView, EmbeddingRows, GraphView, TableView, TaskView};
 pub use writer::{align_up, FileWriter, Section};

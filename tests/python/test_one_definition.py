@@ -49,6 +49,7 @@ BAD: dict[str, dict[str, Any]] = {
     "telemetry_top_databases": {"telemetry_top_databases": 1025},
     "telemetry_databases": {"telemetry_databases": ["a", "a"]},
     "on_bad_database": {"on_bad_database": "ignore"},
+    "stage_dir": {"stage_dir": ""},
     "num_threads": {"num_threads": 0},
     "max_rss_bytes": {"max_rss_bytes": 0},
     "memory_budget": {"memory_budget": 1 << 19},

@@ -243,6 +243,14 @@ pub(super) fn tracing_warn(msg: &str) {
     }
 }
 
+/// A `tracing` info line; also on stderr when no subscriber is installed.
+pub(super) fn tracing_info(msg: &str) {
+    tracing::info!("{msg}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("headwater: {msg}");
+    }
+}
+
 pub(super) fn derive(seed: u64, parts: &[u64]) -> u64 {
     parts
         .iter()

@@ -10,7 +10,7 @@
 //! state that dropped it drops it again on resume, so a database that
 //! opens again later does not change what the resumed run delivers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,7 +69,7 @@ impl SamplerCore {
                 dropped.push(DroppedDatabase { name, reason });
                 continue;
             }
-            match Database::open_for(path, cfg.verify, cfg.page_cache) {
+            match open_one(path, &name, &cfg) {
                 Ok(db) => dbs.push((name, Arc::new(db))),
                 Err(e) if cfg.on_bad_database == OnBadDatabase::Skip => {
                     let reason = in_database(&name, e).to_string();
@@ -107,6 +107,27 @@ impl SamplerCore {
         core.startup_seconds = t0.elapsed().as_secs_f64();
         Ok(core)
     }
+}
+
+/// Open one database, staged first when `stage_dir` is set.
+fn open_one(path: &Path, name: &str, cfg: &SamplerConfig) -> Result<Database> {
+    let path = match &cfg.stage_dir {
+        None => path.to_path_buf(),
+        Some(dir) => {
+            let t0 = Instant::now();
+            let staged = crate::format::stage(path, Path::new(dir))?;
+            if staged.copied_bytes > 0 {
+                super::tracing_info(&format!(
+                    "staged database `{name}` ({:.1} MiB, verified) to {} in {:.1} s",
+                    staged.copied_bytes as f64 / 1_048_576.0,
+                    staged.path.display(),
+                    t0.elapsed().as_secs_f64()
+                ));
+            }
+            staged.path
+        }
+    };
+    Database::open_for(&path, cfg.verify, cfg.page_cache)
 }
 
 /// Remove the dropped databases `gone` (of the mixture `all`) from the keys
