@@ -14,9 +14,27 @@ from typing import Any
 from headwater.bench_cli import add_bench
 
 
+def _cmd_corpus(a: argparse.Namespace) -> int:
+    from headwater.preprocessing.corpus import format_corpus_report, parse_shard, preprocess_corpus
+
+    if a.schema or a.memory_limit or a.overwrite or a.embedder != "auto":
+        raise ValueError(
+            "with --corpus, --schema/--embedder/--memory-limit/--overwrite go in the corpus "
+            "manifest ([defaults] or each [[source]])"
+        )
+    shard = parse_shard(a.shard) if a.shard else None
+    r = preprocess_corpus(a.source, a.out_dir, shard=shard, fail_fast=a.fail_fast)
+    print(json.dumps(r, indent=2) if a.json else format_corpus_report(r))
+    return 1 if r["counts"]["failed"] else 0
+
+
 def _cmd_preprocess(a: argparse.Namespace) -> int:
     from headwater.preprocessing import preprocess
 
+    if a.corpus:
+        return _cmd_corpus(a)
+    if a.shard or a.fail_fast or a.json:
+        raise ValueError("--shard, --fail-fast and --json go with --corpus")
     if Path(a.out_dir).exists() and not a.overwrite:
         # The CLI's own wording: the flag, not preprocess()'s keyword.
         raise ValueError(f"out_dir {a.out_dir} already exists (add --overwrite to replace it)")
@@ -204,6 +222,23 @@ def _add_data_commands(sub: Sub) -> None:
         "preprocess()'s, 2GiB): DuckDB gets a third and spills past it to OUT_DIR.duckdb_tmp; "
         "columns are streamed in chunks",
     )
+    pp.add_argument(
+        "--corpus",
+        action="store_true",
+        help="SOURCE is a corpus manifest (TOML) or a directory of sources, OUT_DIR the output "
+        "root: one database per source and OUT_DIR/corpus.toml, a mixture file of them; "
+        "idempotent, resumable, a failing source reported and the rest built",
+    )
+    pp.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="with --corpus: build only shard I of N (0 <= I < N; sources dealt by size), e.g. "
+        "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT",
+    )
+    pp.add_argument(
+        "--fail-fast", action="store_true", help="with --corpus: stop at the first failed source"
+    )
+    pp.add_argument("--json", action="store_true", help="with --corpus: print the report as JSON")
     pp.set_defaults(func=_cmd_preprocess)
 
     pi = sub.add_parser("inspect", help="validate a database and summarise it")

@@ -143,6 +143,8 @@ def kind(lang: str, text: str, page: Path = README) -> str:
         return "toml-schema"
     if lang == "toml" and "[[database]]" in text:
         return "toml-mixture"
+    if lang == "toml" and "[[source]]" in text:
+        return "toml-corpus"
     if lang == "yaml" and "file_sd_configs" in text:
         return "prometheus-scrape"
     return {"mermaid": "diagram"}.get(lang, "unknown")
@@ -442,6 +444,24 @@ def test_mixture_file_block_opens_and_samples(tiny_db: Path, tmp_path: Path) -> 
     assert [d["name"] for d in meta["databases"]] == ["tpch", "stack"]
     assert [d["share"] for d in meta["databases"]] == [2 / 3, 1 / 3]
     assert int(b["db_idx"][0]) in (0, 1)
+
+
+def test_corpus_manifest_block_reads(tmp_path: Path) -> None:
+    """The preprocessing page's corpus manifest, its sources and schema
+    created empty: every source, name, weight and option as the page says."""
+    from headwater.preprocessing.corpus import read_corpus
+
+    text = _block("toml-corpus")
+    for rel in ("sources/shop.duckdb", "sources/library.sqlite", "schemas/shop.toml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    manifest = tmp_path / "corpus.toml"
+    manifest.write_text(text, encoding="utf-8")
+    shop, books = read_corpus(manifest)
+    assert (shop.name, shop.weight, shop.schema) == ("shop", 2.0, tmp_path / "schemas/shop.toml")
+    assert books.name == "books" and books.options == {
+        "embedder": "hash", "time_columns": "propose", "memory_limit": "512MiB"
+    }
 
 
 def test_python_telemetry_block_runs(tiny_db: Path, tmp_path: Path) -> None:

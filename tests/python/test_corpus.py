@@ -1,0 +1,135 @@
+"""`headwater preprocess --corpus`: a manifest of sources into one output
+root — every good source built (bytes identical to a lone `preprocess`),
+the broken ones reported with their errors and the rest finished, a rerun
+skipping what is done, shards whose union is the corpus, bad manifests
+refused before any work, and the corpus manifest opened as a mixture."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import TIME_SCHEMA, write_text
+
+import headwater
+from headwater.cli import main
+from headwater.mixture import open_sampler
+from headwater.preprocessing.corpus import (
+    parse_shard,
+    preprocess_corpus,
+    read_corpus,
+    shard_of,
+)
+
+SMALL = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
+
+
+def _corpus(root: Path, make_sqlite: Callable[[Path], Path]) -> Path:
+    src = root / "src"
+    src.mkdir()
+    first = make_sqlite(src / "shop.sqlite")
+    for name in ("store", "market"):
+        shutil.copy(first, src / f"{name}.sqlite")
+    (src / "empty.sqlite").write_bytes(b"")  # broken: not a database
+    write_text(root / "time.toml", TIME_SCHEMA)
+    entries = [
+        '[[source]]\npath = "src/shop.sqlite"\nschema = "time.toml"\nweight = 2',
+        '[[source]]\npath = "src/store.sqlite"\nschema = "time.toml"',
+        '[[source]]\npath = "src/empty.sqlite"',
+        '[[source]]\npath = "src/market.sqlite"\nname = "bazaar"\nschema = "time.toml"',
+    ]
+    manifest = root / "corpus.toml"
+    manifest.write_text('[defaults]\nembedder = "hash"\n\n' + "\n\n".join(entries) + "\n")
+    return manifest
+
+
+def _bytes(db: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(db)): p.read_bytes() for p in sorted(db.rglob("*")) if p.is_file()}
+
+
+def test_a_corpus_builds_reports_skips_and_opens_as_a_mixture(
+    tmp_path: Path, make_sqlite: Callable[[Path], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = _corpus(tmp_path, make_sqlite)
+    out = tmp_path / "out"
+    assert main(["preprocess", "--corpus", str(manifest), str(out)]) == 1  # one failed
+    table = capsys.readouterr().out
+    assert "3 done, 0 skipped (up to date), 1 failed" in table, table
+    report = json.loads((out / ".corpus" / "report.json").read_text())
+    status = {s["name"]: s["status"] for s in report["sources"]}
+    assert status == {"shop": "done", "store": "done", "empty": "failed", "bazaar": "done"}
+    failed = next(s for s in report["sources"] if s["name"] == "empty")
+    assert "empty" in failed["error"] and "0 bytes" in failed["error"], failed
+    assert not (out / "empty").exists() and not (out / "empty.partial").exists()
+    # Byte-identical to a lone preprocess of the same source.
+    alone = tmp_path / "alone"
+    headwater.preprocess(tmp_path / "src" / "store.sqlite", alone, schema=tmp_path / "time.toml",
+                         embedder="hash", progress=False)
+    assert _bytes(out / "store") == _bytes(alone)
+    # The corpus manifest is a mixture of the databases that are done.
+    with open_sampler(out / "corpus.toml", **SMALL) as s:
+        meta = s.database_metadata()
+        s.next_train_batch()
+    assert [d["name"] for d in meta["databases"]] == ["shop", "store", "bazaar"]
+    assert [d["share"] for d in meta["databases"]] == [0.5, 0.25, 0.25]
+    # A rerun skips what is done; the fixed source is then built.
+    before = (out / "shop" / "metadata.json").stat().st_mtime_ns
+    shutil.copy(tmp_path / "src" / "shop.sqlite", tmp_path / "src" / "empty.sqlite")
+    r = preprocess_corpus(manifest, out, progress=False)
+    assert r["counts"] == {"done": 1, "skipped": 3, "failed": 0, "not_run": 0}
+    assert (out / "shop" / "metadata.json").stat().st_mtime_ns == before
+    # A changed source is rebuilt.
+    (tmp_path / "time.toml").write_text(TIME_SCHEMA + "\n")
+    r = preprocess_corpus(manifest, out, progress=False)
+    assert r["counts"]["done"] == 3 and r["counts"]["skipped"] == 1  # empty has no schema
+
+
+def test_fail_fast_stops_at_the_first_failure(
+    tmp_path: Path, make_sqlite: Callable[[Path], Path]
+) -> None:
+    manifest = _corpus(tmp_path, make_sqlite)
+    r = preprocess_corpus(manifest, tmp_path / "out", fail_fast=True, progress=False)
+    assert [s["status"] for s in r["sources"]] == ["done", "done", "failed", "not_run"]
+
+
+def test_shards_deal_every_source_once_balanced_by_size(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, size in enumerate([50, 40, 30, 20, 10, 10, 5]):
+        (src / f"s{i}.sqlite").write_bytes(b"x" * size)
+    sources = read_corpus(src)
+    for n in range(1, 5):
+        shards = [shard_of(sources, (i, n)) for i in range(n)]
+        names = [s.name for sh in shards for s in sh]
+        assert sorted(names) == sorted(s.name for s in sources) and len(set(names)) == len(names)
+        loads = [sum(s.size() for s in sh) for sh in shards]
+        assert max(loads) - min(loads) <= 50, (n, loads)
+    assert parse_shard("1/4") == (1, 4)
+    for bad in ("3/2", "4/4", "-1/2", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_bad_manifests_are_refused_naming_the_entry(tmp_path: Path) -> None:
+    (tmp_path / "a.sqlite").write_bytes(b"x")
+
+    def refused(text: str, match: str, exc: type[Exception] = ValueError) -> None:
+        m = tmp_path / "m.toml"
+        m.write_text(text)
+        with pytest.raises(exc, match=match):
+            read_corpus(m)
+
+    refused('[[source]]\npath = "nope.sqlite"', r"\[\[source\]\] #1: source 'nope.sqlite' not found",
+            FileNotFoundError)
+    refused('[[source]]\npath = "a.sqlite"\n[[source]]\npath = "a.sqlite"',
+            "two sources have the output name 'a'")
+    refused('[[source]]\npath = "a.sqlite"\nname = "../up"', r"#1: output name '../up'")
+    refused('[[source]]\npath = "a.sqlite"\nname = "/abs"', r"#1: output name '/abs'")
+    refused('[[source]]\npath = "a.sqlite"\nwieght = 2', r"unknown key\(s\) \['wieght'\]")
+    refused('[[source]]\npath = "a.sqlite"\nschema = "s.toml"', "schema 's.toml' not found",
+            FileNotFoundError)
+    refused('[defaults]\nembeder = "hash"\n[[source]]\npath = "a.sqlite"', r"\[defaults\]")
+    assert main(["preprocess", "--shard", "0/2", str(tmp_path / "a.sqlite"), str(tmp_path / "o")]) == 2
