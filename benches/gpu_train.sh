@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU baseline of `headwater train` (issue 15, item 5 "GPU evidence"): the
+# GPU baseline of `headwater train` (the GPU evidence): the
 # CURRENT synchronous step loop, one process, one GPU, sampler on the host's
 # CPU threads. Run from the repository root on the GPU machine:
 #

@@ -140,7 +140,7 @@ fn benches(c: &mut Criterion) {
     });
 }
 
-/// A mixture of 500 tiny synthetic databases (issue 17's scale target):
+/// A mixture of 500 tiny synthetic databases (the mixture scale target):
 /// time to open it (every database's headers and metadata, warm page
 /// cache) and to make its first batch, its RSS, and the per-step cost of
 /// recording a batch and draining the bounded telemetry vector.

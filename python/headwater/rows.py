@@ -118,6 +118,8 @@ class SamplerConfigDict(TypedDict):
     database_weights: list[float] | dict[str, float] | None
     telemetry_top_databases: int
     telemetry_databases: list[str]
+    on_bad_database: str
+    stage_dir: str | None
     num_threads: int | None
     max_rss_bytes: int | None
     memory_budget: int | None

@@ -1,4 +1,4 @@
-//! Subgraphs → the batch tensors of seed 000 §3b.
+//! Subgraphs → the batch tensors of the batch layout (docs/sampling.md).
 //!
 //! Layout per sequence: the rows of the subgraph in BFS order, each row's
 //! cells in table column order; the seed row first, led by its target cell.

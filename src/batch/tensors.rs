@@ -1,5 +1,5 @@
 //! The batch tensors, defined once: name, dtype and shape rule of each of
-//! the 20 tensors of seed 000 §3b plus `fingerprint`, `seq_valid`, the
+//! the 20 tensors of the batch layout (docs/sampling.md) plus `fingerprint`, `seq_valid`, the
 //! four packing tensors and `db_idx`, in export order.
 //!
 //! The Python binding builds the batch dict by walking [`TENSORS`] over
@@ -151,8 +151,8 @@ pub struct TensorSpec {
     pub shape: Shape,
 }
 
-/// Every tensor of a batch dict, in export order: the 20 tensors of seed
-/// 000 §3b, then `fingerprint` (a hash of the step's identity, the task and
+/// Every tensor of a batch dict, in export order: the 20 tensors of the
+/// batch layout (docs/sampling.md), then `fingerprint` (a hash of the step's identity, the task and
 /// the drawn seeds, so an anomalous step can be identified and replayed)
 /// and `seq_valid` (1 for a real sequence, 0 for a padded one: only the last
 /// batch of an evaluation pass has padded sequences, which repeat a seed of
@@ -366,7 +366,7 @@ pub static TENSORS: &[TensorSpec] = &[
 /// How many [`TENSORS`] rows are the seed design's.
 const SEED_DESIGN_TENSORS: usize = 20;
 
-/// The 20 tensor names of seed 000 §3b (every [`TENSORS`] row but the
+/// The 20 tensor names of the batch layout (docs/sampling.md) (every [`TENSORS`] row but the
 /// fingerprint and the validity mask).
 pub fn batch_keys() -> Vec<&'static str> {
     TENSORS[..SEED_DESIGN_TENSORS]

@@ -1,7 +1,7 @@
 //! BFS from a seed row over foreign-key edges, with the time filter and
 //! width caps; per-worker scratch.
 //!
-//! Rules (SPEC §4): parents (F→P) first and without width cap; children
+//! Rules (docs/sampling.md): parents (F→P) first and without width cap; children
 //! (P→F) only when visible at the seed's observation time (their table has no
 //! time, or their time ≤ `obs_time`), then at most `bfs_child_width` of them,
 //! uniformly; closest hop first, ties broken at random; rows are added whole

@@ -1,4 +1,4 @@
-//! The layout rule of STYLE.md on the Rust sources: no `.rs` file under
+//! The layout rule of CONTRIBUTING.md on the Rust sources: no `.rs` file under
 //! `src/` is over 600 lines, except a named data table (long because it
 //! lists many rows, not because it holds logic), whose module doc says it
 //! is a data table. Function length is clippy's `too_many_lines`
@@ -13,7 +13,7 @@ const MAX_LINES: usize = 600;
 const DATA_TABLES: &[&str] = &["src/telemetry/rows.rs"];
 
 /// Files over the limit while their room is being split.
-// issue 31: being split
+// being split
 const BEING_SPLIT: &[&str] = &[];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -61,7 +61,7 @@ fn no_source_file_is_over_600_lines_unless_a_named_data_table() {
             }
         } else if !BEING_SPLIT.contains(&rel.as_str()) {
             problems.push(format!(
-                "{rel}: {lines} lines, over {MAX_LINES}: split it at its seams (STYLE.md), \
+                "{rel}: {lines} lines, over {MAX_LINES}: split it at its seams (CONTRIBUTING.md), \
                  or, if it is a data table, say so in its module doc and list it in DATA_TABLES"
             ));
         }

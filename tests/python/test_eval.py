@@ -1,4 +1,4 @@
-"""Evaluation passes and per-task metrics (issue 14).
+"""Evaluation passes and per-task metrics.
 
 The pass itself (seed coverage over ranks for any world size, padding,
 determinism, the training stream untouched) is also checked in Rust

@@ -1,4 +1,4 @@
-"""The Python telemetry hook (SPEC §5, issue 5): cross-rank reduction with JAX,
+"""The Python telemetry hook (docs/telemetry.md): cross-rank reduction with JAX,
 the in-step path, the W&B sink and ``StepHook``.
 
 * Multi-process: 2 and 4 CPU processes (``hook_worker.py``, one per rank,
@@ -167,7 +167,7 @@ def brute_force(
     schema: list[dict[str, Any]], drains: list[dict[str, float]]
 ) -> tuple[dict[str, float], set[str]]:
     """(reduced dict, keys whose sums are fractional) of per-rank drains
-    (``{}`` = the rank reported nothing), by the definitions in SPEC §5."""
+    (``{}`` = the rank reported nothing), by the definitions in docs/telemetry.md."""
     if not any(drains):
         return {}, set()
     out: dict[str, float] = {}

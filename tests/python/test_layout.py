@@ -1,5 +1,5 @@
-"""The Python package's layout bounds (STYLE.md, "One definition per concept";
-issue 31): no module of ``python/headwater`` over 600 lines, no function over
+"""The Python package's layout bounds (CONTRIBUTING.md, "Layout
+rules"): no module of ``python/headwater`` over 600 lines, no function over
 80 lines, and no import cycle between the package's modules.
 
 Read from the source with ``ast``, so it needs neither the compiled extension
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,6 +185,38 @@ def test_no_function_over_80_lines() -> None:
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(over)
 
 
+#: What cites a document that is not in the repository: design documents,
+#: their sections, issue numbers, the workspace beside the checkout.
+_OUTSIDE = re.compile(r"STYLE\.md|SPEC\.md|SPEC §|seed 0\d\d|§|\bissues? #?\d+\b|\.\./shared")
+_TEXT = {".rs", ".py", ".pyi", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt"}
+
+
+def _outside_refs(root: Path) -> list[str]:
+    out = []
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    for rel in tracked.stdout.split():
+        path = root / rel
+        if path.suffix not in _TEXT or not path.is_file() or rel == "tests/python/test_layout.py":
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                out.append(f"{rel}:{n}: {line.strip()}")
+    return out
+
+
+def test_no_reference_to_a_document_outside_the_repository() -> None:
+    """A reader can open everything the repository cites."""
+    assert _outside_refs(ROOT) == []
+
+
+def test_the_outside_reference_finder_finds_one(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text("# see issue 42 and seed 000 §3\nx = 1\n")
+    (tmp_path / "b.md").write_text("All here.\n")
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    assert _outside_refs(tmp_path) == ["a.py:1: # see issue 42 and seed 000 §3"]
+
+
 def test_no_import_cycles() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
@@ -202,7 +235,7 @@ def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:
 
 # The Rust sources: the same no-loop rule over `src/`, one node per file.
 RUST_SOURCE = ROOT / "src"
-# Rooms a room must never reach (STYLE.md, "Arrows point down"): the
+# Rooms a room must never reach (CONTRIBUTING.md, "Arrows point down"): the
 # measurement vocabulary imports nothing of the crate, `format` knows nothing
 # of sampling, `batch` and `telemetry` know nothing of each other.
 RUST_FORBIDDEN: dict[str, set[str]] = {

@@ -1,11 +1,11 @@
-"""Masked cells as extra targets (``mask_prob_max``, issue 32 item 2).
+"""Masked cells as extra targets (``mask_prob_max``).
 
 Sampler side: nothing changes by default; the masked share follows ``p ~
 U[0, mask_prob_max]``; masked cells are marked (``is_masked``,
 ``is_target``, ``mask_pos``) with their column's categorical window; the
 same at 1 and 2 threads; the per-sequence count in telemetry. Model side:
 a masked cell's value never reaches the hidden states, and the loss over a
-batch with masked cells equals a NumPy computation of §4g over every
+batch with masked cells equals a NumPy computation of the loss dispatch over every
 target, each with its own type and window.
 """
 
@@ -172,7 +172,7 @@ def test_a_masked_cells_value_never_reaches_the_model(db: Path, model: Any) -> N
 
 
 def _np_loss(out: dict[str, np.ndarray], b: dict[str, np.ndarray], cfg: Any) -> float:
-    """§4g by hand over every real target: the seed's (its sequence's type
+    """the loss dispatch by hand over every real target: the seed's (its sequence's type
     and window) and each masked cell's (its own type and column window)."""
     total, n, i = 0.0, 0, 0
     for q in range(B):

@@ -1,4 +1,4 @@
-"""Mixed-task batches (``task_mixing = "sequence"``, issue 32 item 3): each
+"""Mixed-task batches (``task_mixing = "sequence"``): each
 sequence draws its own task by the task weights, the per-sequence ``seq_*``
 tensors carry each sequence's target type and categorical window, and the
 model's decoder and loss dispatch per target.

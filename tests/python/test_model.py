@@ -1,6 +1,6 @@
 """The JAX relational transformer (``headwater.train.model``, ``headwater.train.optim``).
 
-Overfitting a fixed set of real sampler batches, the §4g loss dispatch
+Overfitting a fixed set of real sampler batches, the loss dispatch
 against a NumPy reference, NaN-free gradients on padding-heavy batches with
 null targets, no target leakage, attention masks against a brute-force NumPy
 construction, padding invisible to real cells, determinism, the ``pmean``
@@ -174,7 +174,7 @@ def test_muon_gets_hidden_matrices_adam_the_rest(setup: Setup) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Loss dispatch (§4g)
+# Loss dispatch (the loss dispatch)
 # ----------------------------------------------------------------------------
 
 

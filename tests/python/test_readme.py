@@ -48,8 +48,8 @@ from conftest import SmallData, _write_duckdb, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-#: The README and every page of the docs site.
-PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+#: The README, the contributor guide and every page of the docs site.
+PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: Pages written by ``python -m headwater.docs_gen`` (checked by test_docs).
 GENERATED = {
     ROOT / "docs" / "reference" / "metrics.md",

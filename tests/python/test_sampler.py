@@ -1,6 +1,6 @@
 """The Python ``Sampler`` (``headwater._native.Sampler``).
 
-Batch layout against the table of seed 000 §3b, zero-copy hand-over to NumPy,
+Batch layout against the table of the batch layout (docs/sampling.md), zero-copy hand-over to NumPy,
 cell values against the stored database, determinism, splits and rank shards,
 shutdown and lifecycle, faults (producer panic, RSS cap, Ctrl-C, fork),
 argument checking, metadata accessors and task picking.
@@ -40,7 +40,7 @@ from headwater import _native
 N: Any = _native
 
 # ----------------------------------------------------------------------------
-# The contract: seed 000 §3b, transcribed by hand from the seed document.
+# The contract: the batch layout (docs/sampling.md), transcribed by hand from the seed document.
 # ----------------------------------------------------------------------------
 
 LAYOUT: dict[str, tuple[tuple[str, ...], type[np.generic]]] = {
@@ -70,7 +70,7 @@ BS_KEYS = [k for k, (shape, _) in LAYOUT.items() if shape == ("B", "S")]
 
 def test_native_tensor_list_is_the_contract() -> None:
     """The one Rust list (`batch_tensors()`, behind `BATCH_KEYS` and the
-    binding's dict) against the hand transcription of seed 000 §3b."""
+    binding's dict) against the hand transcription of the batch layout (docs/sampling.md)."""
     got = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in N.batch_tensors()}
     want = {k: (shape, np.dtype(dt).name) for k, (shape, dt) in LAYOUT.items()}
     extra = {
@@ -124,7 +124,7 @@ def one_hot(k: int, n: int = len(TASK_NAMES)) -> list[float]:
 
 
 # ----------------------------------------------------------------------------
-# Reference timestamp encoding (SPEC §2: 7 sin/cos pairs + z-scored epoch)
+# Reference timestamp encoding (docs/format.md: 7 sin/cos pairs + z-scored epoch)
 # ----------------------------------------------------------------------------
 
 
@@ -451,12 +451,12 @@ def test_batch_has_exactly_the_contract_keys(small: SmallDb, closing: list[Any])
     s = sampler(small)
     closing.append(s)
     for batch in (s.next_train_batch(), s.next_val_batch()):
-        # The 20 keys of seed 000 §3b in order, then the telemetry fingerprint,
+        # The 20 keys of the batch layout (docs/sampling.md) in order, then the telemetry fingerprint,
         # the per-sequence validity mask (all 1 outside evaluation passes),
         # the packing tensors (one segment per sequence here), db_idx, the
         # per-sequence target tensors (mixed-task batches) and the masked
         # cells' (none here).
-        assert list(batch)[:20] == list(LAYOUT), "keys or key order differ from seed 000 §3b"
+        assert list(batch)[:20] == list(LAYOUT), "keys or key order differ from the batch layout (docs/sampling.md)"
         assert list(batch)[:20] == list(N.BATCH_KEYS)
         assert list(batch)[20:22] == ["fingerprint", "seq_valid"]
         assert list(batch)[22:] == [
@@ -1196,7 +1196,7 @@ def test_config_echoes_arguments(small: SmallDb, closing: list[Any]) -> None:
     assert {k: cfg[k] for k in kw} == {**kw, "split_ratios": [0.7, 0.2, 0.1]}
     assert s.num_threads == 2
     assert s.next_train_batch()["is_padding"].shape == (5, 33)
-    # Defaults: those of the signature (and of seed 000 §3a).
+    # Defaults: those of the signature (and of the sampler's documented defaults).
     d = N.Sampler(small.path)
     closing.append(d)
     defaults = {f["name"]: f["default"] for f in schema}

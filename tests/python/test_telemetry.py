@@ -1,4 +1,4 @@
-"""Step telemetry (SPEC §5): the drain API, the schema and the Prometheus exporter.
+"""Step telemetry (docs/telemetry.md): the drain API, the schema and the Prometheus exporter.
 
 Every metric is driven on a constructed case where its value follows from the
 data and the configuration, often exactly:
@@ -632,7 +632,7 @@ def test_histograms_sum_and_quantiles(small: SmallDb, closing: list[Any]) -> Non
 # Schema
 # ----------------------------------------------------------------------------
 
-# SPEC §5's table, plus the keys the implementation adds (named like their kind).
+# the telemetry table (docs/reference/metrics.md), plus the keys the implementation adds (named like their kind).
 SPEC_REDUCTIONS = {
     "pool/remaining_min": "MIN",
     "pool/remaining_max": "MAX",
@@ -906,7 +906,7 @@ def family(name: str) -> str:
 
 
 def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int, int]:
-    """(a, b, a*T + b): series per process from the schema, per SPEC §5's names."""
+    """(a, b, a*T + b): series per process from the schema, per the documented metric names."""
     per_hist = [
         len(schema_edges(schema, k)) + 2 for k in PROM_HISTS.values()
     ]  # buckets + sum + count

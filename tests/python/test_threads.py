@@ -1,4 +1,4 @@
-"""One ``Sampler`` used from several Python threads (issue 35, item 2).
+"""One ``Sampler`` used from several Python threads.
 
 The contract (docs/sampling.md, "Threads"): ``next_train_batch()`` /
 ``next_val_batch()`` deliver every batch of the stream exactly once and in

@@ -1,4 +1,4 @@
-"""Cross-rank reduction of the sampler's step telemetry (SPEC §5) with JAX.
+"""Cross-rank reduction of the sampler's step telemetry (docs/telemetry.md) with JAX.
 
 Every rank drains its sampler once per step
 (``Sampler.drain_step_metrics_packed(split)``: one ``float64`` vector in

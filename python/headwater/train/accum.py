@@ -1,4 +1,4 @@
-"""Gradient accumulation (seed 000 §10) for the train step of
+"""Gradient accumulation (docs/training.md) for the train step of
 :mod:`headwater.train.model`.
 
 ``grad_accum = G``: the batch's per-sequence tensors (leading dimension

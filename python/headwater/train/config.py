@@ -105,7 +105,7 @@ class TrainSection:
     #: copies to the device while it computes (:mod:`.prefetch`); 0 = off
     #: (the loop fetches each batch itself right after dispatching a step).
     device_prefetch: int = 2
-    #: Micro-batches per step (seed §10): the batch is split into this many,
+    #: Micro-batches per step (docs/training.md): the batch is split into this many,
     #: their gradients averaged, one optimiser update. Must divide the batch.
     grad_accum: int = 1
     #: Multi-process jobs: a rank whose heartbeat stops for this many

@@ -1,8 +1,8 @@
-"""A small relational transformer in plain JAX (seed 000 §4a–§4h, §7).
+"""A small relational transformer in plain JAX (docs/training.md, "The model").
 
 Owns: :class:`ModelConfig`, parameter init, the forward pass (value encoder →
 blocks of column / feature / neighbour attention + MLP → decoder heads on the
-target cell), the loss dispatch of §4g and the jitted train / eval steps. The
+target cell), the loss dispatch of the loss dispatch and the jitted train / eval steps. The
 attention masks and the attention itself are :mod:`headwater.train.attention`; the
 host → device conversion of sampler batches is :mod:`headwater.train.device`.
 
@@ -22,7 +22,7 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
   ``unit_rms(col_emb_table)[column_id] @ emb_proj[0]`` and ``type_emb[stype]``.
   Frozen tables are projected first and gathered after (``[V, d]`` instead of
   ``[B, S, D_t]`` work). Padding cells are encoded like any cell and are
-  never zeroed (§4e).
+  never zeroed .
 * **Blocks** (``num_layers``, weights stacked, ``lax.scan`` over layers): for each kind in ``attention`` a pre-norm
   (RMSNorm) residual attention sub-layer, then a pre-norm GELU MLP. Masks
   ``[B, S, S]`` are built once per forward pass from the batch: ``column``
@@ -49,13 +49,13 @@ Architecture (``d = d_model``, ``D_t`` = frozen embedding width):
   target, its sequence's ``seq_cat_emb_start``/``seq_cat_emb_count``, no
   recompilation per batch; never ``[N, C, d]`` at once, :mod:`.cat_head`),
   and null (BCE: is the target null?).
-* **Loss** (§4g): ``type_losses = stack([num, bool, ts, cat])``, each
+* **Loss** (the loss dispatch): ``type_losses = stack([num, bool, ts, cat])``, each
   target's row of ``one_hot(seq_target_stype, 4)`` times its column (a
   batch may mix tasks and target types, ``task_mixing = "sequence"``),
   ``mean(null_loss + (1 - is_null_at_target) * type_loss)`` over the real
   targets (every segment of every sequence, weighted equally).
 
-Numerics (§4e, §7): parameters are float32; value inputs, frozen tables and
+Numerics : parameters are float32; value inputs, frozen tables and
 activations are cast to ``compute_dtype`` (bfloat16 by default) at the
 encoder; norms, attention softmax and the heads' outputs run in float32.
 
@@ -106,7 +106,7 @@ NUM_STYPES = 5
 NUM_TARGET_STYPES = 4
 TIMESTAMP_DIM = 15
 
-#: The 20 batch tensors of seed 000 §3b, defined once in Rust.
+#: The 20 batch tensors of the batch layout (docs/sampling.md), defined once in Rust.
 BATCH_KEYS: tuple[str, ...] = tuple(_native.BATCH_KEYS)
 #: The packing tensors the model also reads (rows of the same Rust list):
 #: each cell's segment, each segment's target position and the segments
@@ -479,14 +479,14 @@ def forward(
 
 
 # ----------------------------------------------------------------------------
-# Loss (seed 000 §4g)
+# Loss (the loss dispatch (docs/training.md))
 # ----------------------------------------------------------------------------
 
 
 def compute_loss(
     outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array], cfg: ModelConfig
 ) -> tuple[jax.Array, Metrics]:
-    """The §4g loss and per-part means over the real targets (every segment)."""
+    """The the loss dispatch loss and per-part means over the real targets (every segment)."""
     pos = target_positions(batch)
     y_null = _at_target(batch["is_null"], pos).astype(jnp.float32)
     y_num = _at_target(batch["numeric_values"], pos).astype(jnp.float32)

@@ -1,4 +1,4 @@
-"""The optimiser of the relational transformer (seed 000 §4f).
+"""The optimiser of the relational transformer (docs/training.md).
 
 Owns: :class:`OptConfig`, the learning-rate schedules (linear warmup, then
 cosine decay to ``final_lr_fraction`` of the peak) and :func:`make_optimizer`,

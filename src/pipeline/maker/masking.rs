@@ -1,4 +1,4 @@
-//! Masked cells (`mask_prob_max > 0`, issue 32 item 2): each sequence of a
+//! Masked cells (`mask_prob_max > 0`): each sequence of a
 //! training batch draws `p` uniformly in `[0, mask_prob_max]` from its own
 //! key and masks each eligible cell with probability `p`, as an extra
 //! target: `is_target` and `is_masked` are set (the model hides a target's
