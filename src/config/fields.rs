@@ -384,6 +384,32 @@ pub fn bad(key: &str, value: impl std::fmt::Display) -> Error {
     Error::config_value(key, value.to_string(), what)
 }
 
+/// The known key closest to the unknown `key` in edit distance, when it
+/// is close enough to be a typo (at most a third of its length, at least 1).
+pub(super) fn closest(key: &str) -> Option<&'static str> {
+    let d = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    };
+    let limit = (key.chars().count() / 3).max(1);
+    FIELDS
+        .iter()
+        .map(|f| (d(key, f.name), f.name))
+        .filter(|&(dist, _)| dist <= limit)
+        .min()
+        .map(|(_, name)| name)
+}
+
 /// Every key, comma-separated (for the unknown-key error).
 pub(super) fn names() -> String {
     FIELDS.iter().map(|f| f.name).collect::<Vec<_>>().join(", ")

@@ -367,9 +367,10 @@ impl SamplerConfig {
             )
         })?;
         if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
+            let hint = fields::closest(k).map_or(String::new(), |c| format!("did you mean `{c}`? "));
             return Err(Error::config(
                 k.clone(),
-                format!("unknown sampler key; known keys: {}", names()),
+                format!("unknown sampler key; {hint}known keys: {}", names()),
             ));
         }
         serde_json::from_value(v.clone()).map_err(|_| {
@@ -443,5 +444,10 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let e = SamplerConfig::from_json(&serde_json::json!({"rank": 0, "bogus": 1})).unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+        assert!(!e.to_string().contains("did you mean"), "{e}");
+        let e = SamplerConfig::from_json(&serde_json::json!({"num_thread": 2})).unwrap_err();
+        assert!(e.to_string().contains("did you mean `num_threads`?"), "{e}");
+        let e = SamplerConfig::from_json(&serde_json::json!({"task_weigths": [1]})).unwrap_err();
+        assert!(e.to_string().contains("did you mean `task_weights`?"), "{e}");
     }
 }

@@ -274,8 +274,10 @@ def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
 # ----------------------------------------------------------------------------
 
 BAD_CONFIGS = [
-    ("[modle]\nd_model = 8\n", "`modle`"),
-    ("[model]\ndmodel = 8\n", "`model.dmodel`"),
+    ("[modle]\nd_model = 8\n", "`modle` (did you mean `model`?)"),
+    ("[model]\ndmodel = 8\n", "`model.dmodel` (did you mean `model.d_model`?)"),
+    ("[model]\nzzz = 8\n", "unknown key `model.zzz` (known:"),
+    ("[sampler]\nnum_thread = 2\n", "did you mean `num_threads`?"),
     ("[model]\nd_model = 'big'\n", "`model.d_model` must be an integer"),
     ("[model]\nd_model = 30\nnum_heads = 4\n", "[model] num_heads (4) must divide d_model (30)"),
     ("[optim]\nlearning_rate = -1.0\n", "[optim]"),
@@ -301,6 +303,17 @@ def test_config_errors_name_the_key_and_file(tmp_path: Path, text: str, message:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_a_set_with_an_unquoted_dotted_name_says_to_quote_it() -> None:
+    from headwater.train.origins import parse_overrides
+
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["sampler.task_weights={orders.status=1}"])
+    msg = str(e.value)
+    assert "`orders.status`" in msg and 'sampler.task_weights={"orders.status"=...}' in msg, msg
+    quoted = parse_overrides(['sampler.task_weights={"orders.status"=1}'])
+    assert quoted == {"sampler.task_weights": {"orders.status": 1}}
 
 
 def test_config_defaults_and_overrides(tmp_path: Path) -> None:

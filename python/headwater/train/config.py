@@ -43,7 +43,7 @@ from typing import Any
 
 from headwater.errors import ConfigError
 from headwater.train import sampler_config as SC
-from headwater.train.origins import Origins, locate_keys, parse_overrides
+from headwater.train.origins import Origins, did_you_mean, locate_keys, parse_overrides
 from headwater.train.watchdog import timeout_problem
 
 
@@ -309,7 +309,8 @@ def _dataclass_section(cls: Any, table: Mapping[str, Any], origins: Origins, sec
         where = origins.of(f"{section}.{key}")
         if key not in fields:
             raise ConfigError(
-                f"{where}: unknown key `{section}.{key}` (known: {', '.join(sorted(fields))})"
+                f"{where}: unknown key `{section}.{key}`{did_you_mean(key, fields, f'{section}.')} "
+                f"(known: {', '.join(sorted(fields))})"
             )
         kw[key] = _check_value(where, f"{section}.{key}", value, hints[key])
     try:
@@ -349,7 +350,7 @@ def _check_sections(raw: Mapping[str, Any], origins: Origins) -> None:
     for key, value in raw.items():
         if key not in _SECTIONS:
             raise ConfigError(
-                f"{origins.of(key)}: unknown section or key `{key}` "
+                f"{origins.of(key)}: unknown section or key `{key}`{did_you_mean(key, _SECTIONS)} "
                 f"(known sections: {', '.join(_SECTIONS)})"
             )
         if key == "database" and isinstance(value, list):

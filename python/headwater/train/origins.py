@@ -16,9 +16,10 @@ file (or ``default``) without a line.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from headwater.errors import ConfigError
@@ -100,8 +101,26 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE")
-        out[key.strip()] = toml_value(value)
+        parsed = toml_value(value)
+        nested = [k for k, v in parsed.items() if isinstance(v, dict)] if isinstance(parsed, dict) else []
+        if nested:
+            inner = next(iter(parsed[nested[0]]))
+            raise ConfigError(
+                f"--set {item!r}: TOML reads the unquoted name `{nested[0]}.{inner}` as a "
+                f"nested table; quote a name that holds a dot: "
+                f"{key.strip()}={{\"{nested[0]}.{inner}\"=...}} (in a shell, wrap the whole "
+                "argument in single quotes)"
+            )
+        out[key.strip()] = parsed
     return out
+
+
+def did_you_mean(key: str, known: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean `x`?)`` for the known name closest to ``key`` when
+    it looks like a typo of it (``prefix`` before it: its section), else
+    ``""``."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return f" (did you mean `{prefix}{close[0]}`?)" if close else ""
 
 
 def toml_value(text: str) -> Any:
