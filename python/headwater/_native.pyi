@@ -250,6 +250,7 @@ class Sampler:
         verify: str = "header",
         page_cache: str = "lazy",
         temporal_filter: bool = True,
+        recipe: str | None = None,
         examples: bool = False,
         local_context_sizes: list[int] = [256, 512, 1024],
         bfs_widths: list[int] = [8, 16, 32, 64, 128, 256],

@@ -126,6 +126,7 @@ class SamplerConfigDict(TypedDict):
     verify: str
     page_cache: str
     temporal_filter: bool
+    recipe: str | None
     examples: bool
     local_context_sizes: list[int]
     bfs_widths: list[int]

@@ -27,11 +27,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 mod fields;
+mod recipe;
 mod resolve;
 mod validate;
 
 use fields::names;
 pub use fields::{bad, field, FieldDoc, FIELDS};
+pub use recipe::Recipe;
 
 /// How the task of each batch is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,9 +182,12 @@ pub struct SamplerConfig {
     /// Filter children by the seed's observation time. Turning it off is a
     /// diagnostic: the temporal-leak invariant then lights up.
     pub temporal_filter: bool,
+    /// A named set of keys (`"rt-j"`), applied to the keys not given
+    /// ([`Recipe`]); `None`: every key as given or by default.
+    pub recipe: Option<Recipe>,
     /// In-context contexts (`crate::sampler::incontext`): tier 0 the seed's
     /// BFS, tier 1 labelled rows of the seed's table ranked by
-    /// `example_ranker`, tier 2 random ones. Off: the seed-000 layout.
+    /// `example_ranker`, tier 2 random ones. Off: the plain layout (the seed's BFS only).
     pub examples: bool,
     /// With `examples`: the per-sequence choices of the BFS cell budget of
     /// the seed and of each example.
@@ -299,6 +304,7 @@ impl Default for SamplerConfig {
             verify: crate::format::Verify::Header,
             page_cache: crate::format::PageCache::Lazy,
             temporal_filter: true,
+            recipe: None,
             examples: false,
             local_context_sizes: vec![256, 512, 1024],
             bfs_widths: vec![8, 16, 32, 64, 128, 256],
@@ -373,7 +379,7 @@ impl SamplerConfig {
                 format!("unknown sampler key; {hint}known keys: {}", names()),
             ));
         }
-        serde_json::from_value(v.clone()).map_err(|_| {
+        let mut cfg: SamplerConfig = serde_json::from_value(v.clone()).map_err(|_| {
             // Find the key whose value does not deserialise, for the error.
             for (k, val) in obj {
                 let one =
@@ -383,7 +389,9 @@ impl SamplerConfig {
                 }
             }
             Error::config("config", format!("cannot read {v}"))
-        })
+        })?;
+        cfg.apply_recipe(&|k| obj.contains_key(k));
+        Ok(cfg)
     }
 
     /// This config as a JSON object (every key).

@@ -187,7 +187,7 @@ def test_no_function_over_80_lines() -> None:
 
 #: What cites a document that is not in the repository: design documents,
 #: their sections, issue numbers, the workspace beside the checkout.
-_OUTSIDE = re.compile(r"STYLE\.md|SPEC\.md|SPEC §|seed 0\d\d|§|\bissues? #?\d+\b|\.\./shared")
+_OUTSIDE = re.compile(r"STYLE\.md|SPEC\.md|SPEC §|seed[- ]0\d\d|§|\bissues? #?\d+\b|\.\./shared")
 _TEXT = {".rs", ".py", ".pyi", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt"}
 
 

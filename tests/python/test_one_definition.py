@@ -56,6 +56,7 @@ BAD: dict[str, dict[str, Any]] = {
     "verify": {"verify": "payload"},
     "page_cache": {"page_cache": "eager"},
     "temporal_filter": {"temporal_filter": "yes"},
+    "recipe": {"recipe": "rtj"},
     "examples": {"examples": "yes"},
     "local_context_sizes": {"examples": True, "local_context_sizes": []},
     "bfs_widths": {"examples": True, "bfs_widths": [2048]},

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SmallData, _write_duckdb, child_env
+from conftest import SmallData, Tpch, _write_duckdb, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -444,6 +444,32 @@ def test_mixture_file_block_opens_and_samples(tiny_db: Path, tmp_path: Path) -> 
     assert [d["name"] for d in meta["databases"]] == ["tpch", "stack"]
     assert [d["share"] for d in meta["databases"]] == [2 / 3, 1 / 3]
     assert int(b["db_idx"][0]) in (0, 1)
+
+
+def test_the_in_context_training_command_runs(
+    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The contexts page's one-step recipe, run as written on the TPC-H test
+    database (its two query tasks included) for two steps of a small model:
+    it trains in context, and names the tasks it set to weight 0."""
+    import json
+
+    from headwater.cli import main
+
+    page = ROOT / "docs" / "contexts.md"
+    (line,) = [ln for _, lang, t in blocks(page) if lang == "bash"
+               for ln in command_lines(t) if "recipe" in ln]
+    small = ["--set", "model.d_model=32", "--set", "model.num_layers=1", "--set",
+             "model.num_heads=2", "--set", "sampler.default_batch_size=4", "--set",
+             "train.val_batches=1"]
+    rc = main([*shlex.split(line)[1:], "--db", str(tpch.built.path), "--steps", "2", "--dir",
+               str(tmp_path / "runs"), "--wandb-mode", "disabled", "--run-name", "rtj", *small])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-3000:]
+    assert out.err.count('gets weight 0 under recipe "rt-j"') == 2, out.err[-3000:]
+    # The warnings come from the in-context plan, so examples were on.
+    launch = json.loads((tmp_path / "runs" / "rtj" / "launch.json").read_text())
+    assert launch["overrides"]["sampler.recipe"] == "rt-j", launch
 
 
 def test_corpus_manifest_block_reads(tmp_path: Path) -> None:

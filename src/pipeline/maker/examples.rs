@@ -48,6 +48,14 @@ impl SamplerCore {
                 continue;
             }
             let name = &self.task_names[k];
+            if matches!(t.target, TargetPlan::Virtual { .. }) && self.cfg.recipe.is_some() {
+                super::tracing_warn(&format!(
+                    "task `{name}` gets weight 0 under recipe \"rt-j\": its target is outside \
+                     its anchor table (a query task), so in-context examples would carry no label"
+                ));
+                self.weights[k] = 0.0;
+                continue;
+            }
             if matches!(t.target, TargetPlan::Virtual { .. }) {
                 return Err(bad(
                     "examples",
@@ -67,6 +75,12 @@ impl SamplerCore {
                     ),
                 ));
             }
+        }
+        if self.weights.iter().all(|&w| w <= 0.0) {
+            return Err(bad(
+                "examples",
+                "true, but no task with weight > 0 can have examples (every one is a query task)",
+            ));
         }
         self.walk_graphs = self
             .dbs
