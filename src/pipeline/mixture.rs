@@ -137,6 +137,11 @@ impl SamplerCore {
             merged["files"] = json!({});
         }
         merged["databases"] = Value::Array(described);
+        merged["memory"] = json!({
+            "budget_bytes": self.reads.budget_bytes,
+            "mapped_bytes": self.reads.mapped_bytes,
+            "random_reads": self.reads.random_reads,
+        });
         if !self.dropped.is_empty() {
             merged["dropped_databases"] = self
                 .dropped

@@ -197,3 +197,22 @@ def test_io_bound_and_cpu_starved_from_the_kernels_account(
         from headwater.train.summary import RunLog, _warnings
 
         assert "page cache" in _warnings(RunLog(), 0.3, "io_bound")[0]
+
+
+def test_an_io_bound_verdict_names_its_cause_and_fix() -> None:
+    """A corpus larger than the memory budget is told so, with the remedies
+    that help; one that fits is told to warm the cache or stage it."""
+    disk = _kernel(0.05, 0.002, 0.04, 120)
+    reasons = {}
+    for name, memory in {"over": (3 * 2**30, 2**30), "fits": (2**29, 2**30), "unknown": None}.items():
+        t = tracker(load=0.2)
+        t.memory = memory
+        for _ in range(30):
+            feed(t, 0.1, 0.03, make_s=0.05, kernel=disk)
+        s = t.summary()
+        assert s["verdict"] == "io_bound"
+        reasons[name] = s["verdict_reason"]
+    assert "map 3.00 GiB against a memory budget of 1.00 GiB" in reasons["over"], reasons
+    assert "stage_dir" in reasons["over"] and "more memory" in reasons["over"]
+    assert "fit its memory" in reasons["fits"] and "populate" in reasons["fits"], reasons
+    assert reasons["unknown"] == reasons["fits"]

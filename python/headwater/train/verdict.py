@@ -157,10 +157,12 @@ def classify(
     headroom: float = math.nan,
     load: float = math.nan,
     kernel: Kernel | None = None,
+    memory: tuple[int, int | None] | None = None,
 ) -> tuple[str, int, str]:
     """``(verdict, culprit rank or -1, reason)`` from one window's totals;
     ``headroom``: batches/s the sampler makes over those the step needs;
-    ``load``: runnable threads per core; ``kernel``: what the kernel counted
+    ``load``: runnable threads per core; ``memory``: the databases' mapped
+    bytes and the memory budget (:func:`io_remedy`); ``kernel``: what the kernel counted
     for the building threads."""
     share = wait_max / step_s if step_s > 0 else 0.0
     if not share > OK_WAIT_SHARE:
@@ -183,8 +185,7 @@ def classify(
             f"the worst rank waits {100 * share:.1f}% of the step, and the sampler threads "
             f"were blocked off the CPU {100 * blocked:.0f}% of their build time "
             f"(>= {100 * IO_BLOCKED_SHARE:.0f}%) taking {k.faults:.0f} major page faults: "
-            "the sampler waits for the disk; warm the page cache (page_cache = \"populate\") "
-            "or use faster storage rather than add threads",
+            f"the sampler waits for the disk; {io_remedy(memory)}",
         )
     if runq >= STARVED_RUNQUEUE_SHARE:
         return (
@@ -224,6 +225,27 @@ class StepRecord:
     kernel: Kernel = dataclasses.field(default_factory=Kernel)
 
 
+def io_remedy(memory: tuple[int, int | None] | None) -> str:
+    """The cause of an ``io_bound`` sampler and its fix, from the mapped
+    bytes of its databases and its memory budget (``memory_budget``, else
+    the memory cgroup's limit or the host's memory; page cache included)."""
+    gib = 2.0**30
+    mapped, budget = memory or (0, None)
+    if budget and mapped > budget:
+        return (
+            f"its databases map {mapped / gib:.2f} GiB against a memory budget of "
+            f"{budget / gib:.2f} GiB (page cache included), so the page cache cannot hold them: "
+            "give the run more memory (its memory cgroup), sample fewer or smaller databases at "
+            "once, or move them to faster storage (stage_dir on a local disk); more sampler "
+            "threads will not help"
+        )
+    return (
+        "its databases fit its memory but are not in the page cache (a cold start, or remote "
+        "storage whose client cache evicts them): warm it (page_cache = \"populate\") or copy "
+        "them to a local disk (stage_dir) rather than add threads"
+    )
+
+
 def _median(xs: Sequence[float]) -> float:
     xs = sorted(x for x in xs if x > 0)
     return xs[len(xs) // 2] if xs else math.nan
@@ -242,6 +264,8 @@ class VerdictTracker:
     ) -> None:
         self.world, self.warmup, self.window, self.load = world, warmup_steps, window, load
         self.records: list[StepRecord] = []
+        #: The databases' mapped bytes and the memory budget, when known.
+        self.memory: tuple[int, int | None] | None = None
 
     def observe(self, reduced: Mapping[str, float], step_s: float, own_wait: float = 0.0) -> None:
         """Fold in one step: its wall time so far, this rank's own sample
@@ -294,7 +318,8 @@ class VerdictTracker:
             sum(r.kernel.faults for r in recs),
         )
         return classify(
-            wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load, kernel
+            wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load, kernel,
+            self.memory,
         )
 
     def live(self) -> tuple[str, int, str]:
