@@ -102,7 +102,7 @@ class Trainer:
         self.verdict = VerdictTracker(
             world, cfg.train.warmup_steps, max(LIVE_WINDOW, cfg.train.log_every)
         )
-        meta = getattr(sampler, "database_metadata", dict)()
+        meta: dict[str, Any] = getattr(sampler, "database_metadata", dict)()
         mem = meta.get("memory", {})
         self.verdict.memory = (int(mem.get("mapped_bytes") or 0), mem.get("budget_bytes"))
         #: The mean loss of the steps of the last flush (the progress line's).
