@@ -68,3 +68,5 @@ def test_the_progress_loss_is_the_windows(capsys: pytest.CaptureFixture[str]) ->
     p.update(3, 1.0, 1.0, 0.0)
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split("loss")[1].split()[0] for ln in lines] == ["5.0000", "1.0000"], lines
+    p.update(3, 2.5, 1.0, 0.0, mean_of=2)
+    assert "loss   2.5000 (mean of 2 steps)" in capsys.readouterr().out

@@ -107,6 +107,8 @@ class Trainer:
         self.verdict.memory = (int(mem.get("mapped_bytes") or 0), mem.get("budget_bytes"))
         #: The mean loss of the steps of the last flush (the progress line's).
         self._window_loss = 0.0
+        self._window_n = 0
+        self._shown_first = False
         #: Steps whose metrics are still on the device; (step seconds, wait) per step.
         self._pending: list[tuple[int, Any]] = []
         self._window: list[tuple[float, float]] = []
@@ -412,6 +414,7 @@ class Trainer:
         # The progress line shows the window's mean loss (these steps only:
         # nothing carried over from before a restart).
         self._window_loss = float(np.mean([float(v["loss"]) for v in fetched])) if fetched else 0.0
+        self._window_n = len(fetched)
         for (step, _), values in zip(pending, fetched, strict=True):
             self._log_trainer(
                 step, {k: float(v) for k, v in values.items()}, step_s, wait_share, useful_per_batch
@@ -459,7 +462,11 @@ class Trainer:
             self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
         if self.jsonl is not None:
             self.jsonl.write({"step": step, **row})
-        self.progress.update(step, self._window_loss, bps, wait_share, verdict, culprit, ucps)
+        # The run's first line shows its first step's own loss (the one the
+        # summary starts from); later lines the mean of their window.
+        first, self._shown_first = not self._shown_first, True
+        loss, of = (metrics["loss"], 1) if first else (self._window_loss, self._window_n)
+        self.progress.update(step, loss, bps, wait_share, verdict, culprit, ucps, of)
 
     def compiles(self) -> int:
         """Compilations of the train step so far (its jit cache: one per

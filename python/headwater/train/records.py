@@ -89,12 +89,16 @@ class Progress:
         verdict: str = "ok",
         culprit: int = -1,
         useful_cells_per_s: float = 0.0,
+        mean_of: int = 1,
     ) -> None:
+        """``loss``: the step's own (``mean_of`` 1) or the mean of the
+        window of ``mean_of`` steps it ends, which the line says."""
         if not self.enabled:
             return
         named = f" (rank {culprit})" if culprit >= 0 else ""
+        of = f" (mean of {mean_of} steps)" if mean_of > 1 else ""
         line = (
-            f"step {step + 1:>5}/{self.total}  loss {loss:8.4f}  "
+            f"step {step + 1:>5}/{self.total}  loss {loss:8.4f}{of}  "
             f"{bps:7.2f} batches/s  {useful_cells_per_s:9.0f} useful cells/s  data wait {100 * wait_share:5.2f}%  {verdict}{named}"
         )
         if self.tty:
