@@ -373,7 +373,8 @@ impl SamplerConfig {
             )
         })?;
         if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
-            let hint = fields::closest(k).map_or(String::new(), |c| format!("did you mean `{c}`? "));
+            let hint =
+                fields::closest(k).map_or(String::new(), |c| format!("did you mean `{c}`? "));
             return Err(Error::config(
                 k.clone(),
                 format!("unknown sampler key; {hint}known keys: {}", names()),
@@ -456,6 +457,9 @@ mod tests {
         let e = SamplerConfig::from_json(&serde_json::json!({"num_thread": 2})).unwrap_err();
         assert!(e.to_string().contains("did you mean `num_threads`?"), "{e}");
         let e = SamplerConfig::from_json(&serde_json::json!({"task_weigths": [1]})).unwrap_err();
-        assert!(e.to_string().contains("did you mean `task_weights`?"), "{e}");
+        assert!(
+            e.to_string().contains("did you mean `task_weights`?"),
+            "{e}"
+        );
     }
 }

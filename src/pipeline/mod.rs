@@ -47,6 +47,7 @@ mod maker;
 mod mixture;
 mod producer;
 mod report;
+mod reporting;
 mod rss;
 pub mod state;
 
@@ -501,18 +502,6 @@ impl Sampler {
         }
     }
 
-    /// Record a batch handed to the consumer: `depth` batches were waiting
-    /// when it asked and it blocked `wait_seconds`.
-    fn record(&self, split: Split, b: &MadeBatch, depth: usize, wait_seconds: f64) {
-        if !self.core.cfg.telemetry {
-            return;
-        }
-        self.telemetry[telemetry_index(split)]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .deliver(&b.readings, depth, wait_seconds);
-    }
-
     /// A finite evaluation pass over `split` (see [`EvalPass::new`]) whose
     /// batches are recorded in `split`'s telemetry as the consumer takes
     /// them (when telemetry is on).
@@ -529,39 +518,6 @@ impl Sampler {
         } else {
             pass
         })
-    }
-
-    /// The step metrics of `split` since the last drain, one value per
-    /// `schema.drained_keys` (empty if no batch was delivered since),
-    /// clearing the accumulated counters.
-    pub fn drain_step_values(&self, split: Split) -> Result<Vec<f64>> {
-        let mut out = Vec::new();
-        self.telemetry[telemetry_index(split)]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain
-            .drain_values(&self.core.schema, &mut out);
-        Ok(out)
-    }
-
-    /// [`drain_step_values`](Self::drain_step_values) paired with the keys.
-    pub fn drain_step_metrics(&self, split: Split) -> Result<Vec<(String, f64)>> {
-        let v = self.drain_step_values(split)?;
-        Ok(self
-            .core
-            .schema
-            .drained_keys
-            .iter()
-            .cloned()
-            .zip(v)
-            .collect())
-    }
-
-    /// Serve the trainer's gauges (`(key, value)` pairs of
-    /// [`TRAINER_GAUGES`](crate::telemetry::TRAINER_GAUGES)) on this
-    /// process's `/metrics`, labelled with this sampler's rank.
-    pub fn export_trainer(&self, values: &[(String, f64)]) -> Result<()> {
-        prometheus::set_trainer_gauges(self.core.cfg.rank, values)
     }
 
     /// Whether `shutdown()` was called.
