@@ -447,7 +447,7 @@ def test_mixture_file_block_opens_and_samples(tiny_db: Path, tmp_path: Path) -> 
 
 
 def test_the_in_context_training_command_runs(
-    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tpch: Tpch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """The contexts page's one-step recipe, run as written on the TPC-H test
     database (its two query tasks included) for two steps of a small model:
@@ -457,14 +457,16 @@ def test_the_in_context_training_command_runs(
     from headwater.cli import main
 
     page = ROOT / "docs" / "contexts.md"
-    (line,) = [ln for _, lang, t in blocks(page) if lang == "bash"
+    (line,) = [ln for lang, t in blocks(page) if lang == "bash"
                for ln in command_lines(t) if "recipe" in ln]
     small = ["--set", "model.d_model=32", "--set", "model.num_layers=1", "--set",
              "model.num_heads=2", "--set", "sampler.default_batch_size=4", "--set",
-             "train.val_batches=1"]
+             "sampler.default_sequence_length=128", "--set",
+             "train.val_batches=1", "--set", "train.eval_final=false", "--set",
+             "logging.prometheus_port=0"]
     rc = main([*shlex.split(line)[1:], "--db", str(tpch.built.path), "--steps", "2", "--dir",
                str(tmp_path / "runs"), "--wandb-mode", "disabled", "--run-name", "rtj", *small])
-    out = capsys.readouterr()
+    out = capfd.readouterr()
     assert rc == 0, out.err[-3000:]
     assert out.err.count('gets weight 0 under recipe "rt-j"') == 2, out.err[-3000:]
     # The warnings come from the in-context plan, so examples were on.
