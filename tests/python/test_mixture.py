@@ -75,6 +75,8 @@ def test_a_list_is_a_mixture_with_concatenated_tables_and_metadata() -> None:
     with headwater.Sampler(GOLDEN, **SMALL) as one:
         m = one.database_metadata()
         assert one.next_train_batch()["db_idx"][0] == 0
+    memory = m.pop("memory")  # the sampler's read plan, beside the metadata
+    assert memory["mapped_bytes"] > 0 and memory["random_reads"] is False, memory
     assert m.pop("databases")[0]["share"] == 1.0 and m == meta1
 
 

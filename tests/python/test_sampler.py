@@ -1160,6 +1160,8 @@ def test_metadata_accessors(small: SmallDb, closing: list[Any]) -> None:
     # One database is a mixture of one: its metadata plus the mixture's
     # record of it (name, content hash, share 1, offsets 0).
     dbs = m.pop("databases")
+    memory = m.pop("memory")  # the read plan: every mapped byte, the budget
+    assert memory["mapped_bytes"] == sum(f["bytes"] for f in m["files"].values()) > 0
     assert m == small.built.meta
     assert len(dbs) == 1 and dbs[0]["content_hash"] == db.content_hash
     assert dbs[0]["share"] == 1.0 and dbs[0]["column_offset"] == dbs[0]["categorical_offset"] == 0
