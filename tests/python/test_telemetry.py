@@ -668,6 +668,7 @@ EXTRA_REDUCTIONS = {
     "databases/steps_since_pick_worst": "MAX",
     "databases/remaining_fraction_min": "MIN",
     "databases/remaining_fraction_worst": "MAX",
+    "databases/dropped": "MAX",
     "databases/other_seeds": "SUM",
     "io/major_faults": "SUM",
     "io/read_bytes": "SUM",
@@ -788,6 +789,7 @@ PROM_GAUGES = {
     "headwater_mixture_steps_since_pick_worst_index": "databases/steps_since_pick_worst",
     "headwater_mixture_remaining_fraction_min_ratio": "databases/remaining_fraction_min",
     "headwater_mixture_remaining_fraction_worst_index": "databases/remaining_fraction_worst",
+    "headwater_mixture_dropped_databases": "databases/dropped",
     "headwater_context_tasks_per_batch": "context/tasks_per_batch",
 }
 PROM_COUNTERS = {

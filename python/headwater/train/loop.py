@@ -52,10 +52,10 @@ from headwater.train.evaluate import (
 from headwater.train.mesh import Mesh, Padder, host, host_shard
 from headwater.train.prefetch import Prefetcher, consumed_state, local_shape, useful_cells
 from headwater.train.records import Progress
-from headwater.train.scale import mfu_row
 from headwater.train.shapes import StepShapes
+from headwater.train.step_rows import Window, write_row
 from headwater.train.summary import RunLog
-from headwater.train.verdict import LIVE_WINDOW, VERDICTS, VerdictTracker, replayed_rate
+from headwater.train.verdict import LIVE_WINDOW, VerdictTracker, replayed_rate
 
 
 class Trainer:
@@ -102,13 +102,7 @@ class Trainer:
         self.verdict = VerdictTracker(
             world, cfg.train.warmup_steps, max(LIVE_WINDOW, cfg.train.log_every)
         )
-        meta: dict[str, Any] = getattr(sampler, "database_metadata", dict)()
-        mem = meta.get("memory", {})
-        self.verdict.memory = (int(mem.get("mapped_bytes") or 0), mem.get("budget_bytes"))
-        #: The mean loss of the steps of the last flush (the progress line's).
-        self._window_loss = 0.0
-        self._window_n = 0
-        self._shown_first = False
+        self.verdict.read_plan_of(sampler)
         #: Steps whose metrics are still on the device; (step seconds, wait) per step.
         self._pending: list[tuple[int, Any]] = []
         self._window: list[tuple[float, float]] = []
@@ -413,60 +407,11 @@ class Trainer:
         step_s = total / max(len(window), 1)
         # The progress line shows the window's mean loss (these steps only:
         # nothing carried over from before a restart).
-        self._window_loss = float(np.mean([float(v["loss"]) for v in fetched])) if fetched else 0.0
-        self._window_n = len(fetched)
+        mean_loss = float(np.mean([float(v["loss"]) for v in fetched])) if fetched else 0.0
+        w = Window(step_s, wait_share, useful_per_batch, mean_loss, len(fetched))
         for (step, _), values in zip(pending, fetched, strict=True):
-            self._log_trainer(
-                step, {k: float(v) for k, v in values.items()}, step_s, wait_share, useful_per_batch
-            )
+            write_row(self, step, {k: float(v) for k, v in values.items()}, w)
         return dt
-
-    def _log_trainer(
-        self,
-        step: int,
-        metrics: dict[str, float],
-        step_s: float,
-        wait_share: float,
-        useful_per_batch: float = 0.0,
-    ) -> None:
-        bps = self.world / step_s if step_s > 0 else 0.0
-        # Useful (non-padding) cells the model trained on per second, all
-        # ranks (this rank's mean useful cells per batch over the window).
-        ucps = bps * useful_per_batch
-        verdict, culprit, reason = self.verdict.live()
-        mfu = mfu_row(self.step_shapes.flops_now, step_s, *self._devices)  # step_s: one global step
-        row = {
-            **{f"trainer/{k}": v for k, v in metrics.items()},
-            "trainer/lr": float(self.lr(step)),
-            "trainer/step_seconds": step_s,
-            "trainer/batches_per_second": bps,
-            "trainer/useful_cells_per_second": ucps,
-            "trainer/data_wait_share": wait_share,
-            "trainer/step": step,
-            "trainer/verdict": float(VERDICTS.index(verdict)),
-            # The named rank, only when the verdict names one.
-            **({"trainer/verdict_rank": float(culprit)} if culprit >= 0 else {}),
-            **mfu,  # absent where the device's peak is unknown (a CPU)
-        }
-        # Prometheus: the same verdict on every rank's exporter (rank label).
-        self.sampler.export_trainer(
-            {
-                "trainer/verdict": row["trainer/verdict"],
-                "trainer/verdict_rank": float(culprit),
-                "trainer/data_wait_share": wait_share,
-                "trainer/headspace_ratio": self.verdict.headspace_now(),
-                **mfu,
-            }
-        )
-        if self.wb is not None:
-            self.wb.log({**row, "trainer/verdict_reason": f"{verdict}: {reason}"})
-        if self.jsonl is not None:
-            self.jsonl.write({"step": step, **row})
-        # The run's first line shows its first step's own loss (the one the
-        # summary starts from); later lines the mean of their window.
-        first, self._shown_first = not self._shown_first, True
-        loss, of = (metrics["loss"], 1) if first else (self._window_loss, self._window_n)
-        self.progress.update(step, loss, bps, wait_share, verdict, culprit, ucps, of)
 
     def compiles(self) -> int:
         """Compilations of the train step so far (its jit cache: one per

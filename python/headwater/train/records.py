@@ -79,6 +79,7 @@ class Progress:
     def __init__(self, total: int, log_every: int, enabled: bool) -> None:
         self.total, self.log_every, self.enabled = total, log_every, enabled
         self.tty = enabled and sys.stdout.isatty()
+        self.shown = False
 
     def update(
         self,
@@ -90,11 +91,17 @@ class Progress:
         culprit: int = -1,
         useful_cells_per_s: float = 0.0,
         mean_of: int = 1,
+        step_loss: float | None = None,
     ) -> None:
         """``loss``: the step's own (``mean_of`` 1) or the mean of the
-        window of ``mean_of`` steps it ends, which the line says."""
+        window of ``mean_of`` steps it ends, which the line says. The run's
+        first line shows ``step_loss``, its first step's own loss (the one
+        the summary starts from), when given."""
         if not self.enabled:
             return
+        if not self.shown and step_loss is not None:
+            loss, mean_of = step_loss, 1
+        self.shown = True
         named = f" (rank {culprit})" if culprit >= 0 else ""
         of = f" (mean of {mean_of} steps)" if mean_of > 1 else ""
         line = (

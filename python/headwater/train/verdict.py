@@ -287,6 +287,13 @@ class VerdictTracker:
             StepRecord(step_s, wait_max, wait_sum, rank, make, self.load(), kernel)
         )
 
+    def read_plan_of(self, sampler: Any) -> None:
+        """The sampler's read plan (``database_metadata()["memory"]``): its
+        databases' mapped bytes and memory budget, for :func:`io_remedy`."""
+        meta: dict[str, Any] = getattr(sampler, "database_metadata", dict)()
+        mem = meta.get("memory", {})
+        self.memory = (int(mem.get("mapped_bytes") or 0), mem.get("budget_bytes"))
+
     def add_seconds(self, dt: float) -> None:
         """Time spent in the latest step after it was observed (the flush)."""
         if self.records:
