@@ -191,6 +191,16 @@ mod tests {
         d
     }
 
+    /// The staged copy removed and an empty partial folder in its place:
+    /// a copy cut off before any file was written.
+    fn cut_off(staged: &Staged) -> PathBuf {
+        fs::remove_dir_all(&staged.path).unwrap();
+        let key = staged.path.file_name().unwrap().to_string_lossy();
+        let partial = staged.path.with_file_name(format!(".{key}.partial"));
+        fs::create_dir_all(&partial).unwrap();
+        partial
+    }
+
     #[test]
     fn stages_once_verified_and_resumes_a_cut_off_copy() {
         let dir = tmp("once");
@@ -204,15 +214,7 @@ mod tests {
         );
         // A cut-off copy: the partial folder with some files; the next call
         // keeps those and copies the rest.
-        fs::remove_dir_all(&first.path).unwrap();
-        let key = first
-            .path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let partial = dir.join(format!(".{key}.partial"));
-        fs::create_dir_all(&partial).unwrap();
+        let partial = cut_off(&first);
         fs::copy(golden().join("graph.bin"), partial.join("graph.bin")).unwrap();
         let resumed = stage(&golden(), &dir).unwrap();
         let graph = fs::metadata(golden().join("graph.bin")).unwrap().len();
@@ -225,16 +227,8 @@ mod tests {
     fn a_corrupt_copy_is_never_marked() {
         let dir = tmp("corrupt");
         let first = stage(&golden(), &dir).unwrap();
-        fs::remove_dir_all(&first.path).unwrap();
         // A torn file of the full size left in the partial folder.
-        let key = first
-            .path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let partial = dir.join(format!(".{key}.partial"));
-        fs::create_dir_all(&partial).unwrap();
+        let partial = cut_off(&first);
         let mut bytes = fs::read(golden().join("graph.bin")).unwrap();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xFF;

@@ -693,6 +693,11 @@ def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
 READ_WANDB = Path(__file__).resolve().parent / "read_wandb.py"
 
 
+def train_batches(sampler: Any, n: int) -> list[dict[str, np.ndarray]]:
+    """The next ``n`` train batches of ``sampler``, copied (to compare later)."""
+    return [{k: np.array(v) for k, v in sampler.next_train_batch().items()} for _ in range(n)]
+
+
 def tiny_train_config(db: Path, steps: int, train: str = "val_every = 3", extra: str = "") -> str:
     """A TOML config for a fast `headwater train` run on ``db``: ``train`` adds
     lines to ``[train]``, ``extra`` adds sections verbatim."""

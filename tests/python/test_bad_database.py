@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_batches
 
 import headwater
 
@@ -18,10 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
 SMALL = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
 SKIP = {"on_bad_database": "skip", **SMALL}
-
-
-def _batches(s: headwater.Sampler, n: int) -> list[dict[str, np.ndarray]]:
-    return [{k: np.array(v) for k, v in s.next_train_batch().items()} for _ in range(n)]
 
 
 def test_a_missing_database_is_dropped_and_its_weight_shared_out(
@@ -77,14 +74,14 @@ def test_a_resume_drops_it_again_and_continues_bit_identically(tmp_path: Path) -
     flaky = tmp_path / "flaky"  # missing now, present at the resume
     dbs = [GOLDEN, flaky, GOLDEN]
     with headwater.Sampler(dbs, **SKIP) as s:
-        _batches(s, 3)
+        train_batches(s, 3)
         state = s.state_dict()
-        rest = _batches(s, 4)
+        rest = train_batches(s, 4)
     assert state["dropped_databases"] == ["flaky"]
     shutil.copytree(GOLDEN, flaky)
     with headwater.Sampler(dbs, state=state, **SKIP) as r:
         dropped = r.database_metadata()["dropped_databases"]
-        resumed = _batches(r, 4)
+        resumed = train_batches(r, 4)
     assert [d["name"] for d in dropped] == ["flaky"]
     assert "state" in dropped[0]["reason"]
     for a, b in zip(rest, resumed, strict=True):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_batches
 
 import headwater
 
@@ -21,20 +22,16 @@ GOLDEN = ROOT / "tests" / "data" / "golden_v1"
 SMALL = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
 
 
-def _batches(s: headwater.Sampler, n: int) -> list[dict[str, np.ndarray]]:
-    return [{k: np.array(v) for k, v in s.next_train_batch().items()} for _ in range(n)]
-
-
 def test_a_staged_database_is_copied_once_and_samples_the_same(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     stage = tmp_path / "stage"
     with headwater.Sampler(GOLDEN, **SMALL) as plain:
-        expected = _batches(plain, 3)
+        expected = train_batches(plain, 3)
     capfd.readouterr()
     with headwater.Sampler(GOLDEN, stage_dir=str(stage), **SMALL) as s:
         path = Path(s.database_metadata()["databases"][0]["path"])
-        got = _batches(s, 3)
+        got = train_batches(s, 3)
     assert "staged database `golden_v1`" in capfd.readouterr().err
     content_hash = json.loads((GOLDEN / "metadata.json").read_text())["content_hash"]
     assert path.parent == stage and (path / ".staged").read_text() == content_hash
