@@ -186,8 +186,12 @@ def test_no_function_over_80_lines() -> None:
 
 
 #: What cites a document that is not in the repository: design documents,
-#: their sections, issue numbers, the workspace beside the checkout.
-_OUTSIDE = re.compile(r"STYLE\.md|SPEC\.md|SPEC §|seed[- ]0\d\d|§|\bissues? #?\d+\b|\.\./shared")
+#: their sections, issue numbers, the workspace beside the checkout. Written
+#: with character classes and escapes so this file does not cite them itself
+#: and needs no exemption from its own check.
+_OUTSIDE = re.compile(
+    r"ST[Y]LE\.md|SP[E]C\.md|SP[E]C \u00a7|seed[- ]0\d\d|\u00a7|\bissues? #?\d+\b|\.\./sh[a]red"
+)
 _TEXT = {".rs", ".py", ".pyi", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt"}
 
 
@@ -196,7 +200,7 @@ def _outside_refs(root: Path) -> list[str]:
     tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
     for rel in tracked.stdout.split():
         path = root / rel
-        if path.suffix not in _TEXT or not path.is_file() or rel == "tests/python/test_layout.py":
+        if path.suffix not in _TEXT or not path.is_file():
             continue
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if _OUTSIDE.search(line):
@@ -211,10 +215,11 @@ def test_no_reference_to_a_document_outside_the_repository() -> None:
 
 def test_the_outside_reference_finder_finds_one(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    (tmp_path / "a.py").write_text("# see issue 42 and seed 000 §3\nx = 1\n")
+    cited = "# see " + "issue" + " 42 and seed 0" + "00 \u00a73"
+    (tmp_path / "a.py").write_text(cited + "\nx = 1\n")
     (tmp_path / "b.md").write_text("All here.\n")
     subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
-    assert _outside_refs(tmp_path) == ["a.py:1: # see issue 42 and seed 000 §3"]
+    assert _outside_refs(tmp_path) == [f"a.py:1: {cited}"]
 
 
 def test_no_import_cycles() -> None:
