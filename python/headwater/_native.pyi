@@ -271,6 +271,7 @@ class Sampler:
         stall_after_ms: float | None = None,
         stall_dump_dir: str | None = None,
         pool_fraction: float = 1.0,
+        seed_windows: int = 1,
         debug_batch_delay_ms: float = 0.0,
         debug_repeat_seed_every: int = 0,
         debug_panic_at_step: int | None = None,

@@ -147,6 +147,7 @@ class SamplerConfigDict(TypedDict):
     stall_after_ms: float | None
     stall_dump_dir: str | None
     pool_fraction: float
+    seed_windows: int
     debug_batch_delay_ms: float
     debug_repeat_seed_every: int
     debug_panic_at_step: int | None

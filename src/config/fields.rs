@@ -323,6 +323,12 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "keep this share of each seed pool (diagnostic: tiny pools, shard skew)",
     },
     FieldDoc {
+        name: "seed_windows",
+        ty: "int",
+        range: "an integer in 1..=2^32 (1 = off)",
+        doc: "read each seed pool in this many windows of consecutive seeds, each epoch still a permutation: with a database preprocessed with `--row-order locality`, a window's contexts lie on about 1/N of its pages, a working set that fits a page cache smaller than the database (sampling guide, Memory)",
+    },
+    FieldDoc {
         name: "debug_batch_delay_ms",
         ty: "float",
         range: "a number in 0..=60000",

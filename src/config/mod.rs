@@ -242,6 +242,13 @@ pub struct SamplerConfig {
     /// different values would read different pools and repeat or skip
     /// seeds; compare `state_dict()["config_hash"]` across ranks).
     pub pool_fraction: f64,
+    /// Read each seed pool in this many windows of consecutive seeds (1 =
+    /// off): every epoch is still a permutation of the pool, window after
+    /// window in a keyed order, so a database written with
+    /// `row_order = "locality"` is read about `1/seed_windows` of it at a
+    /// time and a working set that fits a small page cache. Part of the
+    /// stream, like `pool_fraction`.
+    pub seed_windows: usize,
     /// Fault injection: the producer sleeps this long per batch (inside the
     /// timed stage), to simulate a slow sampler and starve the prefetch queue.
     pub debug_batch_delay_ms: f64,
@@ -325,6 +332,7 @@ impl Default for SamplerConfig {
             stall_after_ms: None,
             stall_dump_dir: None,
             pool_fraction: 1.0,
+            seed_windows: 1,
             debug_batch_delay_ms: 0.0,
             debug_repeat_seed_every: 0,
             debug_panic_at_step: None,

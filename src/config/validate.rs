@@ -95,6 +95,9 @@ impl SamplerConfig {
         if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
             return Err(bad("pool_fraction", self.pool_fraction));
         }
+        if !(1..=1 << 32).contains(&self.seed_windows) {
+            return Err(bad("seed_windows", self.seed_windows));
+        }
         self.validate_recipe()?;
         if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
             return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));

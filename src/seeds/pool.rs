@@ -44,6 +44,135 @@ pub struct SeedPool {
     /// epoch; 0 = off.
     repeat_every: u64,
     draws: u64,
+    /// Locality windows (1 = none): see [`SeedPool::with_windows`].
+    windows: Windows,
+}
+
+/// The pool cut into `k` windows of `w` consecutive seeds (the last holds
+/// `last`), and the keyed permutations of the current epoch that order them.
+#[derive(Debug, Clone)]
+struct Windows {
+    k: u64,
+    w: u64,
+    last: u64,
+    /// The epoch whose window order is cached, that order, and the rank in
+    /// it of the short last window.
+    epoch: Option<u64>,
+    order: Feistel,
+    short_rank: u64,
+    /// The window whose inner permutation is cached (epoch, window).
+    inner_of: Option<(u64, u64)>,
+    inner: Feistel,
+}
+
+/// A keyed bijection of `0..n` for any `n`: a 4-round Feistel network over
+/// `0..4^half >= n`, restricted to `0..n` by cycle walking.
+#[derive(Debug, Clone, Copy, Default)]
+struct Feistel {
+    half: u32,
+    keys: [u64; ROUNDS],
+}
+
+impl Feistel {
+    fn new(n: u64, key: u64) -> Self {
+        let bits = 64 - n.saturating_sub(1).leading_zeros();
+        let mut keys = [0; ROUNDS];
+        for (j, k) in keys.iter_mut().enumerate() {
+            *k = mix64(key ^ mix64(j as u64 + 1));
+        }
+        Feistel {
+            half: bits.div_ceil(2).max(1),
+            keys,
+        }
+    }
+
+    #[inline]
+    fn pass(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half) - 1;
+        let (mut l, mut r) = (x >> self.half, x & mask);
+        for &k in &self.keys {
+            let f = mix64(r ^ k) & mask;
+            (l, r) = (r, l ^ f);
+        }
+        (l << self.half) | r
+    }
+
+    #[inline]
+    fn unpass(&self, y: u64) -> u64 {
+        let mask = (1u64 << self.half) - 1;
+        let (mut l, mut r) = (y >> self.half, y & mask);
+        for &k in self.keys.iter().rev() {
+            let f = mix64(l ^ k) & mask;
+            (l, r) = (r ^ f, l);
+        }
+        (l << self.half) | r
+    }
+
+    /// Image of `i < n`.
+    #[inline]
+    fn permute(&self, i: u64, n: u64) -> u64 {
+        let mut x = self.pass(i);
+        while x >= n {
+            x = self.pass(x);
+        }
+        x
+    }
+
+    /// Preimage of `y < n`: walks the cycle backwards.
+    fn invert(&self, y: u64, n: u64) -> u64 {
+        let mut x = self.unpass(y);
+        while x >= n {
+            x = self.unpass(x);
+        }
+        x
+    }
+}
+
+impl Windows {
+    fn new(len: u64, k: u64) -> Self {
+        let k = k.clamp(1, len.max(1));
+        let w = len.div_ceil(k);
+        // With w = ceil(len / k) the windows needed may be fewer than k.
+        let k = len.div_ceil(w).max(1);
+        Windows {
+            k,
+            w,
+            last: len - (k - 1) * w,
+            epoch: None,
+            order: Feistel::default(),
+            short_rank: 0,
+            inner_of: None,
+            inner: Feistel::default(),
+        }
+    }
+
+    /// Index into the pool at in-epoch position `i` of `epoch`: the
+    /// windows are read one after another in a keyed order, each in a keyed
+    /// order of its own, so the epoch is still a permutation of the pool.
+    fn index(&mut self, key: u64, epoch: u64, i: u64) -> u64 {
+        if self.epoch != Some(epoch) {
+            self.order = Feistel::new(self.k, mix64(key ^ mix64(epoch ^ 0x000D_3E5E_ED0F_0DE5)));
+            self.short_rank = self.order.invert(self.k - 1, self.k);
+            self.epoch = Some(epoch);
+        }
+        let short_start = self.short_rank * self.w;
+        let (rank, j) = if i < short_start {
+            (i / self.w, i % self.w)
+        } else if i < short_start + self.last {
+            (self.short_rank, i - short_start)
+        } else {
+            let after = i - short_start - self.last;
+            (self.short_rank + 1 + after / self.w, after % self.w)
+        };
+        let win = self.order.permute(rank, self.k);
+        let size = if win == self.k - 1 { self.last } else { self.w };
+        if self.inner_of != Some((epoch, win)) {
+            let wk = mix64(key ^ mix64(epoch.wrapping_mul(0x9E37_79B9) ^ mix64(win + 7)));
+            self.inner = Feistel::new(size, wk);
+            self.inner_of = Some((epoch, win));
+        }
+        win * self.w + self.inner.permute(j, size)
+    }
 }
 
 impl SeedPool {
@@ -63,6 +192,7 @@ impl SeedPool {
             checked_epoch: None,
             repeat_every: 0,
             draws: 0,
+            windows: Windows::new(n, 1),
         };
         p.key_epoch(0);
         p
@@ -75,6 +205,29 @@ impl SeedPool {
     pub fn with_repeat_fault(mut self, n: u64) -> Self {
         self.repeat_every = n;
         self
+    }
+
+    /// Locality (`seed_windows`): cut the pool into `k` windows of
+    /// consecutive seeds (seeds are in the order of their rows, so a
+    /// window's rows, and the rows its contexts reach through near keys, lie
+    /// on few pages) and read each epoch window after window, in a keyed
+    /// order of windows and a keyed order within each. Every epoch is still
+    /// a permutation of the pool and any position is still computed in
+    /// O(1) from (key, position); `k = 1` is the plain order, unchanged.
+    #[must_use]
+    pub fn with_windows(mut self, k: u64) -> Self {
+        self.windows = Windows::new(self.seeds.len() as u64, k);
+        self
+    }
+
+    /// Windows the pool is read in (1 = none).
+    pub fn windows(&self) -> u64 {
+        self.windows.k
+    }
+
+    /// Seeds per window (the last may hold fewer).
+    pub fn window_len(&self) -> u64 {
+        self.windows.w
     }
 
     fn key_epoch(&mut self, epoch: u64) {
@@ -133,7 +286,12 @@ impl SeedPool {
         }
         self.draws += 1;
         let repeat = self.repeat_every > 0 && self.draws % self.repeat_every == 0 && i > 0;
-        let idx = self.permute(if repeat { i - 1 } else { i }) as usize;
+        let at = if repeat { i - 1 } else { i };
+        let idx = if self.windows.k == 1 {
+            self.permute(at)
+        } else {
+            self.windows.index(self.key, epoch, at)
+        } as usize;
         if self.checked_epoch != Some(epoch) {
             self.drawn.iter_mut().for_each(|w| *w = 0);
             self.checked_epoch = Some(epoch);
@@ -194,6 +352,67 @@ mod tests {
             // Random access gives the same seed as sequential access.
             let mut q = SeedPool::new((100..100 + n as u32).collect(), 5);
             assert_eq!(q.at(2 * n as u64 + n as u64 / 2).seed, orders[2][n / 2]);
+        }
+    }
+
+    #[test]
+    fn windowed_epochs_are_permutations_read_window_after_window() {
+        for (n, k) in [
+            (1u32, 4u64),
+            (10, 3),
+            (37, 5),
+            (100, 7),
+            (1000, 16),
+            (64, 64),
+            (5, 9),
+        ] {
+            let mut p = SeedPool::new((0..n).collect(), 11).with_windows(k);
+            let (k, w) = (p.windows(), p.window_len());
+            assert!(
+                k <= n as u64 && w * k >= n as u64 && w * (k - 1) < n as u64,
+                "n={n}"
+            );
+            let mut orders = Vec::new();
+            for epoch in 0..3u64 {
+                let order: Vec<u32> = (0..n as u64)
+                    .map(|i| {
+                        let d = p.at(epoch * n as u64 + i);
+                        assert!(!d.duplicate, "n={n} k={k}");
+                        d.seed
+                    })
+                    .collect();
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n={n} k={k}");
+                // Window after window: the window changes k - 1 times.
+                let changes = order
+                    .windows(2)
+                    .filter(|s| s[0] as u64 / w != s[1] as u64 / w);
+                assert_eq!(changes.count() as u64, k - 1, "n={n} k={k}");
+                orders.push(order);
+            }
+            if n >= 37 {
+                assert_ne!(orders[0], orders[1], "n={n}: epochs in the same order");
+            }
+            let mut q = SeedPool::new((0..n).collect(), 11).with_windows(k);
+            assert_eq!(
+                q.at(2 * n as u64 + n as u64 / 2).seed,
+                orders[2][n as usize / 2]
+            );
+        }
+        // One window is the plain order.
+        let mut a = SeedPool::new((0..500).collect(), 3);
+        let mut b = SeedPool::new((0..500).collect(), 3).with_windows(1);
+        assert!((0..1500).all(|i| a.at(i) == b.at(i)));
+    }
+
+    #[test]
+    fn feistel_inverts() {
+        for n in [1u64, 2, 3, 17, 1000] {
+            let f = Feistel::new(n, 99);
+            for i in 0..n {
+                assert_eq!(f.invert(f.permute(i, n), n), i);
+            }
         }
     }
 

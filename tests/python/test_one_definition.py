@@ -77,6 +77,7 @@ BAD: dict[str, dict[str, Any]] = {
     "stall_after_ms": {"stall_after_ms": 0.0},
     "stall_dump_dir": {"stall_dump_dir": ""},
     "pool_fraction": {"pool_fraction": 0.0},
+    "seed_windows": {"seed_windows": 0},
     "debug_batch_delay_ms": {"debug_batch_delay_ms": -1.0},
     "debug_repeat_seed_every": {"debug_repeat_seed_every": -1},
     "debug_panic_at_step": {"debug_panic_at_step": -1},

@@ -127,7 +127,9 @@ impl SamplerCore {
             } else {
                 let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
                 pools.push(Some(
-                    SeedPool::new(seeds, s).with_repeat_fault(c.debug_repeat_seed_every),
+                    SeedPool::new(seeds, s)
+                        .with_repeat_fault(c.debug_repeat_seed_every)
+                        .with_windows(c.seed_windows as u64),
                 ));
                 eligible.push(true);
             }

@@ -29,9 +29,9 @@
 //! are in a pool), `seed` (orders, picks, BFS generators), `task_weights`
 //! (effective, per task) and `task_pick` (the pick of every step),
 //! `default_batch_size` (positions per rank per step), `pool_fraction` (the
-//! pool itself), and `default_sequence_length`, `bfs_child_width`,
-//! `max_hops`, `temporal_filter`: these four change no seed, only each
-//! batch's contents, `pack` and `pack_factor` (seeds per rank per step and
+//! pool itself), `seed_windows` (the order of each epoch), and
+//! `default_sequence_length`, `bfs_child_width`, `max_hops`,
+//! `temporal_filter`: these four change no seed, only each batch's contents, `pack` and `pack_factor` (seeds per rank per step and
 //! the layout; `pack_factor` counts only with `pack`), `sequence_lengths`
 //! and `tokens_per_batch` (each step's `S` and `B`; absent from the JSON
 //! while unset), the in-context recipe (`examples`, and with it
@@ -184,6 +184,10 @@ pub struct StreamConfig {
     pub temporal_filter: bool,
     /// Share of each global pool kept.
     pub pool_fraction: f64,
+    /// Windows each pool is read in (absent at 1, as in states saved
+    /// before windows existed, so those keep their hash).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub seed_windows: usize,
     /// Several seeds' contexts per sequence (absent in states saved before
     /// packing existed: false).
     #[serde(default)]
@@ -238,6 +242,11 @@ fn one() -> usize {
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -264,6 +273,7 @@ impl StreamConfig {
             max_hops: cfg.max_hops,
             temporal_filter: cfg.temporal_filter,
             pool_fraction: cfg.pool_fraction,
+            seed_windows: cfg.seed_windows,
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
             sequence_lengths: cfg.sequence_lengths.clone(),
@@ -295,6 +305,7 @@ impl StreamConfig {
             examples: true,
             example_ranker: ExampleRanker::Expected,
             mask_prob_max: 0.5,
+            seed_windows: 2,
             ..SamplerConfig::default()
         };
         let v = serde_json::to_value(Self::of(&all, &[], &[])).expect("serialisable");
