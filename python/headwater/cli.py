@@ -17,10 +17,10 @@ from headwater.bench_cli import add_bench
 def _cmd_corpus(a: argparse.Namespace) -> int:
     from headwater.preprocessing.corpus import format_corpus_report, parse_shard, preprocess_corpus
 
-    if a.schema or a.memory_limit or a.overwrite or a.embedder != "auto":
+    if a.schema or a.memory_limit or a.overwrite or a.embedder != "auto" or a.row_order != "source":
         raise ValueError(
-            "with --corpus, --schema/--embedder/--memory-limit/--overwrite go in the corpus "
-            "manifest ([defaults] or each [[source]])"
+            "with --corpus, --schema/--embedder/--memory-limit/--overwrite/--row-order go in the "
+            "corpus manifest ([defaults] or each [[source]])"
         )
     shard = parse_shard(a.shard) if a.shard else None
     r = preprocess_corpus(a.source, a.out_dir, shard=shard, fail_fast=a.fail_fast)
@@ -46,6 +46,7 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
         embedder=a.embedder,
         overwrite=a.overwrite,
         time_columns=a.time_columns,
+        row_order=a.row_order,
         **({"memory_limit": a.memory_limit} if a.memory_limit else {}),
     )
     print(f"preprocessed {a.source} → {out} in {time.perf_counter() - t0:.1f} s")
@@ -214,6 +215,14 @@ def _add_data_commands(sub: Sub) -> None:
         default="propose",
         help="propose: a source declaring no time columns gets one proposed per table (printed "
         "as a schema line) and a loud warning where none fits; none: no proposals",
+    )
+    pp.add_argument(
+        "--row-order",
+        choices=["source", "locality"],
+        default="source",
+        help="locality: each table's rows grouped under their parent's, so a context's rows lie "
+        "on few pages (with the sampler's seed_windows, a database larger than memory is read "
+        "at memory speed); source: the source's order",
     )
     pp.add_argument(
         "--memory-limit",

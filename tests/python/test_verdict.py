@@ -26,6 +26,7 @@ from headwater.train.verdict import (
     VerdictTracker,
     classify,
     steady_start,
+    suggested_windows,
 )
 
 WARMUP = 3
@@ -199,6 +200,12 @@ def test_io_bound_and_cpu_starved_from_the_kernels_account(
         assert "page cache" in _warnings(RunLog(), 0.3, "io_bound")[0]
 
 
+def test_the_suggested_windows_grow_with_what_does_not_fit() -> None:
+    assert suggested_windows(3 * 2**30, 2**30) == 64
+    assert suggested_windows(100 * 2**30, 2**30) == 2048
+    assert suggested_windows(2**40, 2**30) == 16384
+
+
 def test_an_io_bound_verdict_names_its_cause_and_fix() -> None:
     """A corpus larger than the memory budget is told so, with the remedies
     that help; one that fits is told to warm the cache or stage it."""
@@ -214,5 +221,6 @@ def test_an_io_bound_verdict_names_its_cause_and_fix() -> None:
         reasons[name] = s["verdict_reason"]
     assert "map 3.00 GiB against a memory budget of 1.00 GiB" in reasons["over"], reasons
     assert "stage_dir" in reasons["over"] and "more memory" in reasons["over"]
+    assert "--row-order locality and set seed_windows = 64" in reasons["over"]
     assert "fit its memory" in reasons["fits"] and "populate" in reasons["fits"], reasons
     assert reasons["unknown"] == reasons["fits"]

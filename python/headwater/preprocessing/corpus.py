@@ -6,6 +6,7 @@ A **corpus manifest** is TOML::
     embedder = "hash"                 # preprocess()'s keywords
     memory_limit = "1GiB"
     time_columns = "propose"
+    row_order = "locality"            # for a corpus read from less memory than it takes
 
     [[source]]
     path = "sources/shop.duckdb"      # relative to the manifest
@@ -53,8 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_SOURCE_KEYS = {"path", "name", "schema", "weight", "embedder", "memory_limit", "time_columns"}
-_OPTION_KEYS = {"embedder", "memory_limit", "time_columns"}
+from headwater.preprocessing.row_order import check_row_order
+
+_SOURCE_KEYS = {"path", "name", "schema", "weight", "embedder", "memory_limit", "time_columns", "row_order"}
+_OPTION_KEYS = {"embedder", "memory_limit", "time_columns", "row_order"}
 MANIFEST_NAME = "corpus.toml"
 RECORDS = ".corpus"
 
@@ -118,6 +121,8 @@ def _options(table: dict[str, Any], where: str) -> dict[str, Any]:
     opts = {k: table[k] for k in _OPTION_KEYS if k in table}
     if "time_columns" in opts and opts["time_columns"] not in ("propose", "none"):
         raise ValueError(f"{where}: time_columns {opts['time_columns']!r}: expected 'propose' or 'none'")
+    if "row_order" in opts:
+        check_row_order(opts["row_order"], f"{where}: row_order")
     return opts
 
 

@@ -46,6 +46,7 @@ from headwater.preprocessing.memory import (
 from headwater.preprocessing.phases import _Phases, _row_bar
 from headwater.preprocessing.plan import _fingerprint, _plan
 from headwater.preprocessing.primary_keys import _primary_keys
+from headwater.preprocessing.row_order import SEEDS_BY_ROW, check_row_order, order_rows
 from headwater.preprocessing.schema import Schema, load_schema
 from headwater.preprocessing.sources import Source, open_source
 from headwater.preprocessing.tables import _add_table, _restore_stypes
@@ -104,6 +105,7 @@ def preprocess(
     progress: bool = True,
     time_columns: str = "propose",
     memory_limit: str | int = DEFAULT_MEMORY_LIMIT,
+    row_order: str = "source",
 ) -> Path:
     """Build a headwater database in ``out_dir`` from ``source``.
 
@@ -125,6 +127,7 @@ def preprocess(
     if out.exists() and not overwrite:
         raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
     budget = parse_size(memory_limit)
+    check_row_order(row_order)
     log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     if isinstance(schema, Schema):
         sch = schema
@@ -138,9 +141,11 @@ def preprocess(
     token = _SPILL_DIR.set(spill)
     # DuckDB has a third of the budget; a key sort may take a quarter.
     sort_token = _SORT_BUDGET.set(budget // 4)
+    order_token = SEEDS_BY_ROW.set(row_order == "locality")
     try:
-        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill)
+        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill, row_order)
     finally:
+        SEEDS_BY_ROW.reset(order_token)
         _SORT_BUDGET.reset(sort_token)
         _SPILL_DIR.reset(token)
         src.con.close()
@@ -164,6 +169,7 @@ def _warn_unlinked(plans: list[Any], source: Any, log: Callable[[str], None]) ->
 def _preprocess(
     src: Source, source: str | os.PathLike[str], out: Path, sch: Schema, emb: Any,
     overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None], spill: Path,
+    row_order: str,
 ) -> None:
     for w in src.warnings:
         log(f"warning: {w}")
@@ -175,9 +181,16 @@ def _preprocess(
     phases = _Phases(log)
     counts = {p.name: _read_count(src.con, p.name) for p in plans}
     total = sum(counts.values())
+    order = ""
+    if row_order == "locality":
+        with phases.phase("row order", total):
+            order = order_rows(src, plans, counts, log)
     with phases.phase("keys", sum(counts[p.name] for p in plans if p.primary_key)):
         keys = _primary_keys(src, plans, counts)
-    writer = _native.DatabaseWriter(out, json.dumps({"kind": src.kind, "path": str(Path(source).resolve())}), emb.name, emb.dim)
+    origin: dict[str, Any] = {"kind": src.kind, "path": str(Path(source).resolve())}
+    if order:
+        origin["row_order"] = order
+    writer = _native.DatabaseWriter(out, json.dumps(origin), emb.name, emb.dim)
     if src.stats_cutoff_us is not None:
         writer.set_stats_cutoff(src.stats_cutoff_us)
         log(f"statistics from the rows up to {src.stats_cutoff_from} (the validation cutoff)")
@@ -186,7 +199,7 @@ def _preprocess(
     with phases.phase("tables", total):
         bar = _row_bar("tables", total, progress)
         for i, plan in enumerate(plans):
-            fp = _fingerprint(plan, i, by_name, src.stats_cutoff_us)
+            fp = _fingerprint(plan, i, by_name, src.stats_cutoff_us, order)
             if resuming and writer.resume_table(fp):
                 # Re-derive stypes for task planning from the staged metadata.
                 _restore_stypes(writer, plan)

@@ -101,6 +101,7 @@ def _fingerprint(
     index: int,
     by_name: dict[str, TablePlan] | None = None,
     stats_cutoff_us: int | None = None,
+    row_order: str = "",
 ) -> str:
     # Foreign keys are stored as row indices into the referenced tables, so a
     # staged table is only reusable while those tables (and their keys) are too.
@@ -123,4 +124,7 @@ def _fingerprint(
     if stats_cutoff_us is not None:
         # The column statistics come from the rows up to the cutoff.
         doc["stats_cutoff_us"] = stats_cutoff_us
+    if row_order:
+        # Rows (and the row indices foreign keys hold) follow this order.
+        doc["row_order"] = row_order
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

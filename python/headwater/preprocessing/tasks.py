@@ -33,6 +33,7 @@ from headwater.preprocessing.columns import (
 from headwater.preprocessing.memory import _release_arrow_memory, _Spool
 from headwater.preprocessing.plan import TablePlan
 from headwater.preprocessing.primary_keys import _KeyIndex
+from headwater.preprocessing.row_order import SEEDS_BY_ROW
 from headwater.preprocessing.schema import Schema
 from headwater.preprocessing.sources import Source, quote
 
@@ -155,9 +156,17 @@ def _add_value_task(
     if dropped == res.total:
         raise SchemaError(f"task `{name}`: no anchor value matches a primary key of `{anchor_table}` (zero seeds)")
     values, valid, extra = res.target()
+    rows, obs = res.rows.array(), res.obs.array()
+    splits = res.splits.array() if with_splits else None
+    if SEEDS_BY_ROW.get():
+        # A locality database: seeds in the order of their rows, so a window
+        # of consecutive seeds is a stretch of the database.
+        by_row = np.lexsort((obs, rows))
+        rows, obs, values, valid = rows[by_row], obs[by_row], values[by_row], valid[by_row]
+        splits = None if splits is None else splits[by_row]
     writer.add_task(
-        name, kind, anchor_table, res.rows.array(), res.obs.array(), target_stype, values, valid, extra,
-        query, description, splits=res.splits.array() if with_splits else None,
+        name, kind, anchor_table, rows, obs, target_stype, values, valid, extra,
+        query, description, splits=splits,
     )
     _release_arrow_memory()
 
