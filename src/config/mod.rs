@@ -403,6 +403,20 @@ impl SamplerConfig {
         Ok(cfg)
     }
 
+    /// `self` with the keys of `over` set over it, each checked as
+    /// [`SamplerConfig::from_json`] checks it; a `recipe` in `over` sets its
+    /// keys that `over` does not give (those of `self` are defaults here,
+    /// not choices).
+    pub fn with_keys(&self, over: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
+        let mut all = self.to_json();
+        if let serde_json::Value::Object(m) = &mut all {
+            m.extend(over.clone());
+        }
+        let mut cfg = Self::from_json(&all)?;
+        cfg.apply_recipe(&|k| over.contains_key(k));
+        Ok(cfg)
+    }
+
     /// This config as a JSON object (every key).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a config serialises")

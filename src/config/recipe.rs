@@ -99,4 +99,24 @@ mod tests {
         assert!(!off.examples);
         assert!(SamplerConfig::from_json(&serde_json::json!({"recipe": "rtj"})).is_err());
     }
+
+    #[test]
+    fn a_recipe_set_over_a_whole_config_sets_its_keys() {
+        // `headwater bench --sampler-set recipe=rt-j`: the base config has
+        // every key, but only the keys set over it are choices.
+        let base = SamplerConfig {
+            default_sequence_length: 512,
+            ..SamplerConfig::default()
+        };
+        let over = serde_json::json!({"recipe": "rt-j", "num_walks": 70});
+        let cfg = base.with_keys(over.as_object().unwrap()).unwrap();
+        assert!(cfg.examples);
+        assert_eq!(cfg.local_context_sizes, [256, 512]);
+        assert_eq!(cfg.num_walks, 70);
+        assert_eq!(cfg.default_sequence_length, 512);
+        let plain = base
+            .with_keys(serde_json::json!({"seed_windows": 4}).as_object().unwrap())
+            .unwrap();
+        assert!(!plain.examples && plain.seed_windows == 4);
+    }
 }

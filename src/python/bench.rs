@@ -79,11 +79,7 @@ fn with_overrides(cfg: SamplerConfig, text: &str) -> crate::error::Result<Sample
     let serde_json::Value::Object(over) = v else {
         return Err(bad(format!("not a mapping of sampler keys: {text}")));
     };
-    let mut all = cfg.to_json();
-    if let serde_json::Value::Object(m) = &mut all {
-        m.extend(over);
-    }
-    SamplerConfig::from_json(&all)
+    cfg.with_keys(&over)
 }
 
 /// Peak RSS of this process in bytes (`VmHWM`), or None off Linux.
