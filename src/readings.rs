@@ -134,6 +134,8 @@ pub struct BatchReadings {
     pub draw: DrawReadings,
     /// Pools that ran out while drawing the batch.
     pub exhaust_events: u32,
+    /// Seed windows opened while drawing the batch (`seed_windows > 1`).
+    pub window_rotations: u32,
     /// Seeds drawn twice within one epoch (must stay 0).
     pub duplicate_seeds: u32,
     /// Wall time of each [`stage`] (ns).

@@ -18,6 +18,9 @@ pub struct Draw {
     /// This seed was already drawn in the current epoch by this pool
     /// instance (must never happen).
     pub duplicate: bool,
+    /// With `seed_windows > 1`: this draw is the first of a window (the
+    /// working set moves to another stretch of the pool).
+    pub window_opened: bool,
 }
 
 /// The seeds of one (task, split) over all ranks, and the order they are
@@ -30,11 +33,9 @@ pub struct Draw {
 pub struct SeedPool {
     seeds: Vec<u32>,
     key: u64,
-    /// Half-width in bits of the Feistel domain `0..4^half >= len`.
-    half: u32,
-    /// The epoch whose round keys are cached.
+    /// The epoch whose permutation is cached, and that permutation.
     keyed_epoch: u64,
-    round_keys: [u64; ROUNDS],
+    order: Feistel,
     /// Independent check of "each seed once per epoch": one bit per seed
     /// index drawn through this instance in `checked_epoch`.
     checked_epoch: Option<u64>,
@@ -148,8 +149,9 @@ impl Windows {
 
     /// Index into the pool at in-epoch position `i` of `epoch`: the
     /// windows are read one after another in a keyed order, each in a keyed
-    /// order of its own, so the epoch is still a permutation of the pool.
-    fn index(&mut self, key: u64, epoch: u64, i: u64) -> u64 {
+    /// order of its own, so the epoch is still a permutation of the pool;
+    /// and whether `i` is the first position of its window.
+    fn index(&mut self, key: u64, epoch: u64, i: u64) -> (u64, bool) {
         if self.epoch != Some(epoch) {
             self.order = Feistel::new(self.k, mix64(key ^ mix64(epoch ^ 0x000D_3E5E_ED0F_0DE5)));
             self.short_rank = self.order.invert(self.k - 1, self.k);
@@ -171,7 +173,7 @@ impl Windows {
             self.inner = Feistel::new(size, wk);
             self.inner_of = Some((epoch, win));
         }
-        win * self.w + self.inner.permute(j, size)
+        (win * self.w + self.inner.permute(j, size), j == 0)
     }
 }
 
@@ -180,15 +182,12 @@ impl SeedPool {
     /// pool, same on every rank); `key`: derived from (seed, split, task).
     pub fn new(seeds: Vec<u32>, key: u64) -> Self {
         let n = seeds.len() as u64;
-        let bits = 64 - n.saturating_sub(1).leading_zeros();
-        let half = bits.div_ceil(2).max(1);
         let mut p = SeedPool {
             drawn: vec![0; seeds.len().div_ceil(64)],
             seeds,
             key,
-            half,
             keyed_epoch: 0,
-            round_keys: [0; ROUNDS],
+            order: Feistel::default(),
             checked_epoch: None,
             repeat_every: 0,
             draws: 0,
@@ -232,9 +231,7 @@ impl SeedPool {
 
     fn key_epoch(&mut self, epoch: u64) {
         let e = mix64(self.key ^ mix64(epoch.wrapping_add(0x5851_F42D_4C95_7F2D)));
-        for (j, k) in self.round_keys.iter_mut().enumerate() {
-            *k = mix64(e ^ mix64(j as u64 + 1));
-        }
+        self.order = Feistel::new(self.seeds.len() as u64, e);
         self.keyed_epoch = epoch;
     }
 
@@ -251,30 +248,6 @@ impl SeedPool {
         &self.seeds
     }
 
-    /// One Feistel pass over the `4^half` domain.
-    #[inline]
-    fn feistel(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.half) - 1;
-        let (mut l, mut r) = (x >> self.half, x & mask);
-        for &k in &self.round_keys {
-            let f = mix64(r ^ k) & mask;
-            (l, r) = (r, l ^ f);
-        }
-        (l << self.half) | r
-    }
-
-    /// Index (into the pool) at position `i` of the current keyed epoch:
-    /// the Feistel permutation restricted to `0..len` by cycle walking.
-    #[inline]
-    fn permute(&self, i: u64) -> u64 {
-        let n = self.seeds.len() as u64;
-        let mut x = self.feistel(i);
-        while x >= n {
-            x = self.feistel(x);
-        }
-        x
-    }
-
     /// The seed at absolute position `p` (`p / len` is its epoch). The pool
     /// must not be empty.
     pub fn at(&mut self, p: u64) -> Draw {
@@ -287,11 +260,12 @@ impl SeedPool {
         self.draws += 1;
         let repeat = self.repeat_every > 0 && self.draws % self.repeat_every == 0 && i > 0;
         let at = if repeat { i - 1 } else { i };
-        let idx = if self.windows.k == 1 {
-            self.permute(at)
+        let (idx, window_opened) = if self.windows.k == 1 {
+            (self.order.permute(at, self.seeds.len() as u64), false)
         } else {
             self.windows.index(self.key, epoch, at)
-        } as usize;
+        };
+        let idx = idx as usize;
         if self.checked_epoch != Some(epoch) {
             self.drawn.iter_mut().for_each(|w| *w = 0);
             self.checked_epoch = Some(epoch);
@@ -303,6 +277,7 @@ impl SeedPool {
             seed: self.seeds[idx],
             exhausted: p > 0 && i == 0,
             duplicate,
+            window_opened,
         }
     }
 }
@@ -389,6 +364,13 @@ mod tests {
                     .windows(2)
                     .filter(|s| s[0] as u64 / w != s[1] as u64 / w);
                 assert_eq!(changes.count() as u64, k - 1, "n={n} k={k}");
+                // Each window's first draw says it opened one.
+                let opened = (0..n as u64).filter(|&i| p.at(epoch * n as u64 + i).window_opened);
+                assert_eq!(
+                    opened.count() as u64,
+                    if k > 1 { k } else { 0 },
+                    "n={n} k={k}"
+                );
                 orders.push(order);
             }
             if n >= 37 {

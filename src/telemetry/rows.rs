@@ -98,6 +98,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::Total(|r| f64::from(r.batch.exhaust_events)),
     },
     MetricDef {
+        key: "pool/window_rotations",
+        reduction: Sum,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_pool_window_rotations_total",
+        prometheus_type: Counter,
+        unit: "events",
+        help: "seed windows opened (seed_windows > 1): the working set moved to another stretch of the database",
+        measure: Measure::Total(|r| f64::from(r.batch.window_rotations)),
+    },
+    MetricDef {
         key: "mix/tv_distance",
         reduction: Max,
         buckets: None,

@@ -149,13 +149,18 @@ def test_a_bad_row_order_is_refused_naming_it(tpch: Tpch, tmp_path: Path) -> Non
     assert not (tmp_path / "x").exists()
 
 
+def _only(b: Built, *tasks: str) -> dict[str, float]:
+    """Task weights drawing just ``tasks`` (a key left out keeps weight 1)."""
+    return {t["name"]: float(t["name"] in tasks) for t in b.meta["tasks"]}
+
+
 def _seeds(sampler: Any, n: int) -> list[np.ndarray]:
     return [sampler.next_train_batch()["segment_seeds"][:, 0].astype(np.int64) for _ in range(n)]
 
 
 def test_seed_windows_read_a_pool_a_stretch_at_a_time(locality: Built) -> None:
     n = locality.task("order_status")["num_seeds"]
-    cfg = {"task_weights": {"order_status": 1.0}, "default_batch_size": 32,
+    cfg = {"task_weights": _only(locality, "order_status"), "default_batch_size": 32,
            "default_sequence_length": 64, "num_threads": 1}
     with headwater.Sampler(locality.path, {**cfg, "seed_windows": 16}) as s:
         windowed = _seeds(s, 3)
@@ -176,7 +181,7 @@ def test_seed_windows_read_a_pool_a_stretch_at_a_time(locality: Built) -> None:
 
 
 def test_seed_windows_resume_bit_for_bit_and_are_part_of_the_stream(locality: Built) -> None:
-    cfg = {"task_weights": {"order_status": 1.0, "order_priority": 1.0}, "default_batch_size": 16,
+    cfg = {"task_weights": _only(locality, "order_status", "order_priority"), "default_batch_size": 16,
            "default_sequence_length": 64, "num_threads": 1, "seed_windows": 8}
     with headwater.Sampler(locality.path, cfg) as a:
         _seeds(a, 4)
@@ -197,3 +202,24 @@ def test_seed_windows_resume_bit_for_bit_and_are_part_of_the_stream(locality: Bu
 def test_seed_windows_out_of_range_is_refused(locality: Built) -> None:
     with pytest.raises(ValueError, match="seed_windows"):
         headwater.Sampler(locality.path, {"seed_windows": 0})
+
+
+def test_each_window_opened_is_counted_once_and_none_without_windows(locality: Built) -> None:
+    cfg = {"task_weights": _only(locality, "order_status"), "default_batch_size": 32,
+           "default_sequence_length": 32, "num_threads": 1}
+    steps = 40  # 1,280 draws from a pool of about 12,000 seeds in 16 windows of ~750
+    counts = {}
+    for k in (16, 1):
+        with headwater.Sampler(locality.path, {**cfg, "seed_windows": k}) as s:
+            per_step = []
+            for _ in range(steps):
+                s.next_train_batch()
+                per_step.append(s.drain_step_metrics()["sampler/pool/window_rotations"])
+        counts[k] = per_step
+    opened = sum(counts[16])
+    # The first draw opens a window; 1,280 draws then cross one or two more
+    # window starts (windows hold ~750 seeds; the short last one fewer).
+    assert counts[16][0] >= 1
+    assert 2 <= opened <= 4, counts[16]
+    assert all(c in (0, 1) for c in counts[16][1:]), counts[16]
+    assert counts[1] == [0.0] * steps

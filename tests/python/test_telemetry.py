@@ -249,6 +249,7 @@ SNAPSHOT = [
 ]
 COUNTERS = [
     "pool/exhaust_events",
+    "pool/window_rotations",
     "truncation/cells_dropped",
     "bfs/children_capped",
     "bfs/temporal_filtered",
@@ -640,6 +641,7 @@ SPEC_REDUCTIONS = {
     "pool/remaining_fraction_max": "MAX",
     "pool/steps_since_pick_max": "MAX",
     "pool/exhaust_events": "SUM",
+    "pool/window_rotations": "SUM",
     "bfs/depth": "HISTOGRAM",
     "bfs/rows": "HISTOGRAM",
     "padding/fraction": "HISTOGRAM",
@@ -794,6 +796,7 @@ PROM_GAUGES = {
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",
+    "headwater_pool_window_rotations_total": "pool/window_rotations",
     "headwater_truncation_cells_dropped_total": "truncation/cells_dropped",
     "headwater_bfs_children_capped_total": "bfs/children_capped",
     "headwater_bfs_temporal_filtered_total": "bfs/temporal_filtered",

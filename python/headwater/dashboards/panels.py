@@ -81,13 +81,15 @@ def _pool_health() -> list[PanelBuilder]:
             "Pools that ran out and reshuffled, per second, cluster sum and per rank (counted "
             "by the rank whose slice crosses the end of the global epoch). Healthy: rare bumps "
             "at epoch boundaries. Pathological: a sustained high rate (tiny pools, seeds "
-            "repeat often).",
+            "repeat often). With seed_windows, the seed windows opened (the working set "
+            "moving to another stretch of the database): a read burst follows each.",
             [
                 Q(across("pool/exhaust_events"), "cluster"),
                 Q(
                     across("pool/exhaust_events", by="rank"),
                     "rank {{rank}}",
                 ),
+                Q(across("pool/window_rotations"), "windows opened"),
             ],
             unit="ops",
         ),

@@ -107,6 +107,7 @@ impl SamplerCore {
                     key,
                     world_size,
                     exhaust_events,
+                    window_rotations,
                     duplicates,
                     groups,
                     drawn,
@@ -158,6 +159,7 @@ impl SamplerCore {
             made.readings.draw = d;
         }
         made.readings.exhaust_events = exhaust_events;
+        made.readings.window_rotations = window_rotations;
         made.readings.duplicate_seeds = duplicates;
         let batch = &mut made.batch;
         batch.fingerprint =

@@ -191,6 +191,7 @@ impl SamplerCore {
             key,
             world_size,
             exhaust_events: 0,
+            window_rotations: 0,
             duplicates: 0,
             groups: Vec::new(),
             drawn: Vec::new(),
@@ -201,6 +202,7 @@ impl SamplerCore {
         for (j, p) in slice.enumerate() {
             let x = pool.at(p);
             d.exhaust_events += x.exhausted as u32;
+            d.window_rotations += x.window_opened as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
             let row = task.anchor_rows[i];
@@ -444,6 +446,7 @@ pub(super) struct Draws {
     pub(super) key: u64,
     pub(super) world_size: u32,
     pub(super) exhaust_events: u32,
+    pub(super) window_rotations: u32,
     pub(super) duplicates: u32,
     /// With `task_mixing = "sequence"`: the jobs of each task (else empty:
     /// every job is of `task`).

@@ -84,6 +84,7 @@ impl SamplerCore {
             key,
             world_size,
             exhaust_events: 0,
+            window_rotations: 0,
             duplicates: 0,
             groups: Vec::new(),
             drawn: counts.clone(),
@@ -96,6 +97,7 @@ impl SamplerCore {
                 .expect("picker only picks tasks with seeds");
             let x = pool.at(pos);
             d.exhaust_events += x.exhausted as u32;
+            d.window_rotations += x.window_opened as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
             match d.groups.last_mut() {
