@@ -402,6 +402,31 @@ def memory_fraction() -> Figure:
     return fig
 
 
+def locality() -> Figure:
+    d = _load("2026-11-28-locality")
+    fig, (ax,) = _figure(d)
+    size = d["database_bytes"]
+    for key, label, style in (
+        ("source_orders", "source order, tasks on orders", "o--"),
+        ("locality_orders", "locality order + seed_windows, tasks on orders", "o-"),
+        ("source_all", "source order, all five tasks", "s--"),
+        ("locality_all", "locality order + seed_windows, all five tasks", "s-"),
+    ):
+        runs = [r for r in d[key]["runs"] if r["memory_limit_bytes"]]
+        ax.plot([r["memory_limit_bytes"] / size for r in runs],
+                [r["best_batches_per_s"] for r in runs], style, label=label)
+    unlimited = next(r for r in d["locality_orders"]["runs"] if not r["memory_limit_bytes"])
+    ax.axhline(unlimited["best_batches_per_s"] * 0.25, color="0.3", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("memory limit / database size (TPC-H SF 1, 1.37 GB)")
+    ax.set_ylabel("batches/s, one thread")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax.set_title("Locality: a row order and seed windows\n(dotted: 25 % of the in-memory rate)",
+                 fontsize=9)
+    return fig
+
+
 #: Every figure: PNG name → the function that draws it.
 FIGURES: dict[str, Callable[[], Figure]] = {
     "hot-path.png": hot_path,
@@ -419,6 +444,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "huge-pages.png": huge_pages,
     "random-access.png": random_access,
     "memory-fraction.png": memory_fraction,
+    "locality.png": locality,
 }
 
 

@@ -285,6 +285,7 @@ def test_preprocess_and_inspect_synopses_run(
         "schema.toml": str(schema),
         "minilm|hash|auto": "hash",
         "propose|none": "propose",
+        "source|locality": "locality",
     }
     for line in command_lines(block):
         words = [subst.get(w, w) for w in shlex.split(line.replace("[", "").replace("]", ""))]
