@@ -64,6 +64,17 @@ def test_a_corpus_builds_reports_skips_and_opens_as_a_mixture(
     failed = next(s for s in report["sources"] if s["name"] == "empty")
     assert "empty" in failed["error"] and "0 bytes" in failed["error"], failed
     assert not (out / "empty").exists() and not (out / "empty.partial").exists()
+    # Each source built says what it took, phase by phase.
+    shop = next(s for s in report["sources"] if s["name"] == "shop")
+    assert [p["phase"] for p in shop["phases"]] == [
+        "keys", "tables", "tasks", "embeddings", "graph and write"
+    ]
+    assert all(p["seconds"] > 0 and p["peak_rss_bytes"] > 0 for p in shop["phases"])
+    assert shop["peak_rss_bytes"] == max(p["peak_rss_bytes"] for p in shop["phases"])
+    assert "peak MiB" in table.splitlines()[0]
+    assert f"{shop['peak_rss_bytes'] / 2**20:.0f}" in next(
+        line for line in table.splitlines() if line.startswith("shop ")
+    )
     # Byte-identical to a lone preprocess of the same source.
     alone = tmp_path / "alone"
     headwater.preprocess(tmp_path / "src" / "store.sqlite", alone, schema=tmp_path / "time.toml",

@@ -228,8 +228,9 @@ def _build(out: Path, s: CorpusSource) -> dict[str, Any]:
     from headwater.preprocessing import preprocess
 
     t0 = time.perf_counter()
+    phases: list[dict[str, Any]] = []
     db = preprocess(s.path, out / s.name, schema=s.schema, overwrite=True, progress=False,
-                    **s.options)
+                    phase_report=phases, **s.options)
     meta = json.loads((db / "metadata.json").read_text(encoding="utf-8"))
     rec = {"identity": s.identity(), "content_hash": meta["content_hash"],
            "seconds": time.perf_counter() - t0}
@@ -239,7 +240,8 @@ def _build(out: Path, s: CorpusSource) -> dict[str, Any]:
     tmp.write_text(json.dumps(rec, indent=1), encoding="utf-8")
     tmp.replace(path)
     rows = sum(int(t.get("num_rows", 0)) for t in meta.get("tables", []))
-    return {"rows": rows, "bytes": sum(p.stat().st_size for p in db.rglob("*") if p.is_file())}
+    return {"rows": rows, "bytes": sum(p.stat().st_size for p in db.rglob("*") if p.is_file()),
+            "peak_rss_bytes": max(int(p["peak_rss_bytes"]) for p in phases), "phases": phases}
 
 
 def write_corpus_manifest(out: Path, sources: list[CorpusSource]) -> Path:
@@ -266,7 +268,9 @@ def preprocess_corpus(
     """Build every source of ``manifest`` (or of shard ``(i, n)``) into
     ``out_root``; the report: per source its status (``done``, ``skipped``
     (up to date), ``failed`` with the error, ``not_run`` after a fail-fast
-    stop), seconds, rows, bytes; the corpus manifest written; totals."""
+    stop), seconds, rows, bytes, and for a source built its peak resident
+    memory (the process's, sampled while it was built) and its phases (name,
+    count, seconds, peak memory); the corpus manifest written; totals."""
     log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     sources = read_corpus(manifest)
     mine = shard_of(sources, shard) if shard else sources
@@ -306,11 +310,13 @@ def preprocess_corpus(
 
 def format_corpus_report(r: dict[str, Any]) -> str:
     """The report as a table, a line per source, then the counts."""
-    lines = [f"{'source':<28} {'status':<8} {'seconds':>8} {'rows':>10} {'MiB':>8}  error"]
+    lines = [f"{'source':<28} {'status':<8} {'seconds':>8} {'rows':>10} {'MiB':>8} "
+             f"{'peak MiB':>9}  error"]
     for s in r["sources"]:
         mib = s.get("bytes", 0) / 2**20
+        peak = f"{s['peak_rss_bytes'] / 2**20:>9.0f}" if "peak_rss_bytes" in s else f"{'':>9}"
         lines.append(f"{s['name']:<28} {s['status']:<8} {s['seconds']:>8.1f} "
-                     f"{s.get('rows', 0):>10} {mib:>8.2f}  {s.get('error', '')}")
+                     f"{s.get('rows', 0):>10} {mib:>8.2f} {peak}  {s.get('error', '')}")
     c = r["counts"]
     lines.append(f"{c['done']} done, {c['skipped']} skipped (up to date), {c['failed']} failed, "
                  f"{c['not_run']} not run, in {r['seconds']:.1f} s; manifest {r['manifest']}")

@@ -106,6 +106,7 @@ def preprocess(
     time_columns: str = "propose",
     memory_limit: str | int = DEFAULT_MEMORY_LIMIT,
     row_order: str = "source",
+    phase_report: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Build a headwater database in ``out_dir`` from ``source``.
 
@@ -119,7 +120,13 @@ def preprocess(
     ``"512MiB"``) is the preprocessing budget beside the interpreter: DuckDB
     gets a third and spills past it to ``<out_dir>.duckdb_tmp``, and columns
     are streamed in chunks (the README's "How big can my database be" lists
-    what still grows with the data). The result is staged in
+    what still grows with the data). ``row_order="locality"`` writes each
+    table's rows grouped under their parent's and the task seeds in row
+    order (:mod:`headwater.preprocessing.row_order`), for a database read
+    with ``seed_windows`` from a page cache smaller than it; ``"source"``
+    keeps the source's order. ``phase_report``, a list, receives one entry
+    per phase (its name, count, seconds and peak resident and private
+    memory), as the log prints them. The result is staged in
     ``<out_dir>.partial`` (kept on failure so a re-run resumes finished
     tables) and renamed into place when complete.
     """
@@ -143,7 +150,11 @@ def preprocess(
     sort_token = _SORT_BUDGET.set(budget // 4)
     order_token = SEEDS_BY_ROW.set(row_order == "locality")
     try:
-        _preprocess(src, source, out, sch, emb, overwrite, progress, time_columns, log, spill, row_order)
+        phases = _preprocess(
+            src, source, out, sch, emb, overwrite, progress, time_columns, log, spill, row_order
+        )
+        if phase_report is not None:
+            phase_report.extend(phases)
     finally:
         SEEDS_BY_ROW.reset(order_token)
         _SORT_BUDGET.reset(sort_token)
@@ -170,7 +181,7 @@ def _preprocess(
     src: Source, source: str | os.PathLike[str], out: Path, sch: Schema, emb: Any,
     overwrite: bool, progress: bool, time_columns: str, log: Callable[[str], None], spill: Path,
     row_order: str,
-) -> None:
+) -> list[dict[str, Any]]:
     for w in src.warnings:
         log(f"warning: {w}")
     plans = _plan(src, sch)
@@ -226,5 +237,6 @@ def _preprocess(
         writer.finish(col_emb, cat_emb, text_emb, overwrite)
     del text_emb  # unmaps the spill file (removed with `spill`)
     phases.summary()
+    return phases.report
 
 
