@@ -489,7 +489,8 @@ def test_corpus_manifest_block_reads(tmp_path: Path) -> None:
     shop, books = read_corpus(manifest)
     assert (shop.name, shop.weight, shop.schema) == ("shop", 2.0, tmp_path / "schemas/shop.toml")
     assert books.name == "books" and books.options == {
-        "embedder": "hash", "time_columns": "propose", "memory_limit": "512MiB"
+        "embedder": "hash", "time_columns": "propose", "memory_limit": "512MiB",
+        "row_order": "locality",
     }
 
 
