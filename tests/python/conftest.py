@@ -16,6 +16,7 @@ None of these fixtures is autouse, so they do not affect other test modules.
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import importlib.resources
 import importlib.util
@@ -26,6 +27,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.parse
@@ -662,8 +664,26 @@ def tiny_model(sampler: Any, seed: int) -> tuple[Any, Any, Any, Any]:
 # ----------------------------------------------------------------------------
 
 
+_JAX_CACHE: list[str] = []
+
+
+def jax_cache_dir() -> str:
+    """This test session's persistent JAX compilation cache (made on first
+    use, removed at exit). Every run of a tiny model compiles the same train
+    and eval steps (10-30 s each on a loaded 2-core host); the first run of
+    the session compiles them, later runs load them. The cache does not
+    change what a run computes, and each process's jit cache still counts
+    its own compilations (``train_step_compiles``)."""
+    if not _JAX_CACHE:
+        path = tempfile.mkdtemp(prefix="headwater-jax-cache-")
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _JAX_CACHE.append(path)
+    return _JAX_CACHE[0]
+
+
 def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
-    """The environment of every subprocess: CPU JAX, offline and silent W&B
+    """The environment of every subprocess: CPU JAX (sharing the session's
+    compilation cache, :func:`jax_cache_dir`), offline and silent W&B
     with every directory under ``tmp_path``; ``TMPDIR`` (where wandb-core
     puts its Unix sockets, whose paths must stay under 108 bytes) is the
     short pytest directory ``short_tmp``."""
@@ -671,6 +691,7 @@ def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
     env.update(
         {
             "JAX_PLATFORMS": "cpu",
+            "JAX_COMPILATION_CACHE_DIR": jax_cache_dir(),
             "WANDB_MODE": "offline",
             "WANDB_SILENT": "true",
             "WANDB_DIR": str(tmp_path / "wandb"),

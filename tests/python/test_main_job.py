@@ -34,9 +34,11 @@ def test_short_run_reports_model_and_baseline_per_task_on_capped_passes(
     cap = 8
     cfg = tmp_path / "main.toml"
     cfg.write_text(
+        # 6 steps, as test_train's one-process verdict run: the same
+        # compiled train step, loaded from the session's cache there.
         tiny_train_config(
             tpch.built.path,
-            4,
+            6,
             train=f"val_every = 0\ncheckpoint_every = 0\neval_final_max_seeds = {cap}",
         ).replace("prometheus_port = 0", 'prometheus_port = 0\nwandb_mode = "disabled"'),
         encoding="utf-8",

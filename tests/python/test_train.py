@@ -126,6 +126,8 @@ def test_two_processes_train_identically_and_log_once(tmp_path: Path, tpch: Tpch
 def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     tmp_path: Path, tpch: Tpch
 ) -> None:
+    # 60 steps, as test_checkpoint's Ctrl-C run (the same compiled train step:
+    # in the full suite this run loads it from the session's cache).
     cfg = tiny_config(tpch.built.path).replace(f"steps = {STEPS}", "steps = 60")
     r = run_train(tmp_path, cfg, "--profile", "--run-name", "one", "--wandb-mode", "disabled")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
