@@ -63,7 +63,7 @@ impl SamplerCore {
         }
         let mut dbs = Vec::with_capacity(paths.len());
         let mut dropped = Vec::new();
-        for (name, path) in names.into_iter().zip(paths) {
+        for (name, path) in names.iter().cloned().zip(paths) {
             if already.contains(&name) {
                 let reason = "dropped by the run this state was saved from".to_string();
                 dropped.push(DroppedDatabase { name, reason });
@@ -99,8 +99,7 @@ impl SamplerCore {
         }
         if !dropped.is_empty() {
             let gone: Vec<&str> = dropped.iter().map(|d| d.name.as_str()).collect();
-            let all = database_names(paths);
-            forget_databases(&mut cfg, &all, &gone)?;
+            forget_databases(&mut cfg, &names, &gone)?;
         }
         let mut core = Self::prepare(dbs, cfg, paths.len() > 1)?;
         core.dropped = dropped;
