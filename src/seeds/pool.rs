@@ -132,7 +132,8 @@ impl Feistel {
 impl Windows {
     fn new(len: u64, k: u64) -> Self {
         let k = k.clamp(1, len.max(1));
-        let w = len.div_ceil(k);
+        // At least 1, so an empty pool has one empty window.
+        let w = len.div_ceil(k).max(1);
         // With w = ceil(len / k) the windows needed may be fewer than k.
         let k = len.div_ceil(w).max(1);
         Windows {
@@ -382,6 +383,8 @@ mod tests {
                 orders[2][n as usize / 2]
             );
         }
+        // An empty pool has one empty window.
+        assert_eq!(SeedPool::new(Vec::new(), 3).with_windows(8).windows(), 1);
         // One window is the plain order.
         let mut a = SeedPool::new((0..500).collect(), 3);
         let mut b = SeedPool::new((0..500).collect(), 3).with_windows(1);

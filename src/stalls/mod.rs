@@ -450,10 +450,15 @@ mod tests {
         g.stage(Stage::Assembly);
         let seen = std::thread::scope(|sc| {
             let h = sc.spawn(|| {
-                // Wait for the file while the other thread is stuck.
+                // Wait for the file while the other thread is stuck (the
+                // dump, not its `.part` before the rename).
                 while t0.elapsed() < Duration::from_secs(3) {
-                    if let Some(e) = std::fs::read_dir(dir.path()).unwrap().next() {
-                        return Some((t0.elapsed(), e.unwrap().path()));
+                    let done = std::fs::read_dir(dir.path())
+                        .unwrap()
+                        .map(|e| e.unwrap().path())
+                        .find(|p| p.extension().is_some_and(|x| x == "txt"));
+                    if let Some(path) = done {
+                        return Some((t0.elapsed(), path));
                     }
                     std::thread::sleep(Duration::from_millis(2));
                 }
