@@ -349,6 +349,7 @@ STREAM_KEYS = {
     "max_hops",
     "temporal_filter",
     "pool_fraction",
+    "seed_windows",  # docs/sampling.md, Memory
     "pack",
     "pack_factor",
     "database_weights",
