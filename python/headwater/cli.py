@@ -222,7 +222,8 @@ def _add_data_commands(sub: Sub) -> None:
         default="source",
         help="locality: each table's rows grouped under their parent's, so a context's rows lie "
         "on few pages (with the sampler's seed_windows, a database larger than memory is read "
-        "at memory speed); source: the source's order",
+        "from a working set that fits, for tasks whose contexts follow the grouping); source: "
+        "the source's order",
     )
     pp.add_argument(
         "--memory-limit",
