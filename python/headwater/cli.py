@@ -196,7 +196,38 @@ Sub = Any  # argparse's private _SubParsersAction
 
 
 def _add_data_commands(sub: Sub) -> None:
-    """preprocess, inspect, default-db."""
+    """preprocess, inspect, verify, default-db."""
+    _add_preprocess(sub)
+
+    pi = sub.add_parser("inspect", help="validate a database and summarise it")
+    pi.add_argument("db_dir", help="a preprocessed database directory")
+    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pi.set_defaults(func=_cmd_inspect)
+
+    pv = sub.add_parser(
+        "verify", help="check every payload checksum and the graph (reads the whole database)"
+    )
+    pv.add_argument("db_dir", help="a preprocessed database directory")
+    pv.add_argument("--quiet", action="store_true", help="no progress bar")
+    pv.set_defaults(func=_cmd_verify)
+
+    pd = sub.add_parser(
+        "default-db", help="build (once) and print the path of the default TPC-H database"
+    )
+    pd.add_argument(
+        "--scale-factor",
+        type=float,
+        default=0.01,
+        help="TPC-H scale factor (default: %(default)s, about 87 K rows; 1 is about 8.6 M)",
+    )
+    pd.add_argument(
+        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
+    )
+    pd.set_defaults(func=_cmd_default_db)
+
+
+def _add_preprocess(sub: Sub) -> None:
+    """preprocess: one source, or a corpus with ``--corpus``."""
     pp = sub.add_parser("preprocess", help="build a database from a relational source")
     pp.add_argument(
         "source", help="RelBench folder, DuckDB/SQLite file, or directory of Parquet/CSV files"
@@ -250,32 +281,6 @@ def _add_data_commands(sub: Sub) -> None:
     )
     pp.add_argument("--json", action="store_true", help="with --corpus: print the report as JSON")
     pp.set_defaults(func=_cmd_preprocess)
-
-    pi = sub.add_parser("inspect", help="validate a database and summarise it")
-    pi.add_argument("db_dir", help="a preprocessed database directory")
-    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pi.set_defaults(func=_cmd_inspect)
-
-    pv = sub.add_parser(
-        "verify", help="check every payload checksum and the graph (reads the whole database)"
-    )
-    pv.add_argument("db_dir", help="a preprocessed database directory")
-    pv.add_argument("--quiet", action="store_true", help="no progress bar")
-    pv.set_defaults(func=_cmd_verify)
-
-    pd = sub.add_parser(
-        "default-db", help="build (once) and print the path of the default TPC-H database"
-    )
-    pd.add_argument(
-        "--scale-factor",
-        type=float,
-        default=0.01,
-        help="TPC-H scale factor (default: %(default)s, about 87 K rows; 1 is about 8.6 M)",
-    )
-    pd.add_argument(
-        "--embedder", default="auto", help="minilm, hash, or auto (minilm when installed)"
-    )
-    pd.set_defaults(func=_cmd_default_db)
 
 
 def _add_train(sub: Sub) -> None:
