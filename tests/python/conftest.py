@@ -666,6 +666,16 @@ def tiny_model(sampler: Any, seed: int) -> tuple[Any, Any, Any, Any]:
 
 _JAX_CACHE: list[str] = []
 
+#: XLA's CPU backend spends most of a tiny model's run compiling: LLVM
+#: optimises each of the train step's ~400 fused kernels (14 s of a 35 s
+#: 20-step run, measured). Tests run tiny models, where optimised code buys
+#: nothing: every test process compiles without LLVM's optimisations (6 s).
+#: What a step computes is the same program; every run a test compares is
+#: compiled with the same flags (this process's own JAX included: set here,
+#: before any test imports it).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ["XLA_FLAGS"] = TEST_XLA_FLAGS
+
 
 def jax_cache_dir() -> str:
     """This test session's persistent JAX compilation cache (made on first
@@ -701,9 +711,12 @@ def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
             "WANDB_ARTIFACT_DIR": str(tmp_path / "wandb_artifacts"),
             "HEADWATER_CACHE_DIR": str(tmp_path / "cache"),
             "OPENBLAS_NUM_THREADS": "1",
+            "XLA_FLAGS": TEST_XLA_FLAGS,
+            # Every compilation is cached, not only those over a second: a
+            # run's ~50 small ones take 1.5 s to compile again.
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         }
     )
-    env.pop("XLA_FLAGS", None)
     for d in ("wandb", "wandb_config", "wandb_cache", "wandb_data", "wandb_artifacts"):
         (tmp_path / d).mkdir(exist_ok=True)
     if short_tmp is not None and len(str(short_tmp)) <= 60:
@@ -721,7 +734,11 @@ def train_batches(sampler: Any, n: int) -> list[dict[str, np.ndarray]]:
 
 def tiny_train_config(db: Path, steps: int, train: str = "val_every = 3", extra: str = "") -> str:
     """A TOML config for a fast `headwater train` run on ``db``: ``train`` adds
-    lines to ``[train]``, ``extra`` adds sections verbatim."""
+    lines to ``[train]``, ``extra`` adds sections verbatim. The final
+    evaluation scores 64 seeds per task unless ``train`` says otherwise (a
+    test of it needs its passes, not 2 × 5 × 256 forwards at B = 4)."""
+    if "eval_final_max_seeds" not in train:
+        train += "\neval_final_max_seeds = 64"
     return f"""
 [database]
 path = "{db}"

@@ -72,7 +72,7 @@ def wait_all(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[t
 
 def cluster_env(tmp_path: Path, devices: int, **job: str) -> dict[str, str]:
     env = child_env(tmp_path)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
     env.update({f"HEADWATER_{k.upper()}": v for k, v in job.items()})
     return env
 
