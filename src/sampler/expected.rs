@@ -120,7 +120,7 @@ impl Spread {
         if self.visits.len() < (hi - lo) as usize {
             self.visits.resize((hi - lo) as usize, 0.0);
         }
-        let Some(&start) = wg.at.get(seed as usize) else {
+        let Some(&start) = wg.at().get(seed as usize) else {
             return Ok(0);
         };
         if p.walk_length == 0 || p.num_walks == 0 {
@@ -128,7 +128,7 @@ impl Spread {
         }
         let crank = wg.visible_rank(p.cutoff);
         let floor = prune / p.num_walks as f32;
-        let s = self.local(&wg.words, start);
+        let s = self.local(wg.words(), start);
         self.mass[s as usize][0] = 1.0;
         self.cur.push(s);
         let mut updates = 0u64;
@@ -191,7 +191,7 @@ impl Spread {
             if let Some(&a) = self.cur.get(i + AHEAD) {
                 let l = self.locals[a as usize];
                 if l.start == UNREAD {
-                    prefetch(&wg.words, l.rec as usize);
+                    prefetch(wg.words(), l.rec as usize);
                 }
             }
             let id = self.cur[i] as usize;
@@ -234,7 +234,7 @@ impl Spread {
 
     /// Read local `id`'s record: its visible degree and its row.
     fn read(&mut self, wg: &WalkGraph, id: usize, crank: u32, table: (u32, u32)) {
-        let w = &wg.words;
+        let w = wg.words();
         let o = self.locals[id].rec as usize;
         let nc = if w[o + 3] < crank {
             w[o + 2]
@@ -254,7 +254,7 @@ impl Spread {
     /// Write local `id`'s visible neighbours into `edges` as local ids
     /// (taken for new records); returns where they start.
     fn link(&mut self, wg: &WalkGraph, id: usize) -> usize {
-        let w = &wg.words;
+        let w = wg.words();
         let o = self.locals[id].rec as usize;
         let np = w[o + 1] as usize;
         let nc = self.locals[id].deg as usize - np;

@@ -6,6 +6,8 @@ use crate::error::{Error, Result};
 use crate::format::GraphView;
 use crate::rng::mix64;
 
+mod file;
+
 /// Words of a record before its neighbours: row, parents, children, rank
 /// of the latest child.
 pub(super) const HEAD: usize = 4;
@@ -16,14 +18,60 @@ pub(super) const HEAD: usize = 4;
 /// own record, a child followed by its time rank (an index into `times`,
 /// the sorted distinct child times) — plus a dead record that an
 /// out-of-range row id of a corrupt payload leads to (a walk ends there).
-/// Built once per database when `examples` is on.
-#[derive(Debug, Default)]
+/// Built once per database when `examples` is on, and kept in a file of
+/// the database directory (`walks/`, see [`WalkGraph::open`]) mapped by
+/// every process of the host: one copy in the page cache, not one per
+/// rank in anonymous memory.
 pub struct WalkGraph {
-    pub(super) words: Vec<u32>,
+    // Views of `backing`'s buffers (see `view`); private, lent out only
+    // for as long as `self` is borrowed.
+    words: &'static [u32],
     /// Record offset of each row.
-    pub(super) at: Vec<u32>,
+    at: &'static [u32],
     /// Distinct child times, sorted.
-    times: Vec<i64>,
+    times: &'static [i64],
+    backing: Backing,
+}
+
+/// Where a walk graph's arrays live: built in this process, or a mapped
+/// file. Never written after construction.
+enum Backing {
+    Owned {
+        _words: Vec<u32>,
+        _at: Vec<u32>,
+        _times: Vec<i64>,
+    },
+    Mapped {
+        _map: memmap2::Mmap,
+    },
+}
+
+impl std::fmt::Debug for WalkGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalkGraph")
+            .field("words", &self.words.len())
+            .field("rows", &self.at.len())
+            .field("times", &self.times.len())
+            .field("mapped", &matches!(self.backing, Backing::Mapped { .. }))
+            .finish()
+    }
+}
+
+impl Default for WalkGraph {
+    fn default() -> Self {
+        WalkGraph::owned(Vec::new(), Vec::new(), Vec::new())
+    }
+}
+
+/// `s` with the lifetime of the buffer it points into.
+///
+/// # Safety
+/// The buffer must outlive every use of the result and never be written,
+/// moved or freed meanwhile: a `Vec`'s heap buffer (moving the `Vec` does
+/// not move it) or a read-only mapping, owned by the same `WalkGraph`.
+unsafe fn view<T>(s: &[T]) -> &'static [T] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(s.as_ptr(), s.len()) }
 }
 
 impl WalkGraph {
@@ -58,12 +106,45 @@ impl WalkGraph {
             }
         }
         words.extend([u32::MAX, 0, 0, 0]);
-        Ok(WalkGraph { words, at, times })
+        Ok(WalkGraph::owned(words, at, times))
     }
 
-    /// Bytes held.
+    fn owned(words: Vec<u32>, at: Vec<u32>, times: Vec<i64>) -> Self {
+        // SAFETY: the buffers move into `backing` with `self` and are
+        // never touched again (moving a `Vec` leaves its buffer in place).
+        let (w, a, t) = unsafe { (view(&words), view(&at), view(&times)) };
+        WalkGraph {
+            words: w,
+            at: a,
+            times: t,
+            backing: Backing::Owned {
+                _words: words,
+                _at: at,
+                _times: times,
+            },
+        }
+    }
+
+    /// The records (see the type's doc).
+    #[inline]
+    pub(super) fn words(&self) -> &[u32] {
+        self.words
+    }
+
+    /// Record offset of each row.
+    #[inline]
+    pub(super) fn at(&self) -> &[u32] {
+        self.at
+    }
+
+    /// Bytes of its arrays (in this process's memory, or mapped).
     pub fn heap_bytes(&self) -> usize {
         (self.words.len() + self.at.len()) * 4 + self.times.len() * 8
+    }
+
+    /// Whether it is a mapped file (shared by the processes of the host).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mapped { .. })
     }
 
     /// The time rank below which a child is visible at `cutoff`.

@@ -211,7 +211,7 @@ impl WalkCounts {
         rng: &mut Xoshiro256pp,
         deadline: Option<Instant>,
     ) -> Result<u64, u64> {
-        let Some(&start) = wg.at.get(seed as usize) else {
+        let Some(&start) = wg.at().get(seed as usize) else {
             return Ok(0);
         };
         if p.walk_length == 0 {
@@ -253,7 +253,7 @@ impl WalkCounts {
                 if s != NO_SLOT {
                     let next = self.read(wg, l.at[i] as usize, s, crank, rng);
                     if next != NO_SLOT {
-                        prefetch_record(&wg.words, next as usize);
+                        prefetch_record(wg.words(), next as usize);
                         l.at[i] = next;
                         l.steps += 1;
                         i += 1;
@@ -286,7 +286,7 @@ impl WalkCounts {
     /// walk ends (its last row, or a row without a neighbour).
     #[inline]
     fn draw(&mut self, wg: &WalkGraph, o: usize, left: &mut u32, rng: &mut Xoshiro256pp) -> u32 {
-        let w = &wg.words;
+        let w = wg.words();
         self.note(w[o]);
         *left -= 1;
         let d = w[o + 1] + w[o + 2];
@@ -311,7 +311,7 @@ impl WalkCounts {
         crank: u32,
         rng: &mut Xoshiro256pp,
     ) -> u32 {
-        let w = &wg.words;
+        let w = wg.words();
         let s = s as usize;
         let np = w[o + 1] as usize;
         // A parent, or a child whose rank (the word after it) is visible.

@@ -229,3 +229,58 @@ def test_the_processes_of_a_host_compute_one_store(tmp_path: Path) -> None:
     msg = str(ei.value)
     assert "expected_store" in msg and "cannot be written" in msg, msg
     assert str(db / "rankings") in msg, msg
+
+
+def test_the_walk_graph_is_one_file_the_processes_of_a_host_map(tmp_path: Path) -> None:
+    """With examples on, the walk graph is built once per host into the
+    database's ``walks/`` and mapped by every process: of three processes
+    started together one builds it, all deliver the same batches; a damaged
+    file is refused and built again, and a directory that cannot hold it
+    costs only the sharing (the graph is built in the process's memory)."""
+    import shutil
+
+    db = tmp_path / "golden"
+    shutil.copytree(GOLDEN, db, ignore=shutil.ignore_patterns("walks"))  # as never opened
+    kw = {**RECIPE, "default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
+    child = (
+        "import hashlib, sys, headwater\n"
+        f"with headwater.Sampler({str(db)!r}, **{kw!r}) as s:\n"
+        "    h = hashlib.sha256()\n"
+        "    for _ in range(2):\n"
+        "        for k, v in sorted(s.next_train_batch().items()):\n"
+        "            h.update(k.encode() + getattr(v, 'tobytes', lambda: repr(v).encode())())\n"
+        "print(h.hexdigest())\n"
+    )
+
+    def run(n: int) -> tuple[list[str], str]:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for _ in range(n)
+        ]
+        got = [p.communicate(timeout=120) for p in procs]
+        err = "".join(e for _, e in got)
+        assert [p.returncode for p in procs] == [0] * n, err
+        return [o.strip() for o, _ in got], err
+
+    outs, err = run(3)
+    assert err.count("built the walk graph") == 1, err
+    assert len(set(outs)) == 1 and len(outs[0]) == 64, outs
+    (graph,) = (db / "walks").glob("graph-*.bin")
+
+    again, err = run(1)
+    assert again == outs[:1] and "walk graph" not in err, err  # mapped, not built
+
+    data = bytearray(graph.read_bytes())
+    data[100] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    again, err = run(1)
+    assert again == outs[:1], err
+    assert "checksum mismatch" in err and str(graph) in err and "building it again" in err, err
+    assert err.count("built the walk graph") == 1, err
+
+    shutil.rmtree(db / "walks")
+    (db / "walks").write_text("not a directory")
+    again, err = run(1)
+    assert again == outs[:1], err
+    assert "cannot be shared" in err and "in this process's memory" in err, err

@@ -82,10 +82,12 @@ impl SamplerCore {
                 "true, but no task with weight > 0 can have examples (every one is a query task)",
             ));
         }
+        // Each database's graph is a file of its directory mapped by every
+        // process of the host (built once, by the first).
         self.walk_graphs = self
             .dbs
             .iter()
-            .map(|d| WalkGraph::new(&d.db.graph()))
+            .map(|d| WalkGraph::shared(&d.db.graph(), d.db.dir(), d.db.content_hash(), &say))
             .collect::<Result<_>>()?;
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
             self.rank_stores = (0..self.dbs.len())
