@@ -28,6 +28,7 @@
 //! context built from a head that the floors do not vouch for.
 
 use std::cmp::Reverse;
+use std::io::Write;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -86,6 +87,82 @@ impl BuildLock {
             }
         }
     }
+}
+
+/// What every file a database directory derives (stored rankings, the
+/// walk graph) starts and ends with: an 8-byte magic, a `u32` version, 4
+/// bytes of padding, the `u64` key of what it was built from at byte 16,
+/// then its own header fields up to `len` bytes; and an xxh3-64 of
+/// everything before it as its last 8 bytes.
+pub(crate) struct DerivedHeader {
+    pub magic: &'static [u8; 8],
+    pub version: u32,
+    /// Bytes of the whole header.
+    pub len: usize,
+    /// What the file is, in errors ("ranking store").
+    pub kind: &'static str,
+    /// Why another key may be found, in errors ("another database").
+    pub key_hint: &'static str,
+}
+
+impl DerivedHeader {
+    /// Map `path`, refusing (naming what is wrong) a file that is not this
+    /// kind, is damaged (its hash), another version, or written under
+    /// another `key`. The whole file is read once to check its hash.
+    pub fn map(&self, path: &Path, key: u64) -> Result<memmap2::Mmap> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: read-only; such files are written whole and renamed into
+        // place, never written in place, and every byte is checked below.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let b: &[u8] = &map;
+        let bad = |what: String| Error::format(path, what);
+        if b.len() < self.len + 8 || &b[..8] != self.magic {
+            return Err(bad(format!("not a headwater {} (magic)", self.kind)));
+        }
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        let (body, sum) = (&b[..b.len() - 8], word(b.len() - 8));
+        if xxhash_rust::xxh3::xxh3_64(body) != sum {
+            return Err(bad(format!(
+                "checksum mismatch (stored {sum:016x}): the file is damaged"
+            )));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
+        if version != self.version {
+            return Err(bad(format!(
+                "version {version}, this build reads {}",
+                self.version
+            )));
+        }
+        if word(16) != key {
+            return Err(bad(format!(
+                "written for key {:016x}, expected {key:016x} ({})",
+                word(16),
+                self.key_hint
+            )));
+        }
+        Ok(map)
+    }
+}
+
+/// Write `path` through `fill` into a temporary file beside it, synced and
+/// renamed into place: a reader never sees half a file.
+pub(crate) fn write_renamed(
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        fill(&mut out)?;
+        out.into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?
+            .sync_all()
+    })();
+    written.map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
 /// The floors of one item's stored heads.
@@ -350,45 +427,23 @@ impl RankStore {
     /// Write the store to `path` (through a temporary file renamed into
     /// place: a reader never sees half a file).
     pub fn write(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, self.bytes.get()).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+        write_renamed(path, |f| f.write_all(self.bytes.get()))
     }
 
     /// Map the store at `path`, refusing (naming what is wrong) a file
     /// that is not one, is damaged, or was written under another `key`.
     pub fn open(path: &Path, key: u64) -> Result<RankStore> {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: read-only; written whole by rename, never in place, and
-        // every byte used is checked below.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let header = DerivedHeader {
+            magic: MAGIC,
+            version: VERSION,
+            len: HEADER,
+            kind: "ranking store",
+            key_hint: "other settings or items",
+        };
+        let map = header.map(path, key)?;
         let b: &[u8] = &map;
         let bad = |what: String| Error::format(path, what);
-        if b.len() < HEADER + 8 || &b[..8] != MAGIC {
-            return Err(bad("not a headwater ranking store (magic)".into()));
-        }
         let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        let (body, sum) = (&b[..b.len() - 8], word(b.len() - 8));
-        if xxhash_rust::xxh3::xxh3_64(body) != sum {
-            return Err(bad(format!(
-                "checksum mismatch (stored {sum:016x}): the file is damaged"
-            )));
-        }
-        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
-        if version != VERSION {
-            return Err(bad(format!(
-                "version {version}, this build reads {VERSION}"
-            )));
-        }
-        if word(16) != key {
-            return Err(bad(format!(
-                "written for key {:016x}, expected {key:016x} (other settings or items)",
-                word(16)
-            )));
-        }
         let (n, m) = (word(24) as usize, word(32) as usize);
         let fits = n < usize::MAX / 64 && m < usize::MAX / 16;
         if !fits || Self::sections(n, m)[7].1.div_ceil(8) * 8 + 8 != b.len() {

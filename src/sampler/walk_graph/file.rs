@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use super::{view, Backing, WalkGraph};
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::sampler::rank_store::BuildLock;
+use crate::sampler::rank_store::{write_renamed, BuildLock, DerivedHeader};
 
 const MAGIC: &[u8; 8] = b"HWWALKG\0";
 const VERSION: u32 = 1;
@@ -58,12 +58,11 @@ impl WalkGraph {
     /// Write the graph to `path` under `key` (through a temporary file
     /// renamed into place: a reader never sees half a file).
     pub fn write(&self, path: &Path, key: u64) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = (|| -> std::io::Result<()> {
-            let mut out = HashingWriter::new(std::fs::File::create(&tmp)?);
+        write_renamed(path, |out| {
+            let mut out = HashingWriter {
+                inner: out,
+                hash: xxhash_rust::xxh3::Xxh3::new(),
+            };
             out.put(MAGIC)?;
             out.put(&VERSION.to_le_bytes())?;
             out.put(&[0; 4])?;
@@ -83,47 +82,24 @@ impl WalkGraph {
             }
             out.put(&[0; 4][..(self.words.len() + self.at.len()) % 2 * 4])?;
             let sum = out.hash.digest();
-            out.inner.write_all(&sum.to_le_bytes())?;
-            out.inner
-                .into_inner()
-                .map_err(std::io::IntoInnerError::into_error)?
-                .sync_all()
-        })();
-        written.map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+            out.inner.write_all(&sum.to_le_bytes())
+        })
     }
 
     /// Map the graph at `path`, refusing (naming what is wrong) a file that
     /// is not one, is damaged, or was written under another `key`.
     pub fn open(path: &Path, key: u64) -> Result<WalkGraph> {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: read-only; written whole by rename, never in place, and
-        // every byte is checked against the hash below.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let header = DerivedHeader {
+            magic: MAGIC,
+            version: VERSION,
+            len: HEADER,
+            kind: "walk graph",
+            key_hint: "another database",
+        };
+        let map = header.map(path, key)?;
         let b: &[u8] = &map;
         let bad = |what: String| Error::format(path, what);
-        if b.len() < HEADER + 8 || &b[..8] != MAGIC {
-            return Err(bad("not a headwater walk graph (magic)".into()));
-        }
         let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        let (body, sum) = (&b[..b.len() - 8], word(b.len() - 8));
-        if xxhash_rust::xxh3::xxh3_64(body) != sum {
-            return Err(bad(format!(
-                "checksum mismatch (stored {sum:016x}): the file is damaged"
-            )));
-        }
-        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
-        if version != VERSION {
-            return Err(bad(format!(
-                "version {version}, this build reads {VERSION}"
-            )));
-        }
-        if word(16) != key {
-            return Err(bad(format!(
-                "written for key {:016x}, expected {key:016x} (another database)",
-                word(16)
-            )));
-        }
         let lens = [word(24), word(32), word(40)].map(|x| usize::try_from(x).unwrap_or(usize::MAX));
         let Some([t, w, a, _]) = layout(lens[0], lens[1], lens[2]).filter(|l| l[3].1 == b.len())
         else {
@@ -213,20 +189,13 @@ impl WalkGraph {
     }
 }
 
-/// A buffered writer that hashes what it writes.
-struct HashingWriter {
-    inner: std::io::BufWriter<std::fs::File>,
+/// A writer that hashes what it writes.
+struct HashingWriter<'w> {
+    inner: &'w mut std::io::BufWriter<std::fs::File>,
     hash: xxhash_rust::xxh3::Xxh3,
 }
 
-impl HashingWriter {
-    fn new(f: std::fs::File) -> Self {
-        HashingWriter {
-            inner: std::io::BufWriter::with_capacity(1 << 20, f),
-            hash: xxhash_rust::xxh3::Xxh3::new(),
-        }
-    }
-
+impl HashingWriter<'_> {
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.hash.update(b);
         self.inner.write_all(b)
