@@ -668,13 +668,13 @@ _JAX_CACHE: list[str] = []
 
 #: XLA's CPU backend spends most of a tiny model's run compiling: LLVM
 #: optimises each of the train step's ~400 fused kernels (14 s of a 35 s
-#: 20-step run, measured). Tests run tiny models, where optimised code buys
-#: nothing: every test process compiles without LLVM's optimisations (6 s).
-#: What a step computes is the same program; every run a test compares is
-#: compiled with the same flags (this process's own JAX included: set here,
-#: before any test imports it).
+#: 20-step `headwater train`, measured). The subprocesses tests start run
+#: tiny models for a few steps, where optimised code buys nothing: they
+#: compile without LLVM's optimisations (6 s). What a step computes is the
+#: same program. This process keeps XLA's defaults: its tests run hundreds
+#: of steps in process (overfitting a batch took 50 s unoptimised, 27 s
+#: optimised).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = TEST_XLA_FLAGS
 
 
 def jax_cache_dir() -> str:
