@@ -57,12 +57,6 @@ impl std::fmt::Debug for WalkGraph {
     }
 }
 
-impl Default for WalkGraph {
-    fn default() -> Self {
-        WalkGraph::owned(Vec::new(), Vec::new(), Vec::new())
-    }
-}
-
 /// `s` with the lifetime of the buffer it points into.
 ///
 /// # Safety
