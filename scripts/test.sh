@@ -24,4 +24,4 @@ cargo test --quiet
 echo "== pytest"
 # Tests must not touch the user's cache.
 export HEADWATER_CACHE_DIR="${HEADWATER_CACHE_DIR:-$(mktemp -d)}"
-"$PY" -m pytest -q
+"$PY" -m pytest -q --durations=30
