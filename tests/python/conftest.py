@@ -673,7 +673,10 @@ _JAX_CACHE: list[str] = []
 #: compile without LLVM's optimisations (6 s). What a step computes is the
 #: same program. This process keeps XLA's defaults: its tests run hundreds
 #: of steps in process (overfitting a batch took 50 s unoptimised, 27 s
-#: optimised).
+#: optimised). So do runs of many steps over a warm compilation cache
+#: (``child_env(optimised=True)``: the diag matrix, 15 runs of 40-100 steps
+#: mostly of one shape, took 264 s optimised against ~400 s unoptimised,
+#: a step 0.1 against 0.3 s).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
@@ -691,9 +694,12 @@ def jax_cache_dir() -> str:
     return _JAX_CACHE[0]
 
 
-def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
+def child_env(
+    tmp_path: Path, short_tmp: Path | None = None, *, optimised: bool = False
+) -> dict[str, str]:
     """The environment of every subprocess: CPU JAX (sharing the session's
-    compilation cache, :func:`jax_cache_dir`), offline and silent W&B
+    compilation cache, :func:`jax_cache_dir`; unoptimised code unless
+    ``optimised``, see :data:`TEST_XLA_FLAGS`), offline and silent W&B
     with every directory under ``tmp_path``; ``TMPDIR`` (where wandb-core
     puts its Unix sockets, whose paths must stay under 108 bytes) is the
     short pytest directory ``short_tmp``."""
@@ -711,7 +717,7 @@ def child_env(tmp_path: Path, short_tmp: Path | None = None) -> dict[str, str]:
             "WANDB_ARTIFACT_DIR": str(tmp_path / "wandb_artifacts"),
             "HEADWATER_CACHE_DIR": str(tmp_path / "cache"),
             "OPENBLAS_NUM_THREADS": "1",
-            "XLA_FLAGS": TEST_XLA_FLAGS,
+            "XLA_FLAGS": "" if optimised else TEST_XLA_FLAGS,
             # Every compilation is cached, not only those over a second: a
             # run's ~50 small ones take 1.5 s to compile again.
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

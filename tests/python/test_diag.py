@@ -63,7 +63,8 @@ def run_diag_many(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(tmp),
+        # Many steps of few shapes: optimised code (see TEST_XLA_FLAGS).
+        env=child_env(tmp, optimised=True),
         check=False,
     )
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"config"')]
