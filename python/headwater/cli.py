@@ -23,7 +23,8 @@ def _cmd_corpus(a: argparse.Namespace) -> int:
             "corpus manifest ([defaults] or each [[source]])"
         )
     shard = parse_shard(a.shard) if a.shard else None
-    r = preprocess_corpus(a.source, a.out_dir, shard=shard, fail_fast=a.fail_fast)
+    r = preprocess_corpus(a.source, a.out_dir, shard=shard, fail_fast=a.fail_fast, ray=a.ray,
+                          ray_address=a.ray_address)
     print(json.dumps(r, indent=2) if a.json else format_corpus_report(r))
     return 1 if r["counts"]["failed"] else 0
 
@@ -33,8 +34,8 @@ def _cmd_preprocess(a: argparse.Namespace) -> int:
 
     if a.corpus:
         return _cmd_corpus(a)
-    if a.shard or a.fail_fast or a.json:
-        raise ValueError("--shard, --fail-fast and --json go with --corpus")
+    if a.shard or a.fail_fast or a.json or a.ray or a.ray_address:
+        raise ValueError("--shard, --fail-fast, --json, --ray and --ray-address go with --corpus")
     if Path(a.out_dir).exists() and not a.overwrite:
         # The CLI's own wording: the flag, not preprocess()'s keyword.
         raise ValueError(f"out_dir {a.out_dir} already exists (add --overwrite to replace it)")
@@ -280,6 +281,18 @@ def _add_preprocess(sub: Sub) -> None:
         "--fail-fast", action="store_true", help="with --corpus: stop at the first failed source"
     )
     pp.add_argument("--json", action="store_true", help="with --corpus: print the report as JSON")
+    pp.add_argument(
+        "--ray",
+        action="store_true",
+        help="with --corpus: build the sources as Ray tasks (one per source, a source's "
+        "memory_limit its Ray memory) on a local Ray instance started for the run",
+    )
+    pp.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="with --corpus: ... on the running Ray cluster whose head is HOST:PORT (OUT_DIR on a "
+        "file system every node shares)",
+    )
     pp.set_defaults(func=_cmd_preprocess)
 
 

@@ -2,12 +2,18 @@
 root — every good source built (bytes identical to a lone `preprocess`),
 the broken ones reported with their errors and the rest finished, a rerun
 skipping what is done, shards whose union is the corpus, bad manifests
-refused before any work, and the corpus manifest opened as a mixture."""
+refused before any work, and the corpus manifest opened as a mixture; the
+same corpus built as Ray tasks on a two-node local cluster."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,3 +150,91 @@ def test_bad_manifests_are_refused_naming_the_entry(tmp_path: Path) -> None:
             FileNotFoundError)
     refused('[defaults]\nembeder = "hash"\n[[source]]\npath = "a.sqlite"', r"\[defaults\]")
     assert main(["preprocess", "--shard", "0/2", str(tmp_path / "a.sqlite"), str(tmp_path / "o")]) == 2
+
+
+def _in_own_network(cmd: list[str]) -> list[str]:
+    """``cmd`` in a network namespace with only loopback where this user
+    may make one (root), so the servers it starts are reachable from this
+    host only; ``cmd`` itself elsewhere."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None or shutil.which("ip") is None:
+        return cmd
+    return [unshare, "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+
+
+def test_a_corpus_on_ray_clusters_matches_the_sequential_build(
+    tmp_path: Path, make_sqlite: Callable[[Path], Path]
+) -> None:
+    pytest.importorskip("ray")
+    manifest = _corpus(tmp_path, make_sqlite)
+    seq = preprocess_corpus(manifest, tmp_path / "seq", progress=False)
+    out = tmp_path / "ray"
+    script = Path(__file__).with_name("ray_corpus.py")
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths stay short
+    try:
+        cmd = _in_own_network([sys.executable, str(script), str(manifest), str(out)])
+        env = {**os.environ, "RAY_TMPDIR": str(temp)}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    reports = json.loads(r.stdout.splitlines()[-1])
+    first, again = reports["first"], reports["again"]
+    # Every source ran as a task on a cluster of two nodes, both of them used.
+    assert first["engine"] == "ray" and first["nodes"] == 2 and first["resources"]["CPU"] == 2
+    status = {s["name"]: s["status"] for s in first["sources"]}
+    assert status == {"shop": "done", "store": "done", "empty": "failed", "bazaar": "done"}
+    assert len({s["node"] for s in first["sources"]}) == 2, first["sources"]
+    # The broken source is named with the sequential path's error; every
+    # good database is byte-identical to the sequential build's.
+    errors = {s["name"]: s.get("error") for s in seq["sources"]}
+    assert [s["error"] for s in first["sources"] if s["status"] == "failed"] == [errors["empty"]]
+    for name in ("shop", "store", "bazaar"):
+        assert _bytes(out / name) == _bytes(tmp_path / "seq" / name), name
+    assert (out / "corpus.toml").read_text() == (tmp_path / "seq" / "corpus.toml").read_text()
+    # A rerun builds nothing that is done (the broken source is tried again).
+    assert again["counts"] == {"done": 0, "skipped": 3, "failed": 1, "not_run": 0}
+    # `--ray` without an address: a local instance, the same databases.
+    local = reports["local"]
+    assert local["engine"] == "ray" and local["nodes"] == 1, local
+    assert local["counts"] == {"done": 3, "skipped": 0, "failed": 1, "not_run": 0}
+    assert all(_bytes(tmp_path / "ray_local" / n) == _bytes(out / n) for n in status if n != "empty")
+    # The progress lines name each source as its task finishes.
+    assert "ray: 2 node(s), 2 CPUs; 4 source(s) to build" in r.stderr, r.stderr[-3000:]
+    assert re.search(r"\[\d/4\] bazaar: done in", r.stderr), r.stderr[-3000:]
+
+
+def test_a_ray_task_asks_for_its_sources_memory_limit(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from headwater.preprocessing.corpus_ray import _options
+
+    (tmp_path / "a.sqlite").write_bytes(b"")
+    (tmp_path / "c.toml").write_text(
+        '[[source]]\npath = "a.sqlite"\nmemory_limit = "256MiB"\n\n'
+        '[[source]]\npath = "a.sqlite"\nname = "b"\n'
+    )
+    big, small = read_corpus(tmp_path / "c.toml")
+    assert _options(big) == {"name": "preprocess:a", "num_cpus": 1, "max_retries": 0,
+                             "memory": 256 << 20}
+    assert "memory" not in _options(small)
+
+
+@pytest.mark.parametrize(
+    ("address", "match"),
+    [
+        ("127.0.0.1", "expected HOST:PORT"),
+        ("127.0.0.1:99999", "expected HOST:PORT"),
+        ("127.0.0.1:{port}", "127.0.0.1:[0-9]+: no Ray cluster answers there"),
+    ],
+)
+def test_a_ray_address_that_does_not_answer_is_refused_before_any_work(
+    tmp_path: Path, make_sqlite: Callable[[Path], Path], address: str, match: str
+) -> None:
+    pytest.importorskip("ray")
+    from conftest import free_port
+
+    manifest = _corpus(tmp_path, make_sqlite)
+    with pytest.raises(ValueError, match=match):
+        preprocess_corpus(manifest, tmp_path / "out", progress=False,
+                          ray_address=address.format(port=free_port()))
+    assert not (tmp_path / "out" / "shop").exists()

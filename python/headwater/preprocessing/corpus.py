@@ -31,6 +31,10 @@ writes ``OUT/corpus.toml``, a mixture file of the databases that are done
   finishes the rest without redoing what was done.
 - **Isolated failures**: a failing source is reported with its error and
   the others go on; ``fail_fast`` stops at the first.
+- **On Ray** (``ray=True``, ``ray_address``): one Ray task per source,
+  on a local Ray instance or a running cluster
+  (:mod:`headwater.preprocessing.corpus_ray`); the same databases, byte
+  for byte.
 - **Shards** (``shard=(i, n)``, SLURM job arrays): the sources are dealt to
   ``n`` shards by size (largest first, each to the lightest shard; ties by
   name), so shard ``i`` (``0 <= i < n``) builds its share; the union of the
@@ -39,7 +43,8 @@ writes ``OUT/corpus.toml``, a mixture file of the databases that are done
 
 Bad input is refused before any work starts, naming the entry: a missing
 source or schema, two sources with one output name, a name that would
-escape the output root, an unknown key, a bad shard.
+escape the output root, an unknown key, a bad shard, a Ray address that
+does not answer.
 """
 
 from __future__ import annotations
@@ -224,7 +229,9 @@ def _is_done(out: Path, s: CorpusSource) -> bool:
     return bool(r.get("identity") == s.identity() and r.get("content_hash") == content)
 
 
-def _build(out: Path, s: CorpusSource) -> dict[str, Any]:
+def build_source(out: Path, s: CorpusSource) -> dict[str, Any]:
+    """Build ``s`` into ``out/<name>`` and record it done: its report
+    row's fields (rows, bytes, peak resident memory, phases)."""
     from headwater.preprocessing import preprocess
 
     t0 = time.perf_counter()
@@ -264,48 +271,75 @@ def preprocess_corpus(
     shard: tuple[int, int] | None = None,
     fail_fast: bool = False,
     progress: bool = True,
+    ray: bool = False,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Build every source of ``manifest`` (or of shard ``(i, n)``) into
-    ``out_root``; the report: per source its status (``done``, ``skipped``
-    (up to date), ``failed`` with the error, ``not_run`` after a fail-fast
-    stop), seconds, rows, bytes, and for a source built its peak resident
-    memory (the process's, sampled while it was built) and its phases (name,
-    count, seconds, peak memory); the corpus manifest written; totals."""
+    ``out_root``, one after another or, with ``ray`` (or a ``ray_address``),
+    as Ray tasks (:mod:`headwater.preprocessing.corpus_ray`); the report:
+    per source its status (``done``, ``skipped`` (up to date), ``failed``
+    with the error, ``not_run`` after a fail-fast stop), seconds, rows,
+    bytes, and for a source built its peak resident memory (the process's,
+    sampled while it was built) and its phases (name, count, seconds, peak
+    memory); the corpus manifest written; totals."""
     log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     sources = read_corpus(manifest)
     mine = shard_of(sources, shard) if shard else sources
+    if ray_address is not None:
+        from headwater.preprocessing.corpus_ray import check_address
+
+        check_address(ray_address)
     out = Path(out_root)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    stop = False
+    todo: list[tuple[CorpusSource, dict[str, Any]]] = []
     for j, s in enumerate(mine):
         row: dict[str, Any] = {"name": s.name, "source": str(s.path), "status": "not_run",
                                "seconds": 0.0}
         rows.append(row)
-        if stop:
-            continue
         if _is_done(out, s):
             row["status"] = "skipped"
             log(f"[{j + 1}/{len(mine)}] {s.name}: up to date, skipped")
-            continue
-        t0 = time.perf_counter()
-        try:
-            row.update(_build(out, s), status="done")
-        except Exception as e:  # a failing source is reported and the rest go on
-            row.update(status="failed", error=f"{type(e).__name__}: {e}")
-            stop = fail_fast
-        row["seconds"] = time.perf_counter() - t0
-        log(f"[{j + 1}/{len(mine)}] {s.name}: {row['status']} in {row['seconds']:.1f} s"
-            + (f" ({row['error']})" if "error" in row else ""))
+        else:
+            todo.append((s, row))
+    engine: dict[str, Any] = {"engine": "sequential"}
+    if ray or ray_address is not None:
+        from headwater.preprocessing.corpus_ray import run_on_ray
+
+        engine = run_on_ray(out, todo, build_source, address=ray_address, fail_fast=fail_fast,
+                            log=log)
+    else:
+        _run_here(out, todo, fail_fast, log)
     manifest_path = write_corpus_manifest(out, sources)
     counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "skipped", "failed", "not_run")}
     report = {"sources": rows, "counts": counts, "shard": list(shard) if shard else None,
-              "seconds": time.perf_counter() - t_all, "manifest": str(manifest_path)}
+              "seconds": time.perf_counter() - t_all, "manifest": str(manifest_path), **engine}
     name = f"report-{shard[0]}-of-{shard[1]}.json" if shard else "report.json"
     (out / RECORDS).mkdir(exist_ok=True)
     (out / RECORDS / name).write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
+
+
+def _run_here(
+    out: Path,
+    todo: list[tuple[CorpusSource, dict[str, Any]]],
+    fail_fast: bool,
+    log: Callable[[str], None],
+) -> None:
+    """Build each ``(source, report row)`` of ``todo`` in this process, in
+    manifest order, filling its row."""
+    for j, (s, row) in enumerate(todo):
+        t0 = time.perf_counter()
+        try:
+            row.update(build_source(out, s), status="done")
+        except Exception as e:  # a failing source is reported and the rest go on
+            row.update(status="failed", error=f"{type(e).__name__}: {e}")
+        row["seconds"] = time.perf_counter() - t0
+        log(f"[{j + 1}/{len(todo)}] {s.name}: {row['status']} in {row['seconds']:.1f} s"
+            + (f" ({row['error']})" if "error" in row else ""))
+        if fail_fast and row["status"] == "failed":
+            return
 
 
 def format_corpus_report(r: dict[str, Any]) -> str:
