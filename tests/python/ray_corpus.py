@@ -8,7 +8,8 @@ runs :func:`headwater.preprocessing.corpus.preprocess_corpus` on it through
 its address, runs it again (everything built is then skipped), stops the
 cluster's processes, then builds the corpus into ``OUT_local`` on a local
 Ray instance that ``preprocess_corpus(ray=True)`` starts and stops itself,
-and prints the three reports as one JSON line. The test runs
+and prints the three reports as one JSON line (``--local-only``: only the
+local instance's build). The test runs
 it in a network namespace of its own where one can be made (root:
 ``unshare -n``), so Ray's servers, which listen on every interface, are
 reachable only through loopback.
@@ -26,6 +27,9 @@ from headwater.preprocessing.corpus import preprocess_corpus
 
 def main() -> None:
     manifest, out = sys.argv[1:3]
+    if sys.argv[3:] == ["--local-only"]:
+        print(json.dumps({"local": preprocess_corpus(manifest, f"{out}_local", ray=True)}))
+        return
     args = {"num_cpus": 1, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=args)
     try:

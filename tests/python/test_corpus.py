@@ -238,3 +238,57 @@ def test_a_ray_address_that_does_not_answer_is_refused_before_any_work(
         preprocess_corpus(manifest, tmp_path / "out", progress=False,
                           ray_address=address.format(port=free_port()))
     assert not (tmp_path / "out" / "shop").exists()
+
+
+def test_the_generated_corpus_varies_its_schemas_and_breaks_three_sources(tmp_path: Path) -> None:
+    from headwater.data.corpus import generate_corpus
+
+    manifest = generate_corpus(tmp_path / "a", sources=8, rows=60, broken=3, seed=5)
+    again = generate_corpus(tmp_path / "b", sources=8, rows=60, broken=3, seed=5)
+    files = sorted(p.name for p in (tmp_path / "a" / "sources").iterdir())
+    assert all(
+        (tmp_path / "a" / "sources" / f).read_bytes() == (tmp_path / "b" / "sources" / f).read_bytes()
+        for f in files
+    ) and manifest.read_text() == again.read_text()
+    r = preprocess_corpus(manifest, tmp_path / "out", progress=False)
+    assert r["counts"] == {"done": 5, "skipped": 0, "failed": 3, "not_run": 0}
+    errors = sorted(s["error"] for s in r["sources"] if s["status"] == "failed")
+    assert "the file is empty (0 bytes)" in errors[0], errors
+    assert "not a RelBench folder" in errors[1], errors
+    assert "references table `shops`, which is not in the source" in errors[2], errors
+    done = [json.loads((tmp_path / "out" / s["name"] / "metadata.json").read_text())
+            for s in r["sources"] if s["status"] == "done"]
+    assert len({len(m["tables"]) for m in done}) > 1  # not one schema five times
+    with open_sampler(tmp_path / "out" / "corpus.toml", **SMALL) as s:
+        assert len(s.database_metadata()["databases"]) == 5
+        s.next_train_batch()
+
+
+@pytest.mark.slow
+def test_a_hundred_sources_on_ray_match_the_sequential_build(tmp_path: Path) -> None:
+    """The scale run: 100 generated sources (3 broken) built one after
+    another, then on a local Ray instance of this host's CPUs; prints both
+    wall times (the figure for the docs), checks every database byte for
+    byte."""
+    pytest.importorskip("ray")
+    import time
+
+    from headwater.data.corpus import generate_corpus
+
+    manifest = generate_corpus(tmp_path / "c", sources=100, rows=2000, broken=3, seed=0)
+    t0 = time.perf_counter()
+    seq = preprocess_corpus(manifest, tmp_path / "seq", progress=False)
+    t1 = time.perf_counter()
+    script = Path(__file__).with_name("ray_corpus.py")
+    cmd = [sys.executable, str(script), str(manifest), str(tmp_path / "ray"), "--local-only"]
+    r = subprocess.run(_in_own_network(cmd), capture_output=True, text=True, timeout=3600,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-5000:]
+    ray_report = json.loads(r.stdout.splitlines()[-1])["local"]
+    print(f"\n100 sources: sequential {t1 - t0:.1f} s, local Ray {ray_report['seconds']:.1f} s "
+          f"({ray_report['resources']['CPU']:g} CPUs): {ray_report['seconds'] / (t1 - t0):.2f}x")
+    assert seq["counts"] == ray_report["counts"] == {"done": 97, "skipped": 0, "failed": 3,
+                                                     "not_run": 0}
+    for s in seq["sources"]:
+        if s["status"] == "done":
+            assert _bytes(tmp_path / "ray_local" / s["name"]) == _bytes(tmp_path / "seq" / s["name"])
