@@ -74,9 +74,9 @@ def _rows(
     return out
 
 
-def write_source(path: Path, seed: int, rows: int) -> dict[str, object]:
+def write_source(path: Path, seed: int, rows: int) -> None:
     """One SQLite source at ``path`` drawn from ``seed`` (about ``rows`` rows
-    in its largest table); what it holds."""
+    in its largest table)."""
     rng = random.Random(seed)
     tables = [f"t{i}" for i in range(rng.randint(2, 6))]
     text = rng.random() < 0.2
@@ -96,7 +96,6 @@ def write_source(path: Path, seed: int, rows: int) -> dict[str, object]:
         sq.commit()
     finally:
         sq.close()
-    return {"tables": sizes, "text": text}
 
 
 def _write_broken(path: Path, kind: str) -> None:

@@ -303,14 +303,18 @@ def preprocess_corpus(
             log(f"[{j + 1}/{len(mine)}] {s.name}: up to date, skipped")
         else:
             todo.append((s, row))
+    def said(k: int, s: CorpusSource, row: dict[str, Any]) -> None:
+        log(f"[{k}/{len(todo)}] {s.name}: {row['status']} in {row['seconds']:.1f} s"
+            + (f" ({row['error']})" if "error" in row else ""))
+
     engine: dict[str, Any] = {"engine": "sequential"}
     if ray or ray_address is not None:
         from headwater.preprocessing.corpus_ray import run_on_ray
 
-        engine = run_on_ray(out, todo, build_source, address=ray_address, fail_fast=fail_fast,
-                            log=log)
+        engine = run_on_ray(out, todo, build_row, address=ray_address, fail_fast=fail_fast,
+                            log=log, said=said)
     else:
-        _run_here(out, todo, fail_fast, log)
+        _run_here(out, todo, fail_fast, said)
     manifest_path = write_corpus_manifest(out, sources)
     counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "skipped", "failed", "not_run")}
     report = {"sources": rows, "counts": counts, "shard": list(shard) if shard else None,
@@ -321,23 +325,29 @@ def preprocess_corpus(
     return report
 
 
+def build_row(out: Path, s: CorpusSource) -> dict[str, Any]:
+    """:func:`build_source` as a report row's fields, never raising: status
+    ``done`` or ``failed`` with the error (a failing source is reported and
+    the rest go on), and the seconds it took."""
+    t0 = time.perf_counter()
+    try:
+        row = {**build_source(out, s), "status": "done"}
+    except Exception as e:  # reported in the row
+        row = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+    return row | {"seconds": time.perf_counter() - t0}
+
+
 def _run_here(
     out: Path,
     todo: list[tuple[CorpusSource, dict[str, Any]]],
     fail_fast: bool,
-    log: Callable[[str], None],
+    said: Callable[[int, CorpusSource, dict[str, Any]], None],
 ) -> None:
     """Build each ``(source, report row)`` of ``todo`` in this process, in
     manifest order, filling its row."""
     for j, (s, row) in enumerate(todo):
-        t0 = time.perf_counter()
-        try:
-            row.update(build_source(out, s), status="done")
-        except Exception as e:  # a failing source is reported and the rest go on
-            row.update(status="failed", error=f"{type(e).__name__}: {e}")
-        row["seconds"] = time.perf_counter() - t0
-        log(f"[{j + 1}/{len(todo)}] {s.name}: {row['status']} in {row['seconds']:.1f} s"
-            + (f" ({row['error']})" if "error" in row else ""))
+        row.update(build_row(out, s))
+        said(j + 1, s, row)
         if fail_fast and row["status"] == "failed":
             return
 

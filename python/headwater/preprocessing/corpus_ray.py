@@ -46,7 +46,8 @@ class Source(Protocol):
     def size(self) -> int: ...
 
 
-#: Builds a source into the output root: its report row's fields.
+#: Builds a source into the output root: its report row's fields (status,
+#: error, seconds), never raising (``corpus.build_row``).
 Build = Callable[[Path, Any], dict[str, Any]]
 
 
@@ -68,18 +69,11 @@ def check_address(address: str, timeout_s: float = 5.0) -> tuple[str, int]:
 
 
 def _task(build: Build, out: str, source: Source) -> dict[str, Any]:
-    """One source, on a Ray worker: its report row's fields (the error of a
-    failing source included, so it is reported like the sequential path's)."""
+    """One source, on a Ray worker: its report row's fields (``build``
+    reports a failing source's error in them) and the node it ran on."""
     import ray
 
-    t0 = time.perf_counter()
-    row: dict[str, Any] = {"node": ray.get_runtime_context().get_node_id()[:12]}
-    try:
-        row.update(build(Path(out), source), status="done")
-    except Exception as e:  # reported in the row; the other sources go on
-        row.update(status="failed", error=f"{type(e).__name__}: {e}")
-    row["seconds"] = time.perf_counter() - t0
-    return row
+    return {"node": ray.get_runtime_context().get_node_id()[:12], **build(Path(out), source)}
 
 
 def _options(s: Source) -> dict[str, Any]:
@@ -97,6 +91,7 @@ def run_on_ray(
     address: str | None,
     fail_fast: bool,
     log: Callable[[str], None],
+    said: Callable[[int, Any, dict[str, Any]], None],
 ) -> dict[str, Any]:
     """Build each ``(source, report row)`` of ``todo`` with ``build`` as a
     Ray task, filling its row as it finishes (largest sources submitted first); the
@@ -128,8 +123,7 @@ def run_on_ray(
                 row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0],
                            seconds=time.perf_counter() - t0)
             done += 1
-            log(f"[{done}/{len(todo)}] {s.name}: {row['status']} in {row['seconds']:.1f} s"
-                + (f" ({row['error']})" if "error" in row else ""))
+            said(done, s, row)
             if fail_fast and row["status"] == "failed":
                 for r in pending:
                     ray.cancel(r, force=True)
