@@ -14,6 +14,8 @@
 //! known good. Format-1 files have no block checksums: their first read of a
 //! block is counted in [`Integrity::unverified_reads`] (unless the database
 //! was opened with `verify="full"`, which marks every block checked).
+//! The walk graph the sampler derives from a database (`walks/`, in
+//! `crate::sampler`) checks its blocks the same way, into the same record.
 
 // The per-read checks are forced inline: out of line, a call per cell
 // cost a measured ~10% of the sampler's CPU.
@@ -49,7 +51,7 @@ pub struct Integrity {
 
 impl Integrity {
     /// Record a corrupt block (the first one is kept).
-    fn poison(&self, file: &Path, what: String) {
+    pub(crate) fn poison(&self, file: &Path, what: String) {
         let mut first = self
             .first
             .lock()
@@ -108,6 +110,8 @@ pub(crate) struct Blocks {
     marked: AtomicUsize,
     all: AtomicBool,
     integrity: Arc<Integrity>,
+    /// What to do about a corrupt block, in its error.
+    remedy: &'static str,
 }
 
 impl Blocks {
@@ -130,7 +134,15 @@ impl Blocks {
             marked: AtomicUsize::new(0),
             all: AtomicBool::new(n == 0),
             integrity,
+            remedy: "run `headwater verify` on the database",
         }
+    }
+
+    /// Say `remedy` in the error of a corrupt block (a file derived from
+    /// the database is rebuilt, not verified).
+    pub(crate) fn with_remedy(mut self, remedy: &'static str) -> Self {
+        self.remedy = remedy;
+        self
     }
 
     /// The database's record these blocks report to.
@@ -203,12 +215,19 @@ impl Blocks {
             return;
         }
         // The common case: a short range inside one checked block.
-        let first = off.wrapping_sub(self.start) >> self.shift;
-        let last = off.wrapping_add(len).wrapping_sub(self.start + 1) >> self.shift;
-        if first == last && self.is_verified(first) {
+        if self.in_one_checked_block(off, len) {
             return;
         }
         self.touch_range(map, file, off, len);
+    }
+
+    /// Whether bytes `off..off + len` (`len` > 0) lie in one block, and it
+    /// has been checked: two shifts and one relaxed load.
+    #[inline(always)]
+    pub(crate) fn in_one_checked_block(&self, off: usize, len: usize) -> bool {
+        let first = off.wrapping_sub(self.start) >> self.shift;
+        let last = off.wrapping_add(len).wrapping_sub(self.start + 1) >> self.shift;
+        first == last && self.is_verified(first)
     }
 
     /// [`touch`](Self::touch) past its fast path: every block of the range.
@@ -278,8 +297,9 @@ impl Blocks {
         let what = format!(
             "corrupt data: block {b} of {} (bytes {lo}..{hi}) fails its checksum \
              (stored {stored:016x}, computed {computed:016x}); no batch read from it \
-             is delivered (run `headwater verify` on the database)",
-            self.len()
+             is delivered ({})",
+            self.len(),
+            self.remedy
         );
         self.integrity.poison(file, what.clone());
         Some(what)

@@ -171,6 +171,7 @@ mod verify;
 mod views;
 mod writer;
 
+pub(crate) use blocks::{Blocks, BLOCK_SHIFTS};
 pub use blocks::{Integrity, BLOCK_SHIFT, RANDOM_BLOCK_SHIFT};
 pub use database::{Database, EmbeddingKind};
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};

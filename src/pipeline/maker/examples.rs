@@ -87,7 +87,11 @@ impl SamplerCore {
         self.walk_graphs = self
             .dbs
             .iter()
-            .map(|d| WalkGraph::shared(&d.db.graph(), d.db.dir(), d.db.content_hash(), &say))
+            .map(|d| {
+                let db = &d.db;
+                let integrity = db.shared_integrity();
+                WalkGraph::shared(&db.graph(), db.dir(), db.content_hash(), integrity, &say)
+            })
             .collect::<Result<_>>()?;
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
             self.rank_stores = (0..self.dbs.len())
@@ -134,6 +138,9 @@ impl SamplerCore {
         let s = self
             .pool
             .install(|| RankStore::compute(&g, wg, &keys, &p, key));
+        // A corrupt walk-graph block the walks met is in the database's
+        // record: rankings computed past it are never stored.
+        db.integrity().check()?;
         s.write(&path).map_err(unwritable)?;
         let msg = format!(
             "expected_store: {} items ranked in {:.1} s ({} rows, {} complete) into {}",
