@@ -230,6 +230,40 @@ impl Blocks {
         first == last && self.is_verified(first)
     }
 
+    /// Whether blocks `first..=last` have all been checked: one load of a
+    /// word of bits when they share one (a long record of up to 64 blocks
+    /// costs one load, not one per block), else one per 64 blocks, out of
+    /// line. `false` for blocks past the file.
+    #[inline(always)]
+    pub(crate) fn blocks_range_checked(&self, first: usize, last: usize) -> bool {
+        if first >> 6 != last >> 6 {
+            return self.blocks_checked(first, last);
+        }
+        let mask = (u64::MAX >> (63 - (last & 63))) & (u64::MAX << (first & 63));
+        first <= last
+            && self
+                .bits
+                .get(first >> 6)
+                .is_some_and(|w| w.load(Ordering::Relaxed) & mask == mask)
+    }
+
+    /// Whether blocks `first..=last` have all been checked, a word of bits
+    /// at a time.
+    #[inline(never)]
+    fn blocks_checked(&self, first: usize, last: usize) -> bool {
+        if first > last {
+            return false;
+        }
+        (first >> 6..=last >> 6).all(|i| {
+            let lo = if i == first >> 6 { first & 63 } else { 0 };
+            let hi = if i == last >> 6 { last & 63 } else { 63 };
+            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+            self.bits
+                .get(i)
+                .is_some_and(|w| w.load(Ordering::Relaxed) & mask == mask)
+        })
+    }
+
     /// [`touch`](Self::touch) past its fast path: every block of the range.
     #[cold]
     #[inline(never)]
@@ -270,6 +304,11 @@ impl Blocks {
             }
         }
         Ok(())
+    }
+
+    /// [`check`](Self::check) every block: a whole pass over the file.
+    pub(crate) fn check_all(&self, map: &[u8], file: &Path) -> Result<()> {
+        self.check(map, file, self.start, self.end - self.start)
     }
 
     /// The first read of block `b`: hash and compare it (format 2) or count
@@ -384,4 +423,24 @@ pub(crate) fn read_block_table(
         Some(off + 8),
         integrity,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_checked_when_every_block_of_it_is() {
+        // 200 blocks of 4 KiB from byte 4096; format 1: a read marks.
+        let (start, k) = (4096, 4096);
+        let b = Blocks::new(start, start + 200 * k - 100, 12, None, Arc::default());
+        b.touch(&[], Path::new("x"), start + 3 * k, 128 * k);
+        let checked = |first, last| b.blocks_range_checked(first, last);
+        assert!(checked(3, 130) && checked(7, 7), "blocks 3..=130");
+        assert!(checked(63, 64), "across a word of bits");
+        assert!(!checked(2, 10) && !checked(130, 131) && !checked(2, 301));
+        assert!(!checked(usize::MAX - 1, usize::MAX) && !checked(250, 250));
+        b.touch(&[], Path::new("x"), start, 200 * k);
+        assert!(b.all_marked() && checked(0, 199) && !checked(0, 200));
+    }
 }

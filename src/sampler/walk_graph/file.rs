@@ -221,6 +221,8 @@ impl WalkGraph {
             times,
             blocks,
             words_at: l.words.0,
+            word_block: (l.words.0 - l.data.0) >> l.shift,
+            word_shift: l.shift - 2,
             at_at: l.at.0,
             backing: Backing::Mapped {
                 map,
