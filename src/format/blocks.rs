@@ -112,6 +112,8 @@ pub(crate) struct Blocks {
     integrity: Arc<Integrity>,
     /// What to do about a corrupt block, in its error.
     remedy: &'static str,
+    /// The next block [`check_ahead`](Self::check_ahead) looks at.
+    ahead: AtomicUsize,
 }
 
 impl Blocks {
@@ -135,6 +137,7 @@ impl Blocks {
             all: AtomicBool::new(n == 0),
             integrity,
             remedy: "run `headwater verify` on the database",
+            ahead: AtomicUsize::new(0),
         }
     }
 
@@ -304,6 +307,24 @@ impl Blocks {
             }
         }
         Ok(())
+    }
+
+    /// Check up to `n` of the blocks no read has checked yet, in file
+    /// order from where the last call stopped (a corrupt one is recorded
+    /// as a read would record it): a bounded step towards
+    /// [`all_marked`](Self::all_marked), after which a read costs one load.
+    pub(crate) fn check_ahead(&self, map: &[u8], file: &Path, n: usize) {
+        let mut hashed = 0;
+        while hashed < n && !self.all_marked() {
+            let b = self.ahead.fetch_add(1, Ordering::Relaxed);
+            if b >= self.len() {
+                return;
+            }
+            if !self.is_verified(b) {
+                self.first_read(map, file, b);
+                hashed += 1;
+            }
+        }
     }
 
     /// [`check`](Self::check) every block: a whole pass over the file.

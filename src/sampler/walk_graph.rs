@@ -188,6 +188,17 @@ impl WalkGraph {
         }
     }
 
+    /// Check up to `n` blocks that no read has checked yet (a corrupt one
+    /// recorded as a read would): called once per batch, so that after
+    /// `blocks / n` batches every check is one load, while the open and a
+    /// cold read stay bounded (the walks alone would leave unchecked the
+    /// blocks they never read, e.g. row offsets of rows never a seed).
+    pub fn check_ahead(&self, n: usize) {
+        if let Backing::Mapped { map, path } = &self.backing {
+            self.blocks.check_ahead(map, path, n);
+        }
+    }
+
     /// The record offset of row `seed`, once the block holding its entry
     /// is checked; `None` for a row out of range or a corrupt block (the
     /// failure is recorded: the batch fails).

@@ -20,7 +20,10 @@
 //! a walk reads a record only once its blocks are checked, and a corrupt
 //! one ends the walk and fails the batch, naming the file and the block
 //! and how to build it again ([`REBUILD`]). So a cold open reads no record
-//! and a cold random read costs the pages it reads.
+//! and a cold random read costs the pages it reads. Each in-context batch
+//! also checks a bounded run of the blocks not read yet
+//! ([`WalkGraph::check_ahead`]), so that the whole file is checked after a
+//! few hundred batches and a walk step's check is then one load.
 //!
 //! The first process of a host that needs it builds it under a
 //! [`BuildLock`] beside it while the others wait, then every process maps
@@ -519,6 +522,38 @@ mod tests {
         assert!(m.blocks.all_marked());
         assert_eq!(m.blocks.integrity().blocks_verified(), l.blocks as u64);
         assert!(m.blocks.integrity().check().is_ok());
+    }
+
+    #[test]
+    fn checking_ahead_reaches_every_block_a_bounded_step_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut bytes) = written(dir.path());
+        let l = Layout::of(&bytes).unwrap();
+        let m = WalkGraph::open(&path, WalkGraph::file_key("abc")).unwrap();
+        let before = m.blocks.integrity().blocks_verified();
+        let mut calls = 0u64;
+        while !m.blocks.all_marked() {
+            m.check_ahead(3);
+            calls += 1;
+            let verified = m.blocks.integrity().blocks_verified();
+            assert!(
+                verified <= before + 3 * calls,
+                "{verified} after {calls} calls"
+            );
+        }
+        assert_eq!(m.blocks.integrity().blocks_verified(), l.blocks as u64);
+        assert_eq!(calls, (l.blocks as u64 - before).div_ceil(3));
+        drop(m);
+        // A corrupt block no walk reads is found, and recorded, all the same.
+        bytes[l.at.1 - 1] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let m = WalkGraph::open(&path, WalkGraph::file_key("abc")).unwrap();
+        m.check_ahead(l.blocks);
+        let e = m.blocks.integrity().check().unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("block {} of {}", l.blocks - 1, l.blocks)),
+            "{e}"
+        );
     }
 
     #[test]
