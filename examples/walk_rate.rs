@@ -60,7 +60,12 @@ fn main() {
         let run = |wg: &WalkGraph| rate(&g, wg, (lo, hi), (seeds, walks, length)).0;
         let key = WalkGraph::file_key(db.content_hash());
         let path = WalkGraph::path(db.dir(), key);
+        let t0 = Instant::now();
         let lazy = WalkGraph::open(&path, key).expect("the walk graph's file");
+        println!(
+            "mapped, opened in {:.2} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         let checked = WalkGraph::open(&path, key).expect("the walk graph's file");
         checked.check_all().expect("intact");
         println!("mapped, first pass: {:.1} ns/step CPU", run(&lazy));
