@@ -14,6 +14,8 @@
 //! known good. Format-1 files have no block checksums: their first read of a
 //! block is counted in [`Integrity::unverified_reads`] (unless the database
 //! was opened with `verify="full"`, which marks every block checked).
+//! The walk graph the sampler derives from a database (`walks/`, in
+//! `crate::sampler`) checks its blocks the same way, into the same record.
 
 // The per-read checks are forced inline: out of line, a call per cell
 // cost a measured ~10% of the sampler's CPU.
@@ -49,7 +51,7 @@ pub struct Integrity {
 
 impl Integrity {
     /// Record a corrupt block (the first one is kept).
-    fn poison(&self, file: &Path, what: String) {
+    pub(crate) fn poison(&self, file: &Path, what: String) {
         let mut first = self
             .first
             .lock()
@@ -108,6 +110,10 @@ pub(crate) struct Blocks {
     marked: AtomicUsize,
     all: AtomicBool,
     integrity: Arc<Integrity>,
+    /// What to do about a corrupt block, in its error.
+    remedy: &'static str,
+    /// The next block [`check_ahead`](Self::check_ahead) looks at.
+    ahead: AtomicUsize,
 }
 
 impl Blocks {
@@ -130,7 +136,16 @@ impl Blocks {
             marked: AtomicUsize::new(0),
             all: AtomicBool::new(n == 0),
             integrity,
+            remedy: "run `headwater verify` on the database",
+            ahead: AtomicUsize::new(0),
         }
+    }
+
+    /// Say `remedy` in the error of a corrupt block (a file derived from
+    /// the database is rebuilt, not verified).
+    pub(crate) fn with_remedy(mut self, remedy: &'static str) -> Self {
+        self.remedy = remedy;
+        self
     }
 
     /// The database's record these blocks report to.
@@ -203,12 +218,53 @@ impl Blocks {
             return;
         }
         // The common case: a short range inside one checked block.
-        let first = off.wrapping_sub(self.start) >> self.shift;
-        let last = off.wrapping_add(len).wrapping_sub(self.start + 1) >> self.shift;
-        if first == last && self.is_verified(first) {
+        if self.in_one_checked_block(off, len) {
             return;
         }
         self.touch_range(map, file, off, len);
+    }
+
+    /// Whether bytes `off..off + len` (`len` > 0) lie in one block, and it
+    /// has been checked: two shifts and one relaxed load.
+    #[inline(always)]
+    pub(crate) fn in_one_checked_block(&self, off: usize, len: usize) -> bool {
+        let first = off.wrapping_sub(self.start) >> self.shift;
+        let last = off.wrapping_add(len).wrapping_sub(self.start + 1) >> self.shift;
+        first == last && self.is_verified(first)
+    }
+
+    /// Whether blocks `first..=last` have all been checked: one load of a
+    /// word of bits when they share one (a long record of up to 64 blocks
+    /// costs one load, not one per block), else one per 64 blocks, out of
+    /// line. `false` for blocks past the file.
+    #[inline(always)]
+    pub(crate) fn blocks_range_checked(&self, first: usize, last: usize) -> bool {
+        if first >> 6 != last >> 6 {
+            return self.blocks_checked(first, last);
+        }
+        let mask = (u64::MAX >> (63 - (last & 63))) & (u64::MAX << (first & 63));
+        first <= last
+            && self
+                .bits
+                .get(first >> 6)
+                .is_some_and(|w| w.load(Ordering::Relaxed) & mask == mask)
+    }
+
+    /// Whether blocks `first..=last` have all been checked, a word of bits
+    /// at a time.
+    #[inline(never)]
+    fn blocks_checked(&self, first: usize, last: usize) -> bool {
+        if first > last {
+            return false;
+        }
+        (first >> 6..=last >> 6).all(|i| {
+            let lo = if i == first >> 6 { first & 63 } else { 0 };
+            let hi = if i == last >> 6 { last & 63 } else { 63 };
+            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+            self.bits
+                .get(i)
+                .is_some_and(|w| w.load(Ordering::Relaxed) & mask == mask)
+        })
     }
 
     /// [`touch`](Self::touch) past its fast path: every block of the range.
@@ -253,6 +309,29 @@ impl Blocks {
         Ok(())
     }
 
+    /// Check up to `n` of the blocks no read has checked yet, in file
+    /// order from where the last call stopped (a corrupt one is recorded
+    /// as a read would record it): a bounded step towards
+    /// [`all_marked`](Self::all_marked), after which a read costs one load.
+    pub(crate) fn check_ahead(&self, map: &[u8], file: &Path, n: usize) {
+        let mut hashed = 0;
+        while hashed < n && !self.all_marked() {
+            let b = self.ahead.fetch_add(1, Ordering::Relaxed);
+            if b >= self.len() {
+                return;
+            }
+            if !self.is_verified(b) {
+                self.first_read(map, file, b);
+                hashed += 1;
+            }
+        }
+    }
+
+    /// [`check`](Self::check) every block: a whole pass over the file.
+    pub(crate) fn check_all(&self, map: &[u8], file: &Path) -> Result<()> {
+        self.check(map, file, self.start, self.end - self.start)
+    }
+
     /// The first read of block `b`: hash and compare it (format 2) or count
     /// it unchecked (format 1). Returns the failure, also recorded.
     #[cold]
@@ -278,8 +357,9 @@ impl Blocks {
         let what = format!(
             "corrupt data: block {b} of {} (bytes {lo}..{hi}) fails its checksum \
              (stored {stored:016x}, computed {computed:016x}); no batch read from it \
-             is delivered (run `headwater verify` on the database)",
-            self.len()
+             is delivered ({})",
+            self.len(),
+            self.remedy
         );
         self.integrity.poison(file, what.clone());
         Some(what)
@@ -364,4 +444,24 @@ pub(crate) fn read_block_table(
         Some(off + 8),
         integrity,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_checked_when_every_block_of_it_is() {
+        // 200 blocks of 4 KiB from byte 4096; format 1: a read marks.
+        let (start, k) = (4096, 4096);
+        let b = Blocks::new(start, start + 200 * k - 100, 12, None, Arc::default());
+        b.touch(&[], Path::new("x"), start + 3 * k, 128 * k);
+        let checked = |first, last| b.blocks_range_checked(first, last);
+        assert!(checked(3, 130) && checked(7, 7), "blocks 3..=130");
+        assert!(checked(63, 64), "across a word of bits");
+        assert!(!checked(2, 10) && !checked(130, 131) && !checked(2, 301));
+        assert!(!checked(usize::MAX - 1, usize::MAX) && !checked(250, 250));
+        b.touch(&[], Path::new("x"), start, 200 * k);
+        assert!(b.all_marked() && checked(0, 199) && !checked(0, 200));
+    }
 }

@@ -265,6 +265,12 @@ impl Database {
         &self.integrity
     }
 
+    /// The same record, to share with a file derived from the database
+    /// (the walk graph), whose corrupt blocks then fail a batch alike.
+    pub(crate) fn shared_integrity(&self) -> &Arc<Integrity> {
+        &self.integrity
+    }
+
     /// Per block of the file `rel` (a path as `metadata.json` names it),
     /// whether a read has checked it — for tests and diagnostics.
     pub fn verified_blocks(&self, rel: &str) -> Option<Vec<bool>> {

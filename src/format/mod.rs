@@ -111,6 +111,14 @@
 //! Rebuilding the database with this version's `headwater preprocess`
 //! upgrades it.
 //!
+//! The walk graph the sampler derives from a database with `examples`
+//! (`walks/graph-KEY.bin`, docs/contexts.md) is checked the same way: a
+//! table of 4 KiB-block checksums after its header, the header and table
+//! hashed at open, each other block at its first read, into the same
+//! `Integrity` (its blocks count in `integrity/blocks_verified`). A
+//! corrupt block of it fails the batch alike; being derived, it is
+//! rebuilt by deleting the database's `walks/` folder.
+//!
 //! # Sections
 //!
 //! `graph.bin` (N rows, E edges each way):
@@ -171,6 +179,7 @@ mod verify;
 mod views;
 mod writer;
 
+pub(crate) use blocks::{Blocks, BLOCK_SHIFTS};
 pub use blocks::{Integrity, BLOCK_SHIFT, RANDOM_BLOCK_SHIFT};
 pub use database::{Database, EmbeddingKind};
 pub use header::{FileKind, MappedFile, FORMAT_VERSION, MIN_READ_VERSION};

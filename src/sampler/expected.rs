@@ -30,6 +30,10 @@
 //! adds into arrays of a few thousand floats that stay in the core's cache,
 //! instead of reading the record and looking each neighbour up again.
 //!
+//! A record is read only once [`WalkGraph::record_ok`] accepted it (a
+//! refused one is a dead end, and its failure fails the batch); a new
+//! record's lines are only prefetched before that (a hint, in bounds).
+//!
 //! Hot-path invariants: no allocation per context after warm-up (the
 //! table, the per-local arrays and the adjacency are per worker, emptied
 //! after each context) and no random draw.
@@ -120,7 +124,7 @@ impl Spread {
         if self.visits.len() < (hi - lo) as usize {
             self.visits.resize((hi - lo) as usize, 0.0);
         }
-        let Some(&start) = wg.at().get(seed as usize) else {
+        let Some(start) = wg.start_of(seed).map(|o| o as u32) else {
             return Ok(0);
         };
         if p.walk_length == 0 || p.num_walks == 0 {
@@ -232,10 +236,17 @@ impl Spread {
         updates
     }
 
-    /// Read local `id`'s record: its visible degree and its row.
+    /// Read local `id`'s record: its visible degree and its row; a record
+    /// [`WalkGraph::record_ok`] refuses is read as a dead end of no table
+    /// (nothing of it is read: its failure fails the batch).
     fn read(&mut self, wg: &WalkGraph, id: usize, crank: u32, table: (u32, u32)) {
         let w = wg.words();
         let o = self.locals[id].rec as usize;
+        if !wg.record_ok(o) {
+            let l = &mut self.locals[id];
+            (l.deg, l.visit) = (0, u32::MAX);
+            return;
+        }
         let nc = if w[o + 3] < crank {
             w[o + 2]
         } else {
@@ -252,7 +263,8 @@ impl Spread {
     }
 
     /// Write local `id`'s visible neighbours into `edges` as local ids
-    /// (taken for new records); returns where they start.
+    /// (taken for new records); returns where they start. Only for a
+    /// record [`read`](Self::read) accepted (a refused one has degree 0).
     fn link(&mut self, wg: &WalkGraph, id: usize) -> usize {
         let w = wg.words();
         let o = self.locals[id].rec as usize;
@@ -281,7 +293,8 @@ impl Spread {
         if 2 * (self.used.len() + 1) > self.index.len() {
             self.grow();
         }
-        let tag = rec + 1;
+        // Wrapping: `rec` is not checked yet (`read` refuses a bad one).
+        let tag = rec.wrapping_add(1);
         let mask = self.index.len() - 1;
         let mut i = home(tag, mask);
         loop {

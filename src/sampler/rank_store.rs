@@ -92,8 +92,10 @@ impl BuildLock {
 /// What every file a database directory derives (stored rankings, the
 /// walk graph) starts and ends with: an 8-byte magic, a `u32` version, 4
 /// bytes of padding, the `u64` key of what it was built from at byte 16,
-/// then its own header fields up to `len` bytes; and an xxh3-64 of
-/// everything before it as its last 8 bytes.
+/// then its own header fields up to `len` bytes; and as its last 8 bytes
+/// an xxh3-64 of everything before it ([`map`](Self::map)) or of the
+/// prefix its header says ([`map_prefix`](Self::map_prefix): the walk
+/// graph, whose data blocks are checked at their first read).
 pub(crate) struct DerivedHeader {
     pub magic: &'static [u8; 8],
     pub version: u32,
@@ -110,9 +112,24 @@ impl DerivedHeader {
     /// kind, is damaged (its hash), another version, or written under
     /// another `key`. The whole file is read once to check its hash.
     pub fn map(&self, path: &Path, key: u64) -> Result<memmap2::Mmap> {
+        self.map_prefix(path, key, |b| Some(b.len() - 8))
+    }
+
+    /// [`map`](Self::map), the trailing hash covering only the first
+    /// `prefix(file)` bytes: `prefix` reads the (not yet checked) header of
+    /// the file, at least `len` bytes and its hash, and answers `None`
+    /// when the lengths it holds do not describe the file (damaged or cut
+    /// short). The bytes past the prefix are left to the caller to check.
+    pub fn map_prefix(
+        &self,
+        path: &Path,
+        key: u64,
+        prefix: impl FnOnce(&[u8]) -> Option<usize>,
+    ) -> Result<memmap2::Mmap> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: read-only; such files are written whole and renamed into
-        // place, never written in place, and every byte is checked below.
+        // place, never written in place, and every byte read is checked
+        // (below, or by the caller past the prefix).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let b: &[u8] = &map;
         let bad = |what: String| Error::format(path, what);
@@ -120,8 +137,14 @@ impl DerivedHeader {
             return Err(bad(format!("not a headwater {} (magic)", self.kind)));
         }
         let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        let (body, sum) = (&b[..b.len() - 8], word(b.len() - 8));
-        if xxhash_rust::xxh3::xxh3_64(body) != sum {
+        let Some(n) = prefix(b).filter(|&n| (self.len..=b.len() - 8).contains(&n)) else {
+            return Err(bad(format!(
+                "the file is damaged or cut short: its header does not describe its {} bytes",
+                b.len()
+            )));
+        };
+        let sum = word(b.len() - 8);
+        if xxhash_rust::xxh3::xxh3_64(&b[..n]) != sum {
             return Err(bad(format!(
                 "checksum mismatch (stored {sum:016x}): the file is damaged"
             )));

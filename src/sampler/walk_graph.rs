@@ -1,9 +1,25 @@
 //! The walk graph of the `walks` ranker (`super::walks`): the FK graph as
 //! random walks read it, one record of `u32` words per row, so a walk
 //! chases records and never looks a row id up in a second array.
+//!
+//! Invariant: a mapped graph's records and row offsets are read only after
+//! [`WalkGraph::record_ok`] / [`WalkGraph::start_of`] found every block
+//! holding them checked (hashed at their first read, as the database's
+//! own files are: `crate::format::Blocks`, reporting to the database's
+//! `Integrity`), and the record inside the records. A record that fails
+//! ends the walk there, as the dead record does, and the failure recorded
+//! fails the batch: no batch is built from an unchecked or corrupt block.
+//! Once every block is checked (or for a graph built in memory) the check
+//! is one relaxed load.
+
+// The per-step checks are forced inline: they run once per walk step.
+#![allow(clippy::inline_always)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::GraphView;
+use crate::format::{Blocks, GraphView, Integrity, RANDOM_BLOCK_SHIFT};
 use crate::rng::mix64;
 
 mod file;
@@ -30,6 +46,17 @@ pub struct WalkGraph {
     at: &'static [u32],
     /// Distinct child times, sorted.
     times: &'static [i64],
+    /// The mapped file's blocks, each checked at its first read; none (all
+    /// checked) for a graph built in memory.
+    blocks: Blocks,
+    /// File offsets of `words` and `at` (0 in memory).
+    words_at: usize,
+    at_at: usize,
+    /// The block of word 0 of `words` (which starts on a block) and log2
+    /// of the words per block: word `o` lies in block
+    /// `word_block + (o >> word_shift)`.
+    word_block: usize,
+    word_shift: u32,
     backing: Backing,
 }
 
@@ -42,7 +69,9 @@ enum Backing {
         _times: Vec<i64>,
     },
     Mapped {
-        _map: memmap2::Mmap,
+        map: memmap2::Mmap,
+        /// The file, named in errors.
+        path: PathBuf,
     },
 }
 
@@ -53,7 +82,8 @@ impl std::fmt::Debug for WalkGraph {
             .field("rows", &self.at.len())
             .field("times", &self.times.len())
             .field("mapped", &matches!(self.backing, Backing::Mapped { .. }))
-            .finish()
+            .field("all_checked", &self.blocks.all_marked())
+            .finish_non_exhaustive()
     }
 }
 
@@ -111,6 +141,12 @@ impl WalkGraph {
             words: w,
             at: a,
             times: t,
+            // No bytes: every block is checked.
+            blocks: Blocks::new(0, 0, RANDOM_BLOCK_SHIFT, None, Arc::default()),
+            words_at: 0,
+            at_at: 0,
+            word_block: 0,
+            word_shift: RANDOM_BLOCK_SHIFT - 2,
             backing: Backing::Owned {
                 _words: words,
                 _at: at,
@@ -119,16 +155,147 @@ impl WalkGraph {
         }
     }
 
-    /// The records (see the type's doc).
+    /// The records (see the type's doc): a record is read only after
+    /// [`record_ok`](Self::record_ok) accepted it.
     #[inline]
     pub(super) fn words(&self) -> &[u32] {
         self.words
     }
 
-    /// Record offset of each row.
-    #[inline]
+    /// Record offset of each row (read through [`start_of`](Self::start_of)).
+    #[cfg(test)]
     pub(super) fn at(&self) -> &[u32] {
         self.at
+    }
+
+    /// Report the blocks' checks to `integrity` (the database's record, so
+    /// that a corrupt block fails the batch as the database's own would).
+    pub fn report_to(&mut self, integrity: &Arc<Integrity>) {
+        self.blocks.share(integrity.clone());
+    }
+
+    /// Check every block not checked yet, returning the first corrupt one
+    /// (recorded, as a read would): a pass over the whole file, after
+    /// which every read costs one load — for diagnostics and benchmarks;
+    /// the sampler checks blocks as it reads them.
+    ///
+    /// # Errors
+    /// The first corrupt block, naming the file and the block.
+    pub fn check_all(&self) -> Result<()> {
+        match &self.backing {
+            Backing::Mapped { map, path } => self.blocks.check_all(map, path),
+            Backing::Owned { .. } => Ok(()),
+        }
+    }
+
+    /// Check up to `n` blocks that no read has checked yet (a corrupt one
+    /// recorded as a read would): called once per batch, so that after
+    /// `blocks / n` batches every check is one load, while the open and a
+    /// cold read stay bounded (the walks alone would leave unchecked the
+    /// blocks they never read, e.g. row offsets of rows never a seed).
+    pub fn check_ahead(&self, n: usize) {
+        if let Backing::Mapped { map, path } = &self.backing {
+            self.blocks.check_ahead(map, path, n);
+        }
+    }
+
+    /// The record offset of row `seed`, once the block holding its entry
+    /// is checked; `None` for a row out of range or a corrupt block (the
+    /// failure is recorded: the batch fails).
+    #[inline(always)]
+    pub(super) fn start_of(&self, seed: u32) -> Option<usize> {
+        let i = seed as usize;
+        if i >= self.at.len() {
+            return None;
+        }
+        let off = self.at_at + 4 * i;
+        let ok = self.blocks.all_marked()
+            || self.blocks.in_one_checked_block(off, 4)
+            || self.first_read(off, 4);
+        ok.then(|| self.at[i] as usize)
+    }
+
+    /// Whether the record at `o` (an offset read from a checked block) may
+    /// be read: every block holding it checked and intact, and it lies
+    /// inside the records. One relaxed load once the whole file is checked
+    /// (or in memory); else one bit test for a record inside one checked
+    /// block (a load per 64 blocks for a hub's long record); the blocks
+    /// hashed at the first read. `false` ends the walk there; the failure
+    /// is recorded in the integrity record (which fails the batch).
+    #[inline(always)]
+    pub(super) fn record_ok(&self, o: usize) -> bool {
+        self.blocks.all_marked() || self.record_checked(o) || self.check_record(o)
+    }
+
+    /// Whether the record at `o` lies in the records and in blocks already
+    /// checked. Its lengths are read before the test, but only to say
+    /// which words it covers: a record is at least its head, so when every
+    /// block of those words is checked, so was the head, and the lengths
+    /// are the ones written (else the test fails and nothing is used).
+    #[inline(always)]
+    fn record_checked(&self, o: usize) -> bool {
+        let Some(h) = self.words.get(o..o + HEAD) else {
+            return false;
+        };
+        let end = o + HEAD + h[1] as usize + 2 * h[2] as usize;
+        let (first, last) = (o >> self.word_shift, (end - 1) >> self.word_shift);
+        let b = self.word_block + first;
+        // Most records lie in one block: one bit test.
+        end <= self.words.len()
+            && if first == last {
+                self.blocks.is_verified(b)
+            } else {
+                self.blocks.blocks_range_checked(b, self.word_block + last)
+            }
+    }
+
+    /// [`record_ok`](Self::record_ok) past its fast path: check the blocks
+    /// of the record's head, then (its lengths now trusted) of the rest.
+    #[cold]
+    #[inline(never)]
+    fn check_record(&self, o: usize) -> bool {
+        let off = |i: usize| self.words_at + 4 * i;
+        if o.checked_add(HEAD).is_none_or(|end| end > self.words.len()) {
+            return self.out_of_range(o);
+        }
+        if !self.first_read(off(o), 4 * HEAD) {
+            return false;
+        }
+        let len = HEAD + self.words[o + 1] as usize + 2 * self.words[o + 2] as usize;
+        if o + len > self.words.len() {
+            return self.out_of_range(o);
+        }
+        self.first_read(off(o + HEAD), 4 * (len - HEAD))
+    }
+
+    /// Check the blocks of file bytes `off..off + len` (recording a
+    /// failure); `true` when they are intact.
+    #[cold]
+    #[inline(never)]
+    fn first_read(&self, off: usize, len: usize) -> bool {
+        match &self.backing {
+            Backing::Mapped { map, path } => self.blocks.check(map, path, off, len).is_ok(),
+            Backing::Owned { .. } => true,
+        }
+    }
+
+    /// A record at `o` that does not fit the records, in checked blocks (a
+    /// file written wrong): recorded like a corrupt block; `false`.
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&self, o: usize) -> bool {
+        let path = match &self.backing {
+            Backing::Mapped { path, .. } => path.clone(),
+            Backing::Owned { .. } => PathBuf::from("walk graph (in memory)"),
+        };
+        let what = format!(
+            "corrupt data: the record at word {o} does not fit the {} words of records; \
+             no batch read from it is delivered ({})",
+            self.words.len(),
+            file::REBUILD
+        );
+        self.blocks.integrity().poison(&path, what);
+        false
     }
 
     /// Bytes of its arrays (in this process's memory, or mapped).
@@ -146,14 +313,16 @@ impl WalkGraph {
         self.times.partition_point(|&t| t <= cutoff) as u32
     }
 
-    /// The slot of neighbour `k` of the record at `o` (parents first).
+    /// The slot of neighbour `k` of the record at `o` (accepted by
+    /// [`record_ok`](Self::record_ok); parents first).
     #[inline]
     pub(super) fn slot(&self, o: usize, k: u32) -> usize {
         let np = self.words[o + 1];
         o + HEAD + if k < np { k } else { 2 * k - np } as usize
     }
 
-    /// Children of the record at `o` with a rank below `crank` (a prefix).
+    /// Children of the record at `o` (accepted by
+    /// [`record_ok`](Self::record_ok)) with a rank below `crank` (a prefix).
     pub(super) fn visible_children(&self, o: usize, crank: u32) -> u32 {
         let (np, nc) = (self.words[o + 1], self.words[o + 2] as usize);
         let first = o + HEAD + np as usize + 1;
@@ -186,8 +355,9 @@ const CACHE_SLOTS: usize = 1 << 16;
 pub struct HubCache(Vec<(u32, u32, u32)>);
 
 impl HubCache {
-    /// The children of the record at `o` of `wg` visible below `crank` (a
-    /// hub's from the cache after its first search).
+    /// The children of the record at `o` of `wg` (accepted by
+    /// [`WalkGraph::record_ok`]) visible below `crank` (a hub's from the
+    /// cache after its first search).
     pub fn visible(&mut self, wg: &WalkGraph, o: usize, crank: u32) -> u32 {
         if wg.words[o + 2] < CACHED_DEGREE {
             return wg.visible_children(o, crank);

@@ -21,6 +21,9 @@
 //! cutoff, the step draws over all its neighbours and redraws over the
 //! visible ones (a prefix: a binary search, cached per hub) only when it
 //! drew an invisible child: still uniform over the visible neighbours.
+//! A record is read only once [`WalkGraph::record_ok`] accepted it (its
+//! blocks of a mapped graph checked: one load once all are); a refused
+//! one ends the walk, and its failure fails the batch.
 
 use std::cmp::Reverse;
 use std::time::Instant;
@@ -211,7 +214,7 @@ impl WalkCounts {
         rng: &mut Xoshiro256pp,
         deadline: Option<Instant>,
     ) -> Result<u64, u64> {
-        let Some(&start) = wg.at().get(seed as usize) else {
+        let Some(start) = wg.start_of(seed).map(|o| o as u32) else {
             return Ok(0);
         };
         if p.walk_length == 0 {
@@ -283,9 +286,13 @@ impl WalkCounts {
 
     /// Note the row of the record at `o`, then draw the slot of its next
     /// row among all its neighbours and prefetch it; [`NO_SLOT`] when the
-    /// walk ends (its last row, or a row without a neighbour).
+    /// walk ends (its last row, a row without a neighbour, or a record
+    /// [`WalkGraph::record_ok`] refuses: read nothing of it).
     #[inline]
     fn draw(&mut self, wg: &WalkGraph, o: usize, left: &mut u32, rng: &mut Xoshiro256pp) -> u32 {
+        if !wg.record_ok(o) {
+            return NO_SLOT;
+        }
         let w = wg.words();
         self.note(w[o]);
         *left -= 1;
@@ -301,7 +308,8 @@ impl WalkCounts {
     /// The record the slot `s` of the record at `o` names, when it is a
     /// parent or a visible child; else one drawn among the visible
     /// neighbours (read at once: rare enough that deferring it costs
-    /// more), or [`NO_SLOT`] when there is none.
+    /// more), or [`NO_SLOT`] when there is none. The record at `o` is the
+    /// one [`draw`](Self::draw) accepted and drew `s` from.
     #[inline]
     fn read(
         &mut self,

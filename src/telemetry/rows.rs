@@ -542,7 +542,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_integrity_blocks_verified_blocks",
         prometheus_type: Gauge,
         unit: "blocks",
-        help: "database blocks hashed on their first read and found intact, since open (a corrupt one stops the batch that read it)",
+        help: "database blocks (and, with examples, walk-graph blocks) hashed on their first read and found intact, since open (a corrupt one stops the batch that read it)",
         measure: Measure::Last(|r| r.batch.integrity.blocks_verified as f64),
     },
     MetricDef {

@@ -235,9 +235,13 @@ def test_the_walk_graph_is_one_file_the_processes_of_a_host_map(tmp_path: Path) 
     """With examples on, the walk graph is built once per host into the
     database's ``walks/`` and mapped by every process: of three processes
     started together one builds it, all deliver the same batches; a damaged
-    file is refused and built again, and a directory that cannot hold it
-    costs only the sharing (the graph is built in the process's memory)."""
+    header or block table is refused at open and the file built again; a
+    damaged record is found at its first read and fails the batch, naming
+    the file and the block (deleting ``walks/`` builds it again); and a
+    directory that cannot hold it costs only the sharing (the graph is
+    built in the process's memory)."""
     import shutil
+    import struct
 
     db = tmp_path / "golden"
     shutil.copytree(GOLDEN, db, ignore=shutil.ignore_patterns("walks"))  # as never opened
@@ -252,7 +256,7 @@ def test_the_walk_graph_is_one_file_the_processes_of_a_host_map(tmp_path: Path) 
         "print(h.hexdigest())\n"
     )
 
-    def run(n: int) -> tuple[list[str], str]:
+    def run(n: int, rc: int = 0) -> tuple[list[str], str]:
         procs = [
             subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -260,7 +264,7 @@ def test_the_walk_graph_is_one_file_the_processes_of_a_host_map(tmp_path: Path) 
         ]
         got = [p.communicate(timeout=120) for p in procs]
         err = "".join(e for _, e in got)
-        assert [p.returncode for p in procs] == [0] * n, err
+        assert [p.returncode for p in procs] == [rc] * n, err
         return [o.strip() for o, _ in got], err
 
     outs, err = run(3)
@@ -272,11 +276,28 @@ def test_the_walk_graph_is_one_file_the_processes_of_a_host_map(tmp_path: Path) 
     assert again == outs[:1] and "walk graph" not in err, err  # mapped, not built
 
     data = bytearray(graph.read_bytes())
-    data[100] ^= 0xFF
+    data[60] ^= 0xFF  # the first block's checksum (the header is 56 bytes)
     graph.write_bytes(bytes(data))
     again, err = run(1)
     assert again == outs[:1], err
     assert "checksum mismatch" in err and str(graph) in err and "building it again" in err, err
+    assert err.count("built the walk graph") == 1, err
+
+    # A record: the records and the row offsets end the file, before the
+    # padding to 8 and the hash; the golden graph's lie in one block, which
+    # every walk reads.
+    data = bytearray(graph.read_bytes())
+    words, rows = struct.unpack_from("<2Q", data, 24)
+    records = len(data) - 8 - 4 * ((words + rows) % 2) - 4 * (words + rows)
+    data[records + 4 * 5] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    _, err = run(1, rc=1)
+    assert "FormatError" in err and str(graph) in err, err
+    assert "corrupt data: block 1 of 2 " in err and "delete the database's `walks/`" in err, err
+    assert "walk graph" not in err.split("FormatError")[0], err  # opened, not rebuilt
+    shutil.rmtree(db / "walks")
+    again, err = run(1)
+    assert again == outs[:1], err
     assert err.count("built the walk graph") == 1, err
 
     shutil.rmtree(db / "walks")

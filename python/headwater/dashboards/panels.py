@@ -466,11 +466,12 @@ def _invariants() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Blocks verified per rank",
-            "Database blocks (4 KiB pages; 256 KiB in tasks) hashed on their first read and found intact since the "
-            "sampler opened, per rank. Healthy: rises over the first batches, then flattens "
-            "(each block read has been checked once). Pathological: flat at 0 while batches "
-            "flow (a format-1 database: see unverified reads); a corrupt block stops the "
-            "sampler with a FormatError naming the file and block.",
+            "Database blocks (4 KiB pages; 256 KiB in tasks; with examples, the walk graph's "
+            "too) hashed on their first read and found intact since the sampler opened, per "
+            "rank. Healthy: rises over the first batches, then flattens (each block read has "
+            "been checked once). Pathological: flat at 0 while batches flow (a format-1 "
+            "database: see unverified reads); a corrupt block stops the sampler with a "
+            "FormatError naming the file and block.",
             [Q(across("integrity/blocks_verified", by="rank"), "rank {{rank}}")],
             unit="short",
             span=12,
