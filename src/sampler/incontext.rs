@@ -7,7 +7,9 @@
 //!   (`super::walks`), or by recency first with `prefer_latest`, each with
 //!   its BFS shell (at most `local_size` cells, width `bfs_width`) until
 //!   the context is full;
-//! - tier 2: random rows of the table the walks did not visit, the same way.
+//! - tier 2: random rows of the table, those the walks did not visit
+//!   first, the same way, until the context is full or no eligible
+//!   labelled row of the table is left.
 //!
 //! Rules: an example is a row of the seed's table other than the seed,
 //! with a label (`has_label`), and dated strictly before the seed's
@@ -448,9 +450,12 @@ impl Fill<'_, '_> {
         out.tier_cells[tier] += u32::try_from(out.cells - before).unwrap_or(u32::MAX);
     }
 
-    /// Tier 2: random rows of the seed's table that the walks did not
-    /// visit, eligible and labelled, until the context is full (at most
-    /// as many draws as the table has rows or `S` has cells).
+    /// Tier 2, until the context is full: random rows of the seed's table
+    /// the walks did not visit (at most as many draws as the table has
+    /// rows or `S` has cells), then random rows whatever their visits (as
+    /// many draws), then the table in order from a random row. Each is
+    /// taken if eligible and labelled; so a context is short only when no
+    /// such row is left (the last pass reads the table once at most).
     fn random_examples(
         &self,
         seed: u32,
@@ -467,21 +472,51 @@ impl Fill<'_, '_> {
         }
         let mut pick = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x0074_6965_7232));
         let draws = n.min(self.p.seq_len as u64);
-        for _ in 0..draws {
+        for visited in [false, true] {
+            for _ in 0..draws {
+                if self.full(out) {
+                    return Ok(());
+                }
+                let row = lo + pick.below(n) as u32;
+                if visited || sc.rank.walks.get(row) == 0 {
+                    self.random_example(seed, row, rng, bs, sc, out)?;
+                }
+            }
+        }
+        let start = pick.below(n);
+        for i in 0..n {
             if self.full(out) {
                 break;
             }
-            let row = lo + pick.below(n) as u32;
-            if row == seed
-                || sc.rank.walks.get(row) > 0
-                || !self.eligible_time(row)
-                || !(self.p.has_label)(row)
-            {
-                continue;
+            // The pass may read a large table: the deadline holds here too.
+            if i % 4096 == 4095 && self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Stop::Deadline);
             }
-            self.example(row, 2, rng, bs, sc, out)?;
+            let row = lo + ((start + i) % n) as u32;
+            self.random_example(seed, row, rng, bs, sc, out)?;
         }
         Ok(())
+    }
+
+    /// Add `row` as a tier-2 example if it may be one: not the seed, not
+    /// held, eligible and labelled.
+    fn random_example(
+        &self,
+        seed: u32,
+        row: u32,
+        rng: &mut Xoshiro256pp,
+        bs: &mut BfsScratch,
+        sc: &mut ExampleScratch,
+        out: &mut Subgraph,
+    ) -> Result<(), Stop> {
+        if row == seed
+            || sc.local.contains_key(&row)
+            || !self.eligible_time(row)
+            || !(self.p.has_label)(row)
+        {
+            return Ok(());
+        }
+        self.example(row, 2, rng, bs, sc, out)
     }
 }
 

@@ -195,6 +195,42 @@ fn every_tier_keeps_the_rules_on_timed_and_untimed_tables() {
 }
 
 #[test]
+fn a_context_is_short_only_when_no_eligible_labelled_row_is_left() {
+    let sdb = db();
+    let m = sdb.db.metadata();
+    let (mut built, mut short) = (0, 0);
+    for k in 0..m.tasks.len() - 1 {
+        let subs = contexts(&sdb.db, k, true);
+        with_task_params(&sdb.db, k, true, Ranker::Walks, |g, p| {
+            let (lo, hi) = p.table;
+            let ec = usize::from(p.row_cells[g.table_of(lo).unwrap()]);
+            for (sub, obs) in &subs {
+                built += 1;
+                if p.seq_len - sub.cells < ec {
+                    continue;
+                }
+                short += 1;
+                let held: HashSet<u32> = sub.rows.iter().copied().collect();
+                let left = (lo..hi)
+                    .filter(|&r| !held.contains(&r) && (p.has_label)(r))
+                    .filter(|&r| row_time(g, r) == i64::MIN || row_time(g, r) < *obs)
+                    .count();
+                assert_eq!(
+                    left, 0,
+                    "task {k}: {} of {} cells, {left} rows unused",
+                    sub.cells, p.seq_len
+                );
+            }
+        });
+    }
+    eprintln!("{short} of {built} contexts short");
+    assert!(
+        short < built,
+        "every context short: the check proves nothing"
+    );
+}
+
+#[test]
 fn a_broken_filter_lights_the_leak_invariant_in_the_example_tiers() {
     let sdb = db();
     // Task 1: a timed table; without the filter, later rows become examples.
