@@ -81,6 +81,8 @@ pub struct SeqReadings {
     pub temporal_filtered: u64,
     /// Included rows dated after the seed's observation time (must be 0).
     pub temporal_leaks: u64,
+    /// Label cells shown although not known at the seed's time (must be 0).
+    pub label_leaks: u64,
     /// Segments (seeds' contexts) in the sequence.
     pub segments: u32,
     /// Contexts cut to the prefix of their rows that fits a packing budget

@@ -131,6 +131,9 @@ class DatabaseWriter:
     def add_cell_task(
         self, name: str, table: str, column: str, description: str | None = None
     ) -> None: ...
+    def set_label_rule(
+        self, name: str, label_time_column: str | None = None, label_columns: Sequence[str] = ...
+    ) -> None: ...
     def add_task(
         self,
         name: str,

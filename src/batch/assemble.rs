@@ -11,7 +11,7 @@ use super::Batch;
 use crate::format::{bit, ColumnValues, ColumnView, EmbeddingRows, GraphView};
 use crate::prefetch::prefetch;
 use crate::readings::SeqReadings;
-use crate::sampler::Subgraph;
+use crate::sampler::{LabelTimes, Subgraph};
 
 /// The stored columns of one table with their cell type codes.
 pub struct TableCells<'a> {
@@ -44,6 +44,22 @@ pub enum Target<'a> {
     },
 }
 
+/// A cell task's label cells (`crate::sampler::labels`): shown on a row of
+/// the anchor table only once its label was known at the seed's time.
+#[derive(Clone)]
+pub struct LabelCells<'a> {
+    /// The anchor table.
+    pub table: usize,
+    /// Slots of the label cells in the anchor table (the target, the
+    /// task's `label_columns` and its `label_time_column`).
+    pub slots: Vec<usize>,
+    /// When each row's label becomes known.
+    pub times: LabelTimes<'a>,
+    /// Write a label not yet known as a null cell (off: the diagnostic
+    /// `temporal_filter = false`, under which `label_leaks` counts it).
+    pub hide: bool,
+}
+
 /// Everything a worker needs to write sequences of one batch.
 pub struct SeqContext<'a> {
     /// The database graph.
@@ -56,6 +72,10 @@ pub struct SeqContext<'a> {
     pub ts_std: f64,
     /// Where the task's target comes from.
     pub target: Target<'a>,
+    /// A cell task's label cells (`None`: a virtual target).
+    pub labels: Option<LabelCells<'a>>,
+    /// Each seed's observation time (`i64::MAX`: none), by seed position.
+    pub obs_times: &'a [i64],
     /// Rows of `categorical_embeddings.bin`: a larger stored id (a corrupt
     /// payload; payloads are not hashed at open) reads as a null cell.
     pub num_categorical: u32,
@@ -155,7 +175,7 @@ pub fn assemble_sequence(
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
 ) -> SeqReadings {
-    let cells = write_cells(ctx, sub, seed_pos, o, s);
+    let (cells, label_leaks) = write_cells(ctx, sub, seed_pos, o, s);
     for &(c, p) in &sub.edges {
         o.fk_adj[c as usize * r + p as usize] = 1;
     }
@@ -168,6 +188,7 @@ pub fn assemble_sequence(
         children_capped: sub.children_capped,
         temporal_filtered: sub.temporal_filtered,
         temporal_leaks: sub.temporal_leaks,
+        label_leaks,
         segments: 1,
         contexts_cut: 0,
         tier_cells: sub.tier_cells,
@@ -185,7 +206,9 @@ pub fn assemble_sequence(
 
 /// Write the cells of `sub`'s rows in order (the seed row first, led by its
 /// target cell) until the sequence is full; records each row's first
-/// position in `s.row_start`. Returns the cells written.
+/// position in `s.row_start`. A label cell of a row whose label was not
+/// known at the seed's time (the seed's own always) is written null, or,
+/// not hidden, counted. Returns the cells written and that count.
 #[inline(always)]
 fn write_cells(
     ctx: &SeqContext<'_>,
@@ -193,10 +216,10 @@ fn write_cells(
     seed_pos: usize,
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
-) -> usize {
+) -> (usize, u64) {
     const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
-    let mut pos = 0usize;
+    let (mut pos, mut leaks) = (0usize, 0u64);
     s.row_start.clear();
     for (&row, &t) in sub.rows.iter().zip(&sub.tables).take(AHEAD) {
         prefetch_row(ctx, t, row);
@@ -213,12 +236,24 @@ fn write_cells(
             skip_slot = write_target(ctx, tc, local_row, seed_pos, o, s);
             pos = 1;
         }
+        let unknown = ctx.labels.as_ref().filter(|l| {
+            l.table == usize::from(t)
+                && (i == 0 || !l.times.known(&ctx.graph, row, obs_time(ctx, seed_pos)))
+        });
         for (j, c) in tc.columns.iter().enumerate() {
             if j == skip_slot {
                 continue;
             }
             if pos >= seq_len {
                 break;
+            }
+            let mut valid = c.read(local_row);
+            if let Some(l) = unknown.filter(|l| valid && l.slots.contains(&j)) {
+                if l.hide {
+                    valid = false;
+                } else {
+                    leaks += 1;
+                }
             }
             write_value(
                 o,
@@ -227,7 +262,7 @@ fn write_cells(
                 c.column_idx,
                 i as u16,
                 c.values,
-                c.read(local_row),
+                valid,
                 local_row,
                 ctx,
                 &mut s.timestamps,
@@ -236,7 +271,13 @@ fn write_cells(
         }
     }
     s.row_start.push(pos as u32);
-    pos
+    (pos, leaks)
+}
+
+/// The observation time of the seed at `seed_pos` (`i64::MAX`: none).
+#[inline]
+fn obs_time(ctx: &SeqContext<'_>, seed_pos: usize) -> i64 {
+    ctx.obs_times.get(seed_pos).copied().unwrap_or(i64::MAX)
 }
 
 /// Write the target cell at position 0 (the seed row's `local_row` of table

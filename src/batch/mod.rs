@@ -28,7 +28,7 @@ mod timestamp;
 
 pub use assemble::{
     assemble_sequence, collate_text, collate_text_mixed, AssembleScratch, FxHasher, FxMap,
-    SeqContext, TableCells, Target,
+    LabelCells, SeqContext, TableCells, Target,
 };
 pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan};
 pub use perm::rcm_order;

@@ -179,6 +179,7 @@ pub fn assemble_packed_sequence(
         total.children_capped += st.children_capped;
         total.temporal_filtered += st.temporal_filtered;
         total.temporal_leaks += st.temporal_leaks;
+        total.label_leaks += st.label_leaks;
         total.contexts_cut += u32::from(sub.cells_dropped > 0 && sub.budget < seq_len);
         for (t, c) in total.tier_cells.iter_mut().zip(st.tier_cells) {
             *t += c;

@@ -256,6 +256,16 @@ pub struct TaskMeta {
     /// rule. Absent (false) in databases written before it: hash split.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stored_splits: bool,
+    /// Cell tasks: the global index of the anchor table's timestamp column
+    /// that says when each row's label becomes known (a null: never, yet).
+    /// Absent: the row's own time. A row's label cells are hidden in a
+    /// context whose seed was observed before it (docs/contexts.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_time_column: Option<u32>,
+    /// Cell tasks: other stored columns of the anchor table (global
+    /// indices) known only with the label, hidden with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub label_columns: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

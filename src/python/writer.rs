@@ -248,6 +248,20 @@ impl DatabaseWriter {
             .map_err(to_py)
     }
 
+    #[pyo3(signature = (name, label_time_column=None, label_columns=Vec::new()))]
+    fn set_label_rule(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        label_time_column: Option<String>,
+        label_columns: Vec<String>,
+    ) -> PyResult<()> {
+        let w = self.w()?;
+        let cols: Vec<&str> = label_columns.iter().map(String::as_str).collect();
+        py.detach(|| w.set_label_rule(name, label_time_column.as_deref(), &cols))
+            .map_err(to_py)
+    }
+
     #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None, splits=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_task<'py>(

@@ -12,8 +12,8 @@
 //!   labelled row of the table is left.
 //!
 //! Rules: an example is a row of the seed's table other than the seed,
-//! with a label (`has_label`), and dated strictly before the seed's
-//! observation time or undated (a row at the seed's own horizon never
+//! with a label (`has_label`) known at the seed's time (`labels`), and
+//! dated strictly before the seed's observation time or undated (a row at the seed's own horizon never
 //! enters); its shell is cut at its own time (or the seed's, when it has
 //! none). A ranked row the context already holds (an earlier BFS reached
 //! it) keeps its place and gets no shell of its own. Rows are added whole, each once, while they fit `S`; the edges are
@@ -32,6 +32,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
+use super::labels::LabelTimes;
 use super::rank_store::RankStore;
 use super::rankers::{rank, RankArgs, RankScratch, Ranker};
 use super::walks::{WalkGraph, WalkParams};
@@ -100,6 +101,9 @@ pub struct ExampleParams<'a> {
     /// The `expected` ranker's stored rankings of the database, if any
     /// (`expected_store`; the same picks, read instead of computed).
     pub store: Option<&'a RankStore>,
+    /// When each row's label becomes known, if not at its own time: a row
+    /// whose label was not known at the seed's time is no example.
+    pub labels: Option<LabelTimes<'a>>,
 }
 
 /// Per-worker scratch of in-context builds (reused, never per context).
@@ -362,6 +366,16 @@ impl Fill<'_, '_> {
         t == i64::MIN || t < self.bound
     }
 
+    /// Whether `row`'s label was known at the seed's time (always, with the
+    /// filter off: a diagnostic under which `label_leaks` lights up).
+    fn label_known(&self, row: u32) -> bool {
+        !self.p.temporal_filter
+            || self
+                .p
+                .labels
+                .is_none_or(|l| l.known(self.g, row, self.obs_time))
+    }
+
     /// Add example `row` (tier `tier`) and its shell, unless the context is
     /// full or already holds it.
     fn example(
@@ -373,7 +387,7 @@ impl Fill<'_, '_> {
         sc: &mut ExampleScratch,
         out: &mut Subgraph,
     ) -> Result<(), Stop> {
-        if self.full(out) || sc.local.contains_key(&row) {
+        if self.full(out) || sc.local.contains_key(&row) || !self.label_known(row) {
             return Ok(());
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {

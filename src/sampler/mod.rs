@@ -20,6 +20,7 @@
 mod bfs;
 pub mod expected;
 pub mod incontext;
+pub mod labels;
 pub mod rank_store;
 pub mod rankers;
 mod walk_graph;
@@ -27,3 +28,4 @@ pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
 pub use incontext::{build_in_context, ExampleParams, ExampleScratch, SeqRecipe};
+pub use labels::LabelTimes;

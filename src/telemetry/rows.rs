@@ -582,6 +582,18 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::TotalSeq(|_, s| s.temporal_leaks as f64),
     },
     MetricDef {
+        key: "invariants/label_leaks",
+        reduction: Sum,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_invariant_label_leaks_total",
+        prometheus_type: Counter,
+        unit: "cells",
+        help: "label cells shown although the label was known only after the seed's observation time (must stay 0)",
+        measure: Measure::TotalSeq(|_, s| s.label_leaks as f64),
+    },
+    MetricDef {
         key: "batches",
         reduction: Sum,
         buckets: None,

@@ -99,6 +99,7 @@ pub(crate) fn with_task_params<R>(
         prune: 0.25,
         store: None,
         walk_salt: 0,
+        labels: None,
     };
     f(&g, &p)
 }

@@ -52,6 +52,7 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}stage/total_seconds_p50": float(rng.random() * 0.1),
             f"{P}invariants/temporal_leaks": float(rng.integers(0, 3)),
             f"{P}invariants/duplicate_seeds": 0.0,
+            f"{P}invariants/label_leaks": 0.0,
             "trainer/step_seconds": 0.1,
             "trainer/verdict": float(rng.integers(0, 3)),
             "trainer/verdict_rank": 1.0,

@@ -139,6 +139,8 @@ def kind(lang: str, text: str, page: Path = README) -> str:
         return _bash_kind(text)
     if lang == "python":
         return _python_kind(text)
+    if lang == "toml" and "label_time_column" in text:
+        return "toml-label-task"
     if lang == "toml" and "[[tasks]]" in text and "[tables." in text:
         return "toml-schema"
     if lang == "toml" and "[[database]]" in text:
@@ -473,6 +475,17 @@ def test_the_in_context_training_command_runs(
     # The warnings come from the in-context plan, so examples were on.
     launch = json.loads((tmp_path / "runs" / "rtj" / "launch.json").read_text())
     assert launch["overrides"]["sampler.recipe"] == "rt-j", launch
+
+
+def test_label_task_block_is_the_lending_databases_task() -> None:
+    """docs/contexts.md's task with a label time is the generated lending
+    database's, which ``test_labels`` preprocesses and samples."""
+    import tomllib
+
+    from headwater.data.lending import SCHEMA
+
+    (block,) = of_kind("toml-label-task")
+    assert tomllib.loads(block)["tasks"][0] in tomllib.loads(SCHEMA)["tasks"]
 
 
 def test_corpus_manifest_block_reads(tmp_path: Path) -> None:

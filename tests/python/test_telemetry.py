@@ -255,6 +255,7 @@ COUNTERS = [
     "bfs/temporal_filtered",
     "invariants/duplicate_seeds",
     "invariants/temporal_leaks",
+    "invariants/label_leaks",
     "batches",
     "resumes",
 ]
@@ -655,6 +656,7 @@ SPEC_REDUCTIONS = {
     "stage/total_seconds": "HISTOGRAM",
     "invariants/duplicate_seeds": "SUM",
     "invariants/temporal_leaks": "SUM",
+    "invariants/label_leaks": "SUM",
 }
 EXTRA_REDUCTIONS = {
     "pool/steps_to_exhaust_min": "MIN",
@@ -802,6 +804,7 @@ PROM_COUNTERS = {
     "headwater_bfs_temporal_filtered_total": "bfs/temporal_filtered",
     "headwater_invariant_duplicate_seeds_total": "invariants/duplicate_seeds",
     "headwater_invariant_temporal_leaks_total": "invariants/temporal_leaks",
+    "headwater_invariant_label_leaks_total": "invariants/label_leaks",
     "headwater_batches_delivered_total": "batches",
     "headwater_sampler_resumes_total": "resumes",
     "headwater_packing_contexts_cut_total": "packing/contexts_cut",

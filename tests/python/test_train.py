@@ -144,6 +144,7 @@ def test_one_process_loss_falls_and_profile_accounts_for_the_step(
     assert s["invariants"] == {
         "sampler/invariants/duplicate_seeds": 0.0,
         "sampler/invariants/temporal_leaks": 0.0,
+        "sampler/invariants/label_leaks": 0.0,
     }
     # Headspace: the step rate without the sampler, measured by replaying a
     # cached batch.

@@ -447,11 +447,13 @@ def _invariants() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Invariant violations/s per rank",
-            "Rates of duplicate seeds and temporal leaks per rank. Healthy: flat at 0. "
+            "Rates of duplicate seeds, temporal leaks and label leaks per rank. Healthy: flat "
+            "at 0. "
             "Pathological: any non-zero series, which names the offending rank.",
             [
                 Q(across("invariants/duplicate_seeds", by="rank"), "duplicate seeds rank {{rank}}"),
                 Q(across("invariants/temporal_leaks", by="rank"), "temporal leaks rank {{rank}}"),
+                Q(across("invariants/label_leaks", by="rank"), "label leaks rank {{rank}}"),
             ],
             unit="cps",
             span=12,
@@ -475,6 +477,14 @@ def _invariants() -> list[PanelBuilder]:
             [Q(across("integrity/blocks_verified", by="rank"), "rank {{rank}}")],
             unit="short",
             span=12,
+        ),
+        _stat(
+            "Label leaks (time range)",
+            "Label cells shown although the label became known only after the seed's "
+            "observation time (a loan's outcome before its return), over the dashboard's time "
+            "range (cluster sum). Healthy: 0 (green). Pathological: above 0 (red); the model "
+            "reads outcomes from the future.",
+            Q(increase("invariants/label_leaks"), "label leaks", instant=True),
         ),
     ]
 

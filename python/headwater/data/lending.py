@@ -61,6 +61,8 @@ name = "loan_returned_late"
 anchor_table = "loans"
 target_stype = "boolean"
 column = "returned_late"
+label_time_column = "returned_at"   # known at the return, not at the loan
+label_columns = ["days"]            # known with it
 """
 
 

@@ -533,6 +533,15 @@ _TABLE: tuple[Signal, ...] = (
         counter=True,
     ),
     Signal(
+        metric="invariants/label_leaks",
+        rule=total("running total"),
+        healthy=(0.0, 0.0),
+        what="label cells shown before their label was known at the seed's time (run total)",
+        unit="cells",
+        culprit=True,
+        counter=True,
+    ),
+    Signal(
         metric="invariants/duplicate_seeds",
         rule=total("running total"),
         healthy=(0.0, 0.0),

@@ -16,6 +16,8 @@ Format (TOML; JSON with the same structure is accepted too)::
     target_stype = "boolean"         # numerical | boolean | timestamp | categorical
     description = "..."              # optional
     column = "o_orderpriority"       # cell task: mask this column of the anchor row
+    label_time_column = "col"        # optional, cell task: when a row's label is known
+    label_columns = ["col", ...]     # optional, cell task: columns known only with it
     query = "SELECT ..."             # or SQL task: (anchor key, observation time, target)
 
 Unknown keys and bad values raise ``SchemaError`` naming the key path.
@@ -62,6 +64,10 @@ class TaskSchema:
     column: str | None = None
     query: str | None = None
     description: str | None = None
+    # Cell tasks: when a row's label becomes known (default: the row's own
+    # time) and the anchor-row columns known only with it.
+    label_time_column: str | None = None
+    label_columns: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -129,7 +135,8 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     where = f"{src}: tasks[{i}]"
     if not isinstance(k, dict):
         raise SchemaError(f"{where}: expected a table")
-    _check_keys(where, k, {"name", "anchor_table", "target_stype", "column", "query", "description"})
+    _check_keys(where, k, {"name", "anchor_table", "target_stype", "column", "query", "description",
+                           "label_time_column", "label_columns"})
     for req in ("name", "anchor_table", "target_stype"):
         if req not in k:
             raise SchemaError(f"{where}: missing required key `{req}`")
@@ -147,6 +154,15 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     has_col, has_q = "column" in k, "query" in k
     if has_col == has_q:
         raise SchemaError(f"{where}: give exactly one of `column` (cell task) or `query` (SQL)")
+    for key in ("label_time_column", "label_columns"):
+        if key in k and not has_col:
+            raise SchemaError(
+                f"{where}.{key}: only a cell task (`column`) has one; a SQL task's labels "
+                "are its query's rows"
+            )
+    cols = k.get("label_columns", [])
+    if not isinstance(cols, list) or not all(isinstance(c, str) and c for c in cols):
+        raise SchemaError(f"{where}.label_columns: expected a list of column names, got {cols!r}")
     return TaskSchema(
         name=name,
         anchor_table=_str(f"{where}.anchor_table", k["anchor_table"]),
@@ -154,6 +170,11 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
         column=_str(f"{where}.column", k["column"]) if has_col else None,
         query=_str(f"{where}.query", k["query"]) if has_q else None,
         description=k.get("description"),
+        label_time_column=(
+            _str(f"{where}.label_time_column", k["label_time_column"])
+            if "label_time_column" in k else None
+        ),
+        label_columns=list(cols),
     )
 
 

@@ -34,7 +34,7 @@ from headwater.preprocessing.memory import _release_arrow_memory, _Spool
 from headwater.preprocessing.plan import TablePlan
 from headwater.preprocessing.primary_keys import _KeyIndex
 from headwater.preprocessing.row_order import SEEDS_BY_ROW
-from headwater.preprocessing.schema import Schema
+from headwater.preprocessing.schema import Schema, TaskSchema
 from headwater.preprocessing.sources import Source, quote
 
 
@@ -194,6 +194,8 @@ def _add_declared_tasks(
                     f"but the task declares target_stype = {t.target_stype!r}"
                 )
             writer.add_cell_task(t.name, t.anchor_table, t.column, t.description)
+            if t.label_time_column is not None or t.label_columns:
+                _label_rule(writer, t, plan.stypes)
             continue
         assert t.query is not None
         what = "SQL error from DuckDB"
@@ -211,6 +213,27 @@ def _add_declared_tasks(
 # RelBench label file → the split its rows keep (0 train, 1 val, 2 test).
 _RELBENCH_SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 
+
+
+def _label_rule(writer: Any, t: TaskSchema, stypes: dict[str, str]) -> None:
+    """Record when cell task ``t``'s labels become known (its
+    ``label_time_column``, a timestamp column of the anchor table) and the
+    anchor-row columns known only with them (``label_columns``)."""
+    where = f"task `{t.name}`"
+    col = t.label_time_column
+    if col is not None and stypes.get(col) != "timestamp":
+        what = "has no such column" if col not in stypes else f"holds {stypes[col]} values"
+        raise SchemaError(
+            f"{where}.label_time_column: `{t.anchor_table}.{col}` {what}; expected a timestamp "
+            f"column of `{t.anchor_table}` ({', '.join(c for c, s in stypes.items() if s == 'timestamp') or 'none'})"
+        )
+    for c in t.label_columns:
+        if c not in stypes:
+            raise SchemaError(
+                f"{where}.label_columns: table `{t.anchor_table}` has no column `{c}` "
+                f"(columns: {', '.join(stypes)})"
+            )
+    writer.set_label_rule(t.name, col, t.label_columns)
 
 
 def _add_relbench_tasks(

@@ -28,7 +28,11 @@ from headwater.train.verdict import steady_start
 #: Timed phases of a step, in order.
 PHASES = ("sample_wait", "host_to_device", "compute", "telemetry", "other")
 #: The reduced invariant counters the summary warns about.
-INVARIANTS = (f"{PREFIX}invariants/duplicate_seeds", f"{PREFIX}invariants/temporal_leaks")
+INVARIANTS = (
+    f"{PREFIX}invariants/duplicate_seeds",
+    f"{PREFIX}invariants/temporal_leaks",
+    f"{PREFIX}invariants/label_leaks",
+)
 
 
 @dataclasses.dataclass

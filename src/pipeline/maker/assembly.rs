@@ -11,12 +11,12 @@ use super::checks::in_database;
 use super::draw::BuildBuffers;
 use super::plan::{SamplerCore, TargetPlan, TaskGroup};
 use crate::batch::{
-    assemble_packed_sequence, collate_text, collate_text_mixed, AssembleScratch, Batch, SeqContext,
-    TableCells, Target,
+    assemble_packed_sequence, collate_text, collate_text_mixed, AssembleScratch, Batch, LabelCells,
+    SeqContext, TableCells, Target,
 };
 use crate::error::Result;
 use crate::readings::SeqReadings;
-use crate::sampler::Subgraph;
+use crate::sampler::{LabelTimes, Subgraph};
 
 thread_local! {
     static SCRATCH: RefCell<AssembleScratch> = RefCell::new(AssembleScratch::default());
@@ -116,9 +116,23 @@ impl SamplerCore {
                 validity: task.target_validity,
             },
         };
+        let labels = self.label_slots(k).map(|l| {
+            let tc = &tables[l.table];
+            LabelCells {
+                table: l.table,
+                slots: l.slots,
+                times: LabelTimes {
+                    row_offset: tc.row_offset,
+                    column: l.time.map(|s| tc.columns[s]),
+                },
+                hide: self.cfg.temporal_filter,
+            }
+        });
         Ok(SeqContext {
             graph: db.graph(),
             tables,
+            labels,
+            obs_times: task.obs_times,
             ts_mean: m.timestamp_stats.mean_us,
             ts_std: m.timestamp_stats.std_us,
             target,
@@ -126,6 +140,28 @@ impl SamplerCore {
             num_text: u32::try_from(m.num_text_embeddings).unwrap_or(u32::MAX),
             column_offset: mdb.column_offset,
             categorical_offset: mdb.categorical_offset,
+        })
+    }
+
+    /// Cell task `k`'s label cells (`None`: a task whose target is not a
+    /// column of its anchor table).
+    pub(super) fn label_slots(&self, k: usize) -> Option<LabelSlots> {
+        let plan = &self.tasks[k];
+        let TargetPlan::Cell { slot } = plan.target else {
+            return None;
+        };
+        let m = self.dbs[plan.db].db.metadata();
+        let km = &m.tasks[plan.local];
+        let slot_of = |c: u32| m.columns[c as usize].slot.map(|s| s as usize);
+        // The label time is known with the label: hidden with it.
+        let time = km.label_time_column.and_then(slot_of);
+        let mut slots = vec![slot];
+        slots.extend(km.label_columns.iter().filter_map(|&c| slot_of(c)));
+        slots.extend(time);
+        Some(LabelSlots {
+            table: km.anchor_table as usize,
+            slots,
+            time,
         })
     }
 
@@ -163,6 +199,16 @@ impl SamplerCore {
         }
         Ok(())
     }
+}
+
+/// Where a cell task's label cells are in its anchor table.
+pub(super) struct LabelSlots {
+    /// The anchor table.
+    pub(super) table: usize,
+    /// Slots of the target, the task's `label_columns` and its label time.
+    pub(super) slots: Vec<usize>,
+    /// Slot of the `label_time_column`, if any.
+    pub(super) time: Option<usize>,
 }
 
 /// How a batch's contexts are laid out over its sequences.

@@ -20,7 +20,7 @@ use crate::sampler::rank_store::{BuildLock, RankStore, StoreParams};
 use crate::sampler::rankers::Ranker;
 use crate::sampler::walks::WalkGraph;
 use crate::sampler::{
-    build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
+    build_in_context, BfsScratch, ExampleParams, ExampleScratch, LabelTimes, SeqRecipe, Subgraph,
 };
 
 thread_local! {
@@ -247,6 +247,13 @@ impl SamplerCore {
             prune: c.expected_prune as f32,
             walk_salt: 0,
             store: self.rank_stores.get(plan.db),
+            labels: self
+                .label_slots(k)
+                .and_then(|l| l.time)
+                .map(|t| LabelTimes {
+                    row_offset: off,
+                    column: Some(view.columns[t]),
+                }),
         };
         Ok(Some(f(&graph, &p)))
     }

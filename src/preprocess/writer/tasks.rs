@@ -90,9 +90,71 @@ impl DatabaseWriter {
             query: None,
             description,
             stored_splits: false,
+            label_time_column: None,
+            label_columns: Vec::new(),
         };
         self.files.insert(file, digest(len, sum));
         self.tasks.push(meta);
+        Ok(())
+    }
+
+    /// When cell task `name`'s labels become known: `time_column` (a
+    /// timestamp column of its anchor table; `None`: each row's own time)
+    /// and the `columns` of the anchor table known only with the label.
+    pub fn set_label_rule(
+        &mut self,
+        name: &str,
+        time_column: Option<&str>,
+        columns: &[&str],
+    ) -> Result<()> {
+        let k = self
+            .tasks
+            .iter()
+            .position(|k| k.name == name && k.kind == "cell")
+            .ok_or_else(|| {
+                Error::Preprocess(format!("task `{name}`: no cell task of that name"))
+            })?;
+        let t = self.tasks[k].anchor_table as usize;
+        let table = &self.tables[t];
+        let find = |key: &str, col: &str| {
+            table
+                .columns
+                .iter()
+                .map(|&c| &self.columns[c as usize])
+                .find(|c| c.name == col && c.slot.is_some())
+                .map(|c| (c.idx, c.stype))
+                .ok_or_else(|| {
+                    Error::Preprocess(format!(
+                        "task `{name}`.{key}: table `{}` has no stored column `{col}`",
+                        table.name
+                    ))
+                })
+        };
+        let time = match time_column {
+            Some(col) => {
+                let (idx, stype) = find("label_time_column", col)?;
+                if stype != crate::format::SemanticType::Timestamp {
+                    return Err(Error::Preprocess(format!(
+                        "task `{name}`.label_time_column: `{}.{col}` is {}, not a timestamp",
+                        table.name,
+                        stype.name()
+                    )));
+                }
+                Some(idx)
+            }
+            None => None,
+        };
+        let target = self.tasks[k].target_column;
+        let mut hidden = Vec::with_capacity(columns.len());
+        for col in columns {
+            let (idx, _) = find("label_columns", col)?;
+            if idx != target && !hidden.contains(&idx) {
+                hidden.push(idx);
+            }
+        }
+        let task = &mut self.tasks[k];
+        task.label_time_column = time;
+        task.label_columns = hidden;
         Ok(())
     }
 
@@ -220,6 +282,8 @@ impl DatabaseWriter {
             query: input.query,
             description: input.description,
             stored_splits: input.splits.is_some(),
+            label_time_column: None,
+            label_columns: Vec::new(),
         };
         // Every section is written a chunk at a time: the task's rows
         // stay in the caller's (spilled) arrays.
