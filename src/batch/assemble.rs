@@ -220,6 +220,8 @@ fn write_cells(
     const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
     let (mut pos, mut leaks) = (0usize, 0u64);
+    let obs = obs_time(ctx, seed_pos);
+    let hide = ctx.labels.as_ref().is_some_and(|l| l.hide);
     s.row_start.clear();
     for (&row, &t) in sub.rows.iter().zip(&sub.tables).take(AHEAD) {
         prefetch_row(ctx, t, row);
@@ -236,10 +238,16 @@ fn write_cells(
             skip_slot = write_target(ctx, tc, local_row, seed_pos, o, s);
             pos = 1;
         }
-        let unknown = ctx.labels.as_ref().filter(|l| {
-            l.table == usize::from(t)
-                && (i == 0 || !l.times.known(&ctx.graph, row, obs_time(ctx, seed_pos)))
-        });
+        // The label cells of this row not known at the seed's time.
+        let unknown: &[usize] = match &ctx.labels {
+            Some(l)
+                if l.table == usize::from(t)
+                    && (i == 0 || !l.times.known(&ctx.graph, row, obs)) =>
+            {
+                &l.slots
+            }
+            _ => &[],
+        };
         for (j, c) in tc.columns.iter().enumerate() {
             if j == skip_slot {
                 continue;
@@ -248,8 +256,8 @@ fn write_cells(
                 break;
             }
             let mut valid = c.read(local_row);
-            if let Some(l) = unknown.filter(|l| valid && l.slots.contains(&j)) {
-                if l.hide {
+            if valid && !unknown.is_empty() && unknown.contains(&j) {
+                if hide {
                     valid = false;
                 } else {
                     leaks += 1;
