@@ -30,7 +30,7 @@ pub use assemble::{
     assemble_sequence, collate_text, collate_text_mixed, AssembleScratch, FxHasher, FxMap,
     LabelCells, SeqContext, TableCells, Target,
 };
-pub use pack::{assemble_packed_sequence, pack_contexts, PackPlan};
+pub use pack::{assemble_packed_sequence, auto_count, pack_contexts, PackPlan, PADDING_GOAL};
 pub use perm::rcm_order;
 pub use slots::{SegOut, SeqOut};
 pub use tensors::{batch_bytes, batch_keys, Dtype, Shape, TensorData, TensorSpec, TENSORS};

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use super::checks::{check_mixture, warn_stats_split};
 use super::derive;
 use super::open::database_names;
+use crate::batch::auto_count;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::format::Database;
@@ -246,9 +247,9 @@ impl SamplerCore {
             .map(|k| match (self.cfg.pack, self.cfg.pack_factor) {
                 (false, _) => b,
                 (true, 0) => {
-                    let fit = (s / self.tasks[k].seed_cells.max(1)).clamp(1, 64);
-                    let per_seq = (s as f64 / self.probe_context_cells(k)).clamp(1.0, fit as f64);
-                    ((b as f64 * per_seq).round() as usize).clamp(b, b * fit)
+                    let floor = self.tasks[k].seed_cells.max(1);
+                    let fit = (s / floor).clamp(1, 64);
+                    auto_count(&self.probe_context_sizes(k), b, s, fit, floor)
                 }
                 (true, pf) => b * pf,
             })
@@ -262,23 +263,23 @@ impl SamplerCore {
         self.segment_slots = if most <= 1 { 1 } else { (2 * most).min(255) };
     }
 
-    /// The mean unpacked context size (cells, BFS budget `S`) of up to
+    /// The unpacked context sizes (cells, BFS budget `S`) of up to
     /// [`PACK_PROBE`] seeds spread over task `k`'s seed list (all splits:
     /// only their sizes are read), each BFS with a fixed key: deterministic,
-    /// the same on every rank and after a resume.
-    #[allow(clippy::cast_precision_loss)]
-    fn probe_context_cells(&self, k: usize) -> f64 {
+    /// the same on every rank and after a resume. Empty when the task's
+    /// seeds cannot be read.
+    fn probe_context_sizes(&self, k: usize) -> Vec<usize> {
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
         let Ok(task) = mdb.db.task(plan.local) else {
-            return self.cfg.default_sequence_length as f64;
+            return Vec::new();
         };
         let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
         let n = task.anchor_rows.len();
         let probes = n.min(PACK_PROBE);
         let builder = self.context_builder(k);
         let s = self.cfg.default_sequence_length;
-        let cells: Vec<usize> = self.pool.install(|| {
+        self.pool.install(|| {
             (0..probes)
                 .into_par_iter()
                 .filter_map(|j| {
@@ -293,20 +294,17 @@ impl SamplerCore {
                     })
                 })
                 .collect()
-        });
-        if cells.is_empty() {
-            return self.cfg.default_sequence_length as f64;
-        }
-        cells.iter().sum::<usize>() as f64 / cells.len() as f64
+        })
     }
 
     /// Seeds each rank draws per step of task `k` (the global cursor of the
     /// task advances by `world_size` times this): `B` unpacked,
-    /// `B·pack_factor` packed, and with `pack_factor = 0` per task
-    /// `B · S / c̄` rounded (at least `B`, at most what the seed rows allow
-    /// and 64 per sequence), `c̄` the mean context size of a probe of the
-    /// task's seeds measured when the sampler was made: as many contexts
-    /// as fill the sequences on average.
+    /// `B·pack_factor` packed, and with `pack_factor = 0` per task the
+    /// count [`auto_count`] finds for a probe of the task's seeds measured
+    /// when the sampler was made (at least `B`, at most what the seed rows
+    /// allow and 64 per sequence): from `B · S / c̄` (`c̄` the probe's mean
+    /// context size) up, the fewest whose placement leaves at most
+    /// [`PADDING_GOAL`](crate::batch::PADDING_GOAL) padding.
     pub fn seeds_per_step(&self, k: usize) -> usize {
         self.seeds_per_step[k]
     }
