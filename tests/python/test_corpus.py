@@ -218,7 +218,7 @@ def test_a_ray_task_asks_for_its_sources_memory_limit(tmp_path: Path) -> None:
     )
     big, small = read_corpus(tmp_path / "c.toml")
     assert _options(big) == {"name": "preprocess:a", "num_cpus": 1, "max_retries": 0,
-                             "memory": 256 << 20}
+                             "scheduling_strategy": "SPREAD", "memory": 256 << 20}
     assert "memory" not in _options(small)
 
 

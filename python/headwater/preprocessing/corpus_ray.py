@@ -77,7 +77,12 @@ def _task(build: Build, out: str, source: Source) -> dict[str, Any]:
 
 
 def _options(s: Source) -> dict[str, Any]:
-    opts: dict[str, Any] = {"name": f"preprocess:{s.name}", "num_cpus": 1, "max_retries": 0}
+    # SPREAD: sources go to every node of the cluster, not first to fill
+    # the head (its disk and page cache), whatever the order they finish in.
+    opts: dict[str, Any] = {
+        "name": f"preprocess:{s.name}", "num_cpus": 1, "max_retries": 0,
+        "scheduling_strategy": "SPREAD",
+    }
     if s.options.get("memory_limit") is not None:
         opts["memory"] = parse_size(s.options["memory_limit"])
     return opts
