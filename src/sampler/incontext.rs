@@ -13,8 +13,8 @@
 //!
 //! Rules: an example is a row of the seed's table other than the seed,
 //! with a label (`has_label`) known at the seed's time (`labels`), and
-//! dated strictly before the seed's observation time or undated (a row at the seed's own horizon never
-//! enters); its shell is cut at its own time (or the seed's, when it has
+//! dated strictly before the seed's observation time or undated (a row at
+//! the seed's own horizon never enters); its shell is cut at its own time (or the seed's, when it has
 //! none). A ranked row the context already holds (an earlier BFS reached
 //! it) keeps its place and gets no shell of its own. Rows are added whole, each once, while they fit `S`; the edges are
 //! every FK edge between the context's rows. The seed is row 0, so assembly

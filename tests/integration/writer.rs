@@ -209,6 +209,21 @@ fn bad_inputs_are_named() {
             .contains("anchors row 7 of `a`, which has 3 rows"),
         "{e}"
     );
+    w.add_cell_task("a.x", "a", "x", None).unwrap();
+    let e = w.set_label_rule("a.x", Some("x"), &[]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("task `a.x`.label_time_column: `a.x` is numerical, not a timestamp"),
+        "{e}"
+    );
+    let e = w.set_label_rule("a.x", None, &["id"]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("task `a.x`.label_columns: table `a` has no stored column `id`"),
+        "{e}"
+    );
+    let e = w.set_label_rule("far", None, &[]).unwrap_err();
+    assert!(e.to_string().contains("task `far`: no cell task"), "{e}");
 }
 
 fn spec(name: &str, num_rows: usize, num_stored: usize) -> TableSpec {

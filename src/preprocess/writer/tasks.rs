@@ -117,11 +117,7 @@ impl DatabaseWriter {
         let t = self.tasks[k].anchor_table as usize;
         let table = &self.tables[t];
         let find = |key: &str, col: &str| {
-            table
-                .columns
-                .iter()
-                .map(|&c| &self.columns[c as usize])
-                .find(|c| c.name == col && c.slot.is_some())
+            self.stored_column(t, col)
                 .map(|c| (c.idx, c.stype))
                 .ok_or_else(|| {
                     Error::Preprocess(format!(
@@ -158,23 +154,26 @@ impl DatabaseWriter {
         Ok(())
     }
 
+    /// The stored column `name` of table `t`, if it has one.
+    fn stored_column(&self, t: usize, name: &str) -> Option<&ColumnMeta> {
+        self.tables[t]
+            .columns
+            .iter()
+            .map(|&c| &self.columns[c as usize])
+            .find(|c| c.name == name)
+    }
+
     /// The anchor table and target column of cell task `name`: a stored
     /// column of `table` that a decoder head predicts.
     fn cell_target(&self, name: &str, table: &str, column: &str) -> Result<(usize, ColumnMeta)> {
         let t = self.table_index(table).ok_or_else(|| {
             Error::Preprocess(format!("task `{name}`: unknown anchor table `{table}`"))
         })?;
-        let col = self.tables[t]
-            .columns
-            .iter()
-            .map(|&c| &self.columns[c as usize])
-            .find(|c| c.name == column)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Preprocess(format!(
-                    "task `{name}`: table `{table}` has no stored column `{column}`"
-                ))
-            })?;
+        let col = self.stored_column(t, column).cloned().ok_or_else(|| {
+            Error::Preprocess(format!(
+                "task `{name}`: table `{table}` has no stored column `{column}`"
+            ))
+        })?;
         if !col.stype.is_target() {
             return Err(Error::Preprocess(format!(
                 "task `{name}`: column `{table}.{column}` is {}, which no decoder head predicts (numerical, boolean, timestamp, categorical)",
