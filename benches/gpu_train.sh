@@ -8,7 +8,7 @@
 # Expects (carried beside the checkout, git-ignored):
 #   .devcarry/_native.cpython-312-x86_64-linux-gnu.so  the extension, built for
 #       the machine's Python (here: PYO3_CONFIG_FILE with version=3.12,
-#       cargo build --release --features python --lib, then strip --strip-debug)
+#       cargo build --release -p headwater-python, then strip --strip-debug)
 #   .devcarry/db/<name>/      a database (`headwater default-db` output)
 #   .devcarry/site_optax/     optax, used only if the machine's optax lacks Muon
 # Phases (each under `timeout`, skipped when the call's time budget is short):

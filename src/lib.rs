@@ -26,21 +26,15 @@
 pub mod batch;
 pub mod bench;
 pub mod config;
-pub mod error;
-pub mod format;
 pub mod pipeline;
-pub mod prefetch;
 pub mod preprocess;
-pub mod probes;
-pub mod readings;
-pub mod rng;
 pub mod sampler;
 pub mod seeds;
 pub mod stalls;
-pub mod telemetry;
 
-#[cfg(feature = "python")]
-mod python;
+pub use headwater_common::{error, prefetch, probes, readings, rng};
+pub use headwater_format as format;
+pub use headwater_telemetry as telemetry;
 
 pub use batch::Batch;
 pub use config::{SamplerConfig, TaskPick};

@@ -2,13 +2,12 @@
 //! column of n rows allocates a bounded buffer, not a second copy of the
 //! column (4-8 bytes per row: gigabytes for a table of 10^9 rows). Its own
 //! test binary, so that a counting global allocator sees only this test's
-//! allocations. Not built with the `python` feature, whose library sets its
-//! own global allocator (mimalloc).
+//! allocations. (The Python binding, which sets its own global allocator,
+//! is another crate: `crates/python`.)
 
 // Tests spell out their cases in line; the 80-line bound on functions
 // (clippy.toml) is for the library.
 #![allow(clippy::too_many_lines)]
-#![cfg(not(feature = "python"))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -6,7 +6,7 @@ the metric table (``headwater._native.metric_table()`` and
 ``trainer_gauges()``), the sampler's config table
 (``sampler_config_schema()``) and the ``headwater train`` sections
 (the dataclasses of :mod:`headwater.train.config`, their ``#:`` comments as
-docs), and the format spec (the module doc of ``src/format/mod.rs``).
+docs), and the format spec (the module doc of ``crates/format/src/lib.rs``).
 
 Run from the repository root::
 
@@ -70,7 +70,7 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
 # ----------------------------------------------------------------------------
 
 #: What the drain, the reducer and the exporters derive from one row, by
-#: reduction kind (the rules of ``src/telemetry/`` and
+#: reduction kind (the rules of ``crates/telemetry/src/`` and
 #: ``headwater.telemetry``).
 _DERIVED = {
     "MIN": "`<key>_argmin_rank` after `reduce`",
@@ -114,7 +114,7 @@ def metrics_page(metrics: list[Any], gauges: list[Any]) -> str:
         "# Every metric",
         "",
         f"The sampler records {len(metrics)} metrics, each one row of the metric table in",
-        "`src/telemetry/` (listed by `headwater._native.metric_table()`). A row is the",
+        "`crates/telemetry/src/` (listed by `headwater._native.metric_table()`). A row is the",
         "drain key (under `sampler/` in `drain_step_metrics()`), the cross-rank reduction,",
         "the unit, the Prometheus series and, for histograms, the bucket layout and the",
         "rule its quantiles are read with. `{task}` and `{database}` stand for a task",
@@ -336,7 +336,7 @@ _RUSTDOC_LINK = re.compile(r"\[(`[^`\]]+`)\]")
 
 
 def format_page(mod_rs: str) -> str:
-    """``docs/format.md``: the module doc of ``src/format/mod.rs``."""
+    """``docs/format.md``: the module doc of ``crates/format/src/lib.rs``."""
     doc = []
     for line in mod_rs.splitlines():
         if line.startswith("//!"):
@@ -350,12 +350,12 @@ def format_page(mod_rs: str) -> str:
     title, _, rest = body.partition("\n")
     return "\n".join(
         [
-            _BANNER.format(cmd=COMMAND, src="the module doc of `src/format/mod.rs`"),
+            _BANNER.format(cmd=COMMAND, src="the module doc of `crates/format/src/lib.rs`"),
             "# On-disk format",
             "",
             title,
             "",
-            "This page is the module documentation of `src/format/mod.rs`, the",
+            "This page is the module documentation of `crates/format/src/lib.rs`, the",
             "module that reads the format: the spec lives beside the code.",
             rest.rstrip(),
             "",
@@ -393,7 +393,7 @@ def pages(root: Path) -> dict[str, str]:
             _train_sections(),
         ),
         "docs/format.md": lambda: format_page(
-            (root / "src" / "format" / "mod.rs").read_text(encoding="utf-8")
+            (root / "crates" / "format" / "src" / "lib.rs").read_text(encoding="utf-8")
         ),
     }
     return {path: build() for path, build in builders.items()}

@@ -133,7 +133,9 @@ pub(super) fn capture_stack(tid: i32) -> std::result::Result<Vec<usize>, String>
 /// its file and line), if any. The frames of the handler itself come first
 /// and are left out.
 pub(super) fn symbolise(frames: &[usize]) -> (Vec<String>, Option<String>) {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    // headwater's own code: the core's `src/` and each floor's
+    // `crates/*/src/` of this workspace.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/");
     let this = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stalls/");
     let mut lines = Vec::new();
     let mut stuck_in = None;
@@ -162,7 +164,7 @@ pub(super) fn symbolise(frames: &[usize]) -> (Vec<String>, Option<String>) {
             };
             let ours = file
                 .as_deref()
-                .is_some_and(|f| f.starts_with(src) && !f.starts_with(this));
+                .is_some_and(|f| ours_file(root, f) && !f.starts_with(this));
             if stuck_in.is_none() && ours {
                 stuck_in = Some(format!("{name}{place}"));
             }
@@ -174,6 +176,19 @@ pub(super) fn symbolise(frames: &[usize]) -> (Vec<String>, Option<String>) {
         return symbolise_all(frames);
     }
     (lines, stuck_in)
+}
+
+/// Whether `file` is a source file of this workspace under `root`: the
+/// core's `src/` or a floor's `crates/NAME/src/`.
+fn ours_file(root: &str, file: &str) -> bool {
+    let Some(rel) = file.strip_prefix(root) else {
+        return false;
+    };
+    rel.starts_with("src/")
+        || rel
+            .strip_prefix("crates/")
+            .and_then(|r| r.split_once('/'))
+            .is_some_and(|(_, rest)| rest.starts_with("src/"))
 }
 
 /// Every frame, unfiltered (the fallback of [`symbolise`]).
@@ -211,5 +226,20 @@ pub(super) fn python_stacks() {
         {
             libc::kill(libc::getpid(), PYTHON_STACKS_SIGNAL);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ours_file;
+
+    #[test]
+    fn our_frames_are_the_cores_and_every_floors_sources() {
+        let root = "/w/headwater/";
+        assert!(ours_file(root, "/w/headwater/src/sampler/bfs.rs"));
+        assert!(ours_file(root, "/w/headwater/crates/format/src/views.rs"));
+        assert!(!ours_file(root, "/w/headwater/crates/format/tests/x.rs"));
+        assert!(!ours_file(root, "/w/headwater/tests/integration/main.rs"));
+        assert!(!ours_file(root, "/home/u/.cargo/registry/src/rayon/lib.rs"));
     }
 }

@@ -1,5 +1,5 @@
 //! The layout rule of CONTRIBUTING.md on the Rust sources: no `.rs` file under
-//! `src/` is over 600 lines, except a named data table (long because it
+//! `src/` or a floor's `crates/*/src/` is over 600 lines, except a named data table (long because it
 //! lists many rows, not because it holds logic), whose module doc says it
 //! is a data table. Function length is clippy's `too_many_lines`
 //! (threshold 80 in `clippy.toml`).
@@ -10,7 +10,7 @@ const MAX_LINES: usize = 600;
 
 /// Files allowed over the limit because they are data tables; each one's
 /// module doc must say "data table".
-const DATA_TABLES: &[&str] = &["src/telemetry/rows.rs"];
+const DATA_TABLES: &[&str] = &["crates/telemetry/src/rows.rs"];
 
 /// Files over the limit while their room is being split.
 // being split
@@ -32,6 +32,15 @@ fn no_source_file_is_over_600_lines_unless_a_named_data_table() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    for floor in std::fs::read_dir(root.join("crates")).unwrap() {
+        rust_files(&floor.unwrap().path().join("src"), &mut files);
+    }
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("crates/format/src/lib.rs")),
+        "the floors' sources were not found"
+    );
     files.sort();
     let mut problems = Vec::new();
     let mut over = Vec::new();

@@ -145,7 +145,7 @@ def quantile(
     mx: float,
     rule: str | None = "upper_edge",
 ) -> float:
-    """src/telemetry/hist.rs::quantile_from_buckets, transcribed (rule
+    """crates/telemetry/src/hist.rs::quantile_from_buckets, transcribed (rule
     "midpoint": the middle of the bucket's lower and upper edges)."""
     total = sum(counts)
     if total == 0:

@@ -16,10 +16,14 @@ not a loop between rooms.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "python"
@@ -238,38 +242,31 @@ def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:
     assert _cycles(two) == [["x", "y", "x"], ["p", "q", "p"]]
 
 
-# The Rust sources: the same no-loop rule over `src/`, one node per file.
+# The Rust sources: the same no-loop rule over each crate's `src/`, one node
+# per file. Between crates the arrows are the crate graph's (a use of a
+# floor above is a compile error; `test_the_crate_graph_is_the_documented_floors`
+# pins it to ARCHITECTURE.md's table).
+RUST_SOURCES = [ROOT / "src", *sorted(p / "src" for p in (ROOT / "crates").iterdir())]
 RUST_SOURCE = ROOT / "src"
-# Rooms a room must never reach (CONTRIBUTING.md, "Arrows point down"): the
-# measurement vocabulary imports nothing of the crate, `format` knows nothing
-# of sampling, `batch` and `telemetry` know nothing of each other.
+# Inside the core crate (`src/`), rooms a room must never reach
+# (CONTRIBUTING.md, "Arrows point down"): the seed and walk rooms know
+# nothing of the tensors or the maker, the seeds nothing of the walks.
 RUST_FORBIDDEN: dict[str, set[str]] = {
-    "readings": {
-        "batch",
-        "config",
-        "format",
-        "pipeline",
-        "preprocess",
-        "sampler",
-        "seeds",
-        "telemetry",
-    },
-    "format": {"batch", "pipeline", "preprocess", "sampler", "seeds", "telemetry"},
-    "batch": {"pipeline", "telemetry"},
-    "telemetry": {"batch", "pipeline", "sampler", "seeds"},
-    "sampler": {"batch", "pipeline", "telemetry"},
-    "seeds": {"batch", "pipeline", "sampler", "telemetry"},
+    "batch": {"pipeline", "bench"},
+    "sampler": {"batch", "pipeline", "bench"},
+    "seeds": {"batch", "pipeline", "sampler", "bench"},
+    "config": {"batch", "pipeline", "sampler", "seeds", "bench"},
 }
 _RUST_PATH = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 _RUST_USE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.M | re.S)
 
 
-def _rust_modules() -> dict[tuple[str, ...], Path]:
-    """Every file of `src/` by module path (`("pipeline", "maker", "draw")`;
-    a `mod.rs` or `lib.rs` by its folder's path)."""
+def _rust_modules(source: Path = RUST_SOURCE) -> dict[tuple[str, ...], Path]:
+    """Every file of a crate's `source` folder by module path (`("pipeline",
+    "maker", "draw")`; a `mod.rs` or `lib.rs` by its folder's path)."""
     out: dict[tuple[str, ...], Path] = {}
-    for path in sorted(RUST_SOURCE.rglob("*.rs")):
-        parts = list(path.relative_to(RUST_SOURCE).with_suffix("").parts)
+    for path in sorted(source.rglob("*.rs")):
+        parts = list(path.relative_to(source).with_suffix("").parts)
         if parts[-1] in ("mod", "lib"):
             parts.pop()
         out[tuple(parts)] = path
@@ -312,11 +309,12 @@ def _rust_target(
     return None
 
 
-def _rust_graph() -> dict[str, set[str]]:
-    """File → the files it names, leaving out a module's edges to its own
-    ancestors and descendants (a `mod.rs` re-exporting its files, or a file
-    using its parent's items, is one room, not a loop between rooms)."""
-    modules = _rust_modules()
+def _rust_graph(source: Path = RUST_SOURCE) -> dict[str, set[str]]:
+    """File → the files of the same crate it names, leaving out a module's
+    edges to its own ancestors and descendants (a `mod.rs` re-exporting its
+    files, or a file using its parent's items, is one room, not a loop
+    between rooms)."""
+    modules = _rust_modules(source)
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         edges = set()
@@ -333,11 +331,13 @@ def _rust_graph() -> dict[str, set[str]]:
 
 
 def test_no_rust_use_cycles_and_arrows_point_down() -> None:
+    assert len(RUST_SOURCES) >= 5, RUST_SOURCES
+    for source in RUST_SOURCES:
+        cycles = _cycles(_rust_graph(source))
+        assert not cycles, f"use cycles between {source} files (arrows must point down):\n" + (
+            "\n".join(" -> ".join(c) for c in cycles)
+        )
     graph = _rust_graph()
-    cycles = _cycles(graph)
-    assert not cycles, "use cycles between src/ files (arrows must point down):\n" + (
-        "\n".join(" -> ".join(c) for c in cycles)
-    )
     wrong = sorted(
         f"{a} -> {b}"
         for a, bs in graph.items()
@@ -345,6 +345,43 @@ def test_no_rust_use_cycles_and_arrows_point_down() -> None:
         if b.split("::")[0] in RUST_FORBIDDEN.get(a.split("::")[0], set())
     )
     assert not wrong, "a room reaches a room above it:\n" + "\n".join(wrong)
+
+
+def _documented_floors() -> dict[str, set[str]]:
+    """ARCHITECTURE.md's floor table: crate → the workspace crates it uses."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(headwater[\w-]*)` \| [^|]* \| ([^|]*) \|$", text, flags=re.M)
+    return {name: set(re.findall(r"`(headwater[\w-]*)`", uses)) for name, uses in rows}
+
+
+def test_the_crate_graph_is_the_documented_floors() -> None:
+    """Each workspace crate depends on exactly the floors ARCHITECTURE.md's
+    table gives it (normal dependencies; a crate may name itself for its
+    tests), and every crate of the workspace is in the table."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.skip("no cargo")
+    meta = json.loads(
+        subprocess.run(
+            [cargo, "metadata", "--no-deps", "--format-version", "1", "--offline"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    ours = {p["name"] for p in meta["packages"]}
+    real = {
+        p["name"]: {
+            d["name"]
+            for d in p["dependencies"]
+            if d["name"] in ours and d["kind"] is None and d["name"] != p["name"]
+        }
+        for p in meta["packages"]
+    }
+    floors = _documented_floors()
+    assert len(floors) >= 5, floors
+    assert real == floors, f"crate graph {real} != ARCHITECTURE.md's floors {floors}"
 
 
 def test_the_rust_use_graph_sees_groups_inline_paths_and_super() -> None:
@@ -364,4 +401,7 @@ fn f() { let x = crate::format::Database::open(); let y = super::plan::derive(1)
     assert here in modules
     assert _rust_target(here, "super::draw::Planned", modules) == ("pipeline", "maker", "draw")
     assert _rust_target(here, "crate::batch::Batch", modules) == ("batch",)
-    assert _rust_target(here, "crate::readings::stage", modules) == ("readings",)
+    assert _rust_target(here, "crate::seeds::Split", modules) == ("seeds",)
+    # A floor's path through the core's re-export lands in no room of the
+    # core but its root (`lib.rs`, which re-exports it).
+    assert _rust_target(here, "crate::readings::stage", modules) == ()

@@ -205,7 +205,7 @@ def buckets(d: dict[str, float], key: str) -> list[float]:
 def quantile(
     edges: list[float], counts: list[float], q: float, mx: float, rule: str = "upper_edge"
 ) -> float:
-    """The documented rule (src/telemetry/hist.rs): the bucket holding rank
+    """The documented rule (crates/telemetry/src/hist.rs): the bucket holding rank
     ceil(q * n) read at its upper edge (or, rule "midpoint", the midpoint of
     its lower and upper edges; lower 0 for the first), capped by the max."""
     total = sum(counts)
@@ -774,7 +774,7 @@ def test_schema_keys_and_reductions(small: SmallDb, closing: list[Any]) -> None:
 # Prometheus
 # ----------------------------------------------------------------------------
 
-# Prometheus name → drain key (src/telemetry/export/prometheus.rs).
+# Prometheus name → drain key (crates/telemetry/src/export/prometheus.rs).
 PROM_GAUGES = {
     "headwater_pool_remaining_min_seeds": "pool/remaining_min",
     "headwater_pool_remaining_max_seeds": "pool/remaining_max",

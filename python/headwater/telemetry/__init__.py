@@ -11,7 +11,7 @@ ranks reduce the drains into one dict that is identical on every rank:
   ``<key>_max`` and ``<key>_argmax_rank``;
 * ``HISTOGRAM`` keys: bucket counts summed (``<key>/bucket_NN``), ``<key>_max``
   the largest per-rank max, and ``<key>_p50`` / ``<key>_p95`` computed from the
-  *merged* buckets with the rule of ``src/telemetry/hist.rs``
+  *merged* buckets with the rule of ``crates/telemetry/src/hist.rs``
   (``quantile_from_buckets``: rank ``ceil(q * total)`` clamped to >= 1, the upper
   edge of the first bucket whose cumulative count reaches it, capped by the
   merged max; the ``+inf`` bucket gives the merged max) -- never an average of

@@ -4,7 +4,7 @@
 expanded for one database and config) into index arrays per reduction kind,
 packs one rank's drain into :class:`Packed`, reduces gathered drains with
 numpy and unpacks a :class:`Reduced` into the reduced dict. Quantiles follow
-the rule of ``src/telemetry/hist.rs`` (read from the schema's ``quantile``
+the rule of ``crates/telemetry/src/hist.rs`` (read from the schema's ``quantile``
 field per histogram). Pure numpy; no JAX here.
 """
 

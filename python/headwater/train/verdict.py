@@ -84,7 +84,7 @@ from typing import Any
 from headwater.telemetry import PREFIX
 
 #: The verdict codes (``trainer/verdict`` logs the index; the exporter's
-#: help text in ``src/telemetry/table.rs`` lists the same).
+#: help text in ``crates/telemetry/src/table.rs`` lists the same).
 VERDICTS = ("ok", "input_bound", "input_straggler", "cpu_starved", "io_bound")
 OK_WAIT_SHARE = 0.05
 HIGH_WAIT_SHARE = 0.20
