@@ -816,16 +816,31 @@ def test_bad_toml(tmp_path: Path, small_data: SmallData) -> None:
 
 SCHEMA_ERRORS = {
     "unknown-table": ('[tables.nosuch]\nprimary_key = "x"\n', ["`nosuch`", "not in the source"]),
+    "mistyped-table": (
+        '[tables.user]\nprimary_key = "user_id"\n',
+        ["`user`", "not in the source (did you mean `users`?)"],
+    ),
     "unknown-column": ('[tables.users.columns]\nnosuch = "numerical"\n', ["`users`", "`nosuch`"]),
+    "mistyped-column": (
+        '[tables.users.columns]\nages = "numerical"\n',
+        ["`users`", "no column `ages` (did you mean `age`?)"],
+    ),
     "unknown-pk-column": ('[tables.users]\nprimary_key = "uid"\n', ["`users`", "`uid`"]),
     "unknown-key": (
         '[tables.users]\nprimary_keys = "user_id"\n',
-        ["tables.users", "'primary_keys'"],
+        ["tables.users", "'primary_keys' (did you mean `primary_key`?)"],
     ),
-    "unknown-top-key": ('[table.users]\nprimary_key = "user_id"\n', ["'table'"]),
+    "unknown-top-key": (
+        '[table.users]\nprimary_key = "user_id"\n', ["'table' (did you mean `tables`?)"]
+    ),
+    "unknown-task-key": (
+        '[[tasks]]\nname = "t"\nanchor_table = "users"\ntarget_stype = "numerical"\n'
+        'colum = "age"\n',
+        ["tasks[0]", "'colum' (did you mean `column`?)"],
+    ),
     "bad-stype": (
         '[tables.users.columns]\nage = "numeric"\n',
-        ["tables.users.columns.age", "'numeric'"],
+        ["tables.users.columns.age", "'numeric' (did you mean `numerical`?)"],
     ),
     "fk-unknown-table": (
         '[tables.events]\nforeign_keys = { user_id = "people" }\n',
@@ -868,6 +883,14 @@ SCHEMA_ERRORS = {
     "cell-task-unknown-anchor": (
         '[[tasks]]\nname = "t"\nanchor_table = "people"\ntarget_stype = "boolean"\ncolumn = "age"\n',
         ["task `t`", "`people`"],
+    ),
+    "cell-task-mistyped-anchor": (
+        '[[tasks]]\nname = "t"\nanchor_table = "user"\ntarget_stype = "numerical"\ncolumn = "age"\n',
+        ["task `t`", "`user` (did you mean `users`?)"],
+    ),
+    "cell-task-mistyped-column": (
+        '[[tasks]]\nname = "t"\nanchor_table = "users"\ntarget_stype = "numerical"\ncolumn = "ag"\n',
+        ["task `t`", "no column `ag` (did you mean `age`?)"],
     ),
 }
 
