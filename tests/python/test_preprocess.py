@@ -1470,6 +1470,24 @@ def test_type_inference_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
     }
 
 
+def test_log_lines_never_share_a_line_with_the_progress_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The inference lines come while the `tables` bar is live: each is on a
+    line of its own as a terminal shows it (the text after the last
+    carriage return), never after the bar's text."""
+    d = tmp_path / "src"
+    d.mkdir()
+    pq.write_table(_inference_table(), d / "things.parquet")
+    headwater.preprocess(d, tmp_path / "out", embedder="hash", progress=True, time_columns="none")
+    shown = [line.rsplit("\r", 1)[-1] for line in capsys.readouterr().err.split("\n")]
+    inferred = [line for line in shown if ": inferred " in line]
+    assert len(inferred) == len(EXPECTED_INFERENCE), shown
+    for line in inferred:
+        assert line.startswith("  things.") and "%|" not in line, line
+    assert any(line.startswith("tables: 100%|") for line in shown), shown
+
+
 def test_schema_override_wins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "src"
     d.mkdir()
