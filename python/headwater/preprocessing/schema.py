@@ -11,7 +11,7 @@ Format (TOML; JSON with the same structure is accepted too)::
     col = "categorical"              # a semantic type (see SEMANTIC_TYPES)
 
     [[tasks]]
-    name = "snake_case"
+    name = "late_orders"             # unique, any non-empty string
     anchor_table = "orders"
     target_stype = "boolean"         # numerical | boolean | timestamp | categorical
     description = "..."              # optional
