@@ -249,8 +249,10 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
 
 
 def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
-    tmp_path: Path, tpch: Tpch
+    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A start that fails (the exporter's port is taken) names the key, and
+    announces no run directory and no resume command: it leaves none."""
     import socket
     import tomllib
 
@@ -270,6 +272,8 @@ def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
     # Named once (not again as "config `prometheus_port`"), with the way out.
     assert "config `prometheus_port`" not in msg and "`--prometheus-port auto`" in msg, msg
     assert not (tmp_path / "runs" / "clash").exists()
+    out = capsys.readouterr().out
+    assert "run directory:" not in out and "resume with" not in out, out
 
 
 # ----------------------------------------------------------------------------
