@@ -101,3 +101,9 @@ def test_the_summary_starts_from_the_first_progress_lines_loss(
     text = format_summary(s)
     assert f"loss {shown} at step 1; mean of the first 10 steps 1.4000 -> last 10 1.0000" in text
     assert "val loss 0.5000" in text
+    # Too few steps for a mean (one per end): the two steps' own losses.
+    s = _summary_of(
+        RunLog(losses=[2.0, 1.5]), 2, final_val_loss=0.5, eval_seconds=0.0, start_step=40,
+        interrupted=None,
+    )
+    assert "loss 2.0000 at step 41 -> 1.5000 at step 42; val loss 0.5000" in format_summary(s)

@@ -180,9 +180,12 @@ def _losses(s: Mapping[str, Any], start: int) -> str:
     the first and the last steps, saying how many."""
     k = int(s.get("loss_window") or 1)
     first = s.get("loss_first", s["loss_start"])
+    steps = int(s["steps"])
     text = f"{first:.4f} at step {start + 1}"
-    if k == 1 and int(s["steps"]) == 1:
+    if steps == 1:
         return text
+    if k == 1:
+        return f"{text} -> {s['loss_end']:.4f} at step {start + steps}"
     return f"{text}; mean of the first {k} steps {s['loss_start']:.4f} -> last {k} {s['loss_end']:.4f}"
 
 
