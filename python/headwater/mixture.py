@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headwater.hints import did_you_mean, first_unknown_hint
+
 _KEYS = {"path", "weight", "tasks", "task_weights"}
 
 
@@ -58,7 +60,10 @@ def parse_entries(tables: Any, base: Path, where: str) -> list[MixtureEntry]:
             raise ValueError(f"{at}: needs `path` (a database folder)")
         unknown = sorted(set(t) - _KEYS)
         if unknown:
-            raise ValueError(f"{at}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+            raise ValueError(
+                f"{at}: unknown key(s) {unknown}{first_unknown_hint(unknown, _KEYS)}; "
+                f"allowed: {sorted(_KEYS)}"
+            )
         weight = t.get("weight", 1.0)
         if not isinstance(weight, (int, float)) or weight < 0:
             raise ValueError(f"{at}: `weight` must be a number >= 0, got {weight!r}")
@@ -83,7 +88,10 @@ def read_mixture(path: str | os.PathLike[str]) -> list[MixtureEntry]:
         doc = tomllib.load(f)
     extra = sorted(set(doc) - {"database"})
     if extra:
-        raise ValueError(f"{p}: unknown top-level key(s) {extra}; a mixture file has [[database]] tables")
+        raise ValueError(
+            f"{p}: unknown top-level key(s) {extra}{first_unknown_hint(extra, ('database',))}; "
+            "a mixture file has [[database]] tables"
+        )
     return parse_entries(doc.get("database"), p.parent, str(p))
 
 
@@ -147,7 +155,10 @@ def sampler_args(entries: list[MixtureEntry]) -> tuple[list[str], dict[str, Any]
         known = _task_names(e.path)
         for t in [*(e.tasks or []), *e.task_weights]:
             if t not in known:
-                raise ValueError(f"database `{name}` ({e.path}) has no task {t!r}; its tasks are {known}")
+                raise ValueError(
+                    f"database `{name}` ({e.path}) has no task {t!r}{did_you_mean(t, known)}; "
+                    f"its tasks are {known}"
+                )
         for t in known:
             w = float(e.task_weights.get(t, 1.0))
             if e.tasks is not None and t not in e.tasks:

@@ -145,10 +145,13 @@ def test_bad_manifests_are_refused_naming_the_entry(tmp_path: Path) -> None:
             "two sources have the output name 'a'")
     refused('[[source]]\npath = "a.sqlite"\nname = "../up"', r"#1: output name '../up'")
     refused('[[source]]\npath = "a.sqlite"\nname = "/abs"', r"#1: output name '/abs'")
-    refused('[[source]]\npath = "a.sqlite"\nwieght = 2', r"unknown key\(s\) \['wieght'\]")
+    refused('[[source]]\npath = "a.sqlite"\nwieght = 2',
+            r"unknown key\(s\) \['wieght'\] \(did you mean `weight`\?\)")
     refused('[[source]]\npath = "a.sqlite"\nschema = "s.toml"', "schema 's.toml' not found",
             FileNotFoundError)
-    refused('[defaults]\nembeder = "hash"\n[[source]]\npath = "a.sqlite"', r"\[defaults\]")
+    refused('[defaults]\nembeder = "hash"\n[[source]]\npath = "a.sqlite"',
+            r"\[defaults\]: unknown key\(s\) \['embeder'\] \(did you mean `embedder`\?\)")
+    refused('[[sources]]\npath = "a.sqlite"', r"\['sources'\] \(did you mean `source`\?\)")
     assert main(["preprocess", "--shard", "0/2", str(tmp_path / "a.sqlite"), str(tmp_path / "o")]) == 2
 
 

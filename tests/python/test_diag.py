@@ -451,6 +451,11 @@ def test_mismatch_exits_non_zero(tmp_path: Path, tpch: Tpch) -> None:
     ("diag", "message"),
     [
         ('[[diag.expect]]\nsignal = "nope"\nband = [0, 1]\n', "unknown signal 'nope'"),
+        (
+            '[[diag.expect]]\nsignal = "mix/tv_distanc"\nband = [0, 1]\n',
+            "unknown signal 'mix/tv_distanc' (did you mean `mix/tv_distance`?)",
+        ),
+        ("skp = 3\n", "unknown key `diag.skp` (did you mean `diag.skip`?)"),
         ('[[diag.expect]]\nsignal = "mix/tv_distance"\nband = [1, 0]\n', "band must be"),
         (
             '[[diag.expect]]\nsignal = "mix/tv_distance"\nband = [0, 1]\nculprit_rank = 0\n',
@@ -460,7 +465,10 @@ def test_mismatch_exits_non_zero(tmp_path: Path, tpch: Tpch) -> None:
             '[[diag.expect]]\nsignal = "pool/remaining_min"\nband = [0, 1]\nculprit_rank = 3\n',
             "culprit_rank 3 is outside",
         ),
-        ('[[diag.expect]]\nsignal = "mix/tv_distance"\nbnd = [0, 1]\n', "unknown key `bnd`"),
+        (
+            '[[diag.expect]]\nsignal = "mix/tv_distance"\nbnd = [0, 1]\n',
+            "unknown key `bnd` (did you mean `band`?)",
+        ),
         ('host_dependent = ["nope"]\n', "diag.host_dependent: unknown signal 'nope'"),
         ('host_dependent = "queue/wait_seconds"\n', "must be a list of signal names"),
         (

@@ -216,6 +216,19 @@ def test_mixture_file_inspect_bench_and_trainer_config(tmp_path: Path) -> None:
         read_mixture(mix)
 
 
+def test_a_mistyped_key_or_task_says_which_it_looks_like(tmp_path: Path) -> None:
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'[[database]]\npath = "{GOLDEN}"\nwieght = 2\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\['wieght'\] \(did you mean `weight`\?\)"):
+        read_mixture(mix)
+    mix.write_text(f'[[databse]]\npath = "{GOLDEN}"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\['databse'\] \(did you mean `database`\?\)"):
+        read_mixture(mix)
+    mix.write_text(f'[[database]]\npath = "{GOLDEN}"\ntasks = ["user_tie"]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no task 'user_tie' \(did you mean `user_tier`\?\)"):
+        sampler_args(read_mixture(mix))
+
+
 def test_trainer_config_takes_a_database_list(tmp_path: Path) -> None:
     from headwater.train import resolve_database
     from headwater.train.config import load_config

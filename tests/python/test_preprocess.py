@@ -816,16 +816,31 @@ def test_bad_toml(tmp_path: Path, small_data: SmallData) -> None:
 
 SCHEMA_ERRORS = {
     "unknown-table": ('[tables.nosuch]\nprimary_key = "x"\n', ["`nosuch`", "not in the source"]),
+    "mistyped-table": (
+        '[tables.user]\nprimary_key = "user_id"\n',
+        ["`user`", "not in the source (did you mean `users`?)"],
+    ),
     "unknown-column": ('[tables.users.columns]\nnosuch = "numerical"\n', ["`users`", "`nosuch`"]),
+    "mistyped-column": (
+        '[tables.users.columns]\nages = "numerical"\n',
+        ["`users`", "no column `ages` (did you mean `age`?)"],
+    ),
     "unknown-pk-column": ('[tables.users]\nprimary_key = "uid"\n', ["`users`", "`uid`"]),
     "unknown-key": (
         '[tables.users]\nprimary_keys = "user_id"\n',
-        ["tables.users", "'primary_keys'"],
+        ["tables.users", "'primary_keys' (did you mean `primary_key`?)"],
     ),
-    "unknown-top-key": ('[table.users]\nprimary_key = "user_id"\n', ["'table'"]),
+    "unknown-top-key": (
+        '[table.users]\nprimary_key = "user_id"\n', ["'table' (did you mean `tables`?)"]
+    ),
+    "unknown-task-key": (
+        '[[tasks]]\nname = "t"\nanchor_table = "users"\ntarget_stype = "numerical"\n'
+        'colum = "age"\n',
+        ["tasks[0]", "'colum' (did you mean `column`?)"],
+    ),
     "bad-stype": (
         '[tables.users.columns]\nage = "numeric"\n',
-        ["tables.users.columns.age", "'numeric'"],
+        ["tables.users.columns.age", "'numeric' (did you mean `numerical`?)"],
     ),
     "fk-unknown-table": (
         '[tables.events]\nforeign_keys = { user_id = "people" }\n',
@@ -868,6 +883,14 @@ SCHEMA_ERRORS = {
     "cell-task-unknown-anchor": (
         '[[tasks]]\nname = "t"\nanchor_table = "people"\ntarget_stype = "boolean"\ncolumn = "age"\n',
         ["task `t`", "`people`"],
+    ),
+    "cell-task-mistyped-anchor": (
+        '[[tasks]]\nname = "t"\nanchor_table = "user"\ntarget_stype = "numerical"\ncolumn = "age"\n',
+        ["task `t`", "`user` (did you mean `users`?)"],
+    ),
+    "cell-task-mistyped-column": (
+        '[[tasks]]\nname = "t"\nanchor_table = "users"\ntarget_stype = "numerical"\ncolumn = "ag"\n',
+        ["task `t`", "no column `ag` (did you mean `age`?)"],
     ),
 }
 
@@ -1445,6 +1468,24 @@ def test_type_inference_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
         "things.score",
         "things.count",
     }
+
+
+def test_log_lines_never_share_a_line_with_the_progress_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The inference lines come while the `tables` bar is live: each is on a
+    line of its own as a terminal shows it (the text after the last
+    carriage return), never after the bar's text."""
+    d = tmp_path / "src"
+    d.mkdir()
+    pq.write_table(_inference_table(), d / "things.parquet")
+    headwater.preprocess(d, tmp_path / "out", embedder="hash", progress=True, time_columns="none")
+    shown = [line.rsplit("\r", 1)[-1] for line in capsys.readouterr().err.split("\n")]
+    inferred = [line for line in shown if ": inferred " in line]
+    assert len(inferred) == len(EXPECTED_INFERENCE), shown
+    for line in inferred:
+        assert line.startswith("  things.") and "%|" not in line, line
+    assert any(line.startswith("tables: 100%|") for line in shown), shown
 
 
 def test_schema_override_wins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

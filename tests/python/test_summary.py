@@ -70,3 +70,40 @@ def test_the_progress_loss_is_the_windows(capsys: pytest.CaptureFixture[str]) ->
     assert [ln.split("loss")[1].split()[0] for ln in lines] == ["5.0000", "1.0000"], lines
     p.update(3, 2.5, 1.0, 0.0, mean_of=2)
     assert "loss   2.5000 (mean of 2 steps)" in capsys.readouterr().out
+
+
+def test_the_summary_starts_from_the_first_progress_lines_loss(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The first progress line shows step 1's own loss (not the mean of the
+    first log window, which the step-25 line shows); the summary names that
+    same loss first, then the means of the first and last steps, saying
+    how many."""
+    from headwater.train.records import Progress
+    from headwater.train.summary import RunLog, format_summary
+
+    losses = [5.0] + [1.0] * 59
+    p = Progress(total=60, log_every=25, enabled=True)
+    window = sum(losses[:25]) / 25
+    for step in range(25):  # the first window's rows, as a flush writes them
+        p.update(step, window, 1.0, 0.0, mean_of=25, step_loss=losses[step])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "(mean of 25 steps)" in lines[1], lines
+    shown = lines[0].split("loss")[1].split()[0]
+    assert shown == "5.0000" and "mean of" not in lines[0], lines
+
+    log = RunLog(losses=losses)
+    for _ in losses:
+        log.record_phases((0.001, 0.001, 0.01, 0.001, 0.001))
+    s = _summary_of(
+        log, len(losses), final_val_loss=0.5, eval_seconds=0.0, start_step=0, interrupted=None
+    )
+    text = format_summary(s)
+    assert f"loss {shown} at step 1; mean of the first 10 steps 1.4000 -> last 10 1.0000" in text
+    assert "val loss 0.5000" in text
+    # Too few steps for a mean (one per end): the two steps' own losses.
+    s = _summary_of(
+        RunLog(losses=[2.0, 1.5]), 2, final_val_loss=0.5, eval_seconds=0.0, start_step=40,
+        interrupted=None,
+    )
+    assert "loss 2.0000 at step 41 -> 1.5000 at step 42; val loss 0.5000" in format_summary(s)

@@ -249,8 +249,10 @@ def test_bad_sampler_values_and_tasks_name_the_key(tmp_path: Path, tpch: Tpch) -
 
 
 def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
-    tmp_path: Path, tpch: Tpch
+    tmp_path: Path, tpch: Tpch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A start that fails (the exporter's port is taken) names the key, and
+    announces no run directory and no resume command: it leaves none."""
     import socket
     import tomllib
 
@@ -270,6 +272,8 @@ def test_a_port_clash_names_the_logging_key_and_leaves_no_run_dir(
     # Named once (not again as "config `prometheus_port`"), with the way out.
     assert "config `prometheus_port`" not in msg and "`--prometheus-port auto`" in msg, msg
     assert not (tmp_path / "runs" / "clash").exists()
+    out = capsys.readouterr().out
+    assert "run directory:" not in out and "resume with" not in out, out
 
 
 # ----------------------------------------------------------------------------
@@ -289,6 +293,12 @@ BAD_CONFIGS = [
     ("[sampler]\nprometheus_port = 9000\n", "set it under [logging]"),
     ("[sampler]\ndefault_batch_size = 4.5\n", "`sampler.default_batch_size`"),
     ("[sampler.task_weights]\na = 'x'\n", "`sampler.task_weights`"),
+    # An unquoted task name with a dot is read as nested tables: say to quote it.
+    (
+        "[sampler.task_weights]\norders.status = 1\n",
+        'the unquoted task name `orders.status` as nested tables; quote a name that holds a '
+        'dot: "orders.status" = ...',
+    ),
     ("[ranks.x]\nnum_prefetch = 2\n", "`ranks.x`"),
     ("[ranks.1]\nbfs_width = 3\n", "`ranks.1.bfs_width`"),
     ("[sampler]\ndefault_batch_size = 0\n", "`sampler.default_batch_size`"),
@@ -317,6 +327,30 @@ def test_a_set_with_an_unquoted_dotted_name_says_to_quote_it() -> None:
     assert "`orders.status`" in msg and 'sampler.task_weights={"orders.status"=...}' in msg, msg
     quoted = parse_overrides(['sampler.task_weights={"orders.status"=1}'])
     assert quoted == {"sampler.task_weights": {"orders.status": 1}}
+
+
+def test_an_unknown_task_weight_says_which_task_it_looks_like() -> None:
+    from headwater.train import sampler_config as SC
+    from headwater.train.origins import Origins
+
+    names = ["customers.age", "orders.status", "orders.amount"]
+    with pytest.raises(ConfigError) as e:
+        SC.check_table([("sampler", {"task_weights": {"orders.statsu": 1.0}})], Origins("c.toml"), names)
+    assert '"orders.statsu"' in str(e.value) and "(did you mean `orders.status`?)" in str(e.value)
+    SC.check_table([("sampler", {"task_weights": {"orders.status": 1.0}})], Origins("c.toml"), names)
+
+
+def test_a_set_of_a_rank_key_reaches_the_ranks_table() -> None:
+    """``--set ranks.1.num_threads=2`` sets rank 1's key (it read `1.num_threads`
+    as the rank and refused it); a typo there gets the sampler's hint."""
+    from headwater.train.origins import parse_overrides
+
+    cfg = load_config(None, **parse_overrides(["ranks.1.num_threads=2", "ranks.1.num_prefetch=3"]))
+    assert cfg.ranks[1] == {"num_threads": 2, "num_prefetch": 3}
+    assert cfg.where("ranks", "1") == "the command line (--set ranks.1.num_threads=2)"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, **parse_overrides(["ranks.0.num_thread=2"]))
+    assert "`ranks.0.num_thread`" in str(e.value) and "did you mean `num_threads`?" in str(e.value)
 
 
 def test_config_defaults_and_overrides(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from headwater.diag.signals import SIGNALS
 from headwater.errors import ConfigError
+from headwater.hints import did_you_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +75,16 @@ def _expect(w: str, e: Any, processes: int) -> Expect:
         raise ConfigError(f"{w} must be a table")
     bad = sorted(set(e) - {"signal", "band", "culprit_rank"})
     if bad:
-        raise ConfigError(f"{w}: unknown key `{bad[0]}` (known: signal, band, culprit_rank)")
+        raise ConfigError(
+            f"{w}: unknown key `{bad[0]}`{did_you_mean(bad[0], ('signal', 'band', 'culprit_rank'))} "
+            "(known: signal, band, culprit_rank)"
+        )
     name = e.get("signal")
     if name not in SIGNALS:
-        raise ConfigError(f"{w}: unknown signal {name!r} (known: {', '.join(SIGNALS)})")
+        raise ConfigError(
+            f"{w}: unknown signal {name!r}{did_you_mean(str(name), SIGNALS)} "
+            f"(known: {', '.join(SIGNALS)})"
+        )
     culprit = e.get("culprit_rank")
     if culprit is not None:
         if SIGNALS[name].culprit_key is None:
@@ -103,7 +110,8 @@ def load_spec(path: str | Path, **overrides: Any) -> tuple[DiagSpec, Any]:
     for k in raw:
         if k not in known:
             raise ConfigError(
-                f"{where}: unknown key `diag.{k}` (known: {', '.join(sorted(known))})"
+                f"{where}: unknown key `diag.{k}`{did_you_mean(k, known, 'diag.')} "
+                f"(known: {', '.join(sorted(known))})"
             )
     processes = _int(where, "processes", raw.get("processes", 1), 1)
     skip = _int(where, "skip", raw.get("skip", 10), 0)
@@ -128,7 +136,7 @@ def _host_dependent(where: str, value: Any, expect: Mapping[str, Expect]) -> fro
     for name in value:
         if name not in SIGNALS:
             raise ConfigError(
-                f"{where}: diag.host_dependent: unknown signal {name!r} "
+                f"{where}: diag.host_dependent: unknown signal {name!r}{did_you_mean(name, SIGNALS)} "
                 f"(known: {', '.join(SIGNALS)})"
             )
         if name in expect:

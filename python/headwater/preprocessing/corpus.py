@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headwater.hints import first_unknown_hint
 from headwater.preprocessing.row_order import check_row_order
 
 _SOURCE_KEYS = {"path", "name", "schema", "weight", "embedder", "memory_limit", "time_columns", "row_order"}
@@ -137,7 +138,10 @@ def _entry(t: Any, i: int, base: Path, defaults: dict[str, Any], where: str) -> 
         raise ValueError(f"{at}: needs `path` (a source)")
     unknown = sorted(set(t) - _SOURCE_KEYS)
     if unknown:
-        raise ValueError(f"{at}: unknown key(s) {unknown}; allowed: {sorted(_SOURCE_KEYS)}")
+        raise ValueError(
+            f"{at}: unknown key(s) {unknown}{first_unknown_hint(unknown, _SOURCE_KEYS)}; "
+            f"allowed: {sorted(_SOURCE_KEYS)}"
+        )
     path = (base / t["path"]).resolve()
     if not path.exists():
         raise FileNotFoundError(f"{at}: source {t['path']!r} not found ({path})")
@@ -167,11 +171,18 @@ def read_corpus(manifest: str | os.PathLike[str]) -> list[CorpusSource]:
             raise ValueError(f"{where}: not valid TOML: {e}") from None
         unknown = sorted(set(doc) - {"defaults", "source"})
         if unknown:
-            raise ValueError(f"{where}: unknown table(s) {unknown}; expected [defaults] and [[source]]")
+            raise ValueError(
+                f"{where}: unknown table(s) {unknown}"
+                f"{first_unknown_hint(unknown, ('defaults', 'source'))}; "
+                "expected [defaults] and [[source]]"
+            )
         defaults = doc.get("defaults", {})
         bad = sorted(set(defaults) - _OPTION_KEYS)
         if bad:
-            raise ValueError(f"{where}: [defaults]: unknown key(s) {bad}; allowed: {sorted(_OPTION_KEYS)}")
+            raise ValueError(
+                f"{where}: [defaults]: unknown key(s) {bad}{first_unknown_hint(bad, _OPTION_KEYS)}; "
+                f"allowed: {sorted(_OPTION_KEYS)}"
+            )
         defaults = _options(defaults, f"{where}: [defaults]")
         tables = doc.get("source")
         if not isinstance(tables, list) or not tables:

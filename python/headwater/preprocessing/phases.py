@@ -90,6 +90,15 @@ class _NoBar:
 
 
 
+def log_line(message: str) -> None:
+    """One line of the preprocessing log on stderr, through tqdm: a live
+    progress bar is cleared first and drawn again below the line, so the
+    two never share a line."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
 def _row_bar(desc: str, total: int, enabled: bool) -> Any:
     """A progress bar counting rows (tqdm shows rows/s)."""
     if not enabled:

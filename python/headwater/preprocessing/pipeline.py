@@ -43,7 +43,7 @@ from headwater.preprocessing.memory import (
     _release_arrow_memory,
     parse_size,
 )
-from headwater.preprocessing.phases import _Phases, _row_bar
+from headwater.preprocessing.phases import _Phases, _row_bar, log_line
 from headwater.preprocessing.plan import _fingerprint, _plan
 from headwater.preprocessing.primary_keys import _primary_keys
 from headwater.preprocessing.row_order import SEEDS_BY_ROW, check_row_order, order_rows
@@ -135,7 +135,8 @@ def preprocess(
         raise ValueError(f"out_dir {out} already exists (pass overwrite=True to replace it)")
     budget = parse_size(memory_limit)
     check_row_order(row_order)
-    log: Callable[[str], None] = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
+    # Through tqdm: the inference lines come while the row bar is live.
+    log: Callable[[str], None] = log_line if progress else (lambda m: None)
     if isinstance(schema, Schema):
         sch = schema
     else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from headwater import _native
 from headwater.errors import SchemaError
+from headwater.hints import did_you_mean
 from headwater.preprocessing.schema import Schema, TableSchema
 from headwater.preprocessing.sources import Source, SourceTable
 
@@ -35,7 +36,8 @@ def _check_declared_columns(src: Source, schema: Schema) -> None:
     for tname, ts in schema.tables.items():
         if tname not in src.tables:
             raise SchemaError(
-                f"{schema.path or 'schema'}: table `{tname}` is not in the source "
+                f"{schema.path or 'schema'}: table `{tname}` is not in the source"
+                f"{did_you_mean(tname, src.tables)} "
                 f"(tables: {', '.join(sorted(src.tables)) or 'none'})"
             )
         cols = {c for c, _ in src.tables[tname].columns}
@@ -45,8 +47,8 @@ def _check_declared_columns(src: Source, schema: Schema) -> None:
         for c in named:
             if c not in cols:
                 raise SchemaError(
-                    f"{schema.path or 'schema'}: table `{tname}` has no column `{c}` "
-                    f"(columns: {', '.join(sorted(cols))})"
+                    f"{schema.path or 'schema'}: table `{tname}` has no column `{c}`"
+                    f"{did_you_mean(c, cols)} (columns: {', '.join(sorted(cols))})"
                 )
 
 
@@ -63,7 +65,7 @@ def _check_keys(plans: list[TablePlan]) -> None:
             if target not in by_name:
                 raise SchemaError(
                     f"table `{p.name}` foreign key `{fk}` references table `{target}`, "
-                    "which is not in the source (or is ignored)"
+                    f"which is not in the source (or is ignored){did_you_mean(target, by_name)}"
                 )
             if by_name[target].primary_key is None:
                 raise SchemaError(

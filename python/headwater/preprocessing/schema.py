@@ -11,7 +11,7 @@ Format (TOML; JSON with the same structure is accepted too)::
     col = "categorical"              # a semantic type (see SEMANTIC_TYPES)
 
     [[tasks]]
-    name = "snake_case"
+    name = "late_orders"             # unique, any non-empty string
     anchor_table = "orders"
     target_stype = "boolean"         # numerical | boolean | timestamp | categorical
     description = "..."              # optional
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import SchemaError
+from headwater.hints import did_you_mean, first_unknown_hint
 
 SEMANTIC_TYPES = (
     "identifier",
@@ -81,8 +82,8 @@ def _check_keys(where: str, d: dict[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(d) - allowed)
     if unknown:
         raise SchemaError(
-            f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
-            f"(allowed: {', '.join(sorted(allowed))})"
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}"
+            f"{first_unknown_hint(unknown, allowed)} (allowed: {', '.join(sorted(allowed))})"
         )
 
 
@@ -124,7 +125,8 @@ def _parse_columns(where: str, cols: Any) -> dict[str, str]:
     for c, st in cols.items():
         if st not in SEMANTIC_TYPES:
             raise SchemaError(
-                f"{where}.columns.{c}: unknown semantic type {st!r} "
+                f"{where}.columns.{c}: unknown semantic type {st!r}"
+                f"{did_you_mean(str(st), SEMANTIC_TYPES)} "
                 f"(expected one of {', '.join(SEMANTIC_TYPES)})"
             )
     return dict(cols)
@@ -148,7 +150,7 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     st = k["target_stype"]
     if st not in TARGET_STYPES:
         raise SchemaError(
-            f"{where}.target_stype: {st!r} has no decoder head "
+            f"{where}.target_stype: {st!r} has no decoder head{did_you_mean(str(st), TARGET_STYPES)} "
             f"(expected one of {', '.join(TARGET_STYPES)})"
         )
     has_col, has_q = "column" in k, "query" in k

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from headwater import _native
 from headwater.errors import SchemaError
+from headwater.hints import did_you_mean
 from headwater.preprocessing import memory
 from headwater.preprocessing.columns import (
     FIXED_DTYPES,
@@ -182,12 +183,18 @@ def _add_declared_tasks(
 ) -> None:
     for t in schema.tasks:
         if t.anchor_table not in by_name:
-            raise SchemaError(f"task `{t.name}`: unknown anchor table `{t.anchor_table}`")
+            raise SchemaError(
+                f"task `{t.name}`: unknown anchor table `{t.anchor_table}`"
+                f"{did_you_mean(t.anchor_table, by_name)} (tables: {', '.join(sorted(by_name))})"
+            )
         if t.column is not None:
             plan = by_name[t.anchor_table]
             st = plan.stypes.get(t.column)
             if st is None:
-                raise SchemaError(f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`")
+                raise SchemaError(
+                    f"task `{t.name}`: table `{t.anchor_table}` has no column `{t.column}`"
+                    f"{did_you_mean(t.column, plan.stypes)} (columns: {', '.join(plan.stypes)})"
+                )
             if st != t.target_stype:
                 raise SchemaError(
                     f"task `{t.name}`: column `{t.anchor_table}.{t.column}` is {st}, "
@@ -230,8 +237,8 @@ def _label_rule(writer: Any, t: TaskSchema, stypes: dict[str, str]) -> None:
     for c in t.label_columns:
         if c not in stypes:
             raise SchemaError(
-                f"{where}.label_columns: table `{t.anchor_table}` has no column `{c}` "
-                f"(columns: {', '.join(stypes)})"
+                f"{where}.label_columns: table `{t.anchor_table}` has no column `{c}`"
+                f"{did_you_mean(c, stypes)} (columns: {', '.join(stypes)})"
             )
     writer.set_label_rule(t.name, col, t.label_columns)
 

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
+from headwater.hints import did_you_mean
 from headwater.train import sampler_config as SC
-from headwater.train.origins import Origins, did_you_mean, locate_keys, parse_overrides
+from headwater.train.origins import Origins, locate_keys, parse_overrides
 from headwater.train.watchdog import timeout_problem
 
 
@@ -475,7 +476,15 @@ def load_config(
                 if isinstance(t, dict) and t.get("path") == "" and value:
                     t["path"] = str(Path(value).resolve())
             continue
-        raw.setdefault(section, {})[key] = value
+        if section == "ranks" and "." in key:
+            # `ranks.N.KEY`: rank N's table (`ranks.N` alone replaces it).
+            rk, _, key = key.partition(".")
+            table = raw.setdefault("ranks", {}).setdefault(rk, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{origins.of(f'ranks.{rk}')}: `ranks.{rk}` must be a table")
+            table[key] = value
+        else:
+            raw.setdefault(section, {})[key] = value
         origins.override(dotted, value)
     _check_sections(raw, origins)
     ranks = _ranks(raw, origins)

@@ -222,13 +222,10 @@ def _in_run_dir(
     run_dir.mkdir(parents=True, exist_ok=True)
     if lead and not start.resume:
         C.write_launch_record(run_dir, start.config, start.overrides, world)
-    if lead:
-        # Printed first, so a run killed at any point (SIGKILL included)
-        # has its resume command on the terminal; resume.sh keeps it.
-        print(
-            f"run directory: {run_dir} · resume with: {C.resume_command(run_dir, world)}",
-            flush=True,
-        )
+    # The run directory and its resume command are printed by rank 0 once
+    # the run has started (rank.announce): a start that fails here removes
+    # the directory, which must not have been announced. resume.sh keeps
+    # the command from now on.
     try:
         summaries = body(run_dir)
     except BaseException:

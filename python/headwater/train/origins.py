@@ -16,10 +16,9 @@ file (or ``default``) without a line.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from headwater.errors import ConfigError
@@ -113,14 +112,6 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             )
         out[key.strip()] = parsed
     return out
-
-
-def did_you_mean(key: str, known: Iterable[str], prefix: str = "") -> str:
-    """`` (did you mean `x`?)`` for the known name closest to ``key`` when
-    it looks like a typo of it (``prefix`` before it: its section), else
-    ``""``."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
-    return f" (did you mean `{prefix}{close[0]}`?)" if close else ""
 
 
 def toml_value(text: str) -> Any:

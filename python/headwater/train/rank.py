@@ -34,10 +34,19 @@ from headwater.train.scale import throughput
 from headwater.train.summary import format_summary, summarise
 
 
-def announce(trainer: Trainer, db: Path, endpoints: list[str]) -> None:
-    """Rank 0's first lines: what runs where."""
+def announce(trainer: Trainer, db: Path, endpoints: list[str], file_sd: Path | None) -> None:
+    """Rank 0's first lines, once the run has started (its sampler, exporter,
+    W&B run and model are up, so the directory stays): the run directory
+    and the command that resumes it, then what runs where."""
     from headwater.train.summary import describe_layout
 
+    run_dir = trainer.run_dir
+    print(
+        f"run directory: {run_dir} · resume with: {C.resume_command(run_dir, trainer.world)}",
+        flush=True,
+    )
+    if file_sd is not None:
+        print(f"Prometheus file_sd targets: {file_sd}", flush=True)
     kw, m, lg = trainer.cfg.sampler_kwargs(0), trainer.model_cfg, trainer.cfg.logging
     shape = f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')}"
     if kw.get("sequence_lengths"):
@@ -189,7 +198,7 @@ def _train(
     meta = C.read_meta(run_dir, start) if resume else None
     port = exporter_port(lg.prometheus_port, rank)
     sampler = open_sampler(cfg, db, rank, world, port, run_dir)
-    endpoints = _endpoints(cfg, run_dir, rank, port)
+    endpoints, file_sd = _endpoints(cfg, run_dir, rank, port)
     stacks = python_stacks_on_stall(run_dir, rank)
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
@@ -200,7 +209,7 @@ def _train(
             _check_schema(cfg, sampler, rank)
             trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
             if rank == 0:
-                announce(trainer, db, endpoints)
+                announce(trainer, db, endpoints, file_sd)
                 if (run_dir / C.LAUNCH_RECORD).is_file():
                     _record_devices(run_dir, world, trainer.batch_layout, resume)
             wall, final_val = trainer.run_steps()
@@ -286,16 +295,17 @@ def _record_devices(run_dir: Path, world: int, layout: dict[str, Any], resume: b
         )
 
 
-def _endpoints(cfg: TrainConfig, run_dir: Path, rank: int, port: int) -> list[str]:
+def _endpoints(
+    cfg: TrainConfig, run_dir: Path, rank: int, port: int
+) -> tuple[list[str], Path | None]:
     """Every rank's ``/metrics`` URL (none without an exporter); rank 0
-    writes them to the run's Prometheus ``file_sd`` targets file."""
+    writes them to the run's Prometheus ``file_sd`` targets file (returned
+    too, for :func:`announce`)."""
     if not port:
-        return []
+        return [], None
     targets = rank_endpoints(cfg.logging.prometheus_host, port)
-    if rank == 0:
-        sd = write_file_sd(run_dir, targets, run_dir.name)
-        print(f"Prometheus file_sd targets: {sd}", flush=True)
-    return [f"http://{t}/metrics" for t in targets]
+    sd = write_file_sd(run_dir, targets, run_dir.name) if rank == 0 else None
+    return [f"http://{t}/metrics" for t in targets], sd
 
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from headwater.errors import ConfigError
+from headwater.hints import first_unknown_hint
 from headwater.train.origins import FLAGS, Origins
 
 #: The trainer's ``[sampler]`` defaults (not the sampler's: the main job's
@@ -107,6 +108,27 @@ def _reject_stream_keys(table: Mapping[str, Any], section: str, origins: Origins
         )
 
 
+def _reject_dotted_task_names(table: Mapping[str, Any], section: str, origins: Origins) -> None:
+    """A ``task_weights`` entry whose value is a table: TOML read an unquoted
+    task name with a dot (``orders.status = 1``) as a nested table; say to
+    quote it."""
+    tw = table.get("task_weights")
+    if not isinstance(tw, Mapping):
+        return
+    for name, value in tw.items():
+        parts = [str(name)]
+        while isinstance(value, Mapping) and value:
+            inner, value = next(iter(value.items()))
+            parts.append(str(inner))
+        if len(parts) > 1:
+            dotted, key = ".".join(parts), f"{section}.task_weights"
+            raise ConfigError(
+                f"{origins.of(key)}: `{key}`: TOML reads the unquoted task name `{dotted}` as "
+                f'nested tables; quote a name that holds a dot: "{dotted}" = ... in the file, '
+                f"--set '{key}={{\"{dotted}\"=...}}' on the command line"
+            )
+
+
 def check_table(
     layers: Sequence[tuple[str, Mapping[str, Any]]],
     origins: Origins,
@@ -119,6 +141,7 @@ def check_table(
             _reject_launcher_keys(table, section, origins)
         if section.startswith("ranks."):
             _reject_stream_keys(table, section, origins)
+        _reject_dotted_task_names(table, section, origins)
     from headwater import _native
 
     merged: dict[str, Any] = {}
@@ -127,7 +150,12 @@ def check_table(
     try:
         _native.validate_sampler_config(merged, task_names)
     except ValueError as e:
-        err = ConfigError(explain(e, layers, origins))
+        hint = ""
+        if getattr(e, "key", None) == "task_weights" and task_names:
+            tw = merged.get("task_weights")
+            unknown = [n for n in tw if n not in task_names] if isinstance(tw, Mapping) else []
+            hint = first_unknown_hint(unknown, task_names)
+        err = ConfigError(explain(e, layers, origins) + hint)
         if isinstance(e, ConfigError) and e.key in merged:
             section = next(s for s, t in reversed(layers) if e.key in t)
             err.key, err.value, err.what = f"{section}.{e.key}", e.value, e.what

@@ -115,8 +115,11 @@ def summarise(
         "steps": len(losses),
         "losses": losses,
         # NaN (JSON NaN) when this attempt ran no step: the summary says so.
+        # The first step's own loss: what the first progress line shows.
+        "loss_first": losses[0] if losses else math.nan,
         "loss_start": _mean(losses[:k]),
         "loss_end": _mean(losses[-k:]),
+        "loss_window": k,
         "val_losses": log.val_losses,
         "wall_seconds": wall,
         # The wall time split: validation and evaluation passes apart.
@@ -172,6 +175,20 @@ def describe_layout(layout: Mapping[str, Any]) -> str:
     )
 
 
+def _losses(s: Mapping[str, Any], start: int) -> str:
+    """The first step's loss (the first progress line's), then the means of
+    the first and the last steps, saying how many."""
+    k = int(s.get("loss_window") or 1)
+    first = s.get("loss_first", s["loss_start"])
+    steps = int(s["steps"])
+    text = f"{first:.4f} at step {start + 1}"
+    if steps == 1:
+        return text
+    if k == 1:
+        return f"{text} -> {s['loss_end']:.4f} at step {start + steps}"
+    return f"{text}; mean of the first {k} steps {s['loss_start']:.4f} -> last {k} {s['loss_end']:.4f}"
+
+
 def _headline(s: Mapping[str, Any]) -> list[str]:
     """``done: …`` (training and evaluation time apart), the loss and the
     rate: a phase that did not run says so instead of printing NaN."""
@@ -195,10 +212,7 @@ def _headline(s: Mapping[str, Any]) -> list[str]:
         val_text = "no final validation (train.val_batches = 0)"
     lines = [head, f"  {describe_layout(s['batch_layout'])}"]
     if steps:
-        lines.append(
-            f"  loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} (mean of first/last steps); "
-            + val_text
-        )
+        lines.append(f"  loss {_losses(s, start)}; {val_text}")
     else:
         lines.append(f"  loss: no steps; {val_text}")
     if math.isfinite(s["batches_per_second"]):
