@@ -21,9 +21,11 @@ lints the exposition.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -1247,6 +1249,30 @@ def test_series_grow_with_tasks_only(exported: list[Exported]) -> None:
     b = c0 - a * t0
     assert (a, b) == expected_series(exported[0].schema, 0)[:2]
     print(f"series per process = {a} * T + {b}")
+
+
+def test_the_documented_series_counts_are_the_tables() -> None:
+    """docs/telemetry.md's figures (gauges, counters and histograms of the
+    metric table, the series and drained values per process at
+    ``max_hops = 3``, ``S = 1024``) are the table's own: a new metric row
+    that leaves them stale fails here."""
+    from headwater.telemetry.schema import Schema
+
+    rows = [r for r in _native.metric_table() if not r["per_task"] and not r["per_database"]]
+    kinds = collections.Counter(r["prometheus_type"] for r in rows)
+    schema = _native.telemetry_schema_for([], 3, 1024)
+    _, b, _ = expected_series(schema, 0)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
+    m = re.search(
+        r"(\d+) gauges \+ (\d+) counters \+ T task counters[^`]*`\s+over the\s+(\d+) histograms",
+        text,
+    )
+    assert m, "docs/telemetry.md no longer states the series formula"
+    want = (kinds["gauge"], kinds["counter"], kinds["histogram"])
+    assert tuple(map(int, m.groups())) == want, (m.groups(), want)
+    stated = re.findall(r"3·(?:T|\(T_K \+ 4·K\)) \+ (\d+)", text)
+    assert len(stated) >= 3 and set(map(int, stated)) == {b}, (stated, b)
+    assert re.findall(r"`N` = (\d+) at", text) == [str(len(Schema(schema).keys))]
 
 
 # ----------------------------------------------------------------------------

@@ -12,17 +12,14 @@
 //! val evaluation passes; `test`, fed by test passes: the pipeline's
 //! `TELEMETRY_SPLITS`) × (G gauges + C counters + T task counters + Σ over
 //! the H histograms of (buckets + 2)), where buckets counts the `+Inf`
-//! bucket and the 2 are `_sum` and `_count`. Today G = 14, C = 9, H = 8:
-//! `bfs/depth` (`max_hops` + 2 buckets), `bfs/rows` (⌈log2 S⌉ + 2),
-//! `padding/fraction` (14) and five latency histograms (194 each: 8
-//! sub-buckets per octave over 2^-20..2^4 s). With `max_hops = 3` and
-//! `S = 1024` that is `3·T + 3120`; it grows with the number of tasks `T`
-//! only, never with rows, seeds, steps or passes. A mixture of any number
-//! of databases registers task counters only for the `T_K` tasks of its `K`
-//! reported databases (`telemetry_databases`, else `telemetry_top_databases`) plus 4 series per
-//! reported database (2 counters, 2 gauges); the six mixture aggregates (5
-//! gauges, 1 counter) are always there: `3·(T_K + 4·K) + 3120` per process
-//! at the same settings. Handles are registered once per
+//! bucket and the 2 are `_sum` and `_count`; G, C and H are the table's
+//! (`docs/telemetry.md` gives today's figures, which a test checks against
+//! the table). It grows with the number of tasks `T` only, never with rows,
+//! seeds, steps or passes. A mixture of any number of databases registers
+//! task counters only for the `T_K` tasks of its `K` reported databases
+//! (`telemetry_databases`, else `telemetry_top_databases`) plus 4 series per
+//! reported database (2 counters, 2 gauges); the six mixture aggregates are
+//! always there. Handles are registered once per
 //! sampler and cached; recording is atomic increments, and scrapes read
 //! them on the exporter's own thread, never blocking the sampler.
 
