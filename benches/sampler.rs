@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use headwater::pipeline::SplitTelemetry;
-use headwater::pipeline::{BatchMaker, EvalPass, SamplerCore, SamplerState};
+use headwater::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
-use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use headwater::sampler::SplitTelemetry;
+use headwater::sampler::{BatchMaker, EvalPass, SamplerCore, SamplerState};
 use headwater::{Database, Sampler, SamplerConfig, Split};
 
 fn database() -> (Option<tempfile::TempDir>, PathBuf) {
@@ -177,14 +177,14 @@ fn mixture_500(c: &mut Criterion) {
         default_sequence_length: 1024,
         ..SamplerConfig::default()
     };
-    let rss0 = headwater::pipeline::current_rss_bytes().unwrap_or(0);
+    let rss0 = headwater::sampler::current_rss_bytes().unwrap_or(0);
     let t0 = std::time::Instant::now();
     let core = Arc::new(SamplerCore::open_mixture(&paths, cfg.clone()).unwrap());
     let opened = t0.elapsed();
     let mut mk = BatchMaker::new(core.clone(), Split::Train);
     let batch = mk.next().unwrap().unwrap();
     let first = t0.elapsed();
-    let rss1 = headwater::pipeline::current_rss_bytes().unwrap_or(0);
+    let rss1 = headwater::sampler::current_rss_bytes().unwrap_or(0);
     let tasks = core.task_names().len();
     println!(
         "mixture of 500: {tasks} tasks; {cache} page cache: open {:.1} ms, first batch {:.1} ms from open; RSS +{:.1} MiB; {} drained values",

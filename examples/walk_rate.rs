@@ -17,9 +17,9 @@
 
 use std::time::Instant;
 
+use headwater::context::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::format::Database;
 use headwater::rng::Xoshiro256pp;
-use headwater::sampler::walks::{WalkCounts, WalkGraph, WalkParams};
 
 fn thread_cpu_s() -> f64 {
     let mut ts = libc::timespec {

@@ -1,32 +1,41 @@
 //! headwater: an observability-first sampler that turns a relational database
 //! into training batches for relational transformers.
 //!
-//! Module map (one job per room, arrows pointing down; see ARCHITECTURE.md):
-//! - [`error`], [`rng`], [`prefetch`]: the crate's error type, pinned
-//!   generators, the software-prefetch hint.
-//! - [`readings`]: the measurement vocabulary every producer fills and
-//!   telemetry only reads; [`probes`]: kernel readings (page faults, bytes
-//!   read, CPU and run-queue time); [`stalls`]: the stall detector (stack
-//!   dumps of sampler threads stuck past `stall_after_ms`).
+//! Module map (one job per room, arrows pointing down; see ARCHITECTURE.md).
+//! The floors below the core are crates of their own, re-exported here
+//! under their room names:
+//! - [`error`], [`rng`], [`prefetch`], [`readings`], [`probes`]
+//!   (`headwater-common`): the error type, pinned generators, the
+//!   software-prefetch hint, the measurement vocabulary every producer fills
+//!   and telemetry only reads, kernel readings.
+//! - [`format`] (`headwater-format`): the on-disk format — byte layout,
+//!   headers, writer, mmap reader, verification, page-cache modes.
+//! - [`telemetry`] (`headwater-telemetry`): the metric table, the drain and
+//!   the exporters.
+//!
+//! The core's rooms:
 //! - [`config`]: every sampler key once (`SamplerConfig`, the `FIELDS`
 //!   table), parsed and validated at the edge.
-//! - [`format`]: the on-disk format — byte layout, headers, writer, mmap
-//!   reader, verification, page-cache modes.
 //! - [`preprocess`]: relational tables → format (offline).
 //! - [`seeds`]: splits, rank slices, seed pools, task picking.
-//! - [`sampler`]: the BFS from a seed row.
+//! - [`context`]: what context a seed gets — the BFS from a seed row, the
+//!   walks, rankers and in-context examples.
 //! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
-//! - [`pipeline`]: making batches (plan, draw, build), producers, delivery,
-//!   evaluation passes, resume state.
-//! - [`telemetry`]: the metric table, the drain and the exporters.
+//! - [`maker`]: making batches (plan, draw, build), the stream's state and
+//!   fault injection.
+//! - [`sampler`]: the [`Sampler`] — producers, delivery, evaluation passes,
+//!   telemetry per split, save and restore.
+//! - [`stalls`]: the stall detector (stack dumps of sampler threads stuck
+//!   past `stall_after_ms`).
 //! - [`bench`]: the measurement behind `headwater bench`.
-//! - `python` (feature `python`): the PyO3 binding layer, the only place pyo3
-//!   appears.
+//!
+//! The PyO3 binding is the crate above this one (`crates/python`).
 
 pub mod batch;
 pub mod bench;
 pub mod config;
-pub mod pipeline;
+pub mod context;
+pub mod maker;
 pub mod preprocess;
 pub mod sampler;
 pub mod seeds;
@@ -40,5 +49,5 @@ pub use batch::Batch;
 pub use config::{SamplerConfig, TaskPick};
 pub use error::{Error, Result};
 pub use format::{Database, Metadata, SemanticType};
-pub use pipeline::Sampler;
+pub use sampler::Sampler;
 pub use seeds::Split;

@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use headwater::format::{PageCache, Verify};
-use headwater::pipeline::{current_private_bytes, current_rss_bytes};
 use headwater::preprocess::{synth_database, SynthSpec};
+use headwater::sampler::{current_private_bytes, current_rss_bytes};
 use headwater::{Error, Sampler, SamplerConfig, Split};
 
 const MIB: u64 = 1 << 20;

@@ -13,7 +13,7 @@ use headwater::preprocess::{build_reverse, SpillArray};
 
 /// This process's resident anonymous pages (`RssAnon`), bytes.
 fn rss_anon() -> u64 {
-    headwater::pipeline::current_private_bytes().expect("/proc/self/status RssAnon")
+    headwater::sampler::current_private_bytes().expect("/proc/self/status RssAnon")
 }
 
 #[test]

@@ -13,7 +13,7 @@ use headwater::format::{FileKind, FileWriter, MappedFile, Section};
 
 /// This process's resident file-backed pages (`RssFile`), bytes.
 fn rss_file() -> u64 {
-    headwater::pipeline::status_bytes("RssFile:").expect("/proc/self/status RssFile")
+    headwater::sampler::status_bytes("RssFile:").expect("/proc/self/status RssFile")
 }
 
 #[test]

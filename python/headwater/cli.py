@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headwater.bench_cli import add_bench
+from headwater.bench.cli import add_bench
 
 
 def _cmd_corpus(a: argparse.Namespace) -> int:

@@ -8,10 +8,10 @@ use super::perm::{rcm_orders, RcmScratch};
 use super::slots::SeqOut;
 use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
 use super::Batch;
+use crate::context::{LabelTimes, Subgraph};
 use crate::format::{bit, ColumnValues, ColumnView, EmbeddingRows, GraphView};
 use crate::prefetch::prefetch;
 use crate::readings::SeqReadings;
-use crate::sampler::{LabelTimes, Subgraph};
 
 /// The stored columns of one table with their cell type codes.
 pub struct TableCells<'a> {
@@ -44,7 +44,7 @@ pub enum Target<'a> {
     },
 }
 
-/// A cell task's label cells (`crate::sampler::labels`): shown on a row of
+/// A cell task's label cells (`crate::context::labels`): shown on a row of
 /// the anchor table only once its label was known at the seed's time.
 #[derive(Clone)]
 pub struct LabelCells<'a> {

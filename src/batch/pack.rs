@@ -45,9 +45,9 @@
 
 use super::assemble::{assemble_sequence, AssembleScratch, SeqContext};
 use super::slots::{SegOut, SeqOut};
+use crate::context::Subgraph;
 use crate::readings::SeqReadings;
 use crate::rng::mix64;
-use crate::sampler::Subgraph;
 
 /// Where a packed batch's contexts go: `bins` sequences of `s` cells, each
 /// holding at most `per_bin` of the contexts (`sizes.len() ≤ bins · per_bin`),

@@ -75,10 +75,10 @@ pub enum ExampleRanker {
     /// Visit counts of random walks from the seed (RT-J's semantics).
     Walks,
     /// The same walks in blocks, stopped once the examples the context
-    /// would take are stable (`crate::sampler::rankers`).
+    /// would take are stable (`crate::context::rankers`).
     Adaptive,
     /// The visit counts the walks are expected to give, computed without
-    /// drawing a walk (`crate::sampler::expected`).
+    /// drawing a walk (`crate::context::expected`).
     Expected,
 }
 
@@ -185,7 +185,7 @@ pub struct SamplerConfig {
     /// A named set of keys (`"rt-j"`), applied to the keys not given
     /// ([`Recipe`]); `None`: every key as given or by default.
     pub recipe: Option<Recipe>,
-    /// In-context contexts (`crate::sampler::incontext`): tier 0 the seed's
+    /// In-context contexts (`crate::context::incontext`): tier 0 the seed's
     /// BFS, tier 1 labelled rows of the seed's table ranked by
     /// `example_ranker`, tier 2 random ones. Off: the plain layout (the seed's BFS only).
     pub examples: bool,
@@ -207,11 +207,11 @@ pub struct SamplerConfig {
     pub example_ranker: ExampleRanker,
     /// With `example_ranker = "expected"`: a row spreads its probability
     /// only when each neighbour's share is at least this many expected
-    /// visits of `num_walks` walks (`crate::sampler::expected`).
+    /// visits of `num_walks` walks (`crate::context::expected`).
     pub expected_prune: f64,
     /// With `example_ranker = "expected"`: rank from rankings computed
     /// once per database and stored in its directory
-    /// (`crate::sampler::rank_store`; the same picks).
+    /// (`crate::context::rank_store`; the same picks).
     pub expected_store: bool,
     /// With `expected_store`: rows each stored head (the count order, the
     /// recency order) of an item keeps at most.

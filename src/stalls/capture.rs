@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn our_frames_are_the_cores_and_every_floors_sources() {
         let root = "/w/headwater/";
-        assert!(ours_file(root, "/w/headwater/src/sampler/bfs.rs"));
+        assert!(ours_file(root, "/w/headwater/src/context/bfs.rs"));
         assert!(ours_file(root, "/w/headwater/crates/format/src/views.rs"));
         assert!(!ours_file(root, "/w/headwater/crates/format/tests/x.rs"));
         assert!(!ours_file(root, "/w/headwater/tests/integration/main.rs"));

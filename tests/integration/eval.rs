@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use headwater::pipeline::{eval_list, BatchMaker, EvalPass, Sampler, SamplerCore};
+use headwater::sampler::{eval_list, BatchMaker, EvalPass, Sampler, SamplerCore};
 use headwater::{SamplerConfig, Split};
 use proptest::prelude::*;
 

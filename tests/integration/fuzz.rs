@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use headwater::config::SamplerConfig;
 use headwater::format::{verify_database, Database, FileKind, MappedFile};
-use headwater::pipeline::{BatchMaker, SamplerCore};
+use headwater::sampler::{BatchMaker, SamplerCore};
 use headwater::seeds::Split;
 use headwater::Error;
 use proptest::prelude::*;

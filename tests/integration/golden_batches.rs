@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{SamplerConfig, Split};
 use serde_json::{json, Value};
 

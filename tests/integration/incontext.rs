@@ -10,14 +10,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use headwater::config::ExampleRanker;
-use headwater::format::{Database, GraphView};
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
-use headwater::preprocess::SynthSpec;
-use headwater::sampler::rankers::Ranker;
-use headwater::sampler::walks::WalkGraph;
-use headwater::sampler::{
+use headwater::context::rankers::Ranker;
+use headwater::context::walks::WalkGraph;
+use headwater::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
+use headwater::format::{Database, GraphView};
+use headwater::preprocess::SynthSpec;
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{Error, SamplerConfig, Split};
 
 use crate::oracle::{build, same_batch, SynthDb};
@@ -554,7 +554,7 @@ fn an_evaluation_pass_keeps_plain_contexts_for_a_query_task() {
     let sdb = db();
     let core = Arc::new(SamplerCore::with_database(sdb.db.clone(), cfg()).unwrap());
     let query = sdb.db.metadata().tasks.len() - 1;
-    let pass = headwater::pipeline::EvalPass::new(core, Split::Val, None, Some(8)).unwrap();
+    let pass = headwater::sampler::EvalPass::new(core, Split::Val, None, Some(8)).unwrap();
     let mut seen = HashSet::new();
     for b in pass {
         let b = b.unwrap();

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headwater::format::{Database, Verify};
-use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::Xoshiro256pp;
+use headwater::sampler::{BatchMaker, SamplerCore};
 use headwater::{Error, SamplerConfig, Split};
 use serde_json::{json, Value};
 

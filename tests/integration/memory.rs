@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use headwater::format::Database;
-use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{synth_database, SynthSpec};
+use headwater::sampler::{BatchMaker, SamplerCore};
 use headwater::{SamplerConfig, Split};
 
 use crate::oracle::scratch_dir;

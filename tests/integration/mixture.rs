@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use headwater::config::TaskWeights;
-use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{synth_database, SynthSpec};
+use headwater::sampler::{BatchMaker, SamplerCore};
 use headwater::seeds::split_seeds;
 use headwater::{Error, SamplerConfig, Split};
 
@@ -214,7 +214,7 @@ fn mixture_resume_is_exact_and_other_mixtures_are_refused() {
     let lens = mk.state.pool_lens();
     let saved = core.capture(&[(Split::Train, &mk.state.stream, &lens)]);
     let json = saved.to_json();
-    let back = headwater::pipeline::SamplerState::from_json(&json).unwrap();
+    let back = headwater::sampler::SamplerState::from_json(&json).unwrap();
     assert_eq!(back.databases.len(), 3);
     let again = open(&paths, cfg());
     let fresh = again.split_state(Split::Train);
@@ -338,7 +338,7 @@ fn listed_databases_get_their_own_series_and_the_rest_are_folded() {
         num_threads: Some(1),
         ..cfg()
     };
-    let s = headwater::pipeline::Sampler::open_mixture(&paths, listed_cfg(), None).unwrap();
+    let s = headwater::sampler::Sampler::open_mixture(&paths, listed_cfg(), None).unwrap();
     let core = s.core().clone();
     let schema = &core.schema;
     assert_eq!(schema.database_names, listed);

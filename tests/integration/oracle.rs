@@ -5,7 +5,7 @@
 //! the batch layout.
 //!
 //! The reference model mirrors the documented stream layout of
-//! `src/seeds` and `src/pipeline/maker.rs`: each task's global pool (the
+//! `src/seeds` and `src/maker/`: each task's global pool (the
 //! split's seeds over all ranks) is keyed by `derive(seed, [split, task, 1])`,
 //! the picker by `derive(seed, [split, 3])`; step `t` picks its task from the
 //! step alone, rank `r` draws global positions `drawn[k] + r·B ..` and the
@@ -19,11 +19,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use headwater::batch::{encode_timestamp, TIMESTAMP_DIM};
+use headwater::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use headwater::format::{bit, ColumnValues, Database, GraphView};
-use headwater::pipeline::MadeBatch;
 use headwater::preprocess::{synth_database, SynthSpec};
 use headwater::rng::{mix64, Xoshiro256pp};
-use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use headwater::sampler::MadeBatch;
 use headwater::seeds::{split_seeds, SeedPool, Split, TaskPicker};
 use headwater::{Error, SamplerConfig, TaskPick};
 use proptest::prelude::*;
@@ -221,7 +221,7 @@ pub fn params(cfg: &SamplerConfig) -> BfsParams {
     }
 }
 
-/// Mirror of `derive` in `src/pipeline/maker.rs`.
+/// Mirror of `derive` in `src/maker/`.
 fn derive(seed: u64, parts: &[u64]) -> u64 {
     parts
         .iter()
@@ -808,7 +808,7 @@ pub fn check_against_reference(
     prop_assert_eq!(
         batch.task_idx as usize,
         rb.task,
-        "reference model out of sync with make_batch (task pick): has the RNG stream layout of src/pipeline/maker.rs changed?"
+        "reference model out of sync with make_batch (task pick): has the RNG stream layout of src/maker/ changed?"
     );
     let ref_seeds: Vec<u32> = rb.seqs.iter().map(|x| x.seed_pos).collect();
     prop_assert_eq!(

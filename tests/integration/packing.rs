@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use headwater::pipeline::state::SamplerState;
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::maker::state::SamplerState;
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;
 

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
+use headwater::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use headwater::format::{Database, SemanticType};
-use headwater::pipeline::{BatchMaker, SamplerCore};
 use headwater::preprocess::{
     ColumnData, ColumnInput, DatabaseWriter, ForeignKeyInput, SynthSpec, TableInput, TaskInput,
     TaskTarget,
 };
 use headwater::rng::Xoshiro256pp;
-use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
+use headwater::sampler::{BatchMaker, SamplerCore};
 use headwater::seeds::split::bucket;
 use headwater::seeds::{rank_slice, split_of, split_seeds, Split};
 use headwater::SamplerConfig;

@@ -6,13 +6,13 @@
 //! equal the live ranker's; the key is refused without the ranker.
 
 use headwater::config::ExampleRanker;
-use headwater::format::Database;
-use headwater::pipeline::{MadeBatch, SamplerCore};
-use headwater::sampler::rank_store::{RankStore, StoreParams};
-use headwater::sampler::rankers::Ranker;
-use headwater::sampler::{
+use headwater::context::rank_store::{RankStore, StoreParams};
+use headwater::context::rankers::Ranker;
+use headwater::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
+use headwater::format::Database;
+use headwater::sampler::{MadeBatch, SamplerCore};
 use headwater::{Error, SamplerConfig};
 
 use crate::incontext::{self, db, run, with_task_params};

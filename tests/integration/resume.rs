@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headwater::pipeline::state::{SamplerState, STATE_VERSION};
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::maker::state::{SamplerState, STATE_VERSION};
 use headwater::preprocess::SynthSpec;
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::seeds::split_seeds;
 use headwater::{Error, Sampler, SamplerConfig, Split, TaskPick};
 use proptest::prelude::*;

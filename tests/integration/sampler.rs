@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::preprocess::SynthSpec;
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::seeds::split_seeds;
 use headwater::{Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;

@@ -4,8 +4,8 @@ use headwater::preprocess::{synth_database, SynthSpec};
 
 #[test]
 fn bfs_scratch_is_sized_to_the_bfs_not_the_database() {
+    use headwater::context::{bfs, BfsParams, BfsScratch, Subgraph};
     use headwater::rng::Xoshiro256pp;
-    use headwater::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
     use headwater::Database;
 
     let tmp = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! One `pipeline::Sampler` shared by several threads: every batch is
+//! One `sampler::Sampler` shared by several threads: every batch is
 //! delivered exactly once, in step order to each caller, the union equals a
 //! single-threaded run's batches, states read meanwhile are positions the
 //! stream passed, and the sampler stays usable from one thread afterwards.

@@ -4,7 +4,7 @@
 //! batch fills the budget (`B·S = tokens_per_batch`), the lengths are drawn
 //! uniformly, and a state saved under another length recipe is refused.
 
-use headwater::pipeline::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{Error, Sampler, SamplerConfig, Split};
 
 use crate::oracle::same_batch;

@@ -4,11 +4,11 @@
 //! time), and the comparison is sharp enough to tell a walker that ignores
 //! the time apart. The `expected` ranker's counts against the same walker.
 
+use headwater::context::expected::Spread;
+use headwater::context::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::format::GraphView;
 use headwater::preprocess::SynthSpec;
 use headwater::rng::Xoshiro256pp;
-use headwater::sampler::expected::Spread;
-use headwater::sampler::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::SamplerConfig;
 
 use crate::oracle::build;

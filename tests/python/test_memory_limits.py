@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from headwater import bench_limits
-from headwater.bench_limits import LimitError, Limits, parse_size
+from headwater.bench import limits as bench_limits
+from headwater.bench.limits import LimitError, Limits, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v2"

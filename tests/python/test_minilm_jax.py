@@ -226,7 +226,7 @@ def test_registry_uses_jax_when_importable(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def test_embed_bench_strings_and_errors() -> None:
-    from headwater.bench_embed import run_embed_bench, tpch_comment_strings
+    from headwater.bench.embed import run_embed_bench, tpch_comment_strings
 
     texts = tpch_comment_strings(200)
     assert len(set(texts)) == 200 and all(texts)

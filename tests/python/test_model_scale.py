@@ -245,7 +245,7 @@ def test_bench_model_times_the_device_step(case: Case) -> None:
     the tiny model of these tests (its train step is already compiled by the
     grad-accum test): the step's figures, no MFU nor peak memory on a CPU."""
     import headwater
-    from headwater.train import step_bench
+    from headwater.bench import step as step_bench
 
     keys = ("d_model", "num_layers", "num_heads", "compute_dtype", "onehot_max_rows")
     sets = step_bench.parse_model_sets([f"{k}={json.dumps(getattr(case.base, k))}" for k in keys])

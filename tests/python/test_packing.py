@@ -212,7 +212,7 @@ def test_training_comparison_scores_every_configuration_on_the_same_seeds(
     packed: Packed, tmp_path: Path
 ) -> None:
     from headwater.bench import format_bench, run_bench
-    from headwater.train.packing_bench import format_train_comparison, train_comparison
+    from headwater.bench.packing import format_train_comparison, train_comparison
 
     tiny = ["model.d_model=16", "model.num_layers=1", "model.num_heads=2"]
     t = train_comparison(
@@ -258,7 +258,7 @@ def test_training_comparison_scores_every_configuration_on_the_same_seeds(
 
 
 def test_training_comparison_counts_a_metric_by_its_direction() -> None:
-    from headwater.train.packing_bench import summarize
+    from headwater.bench.packing import summarize
 
     def run(mae: float, auroc: float) -> dict[str, Any]:
         return {

@@ -56,7 +56,7 @@ from headwater import telemetry as T
 
 N: Any = _native
 P = "sampler/"
-MIX_WINDOW = 64  # batches behind mix/tv_distance (src/pipeline/maker.rs)
+MIX_WINDOW = 64  # batches behind mix/tv_distance (src/maker/)
 INF = float("inf")
 
 # ----------------------------------------------------------------------------

@@ -92,7 +92,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// `ranker` (`"expected"`, `"adaptive"`, `"walks"`, or `"shuffled"`, a broken ranker for
 /// tests) against the `walks` ranker, the ceiling (an independent `walks`
 /// run) and each one's contexts per CPU-second, over `seeds` seeds
-/// (`headwater::pipeline::SamplerCore::ranker_recall`, one thread, GIL
+/// (`headwater::sampler::SamplerCore::ranker_recall`, one thread, GIL
 /// released). `sampler_overrides`: a JSON object of sampler keys (the
 /// recipe; `examples` must be on).
 #[pyfunction]
@@ -105,7 +105,7 @@ pub fn ranker_recall<'py>(
     same_key: bool,
     sampler_overrides: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    use headwater::sampler::rankers::Ranker;
+    use headwater::context::rankers::Ranker;
     let paths = super::sampler::db_paths(db_path)?;
     let ranker = match ranker {
         "walks" => Ranker::Walks,
@@ -132,7 +132,7 @@ pub fn ranker_recall<'py>(
     };
     let rows = py
         .detach(|| {
-            let core = headwater::pipeline::SamplerCore::open_mixture(&paths, cfg)?;
+            let core = headwater::sampler::SamplerCore::open_mixture(&paths, cfg)?;
             core.ranker_recall(seeds, ranker, same_key)
         })
         .map_err(to_py)?;

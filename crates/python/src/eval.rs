@@ -9,11 +9,11 @@ use pyo3::types::{PyDict, PyList};
 
 use super::batch::batch_dict;
 use super::{to_py, WAKE};
-use headwater::pipeline;
+use headwater::sampler;
 use headwater::seeds::Split;
 
 /// An ordered pass over every seed of a val/test split on this rank (see
-/// `src/pipeline/eval.rs` for the shard rule); iterate it for batch dicts
+/// `src/sampler/eval.rs` for the shard rule); iterate it for batch dicts
 /// whose `seq_valid` marks the sequences to score. Each batch taken is
 /// recorded in the split's telemetry (`drain_step_metrics(split)`, the
 /// Prometheus series labelled with the split). Threads may share one pass:
@@ -22,15 +22,15 @@ use headwater::seeds::Split;
 #[pyclass(module = "headwater._native", frozen)]
 pub struct EvalPass {
     /// Taken (with a timeout) before `inner`, so waiters can check signals.
-    gate: pipeline::Gate,
-    inner: Mutex<pipeline::EvalPass>,
+    gate: sampler::Gate,
+    inner: Mutex<sampler::EvalPass>,
     len: usize,
 }
 
 impl EvalPass {
     /// A pass over `split` (`"val"`/`"test"`) of task `task` (a name; all when `None`).
     pub(super) fn open(
-        sampler: &pipeline::Sampler,
+        sampler: &sampler::Sampler,
         split: &str,
         task: Option<&str>,
         max_seeds: Option<i64>,
@@ -63,7 +63,7 @@ impl EvalPass {
         let pass = sampler.eval_pass(split, task, max_seeds).map_err(to_py)?;
         let len = pass.len();
         Ok(EvalPass {
-            gate: pipeline::Gate::new(),
+            gate: sampler::Gate::new(),
             inner: Mutex::new(pass),
             len,
         })

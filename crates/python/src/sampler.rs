@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use super::batch::batch_dict;
 use super::{to_py, WAKE};
 use headwater::error::Error;
-use headwater::pipeline::{self, SamplerState};
+use headwater::sampler::{self, SamplerState};
 use headwater::seeds::Split;
 
 fn parse_split(split: &str) -> PyResult<Split> {
@@ -86,10 +86,10 @@ fn parse_state(v: &Bound<'_, PyAny>) -> PyResult<SamplerState> {
 
 /// The headwater sampler: prefetching producers for the train and val splits.
 /// Shareable between threads: each split's batches go to callers one at a
-/// time, each exactly once and in step order (see `pipeline`'s module doc).
+/// time, each exactly once and in step order (see `sampler`'s module doc).
 #[pyclass(module = "headwater._native", frozen)]
 pub struct Sampler {
-    inner: pipeline::Sampler,
+    inner: sampler::Sampler,
     last_pointers: Mutex<Vec<(&'static str, usize)>>,
 }
 
@@ -111,7 +111,7 @@ pub(crate) fn batch_tensors(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 impl Sampler {
     /// The next batch of `split`: waits (GIL released) for the split's
     /// delivery gate and then the batch, waking every `WAKE` to check
-    /// signals; safe from any number of threads (see `pipeline`'s doc).
+    /// signals; safe from any number of threads (see `sampler`'s doc).
     fn next<'py>(&self, py: Python<'py>, split: Split) -> PyResult<Bound<'py, PyDict>> {
         let ask = self.inner.ask(split).map_err(to_py)?;
         loop {
@@ -152,7 +152,7 @@ impl Sampler {
         let cfg = super::config::from_py(config, kwargs)?;
         let state = state.map(parse_state).transpose()?;
         let inner = py
-            .detach(|| pipeline::Sampler::open_mixture(&paths, cfg, state.as_ref()))
+            .detach(|| sampler::Sampler::open_mixture(&paths, cfg, state.as_ref()))
             .map_err(to_py)?;
         Ok(Sampler {
             inner,

@@ -3,7 +3,7 @@
 //! measurement vocabulary (`headwater_common::readings`), read and never copied.
 //!
 //! Telemetry never sees a `Batch`: the readings are its only input, so the
-//! arrows point one way (`pipeline` → `telemetry` → `readings`).
+//! arrows point one way (`sampler` → `telemetry` → `readings`).
 
 use headwater_common::readings::{BatchReadings, DeliveryReadings};
 

@@ -9,7 +9,7 @@
 //! a mixture's reported databases) `database`.
 //!
 //! Series per process: 3 splits (`train`; `val`, fed by the val stream and
-//! val evaluation passes; `test`, fed by test passes: the pipeline's
+//! val evaluation passes; `test`, fed by test passes: the sampler's
 //! `TELEMETRY_SPLITS`) × (G gauges + C counters + T task counters + Σ over
 //! the H histograms of (buckets + 2)), where buckets counts the `+Inf`
 //! bucket and the 2 are `_sum` and `_count`; G, C and H are the table's

@@ -18,8 +18,8 @@ use std::sync::OnceLock;
 use half::f16;
 use serde_json::{json, Value};
 
-use super::maker::SamplerCore;
 use crate::error::Result;
+use crate::maker::SamplerCore;
 
 /// Metadata counts a mixture reports as the sum over its databases.
 const SUMMED_COUNTS: [&str; 4] = [

@@ -42,8 +42,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::maker::{BuildBuffers, MadeBatch};
 use crate::error::{Error, Result};
+use crate::maker::{BuildBuffers, MadeBatch};
 use crate::readings::DrawReadings;
 use crate::rng::mix64;
 use crate::seeds::{task_split_seeds, Split};

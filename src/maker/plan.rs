@@ -6,7 +6,7 @@
 //!
 //! Never: random choices per step (those are `draw.rs`), building contexts
 //! (`build.rs`). The mixture-wide views (concatenated embedding tables,
-//! merged metadata) are `pipeline/mixture.rs`, which reads this plan.
+//! merged metadata) are `sampler/mixture.rs`, which reads this plan.
 
 use crate::stalls::{StallConfig, StallWatch};
 use std::path::Path;
@@ -20,9 +20,9 @@ use super::derive;
 use super::open::database_names;
 use crate::batch::auto_count;
 use crate::config::SamplerConfig;
+use crate::context::Subgraph;
 use crate::error::{Error, Result};
 use crate::format::Database;
-use crate::sampler::Subgraph;
 use crate::telemetry::TelemetrySchema;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
@@ -47,7 +47,7 @@ pub(crate) struct TaskPlan {
     /// The mixture database the task belongs to.
     pub(crate) db: usize,
     /// The task's index in its database's metadata.
-    pub(super) local: usize,
+    pub(crate) local: usize,
     pub(super) target: TargetPlan,
     pub(super) seed_cells: usize,
     pub(super) stype_code: u8,
@@ -93,7 +93,7 @@ pub struct SamplerCore {
     pub dbs: Vec<MixtureDatabase>,
     /// The validated configuration.
     pub cfg: SamplerConfig,
-    pub(super) tasks: Vec<TaskPlan>,
+    pub(crate) tasks: Vec<TaskPlan>,
     pub(super) task_names: Vec<String>,
     /// Per database: its slot among the databases with their own telemetry
     /// series (`None`: folded into the aggregates).
@@ -116,11 +116,11 @@ pub struct SamplerCore {
     /// The stall detector (`None`: its thread could not start).
     pub(super) stalls: Option<StallWatch>,
     /// With `examples`: each database's walk graph (else empty).
-    pub(super) walk_graphs: Vec<crate::sampler::walks::WalkGraph>,
+    pub(super) walk_graphs: Vec<crate::context::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
-    pub(super) rank_stores: Vec<crate::sampler::rank_store::RankStore>,
+    pub(super) rank_stores: Vec<crate::context::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
-    pub(crate) hog: Option<crate::pipeline::inject::Hog>,
+    pub(crate) hog: Option<crate::maker::inject::Hog>,
     /// Named and reported as a mixture (more than one database given).
     pub as_mixture: bool,
     /// Databases of the mixture dropped at open (`on_bad_database`).
@@ -186,7 +186,7 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .start_handler(move |_| {
                 if let Some(cpu) = pin {
-                    crate::pipeline::inject::pin_to(cpu);
+                    crate::maker::inject::pin_to(cpu);
                 }
             })
             .build()
@@ -202,7 +202,7 @@ impl SamplerCore {
             rank: cfg.rank,
         });
         let hog = match (cfg.debug_cpu_hog, cfg.debug_pin_cpu) {
-            (true, Some(cpu)) => crate::pipeline::inject::Hog::start(cpu),
+            (true, Some(cpu)) => crate::maker::inject::Hog::start(cpu),
             _ => None,
         };
         let mut core = SamplerCore {
@@ -526,7 +526,7 @@ pub(super) fn mixture_schema(
 }
 
 /// The mixture's concatenated embedding tables, built on first request
-/// by `pipeline/mixture.rs`.
+/// by `sampler/mixture.rs`.
 #[derive(Default)]
 pub struct Concatenated {
     /// Column-name embeddings, `[Σ columns, D]`.

@@ -1,4 +1,4 @@
-"""``python -m headwater.telemetry --bench``: the host reduction measured
+"""``python -m headwater.bench.reduction``: the host reduction measured
 across local CPU processes on loopback, on a schema from the native metric
 table (no database needed)."""
 
@@ -106,7 +106,7 @@ def _bench(processes: int, steps: int, warmup: int, timeout: float) -> list[dict
             [
                 sys.executable,
                 "-m",
-                "headwater.telemetry",
+                "headwater.bench.reduction",
                 "--bench-worker",
                 str(r),
                 "--processes",
@@ -155,7 +155,7 @@ def _bench(processes: int, steps: int, warmup: int, timeout: float) -> list[dict
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m headwater.telemetry",
+        prog="python -m headwater.bench.reduction",
         description="Benchmark the host-side cross-rank telemetry reduction.",
     )
     ap.add_argument("--bench", action="store_true", help="run the benchmark")

@@ -16,12 +16,12 @@ use super::plan::SamplerCore;
 use super::{derive, tracing_warn, MIX_WINDOW};
 use crate::batch::FxMap;
 use crate::config::SamplerConfig;
+use crate::context::Subgraph;
 use crate::error::{Error, Result};
 use crate::readings::{DatabaseDraw, DrawReadings};
-use crate::sampler::Subgraph;
 use crate::seeds::{epoch_cursor, rank_slice, task_split_seeds, SeedPool, Split, TaskPicker};
 
-use super::super::state::StreamState;
+use super::state::StreamState;
 
 /// One split's sampling state on one rank: the stream position
 /// ([`StreamState`], the only part that matters for the stream), the global
@@ -262,7 +262,7 @@ impl SamplerCore {
             // Before the batch's clock starts: the drop is the injection's
             // cost, not the sampler's (the faults it causes are).
             for mdb in &self.dbs {
-                super::super::inject::drop_page_cache(mdb.db.dir());
+                super::inject::drop_page_cache(mdb.db.dir());
             }
         }
         let t0 = Instant::now();
@@ -417,11 +417,11 @@ fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
 
 /// Buffers one batch in flight builds with (recycled across batches).
 #[derive(Default)]
-pub(in crate::pipeline) struct BuildBuffers {
-    pub(in crate::pipeline) subgraphs: Vec<Subgraph>,
-    pub(in crate::pipeline) text_map: FxMap<u32, u32>,
+pub(crate) struct BuildBuffers {
+    pub(crate) subgraphs: Vec<Subgraph>,
+    pub(crate) text_map: FxMap<u32, u32>,
     /// Keyed by (database, text id): a batch of several databases.
-    pub(in crate::pipeline) text_map_mixed: FxMap<u64, u32>,
+    pub(crate) text_map_mixed: FxMap<u64, u32>,
 }
 
 /// A batch drawn but not built: see [`SamplerCore::plan`].

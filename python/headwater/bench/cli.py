@@ -2,8 +2,8 @@
 measure (thread scaling and packing, ``--memory-limit`` runs in a cgroup,
 in-context recipes, the model's step, variable sequence lengths), and the
 dispatch to the module that measures each (:mod:`headwater.bench`,
-:mod:`headwater.bench_limits`, :mod:`headwater.bench_varlen`,
-:mod:`headwater.train.step_bench`)."""
+:mod:`headwater.bench.limits`, :mod:`headwater.bench.varlen`,
+:mod:`headwater.bench.step`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from headwater.bench import _bench_source, examples_recipe, format_bench, run_bench
 
     if a.model:
-        from headwater.train.step_bench import parse_model_sets, run_step_bench
+        from headwater.bench.step import parse_model_sets, run_step_bench
 
         _, path, _ = _bench_source(a.db)
         sets = parse_model_sets(a.model_set)
@@ -27,7 +27,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     if a.sequence_lengths:
         return _bench_varlen(a)
     if a.embedder:
-        from headwater.bench_embed import format_embed_bench, run_embed_bench
+        from headwater.bench.embed import format_embed_bench, run_embed_bench
 
         r = run_embed_bench(a.embedder, a.strings, a.rounds)
         print(json.dumps(r) if a.json else format_embed_bench(r))
@@ -78,7 +78,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 def _bench_limited(a: argparse.Namespace, overrides: dict[str, Any]) -> int:
     """``bench --memory-limit``: runs in a memory cgroup and an I/O throttle."""
     from headwater.bench import _bench_source
-    from headwater.bench_limits import (
+    from headwater.bench.limits import (
         LimitError,
         Limits,
         format_limited,
@@ -108,7 +108,7 @@ def _bench_limited(a: argparse.Namespace, overrides: dict[str, Any]) -> int:
 
 def _bench_varlen(a: argparse.Namespace) -> int:
     """``bench --sequence-lengths``: variable against fixed S at one token budget."""
-    from headwater.bench_varlen import format_varlen_bench, run_varlen_bench
+    from headwater.bench.varlen import format_varlen_bench, run_varlen_bench
     from headwater.train.origins import toml_value
 
     if not a.tokens_per_batch:
@@ -249,7 +249,7 @@ def _add_limit_args(pb: argparse.ArgumentParser) -> None:
 
 
 def _add_embed_bench_args(pb: argparse.ArgumentParser) -> None:
-    """``bench --embedder minilm``: JAX against numpy strings/s (:mod:`headwater.bench_embed`)."""
+    """``bench --embedder minilm``: JAX against numpy strings/s (:mod:`headwater.bench.embed`)."""
     pb.add_argument(
         "--embedder",
         choices=["minilm"],
@@ -300,7 +300,7 @@ def _add_examples_args(pb: argparse.ArgumentParser) -> None:
 
 
 def _add_varlen_args(pb: argparse.ArgumentParser) -> None:
-    """``bench --sequence-lengths``: variable against fixed S (:mod:`headwater.bench_varlen`)."""
+    """``bench --sequence-lengths``: variable against fixed S (:mod:`headwater.bench.varlen`)."""
     pb.add_argument(
         "--sequence-lengths",
         help="comma-separated S values: time variable length (each step draws its S, "
@@ -315,7 +315,7 @@ def _add_varlen_args(pb: argparse.ArgumentParser) -> None:
 
 
 def _add_step_bench_args(pb: argparse.ArgumentParser) -> None:
-    """``bench --model``: the device-only train step (:mod:`headwater.train.step_bench`)."""
+    """``bench --model``: the device-only train step (:mod:`headwater.bench.step`)."""
     pb.add_argument(
         "--model",
         metavar="PRESET[,PRESET]",

@@ -5,7 +5,11 @@
 //! many batches in flight as the producer builds) on the calling thread, without the
 //! prefetch channel, so the figure is the sampler's own throughput; the
 //! Python side adds handoff latency and thread scaling from several runs in
-//! the same process.
+//! the same process. `recall.rs` is `headwater bench --ranker-recall`.
+
+mod recall;
+
+pub use recall::TaskRecall;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,8 +17,8 @@ use std::time::Instant;
 
 use crate::config::SamplerConfig;
 use crate::error::Result;
-use crate::pipeline::{current_rss_bytes, SamplerCore, SplitTelemetry};
 use crate::readings::stage;
+use crate::sampler::{current_rss_bytes, SamplerCore, SplitTelemetry};
 use crate::seeds::Split;
 
 /// One benchmark run's figures.
@@ -239,7 +243,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, b: &crate::pipeline::MadeBatch) {
+    fn add(&mut self, b: &crate::sampler::MadeBatch) {
         for (acc, x) in self.stage.iter_mut().zip(b.readings.stage_ns) {
             *acc += x;
         }
@@ -292,5 +296,5 @@ impl Tally {
 
 /// Peak resident set size of this process (Linux `VmHWM`), bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    crate::pipeline::status_bytes("VmHWM:")
+    crate::sampler::status_bytes("VmHWM:")
 }

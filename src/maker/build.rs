@@ -15,11 +15,11 @@ use super::draw::{BuildBuffers, Draws, Planned};
 use super::plan::{SamplerCore, TaskGroup};
 use super::MadeBatch;
 use crate::batch::pack_contexts;
+use crate::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::error::{Error, Result};
 use crate::format::GraphView;
 use crate::readings::{stage, BatchReadings, IntegrityReadings};
 use crate::rng::Xoshiro256pp;
-use crate::sampler::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::stalls::{Stage, Watched};
 
 thread_local! {
@@ -136,7 +136,7 @@ impl SamplerCore {
         let _batch = batch_span.enter();
         let watched = self.watch(Stage::Bfs, step);
         if self.cfg.debug_stall_step == Some(step) && split == crate::seeds::Split::Train {
-            super::super::inject::injected_stall(self.cfg.debug_stall_ms);
+            super::inject::injected_stall(self.cfg.debug_stall_ms);
         }
         let one = [(k, 0..jobs.len())];
         let bc = BuildCtx {
@@ -188,7 +188,7 @@ impl SamplerCore {
     /// thread builds all of them (a pipelined stream, one batch per thread,
     /// where splitting a batch only adds work-stealing between batches).
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::pipeline) fn build_batch(
+    pub(crate) fn build_batch(
         &self,
         (k, s): (usize, usize),
         jobs: &[(u32, u32, i64, u64)],
@@ -235,7 +235,7 @@ impl SamplerCore {
         let t_probe = Instant::now();
         if self.cfg.debug_spin_ms > 0.0 {
             // Inside the probed window: the kernel's account sees the work.
-            super::super::inject::injected_spin(self.cfg.debug_spin_ms);
+            super::inject::injected_spin(self.cfg.debug_spin_ms);
         }
         let stage_to = |st: Stage| {
             if let Some(w) = watched {

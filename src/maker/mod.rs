@@ -23,13 +23,14 @@ mod build;
 mod checks;
 mod draw;
 mod examples;
+pub(crate) mod inject;
 mod masking;
 mod memory;
 mod mixing;
 mod open;
 mod plan;
-mod recall;
 mod shape;
+pub mod state;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -39,14 +40,14 @@ pub use memory::ReadPlan;
 pub use open::DroppedDatabase;
 pub use plan::{MixtureDatabase, SamplerCore, MIX_WINDOW};
 
-pub(in crate::pipeline) use draw::BuildBuffers;
+pub(crate) use draw::BuildBuffers;
 
-use super::state::StreamState;
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::readings::BatchReadings;
 use crate::rng::mix64;
 use crate::seeds::Split;
+use state::StreamState;
 
 /// A made batch: its tensors and what its producer measured making it.
 #[derive(Debug, Clone)]
@@ -199,7 +200,7 @@ impl SamplerCore {
 }
 
 /// The error for a panic while making a `split` batch.
-pub(in crate::pipeline) fn panicked(split: Split, p: &(dyn std::any::Any + Send)) -> Error {
+pub(crate) fn panicked(split: Split, p: &(dyn std::any::Any + Send)) -> Error {
     let msg = if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {

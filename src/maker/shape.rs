@@ -3,7 +3,7 @@
 //! step) unless `sequence_lengths` is set; then each step of the **train**
 //! stream draws its `S` from the list and has `B = tokens_per_batch / S`
 //! sequences per rank. The val stream keeps the fixed shape, as evaluation
-//! passes do (`crate::pipeline::eval`): its losses stay comparable from one
+//! passes do (`crate::sampler::eval`): its losses stay comparable from one
 //! validation to the next, and the consumer compiles its evaluation step
 //! for one shape.
 //!

@@ -1,5 +1,5 @@
 //! The batch maker's side of in-context contexts (`examples = true`,
-//! `crate::sampler::incontext`): which tasks can have examples (checked
+//! `crate::context::incontext`): which tasks can have examples (checked
 //! when the sampler is made) and the parallel build of a batch's contexts,
 //! each sequence drawing its recipe from its own generator key.
 //!
@@ -14,14 +14,14 @@ use rayon::prelude::*;
 
 use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
-use crate::error::{Error, Result};
-use crate::format::GraphView;
-use crate::sampler::rank_store::{BuildLock, RankStore, StoreParams};
-use crate::sampler::rankers::Ranker;
-use crate::sampler::walks::WalkGraph;
-use crate::sampler::{
+use crate::context::rank_store::{BuildLock, RankStore, StoreParams};
+use crate::context::rankers::Ranker;
+use crate::context::walks::WalkGraph;
+use crate::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, LabelTimes, SeqRecipe, Subgraph,
 };
+use crate::error::{Error, Result};
+use crate::format::GraphView;
 
 thread_local! {
     // Boxed: the extension's static TLS block is small (a large
@@ -204,7 +204,7 @@ impl SamplerCore {
     /// The in-context parameters of task `k`, handed to `f` with the
     /// database's graph; `None` (nothing called) for a query task, which
     /// keeps plain contexts.
-    pub(super) fn with_example_params<R>(
+    pub(crate) fn with_example_params<R>(
         &self,
         (k, s): (usize, usize),
         f: impl FnOnce(&GraphView<'_>, &ExampleParams<'_>) -> R,

@@ -193,7 +193,7 @@ def _train_comparison(
     path: str | list[str], batch_size: int, seq_len: int, factors: list[int], steps: int,
     seeds: int, overrides: list[str],
 ) -> dict[str, Any]:
-    from headwater.train.packing_bench import train_comparison
+    from headwater.bench.packing import train_comparison
 
     if not isinstance(path, str):
         raise ValueError("the training comparison takes one database, not a mixture")
@@ -287,7 +287,7 @@ def run_bench(
     thread scaling is read against.
     ``train_steps``: also train the model unpacked and at each of
     ``pack_factors`` for that many steps from ``train_seeds`` seeds
-    (:mod:`headwater.train.packing_bench`: useful cells/s of the model and
+    (:mod:`headwater.bench.packing`: useful cells/s of the model and
     evaluation metrics at equal steps); ``train_overrides`` are ``headwater
     train --set`` values for those runs. ``sampler_overrides``: sampler
     keys set in the thread-count runs (e.g. :func:`examples_recipe`).
@@ -485,7 +485,7 @@ def format_bench(r: dict[str, Any]) -> str:
                 f"{x['contexts_cut']:>6.1%} {x['seeds_per_sequence']:>9.2f}"
             )
     if r.get("training"):
-        from headwater.train.packing_bench import format_train_comparison
+        from headwater.bench.packing import format_train_comparison
 
         lines += format_train_comparison(r["training"])
     lines.append(f"load average     {' '.join(f'{v:.1f}' for v in r['load_average'])}")

@@ -13,13 +13,13 @@
 
 use serde::Serialize;
 
-use super::plan::SamplerCore;
-use crate::error::Result;
-use crate::rng::mix64;
-use crate::sampler::rankers::Ranker;
-use crate::sampler::{
+use crate::context::rankers::Ranker;
+use crate::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
+use crate::error::Result;
+use crate::maker::SamplerCore;
+use crate::rng::mix64;
 
 /// One task's recall and rates.
 #[derive(Debug, Clone, Serialize)]
@@ -80,7 +80,7 @@ impl SamplerCore {
     ) -> Result<Vec<TaskRecall>> {
         let mut out = Vec::new();
         for k in 0..self.tasks.len() {
-            if self.weights[k] > 0.0 {
+            if self.weights()[k] > 0.0 {
                 out.extend(self.task_recall(k, seeds, ranker, same_key)?);
             }
         }
@@ -150,7 +150,7 @@ impl SamplerCore {
         let per = |x: u64| x as f64 / seeds.max(1) as f64;
         let share = |h: usize| (s.k > 0).then(|| h as f64 / s.k as f64);
         Ok(Some(TaskRecall {
-            task: self.task_names[k].clone(),
+            task: self.task_names()[k].clone(),
             seeds,
             with_examples: s.with,
             k_mean: if s.with == 0 {

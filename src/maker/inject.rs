@@ -80,7 +80,7 @@ pub(crate) fn pin_to(cpu: u32) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set)
     };
     if rc != 0 {
-        super::maker::tracing_warn(&format!(
+        super::tracing_warn(&format!(
             "debug_pin_cpu: cannot pin a sampler thread to CPU {cpu}: {}",
             std::io::Error::last_os_error()
         ));
@@ -131,9 +131,7 @@ impl Hog {
                 thread: std::sync::Mutex::new(Some(h)),
             }),
             Err(e) => {
-                super::maker::tracing_warn(&format!(
-                    "debug_cpu_hog: cannot start the hog thread: {e}"
-                ));
+                super::tracing_warn(&format!("debug_cpu_hog: cannot start the hog thread: {e}"));
                 None
             }
         }

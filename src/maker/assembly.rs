@@ -14,9 +14,9 @@ use crate::batch::{
     assemble_packed_sequence, collate_text, collate_text_mixed, AssembleScratch, Batch, LabelCells,
     SeqContext, TableCells, Target,
 };
+use crate::context::{LabelTimes, Subgraph};
 use crate::error::Result;
 use crate::readings::SeqReadings;
-use crate::sampler::{LabelTimes, Subgraph};
 
 thread_local! {
     static SCRATCH: RefCell<AssembleScratch> = RefCell::new(AssembleScratch::default());
