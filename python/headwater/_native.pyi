@@ -63,11 +63,14 @@ class ConfigError(HeadwaterError, ValueError):
     """Raised by the core, names the key (``key``), the offending value as
     given (``value``; None for an unknown key or a setting that fails as a
     whole) and what is wrong (``what``); all None when raised by Python code
-    that names no key."""
+    that names no key. When several keys are bad (a config is checked
+    whole), ``errors`` lists one ``ConfigError`` per key and the attributes
+    above are the first's; else it is None."""
 
     key: str | None
     value: str | None
     what: str | None
+    errors: list[ConfigError] | None
 
 class StateError(HeadwaterError):
     """Raised by the core, names the state field that does not fit
@@ -225,6 +228,8 @@ class Sampler:
         config: Mapping[str, object] | None = None,
         state: Mapping[str, object] | str | bytes | None = None,
         *,
+        # BEGIN generated: sampler keywords
+        # (written by `python -m headwater.docs_gen` from sampler_config_schema(); do not edit)
         rank: int = 0,
         world_size: int = 1,
         split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
@@ -255,9 +260,9 @@ class Sampler:
         temporal_filter: bool = True,
         recipe: str | None = None,
         examples: bool = False,
-        local_context_sizes: list[int] = [256, 512, 1024],
-        bfs_widths: list[int] = [8, 16, 32, 64, 128, 256],
-        prefer_latest: list[bool] = [False, True],
+        local_context_sizes: list[int] | tuple[int, ...] = (256, 512, 1024),
+        bfs_widths: list[int] | tuple[int, ...] = (8, 16, 32, 64, 128, 256),
+        prefer_latest: list[bool] | tuple[bool, ...] = (False, True),
         num_walks: int = 10000,
         walk_length: int = 20,
         mask_prob_max: float = 0.0,
@@ -275,15 +280,7 @@ class Sampler:
         stall_dump_dir: str | None = None,
         pool_fraction: float = 1.0,
         seed_windows: int = 1,
-        debug_batch_delay_ms: float = 0.0,
-        debug_repeat_seed_every: int = 0,
-        debug_panic_at_step: int | None = None,
-        debug_stall_step: int | None = None,
-        debug_stall_ms: float = 0.0,
-        debug_drop_page_cache_every: int = 0,
-        debug_pin_cpu: int | None = None,
-        debug_spin_ms: float = 0.0,
-        debug_cpu_hog: bool = False,
+        # END generated: sampler keywords
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]:
         """The next train batch (blocks, GIL released; Ctrl-C interrupts). From

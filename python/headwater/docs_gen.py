@@ -6,7 +6,10 @@ the metric table (``headwater._native.metric_table()`` and
 ``trainer_gauges()``), the sampler's config table
 (``sampler_config_schema()``) and the ``headwater train`` sections
 (the dataclasses of :mod:`headwater.train.config`, their ``#:`` comments as
-docs), and the format spec (the module doc of ``crates/format/src/lib.rs``).
+docs), and the format spec (the module doc of ``crates/format/src/lib.rs``);
+and the code the sampler's config table writes: the ``Sampler`` keywords of
+``_native.pyi`` and the fields of ``rows.SamplerConfigDict``, regions between
+``# BEGIN generated`` and ``# END generated`` lines.
 
 Run from the repository root::
 
@@ -226,6 +229,17 @@ def _section_rows(cls: type, skip: Iterable[str] = ()) -> list[list[str]]:
     return rows
 
 
+#: The sampler's key groups, in the reference's order, with their titles.
+GROUPS = {
+    "seeds": "Seeds: ranks, splits, weights, pools",
+    "shape": "Shape: the batch, the sequence, packing",
+    "recipe": "Recipe: how a context is built",
+    "resources": "Resources: threads, memory, reads",
+    "telemetry": "Telemetry: series, exporters, stalls",
+    "debug": "Fault injection (diagnostics only)",
+}
+
+
 def _sampler_rows(
     schema: list[Any], trainer_defaults: Mapping[str, Any], launcher: Mapping[str, str]
 ) -> list[list[str]]:
@@ -293,13 +307,24 @@ def config_page(
         "(small batches, so the default run fits a CPU). *Stream*: the key defines",
         "the batch stream, so a saved state records it, every rank must share it",
         "and `[ranks.N]` may not override it. `task_weights` is a",
-        "`{task = weight}` table in TOML.",
+        "`{task = weight}` table in TOML. A config is checked whole: every bad key",
+        "is reported at once, each with where its value came from.",
         "",
-        *_table(
-            ["key", "type", "default", "trainer default", "range", "stream", "meaning"],
-            _sampler_rows(schema, trainer_defaults, launcher),
-        ),
-        "",
+    ]
+    header = ["key", "type", "default", "trainer default", "range", "stream", "meaning"]
+    for group, title in GROUPS.items():
+        rows = [f for f in schema if _get(f, "group") == group]
+        lines += [f"### {title}", ""]
+        if group == "debug":
+            lines += [
+                "Faults the [diagnostic configs](../diagnostics.md) force on purpose to",
+                "prove a signal fires. They are not `Sampler(...)` keywords in the stub",
+                "(a type checker refuses them there); a `config=` mapping or a `[sampler]`",
+                "table still sets them.",
+                "",
+            ]
+        lines += [*_table(header, _sampler_rows(rows, trainer_defaults, launcher)), ""]
+    lines += [
         "`[ranks.N]` tables override `[sampler]` keys that are not stream keys for",
         "rank `N` only (threads, prefetch, `debug_*`).",
         "",
@@ -326,6 +351,74 @@ def config_page(
         "",
     ]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Code the config table writes
+# ----------------------------------------------------------------------------
+
+_REGION = re.compile(
+    r"(?P<indent>[ \t]*)# BEGIN generated: (?P<name>[\w ]+)\n.*?^(?P=indent)# END generated: (?P=name)\n",
+    re.S | re.M,
+)
+
+
+def replace_regions(text: str, regions: Mapping[str, list[str]], path: str) -> str:
+    """``text`` with each ``# BEGIN generated: NAME`` … ``# END generated:
+    NAME`` region's body replaced by ``regions[NAME]`` (lines, without the
+    region's indent); a region named but missing is an error naming
+    ``path``."""
+    found: set[str] = set()
+
+    def body(m: re.Match[str]) -> str:
+        name, indent = m["name"], m["indent"]
+        if name not in regions:
+            return m[0]
+        found.add(name)
+        inner = "".join(f"{indent}{line}\n" if line else "\n" for line in regions[name])
+        note = f"{indent}# (written by `{COMMAND}` from sampler_config_schema(); do not edit)\n"
+        return (
+            f"{indent}# BEGIN generated: {name}\n{note}{inner}{indent}# END generated: {name}\n"
+        )
+
+    out = _REGION.sub(body, text)
+    missing = sorted(set(regions) - found)
+    if missing:
+        raise ValueError(f"{path}: no `# BEGIN generated: {missing[0]}` region")
+    return out
+
+
+def _py_literal(v: Any) -> str:
+    """A default as the stub writes it (lists as tuples, strings quoted)."""
+    if isinstance(v, list):
+        items = ", ".join(_py_literal(x) for x in v)
+        return f"({items},)" if len(v) == 1 else f"({items})"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def _stub_type(ty: str) -> str:
+    """A key's type as a ``Sampler(...)`` keyword takes it: a list or a tuple."""
+    m = re.fullmatch(r"list\[(\w+)\]", ty)
+    return f"{ty} | tuple[{m[1]}, ...]" if m else ty
+
+
+def sampler_keywords(schema: list[Any]) -> list[str]:
+    """The ``Sampler.__new__`` keywords of the stub: every key but the
+    fault-injection group, with its type and default."""
+    return [
+        f"{f['name']}: {_stub_type(f['type'])} = {_py_literal(f['default'])},"
+        for f in schema
+        if f["group"] != "debug"
+    ]
+
+
+def config_dict_fields(schema: list[Any]) -> list[str]:
+    """``SamplerConfigDict``'s fields: every key as ``Sampler.config()``
+    returns it (JSON: a tuple comes back a list)."""
+    tuple_type, as_list = re.compile(r"^tuple\[(\w+), .*\]$"), r"list[\1]"
+    return [f"{f['name']}: {tuple_type.sub(as_list, f['type'])}" for f in schema]
 
 
 # ----------------------------------------------------------------------------
@@ -378,7 +471,8 @@ def _train_sections() -> list[tuple[str, type, Iterable[str]]]:
 
 
 def pages(root: Path) -> dict[str, str]:
-    """Every generated page, by path relative to ``root``."""
+    """Every generated page and file with generated regions, by path
+    relative to ``root``."""
     from headwater import _native
     from headwater.train import sampler_config as SC
 
@@ -396,7 +490,15 @@ def pages(root: Path) -> dict[str, str]:
             (root / "crates" / "format" / "src" / "lib.rs").read_text(encoding="utf-8")
         ),
     }
-    return {path: build() for path, build in builders.items()}
+    schema = list(_native.sampler_config_schema())
+    code = {
+        "python/headwater/_native.pyi": {"sampler keywords": sampler_keywords(schema)},
+        "python/headwater/rows.py": {"sampler config": config_dict_fields(schema)},
+    }
+    out = {path: build() for path, build in builders.items()}
+    for rel, regions in code.items():
+        out[rel] = replace_regions((root / rel).read_text(encoding="utf-8"), regions, rel)
+    return out
 
 
 def stale(root: Path) -> list[str]:

@@ -83,6 +83,19 @@ class TensorRow(TypedDict):
     shape: list[str]  # symbols: "B", "S", "R", "U", "D", "K", digits
 
 
+class ConfigCheck(TypedDict, total=False):
+    """A key's allowed values as data: ``kind`` is ``int`` (``lo``..=``hi``),
+    ``number`` (``lo``, ``hi``, ``open_lo``), ``bool``, ``choices``
+    (``choices``) or ``rule`` (a rule over several keys, stated by ``text``)."""
+
+    kind: Literal["int", "number", "bool", "choices", "rule"]
+    lo: float
+    hi: float
+    open_lo: bool
+    choices: list[str]
+    text: str
+
+
 class ConfigKeyRow(TypedDict):
     """One sampler config key (``sampler_config_schema()``)."""
 
@@ -92,12 +105,16 @@ class ConfigKeyRow(TypedDict):
     range: str
     doc: str
     stream: bool  # the key defines the batch stream
+    group: Literal["seeds", "shape", "recipe", "resources", "telemetry", "debug"]
+    check: ConfigCheck
 
 
 class SamplerConfigDict(TypedDict):
     """A whole sampler config, every key (``Sampler.config()``,
     ``validate_sampler_config()``)."""
 
+    # BEGIN generated: sampler config
+    # (written by `python -m headwater.docs_gen` from sampler_config_schema(); do not edit)
     rank: int
     world_size: int
     split_ratios: list[float]
@@ -157,6 +174,7 @@ class SamplerConfigDict(TypedDict):
     debug_pin_cpu: int | None
     debug_spin_ms: float
     debug_cpu_hog: bool
+    # END generated: sampler config
 
 
 class EvalTaskRow(TypedDict):
@@ -207,6 +225,7 @@ class BenchRun(TypedDict):
 __all__ = [
     "BenchRun",
     "BucketRule",
+    "ConfigCheck",
     "ConfigKeyRow",
     "ConfigValue",
     "Dtype",

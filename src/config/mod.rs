@@ -3,10 +3,10 @@
 //! and `config=` mapping (same `snake_case` names), the `.pyi` and the README
 //! defaults are all checked against it.
 //!
-//! A key is one field of [`SamplerConfig`] (its default in `Default`), one
-//! row of [`FIELDS`] (type, allowed range, doc) and, if its range is not
-//! just its type, one check in [`SamplerConfig::validate`], which is the only
-//! check. Input is a JSON-like mapping deserialised once
+//! A key is one field of [`SamplerConfig`] (its default in `Default`) and
+//! one row of [`FIELDS`] (type, group, its check as data, doc); only a rule
+//! over several keys adds a function to [`SamplerConfig::validate`], which
+//! is the only check. Input is a JSON-like mapping deserialised once
 //! ([`SamplerConfig::from_json`]): unknown keys are rejected naming the key,
 //! and a value of the wrong type is reported with the same range text as an
 //! out-of-range value of the right type.
@@ -16,7 +16,9 @@
 //! key, the value and the allowed range.
 //!
 //! Files: this one holds the config types, parsing and the accessors;
-//! `fields.rs` the [`FIELDS`] data table (one row per key); `validate.rs`
+//! `keys.rs` the [`FIELDS`] data table (one row per key), `fields.rs` what
+//! a row is (its check as data, the range text made from it), `lookup.rs`
+//! the lookups and errors made from the table; `validate.rs`
 //! [`SamplerConfig::validate`]; `resolve.rs` the values resolved against a
 //! database or mixture (weights by name, telemetry databases).
 
@@ -27,12 +29,16 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 mod fields;
+mod keys;
+mod lookup;
 mod recipe;
 mod resolve;
 mod validate;
 
-use fields::names;
-pub use fields::{bad, field, FieldDoc, FIELDS};
+pub use fields::{Check, FieldDoc, Group};
+pub use keys::FIELDS;
+use lookup::names;
+pub use lookup::{bad, field};
 pub use recipe::Recipe;
 
 /// How the task of each batch is chosen.
@@ -382,7 +388,7 @@ impl SamplerConfig {
         })?;
         if let Some(k) = obj.keys().find(|k| field(k).is_none()) {
             let hint =
-                fields::closest(k).map_or(String::new(), |c| format!("did you mean `{c}`? "));
+                lookup::closest(k).map_or(String::new(), |c| format!("did you mean `{c}`? "));
             return Err(Error::config(
                 k.clone(),
                 format!("unknown sampler key; {hint}known keys: {}", names()),
@@ -466,7 +472,7 @@ mod tests {
             .validate(None)
             .unwrap_err()
             .to_string();
-        let range = field("default_batch_size").unwrap().range;
+        let range = &*field("default_batch_size").unwrap().range();
         assert!(neg.contains(range) && neg.contains("-1"), "{neg}");
         assert!(zero.contains(range) && zero.contains("got 0"), "{zero}");
     }

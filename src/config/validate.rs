@@ -1,71 +1,108 @@
 //! [`SamplerConfig::validate`]: the only check of a sampler config.
 //!
-//! Invariants: every rejection is an [`Error::Config`](crate::error::Error::Config)
-//! naming the key, the value and the key's allowed range from
-//! [`FIELDS`](super::FIELDS) (via [`bad`]). Never: change a value; a config
-//! is accepted or refused as given.
+//! A config is checked whole: every plain range of [`FIELDS`] (a
+//! [`Check::Int`] or [`Check::Number`] row, read off the row itself), then
+//! every rule over several keys (one function per key below); every bad
+//! key is reported at once ([`Error::Configs`] for more than one), one
+//! error per key, in key order.
+//!
+//! Invariants: every rejection is an [`Error::Config`] naming the key, the
+//! value and the key's allowed range from [`FIELDS`] (via [`bad`]).
+//! Never: change a value (a config is accepted or refused as given); a
+//! plain range restated here.
 
-use super::{bad, ExampleRanker, SamplerConfig, TaskWeights};
-use crate::error::Result;
+use super::fields::Check;
+use super::{bad, ExampleRanker, FieldDoc, SamplerConfig, TaskWeights, FIELDS};
+use crate::error::{Error, Result};
+
+/// `value` of the key of `row` against its plain range ([`Check::Int`],
+/// [`Check::Number`]); other checks pass here (their rules are below, or
+/// the type is the check).
+fn plain(row: &FieldDoc, value: &serde_json::Value) -> Result<()> {
+    if value.is_null() && row.optional() {
+        return Ok(());
+    }
+    let ok = match row.check {
+        Check::Int { lo, hi } => value.as_u64().is_some_and(|x| (lo..=hi).contains(&x)),
+        Check::Number { lo, hi, open_lo } => value
+            .as_f64()
+            .is_some_and(|x| x.is_finite() && x <= hi && (x > lo || (!open_lo && x >= lo))),
+        Check::Bool | Check::Choices { .. } | Check::Rule { .. } => true,
+    };
+    if ok {
+        Ok(())
+    } else if value.is_null() {
+        // A float that is not a number serialises as null.
+        Err(bad(row.name, "NaN"))
+    } else {
+        Err(bad(row.name, value))
+    }
+}
+
+/// The key an error is about (`None` for an error of another kind).
+fn key_of(e: &Error) -> Option<&str> {
+    match e {
+        Error::Config { key, .. } => Some(key),
+        _ => None,
+    }
+}
 
 impl SamplerConfig {
-    /// The resource keys: threads, the RSS cap and the memory budget.
-    fn validate_resources(&self) -> Result<()> {
-        if let Some(n) = self.num_threads.filter(|n| !(1..=1024).contains(n)) {
-            return Err(bad("num_threads", n));
+    /// Check every value; with `task_names` (the database's tasks), also
+    /// the task weights against them. Every bad key is reported, one error
+    /// each ([`Error::Configs`] when there are several).
+    pub fn validate(&self, task_names: Option<&[String]>) -> Result<()> {
+        let json = self.to_json();
+        let mut errors: Vec<Error> = FIELDS
+            .iter()
+            .filter_map(|row| plain(row, &json[row.name]).err())
+            .collect();
+        let rules = [
+            self.check_rank(),
+            self.check_split_ratios(),
+            self.check_lengths(),
+            self.check_telemetry_databases(),
+            self.check_database_weights(),
+            self.check_weights(task_names),
+            self.check_prometheus(),
+            self.check_task_mixing(),
+            self.check_expected_store(),
+            self.check_examples(),
+            self.check_example_lists(),
+            self.check_paths(),
+            self.check_pin_cpu(),
+        ];
+        for e in rules.into_iter().filter_map(Result::err) {
+            let key = key_of(&e);
+            if key.is_none() || !errors.iter().any(|seen| key_of(seen) == key) {
+                errors.push(e);
+            }
         }
-        if self.max_rss_bytes == Some(0) {
-            return Err(bad("max_rss_bytes", 0));
-        }
-        if let Some(b) = self.memory_budget.filter(|&b| b < 1 << 20) {
-            return Err(bad("memory_budget", b));
-        }
-        Ok(())
+        let order = |e: &Error| key_of(e).and_then(|k| FIELDS.iter().position(|f| f.name == k));
+        errors.sort_by_key(order);
+        Error::all(errors)
     }
 
-    /// Check every value; with `task_names` (the database's tasks), also
-    /// the task weights against them.
-    pub fn validate(&self, task_names: Option<&[String]>) -> Result<()> {
-        if self.world_size == 0 {
-            return Err(bad("world_size", 0));
-        }
-        if self.rank >= self.world_size {
+    fn check_rank(&self) -> Result<()> {
+        if self.world_size > 0 && self.rank >= self.world_size {
             return Err(bad(
                 "rank",
                 format!("{} with world_size {}", self.rank, self.world_size),
             ));
         }
+        Ok(())
+    }
+
+    fn check_split_ratios(&self) -> Result<()> {
         let r = self.split_ratios;
         let sum: f64 = r.iter().sum();
         if r.iter().any(|x| !x.is_finite() || *x < 0.0) || (sum - 1.0).abs() > 1e-6 {
             return Err(bad("split_ratios", format!("{r:?} (sum {sum})")));
         }
-        let int_range = |key: &str, v: usize, lo: usize, hi: usize| -> Result<()> {
-            if (lo..=hi).contains(&v) {
-                Ok(())
-            } else {
-                Err(bad(key, v))
-            }
-        };
-        int_range("num_prefetch", self.num_prefetch, 1, 1024)?;
-        int_range("default_batch_size", self.default_batch_size, 1, 65_536)?;
-        int_range(
-            "default_sequence_length",
-            self.default_sequence_length,
-            1,
-            65_535,
-        )?;
-        self.validate_lengths()?;
-        int_range("bfs_child_width", self.bfs_child_width, 1, usize::MAX)?;
-        int_range("max_hops", self.max_hops, 0, 64)?;
-        int_range("pack_factor", self.pack_factor, 0, 64)?;
-        int_range(
-            "telemetry_top_databases",
-            self.telemetry_top_databases,
-            0,
-            1024,
-        )?;
-        self.validate_telemetry_databases()?;
+        Ok(())
+    }
+
+    fn check_database_weights(&self) -> Result<()> {
         if let Some(dw) = &self.database_weights {
             let w: Vec<f64> = match dw {
                 TaskWeights::List(w) => w.clone(),
@@ -75,8 +112,11 @@ impl SamplerConfig {
                 return Err(bad("database_weights", format!("a weight of {x}")));
             }
         }
-        self.validate_resources()?;
-        self.validate_weights(task_names)?;
+        Ok(())
+    }
+
+    /// The exporter's port (plus the local rank, still a port) and address.
+    fn check_prometheus(&self) -> Result<()> {
         if let Some(p) = self.prometheus_port {
             let port = u32::from(p) + self.local_rank.unwrap_or(self.rank);
             if p == 0 || port > u32::from(u16::MAX) {
@@ -92,45 +132,27 @@ impl SamplerConfig {
                 ));
             }
         }
-        if !(self.pool_fraction > 0.0 && self.pool_fraction <= 1.0) {
-            return Err(bad("pool_fraction", self.pool_fraction));
-        }
-        if !(1..=1 << 32).contains(&self.seed_windows) {
-            return Err(bad("seed_windows", self.seed_windows));
-        }
-        self.validate_recipe()?;
-        if !(self.debug_batch_delay_ms >= 0.0 && self.debug_batch_delay_ms <= 60_000.0) {
-            return Err(bad("debug_batch_delay_ms", self.debug_batch_delay_ms));
-        }
-        self.validate_stalls()?;
         Ok(())
     }
 
-    /// `stall_after_ms` below 10 ms would dump the stacks of healthy
-    /// batches (a build takes milliseconds); NaN, ≤ 0 and absurd values are
-    /// errors naming the key.
-    fn validate_stalls(&self) -> Result<()> {
-        if let Some(ms) = self.stall_after_ms {
-            if !(10.0..=86_400_000.0).contains(&ms) {
-                return Err(bad("stall_after_ms", ms));
-            }
-        }
+    /// An empty path is a mistake, not "here" (`None` is the default).
+    fn check_paths(&self) -> Result<()> {
         if self.stage_dir.as_deref() == Some("") {
             return Err(bad("stage_dir", "\"\""));
         }
         if self.stall_dump_dir.as_deref() == Some("") {
             return Err(bad("stall_dump_dir", "\"\""));
         }
-        if !(self.debug_stall_ms >= 0.0 && self.debug_stall_ms <= 600_000.0) {
-            return Err(bad("debug_stall_ms", self.debug_stall_ms));
-        }
+        Ok(())
+    }
+
+    /// The CPU-starvation fault: a CPU this process may run on, and a hog
+    /// only beside a pinned sampler.
+    fn check_pin_cpu(&self) -> Result<()> {
         if let Some(cpu) = self.debug_pin_cpu {
             if !crate::probes::may_run_on(cpu) {
                 return Err(bad("debug_pin_cpu", cpu));
             }
-        }
-        if !(self.debug_spin_ms >= 0.0 && self.debug_spin_ms <= 60_000.0) {
-            return Err(bad("debug_spin_ms", self.debug_spin_ms));
         }
         if self.debug_cpu_hog && self.debug_pin_cpu.is_none() {
             return Err(bad("debug_cpu_hog", "true without debug_pin_cpu"));
@@ -149,7 +171,7 @@ impl SamplerConfig {
     /// `sequence_lengths` and `tokens_per_batch`: every listed `S` must be
     /// a valid length and leave a whole number of sequences, at least one
     /// and at most the largest batch, in the token budget.
-    fn validate_lengths(&self) -> Result<()> {
+    fn check_lengths(&self) -> Result<()> {
         let list = &self.sequence_lengths;
         let Some(tokens) = self.tokens_per_batch else {
             if list.is_empty() {
@@ -207,28 +229,17 @@ impl SamplerConfig {
         Ok(())
     }
 
-    /// The context recipe's keys (`examples` and the keys it reads); the
-    /// lists are checked only with `examples` on, so the defaults never
-    /// refuse a short `default_sequence_length` that does not use them.
-    fn validate_recipe(&self) -> Result<()> {
+    fn check_task_mixing(&self) -> Result<()> {
         if self.task_mixing == super::TaskMixing::Sequence && self.pack {
             return Err(bad(
                 "task_mixing",
                 "\"sequence\" with pack on (a packed sequence holds one task's contexts); allowed: \"step\", or \"sequence\" with pack off",
             ));
         }
-        if self.num_walks > 10_000_000 {
-            return Err(bad("num_walks", self.num_walks));
-        }
-        if !(1..=1024).contains(&self.walk_length) {
-            return Err(bad("walk_length", self.walk_length));
-        }
-        if !(0.0..=1.0).contains(&self.mask_prob_max) {
-            return Err(bad("mask_prob_max", self.mask_prob_max));
-        }
-        if !(self.expected_prune > 0.0 && self.expected_prune <= 1000.0) {
-            return Err(bad("expected_prune", self.expected_prune));
-        }
+        Ok(())
+    }
+
+    fn check_expected_store(&self) -> Result<()> {
         if self.expected_store && !(self.examples && self.example_ranker == ExampleRanker::Expected)
         {
             return Err(bad(
@@ -236,19 +247,22 @@ impl SamplerConfig {
                 "true without examples and example_ranker \"expected\" (it stores the expected ranker's rankings)",
             ));
         }
-        if !(1..=65536).contains(&self.expected_store_rows) {
-            return Err(bad("expected_store_rows", self.expected_store_rows));
+        Ok(())
+    }
+
+    fn check_examples(&self) -> Result<()> {
+        if self.examples && self.pack {
+            return Err(bad("examples", "true with pack = true"));
         }
-        if let Some(d) = self.context_deadline_ms {
-            if !(d > 0.0 && d <= 3_600_000.0) {
-                return Err(bad("context_deadline_ms", d));
-            }
-        }
+        Ok(())
+    }
+
+    /// The context recipe's lists, checked only with `examples` on, so the
+    /// defaults never refuse a short `default_sequence_length` that does
+    /// not use them.
+    fn check_example_lists(&self) -> Result<()> {
         if !self.examples {
             return Ok(());
-        }
-        if self.pack {
-            return Err(bad("examples", "true with pack = true"));
         }
         let s = self.max_sequence_length();
         for (key, list) in [
@@ -265,7 +279,7 @@ impl SamplerConfig {
         Ok(())
     }
 
-    fn validate_telemetry_databases(&self) -> Result<()> {
+    fn check_telemetry_databases(&self) -> Result<()> {
         let names = &self.telemetry_databases;
         if names.len() > 1024 {
             return Err(bad(
@@ -282,7 +296,7 @@ impl SamplerConfig {
         Ok(())
     }
 
-    fn validate_weights(&self, task_names: Option<&[String]>) -> Result<()> {
+    fn check_weights(&self, task_names: Option<&[String]>) -> Result<()> {
         let Some(tw) = &self.task_weights else {
             return Ok(());
         };
@@ -314,10 +328,43 @@ impl SamplerConfig {
 mod tests {
     use super::super::field;
     use super::*;
-    use crate::error::Error;
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("t{i}")).collect()
+    }
+
+    #[test]
+    fn every_bad_key_is_reported_at_once_in_key_order() {
+        let c = SamplerConfig {
+            max_hops: 65,
+            default_batch_size: 0,
+            pack: true,
+            task_mixing: super::super::TaskMixing::Sequence,
+            pool_fraction: f64::NAN,
+            ..SamplerConfig::default()
+        };
+        let Err(Error::Configs(errors)) = c.validate(None) else {
+            panic!("expected several errors");
+        };
+        let keys: Vec<&str> = errors.iter().filter_map(key_of).collect();
+        assert_eq!(
+            keys,
+            [
+                "default_batch_size",
+                "max_hops",
+                "task_mixing",
+                "pool_fraction"
+            ]
+        );
+        let text = Error::Configs(errors).to_string();
+        assert!(text.starts_with("4 bad config keys:"), "{text}");
+        assert!(text.contains("`pool_fraction`: got NaN"), "{text}");
+        // One bad key is a plain Config error.
+        let one = SamplerConfig {
+            max_hops: 65,
+            ..SamplerConfig::default()
+        };
+        assert!(matches!(one.validate(None), Err(Error::Config { .. })));
     }
 
     #[test]
@@ -380,7 +427,7 @@ mod tests {
             match c.validate(Some(&names(2))) {
                 Err(Error::Config { key: k, what, .. }) => {
                     assert_eq!(k, key);
-                    assert!(what.contains(field(key).unwrap().range), "{what}");
+                    assert!(what.contains(&*field(key).unwrap().range()), "{what}");
                 }
                 other => panic!("{key}: expected Config, got {other:?}"),
             }
@@ -399,7 +446,7 @@ mod tests {
         assert_eq!(c.telemetry_databases_for(&dbs).unwrap(), Some(vec![2, 0]));
         let none = SamplerConfig::default();
         assert_eq!(none.telemetry_databases_for(&dbs).unwrap(), None);
-        let range = field("telemetry_databases").unwrap().range;
+        let range = &*field("telemetry_databases").unwrap().range();
         let e = listed(&["a", "b", "a"])
             .validate(None)
             .unwrap_err()
@@ -495,7 +542,7 @@ mod tests {
             match c.validate(None) {
                 Err(Error::Config { key: k, what, .. }) => {
                     assert_eq!(k, key, "{what}");
-                    assert!(what.contains(field(key).unwrap().range), "{what}");
+                    assert!(what.contains(&*field(key).unwrap().range()), "{what}");
                     assert!(what.contains(value), "{what} lacks {value}");
                 }
                 other => panic!("{key}: expected Config, got {other:?}"),

@@ -520,9 +520,9 @@ fn bad_recipes_are_config_errors_naming_key_value_and_range() {
     ];
     for (c, key, value) in cases {
         let (k, msg) = config_error(c, &sdb);
-        let range = headwater::config::field(key).unwrap().range;
+        let range = headwater::config::field(key).unwrap().range();
         assert_eq!(k, key, "{msg}");
-        assert!(msg.contains(value) && msg.contains(range), "{msg}");
+        assert!(msg.contains(value) && msg.contains(&*range), "{msg}");
     }
     // Off, the lists are not read: a short S keeps the defaults working.
     let off = SamplerConfig {

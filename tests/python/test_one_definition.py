@@ -26,86 +26,84 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
 GOLDEN_TASKS = ["user_tier", "event_amount_next"]
 
-# One out-of-range (or wrong-type) value per key; a new key must add a row.
+# One bad value per key whose allowed values are a rule over several keys (a
+# `rule` check); a new rule key must add a row. A key with a plain range, a
+# bool or choices needs none: its bad values come from its check (`past`).
 BAD: dict[str, dict[str, Any]] = {
     "rank": {"rank": 5},
-    "world_size": {"world_size": 0},
     "split_ratios": {"split_ratios": [0.5, 0.1, 0.1]},
-    "split_seed": {"split_seed": -1},
-    "seed": {"seed": -1},
-    "num_prefetch": {"num_prefetch": 0},
-    "default_batch_size": {"default_batch_size": 0},
-    "default_sequence_length": {"default_sequence_length": 65536},
     "sequence_lengths": {"sequence_lengths": [], "tokens_per_batch": 1024},
     "tokens_per_batch": {"sequence_lengths": [512, 1536], "tokens_per_batch": 2048},
-    "bfs_child_width": {"bfs_child_width": 0},
-    "max_hops": {"max_hops": 65},
-    "pack": {"pack": "yes"},
-    "pack_factor": {"pack_factor": 65},
     "task_weights": {"task_weights": [1.0]},
-    "task_pick": {"task_pick": "bogus"},
-    "task_mixing": {"task_mixing": "per_cell"},
     "database_weights": {"database_weights": [1.0, -1.0]},
-    "telemetry_top_databases": {"telemetry_top_databases": 1025},
     "telemetry_databases": {"telemetry_databases": ["a", "a"]},
-    "on_bad_database": {"on_bad_database": "ignore"},
     "stage_dir": {"stage_dir": ""},
-    "num_threads": {"num_threads": 0},
-    "max_rss_bytes": {"max_rss_bytes": 0},
-    "memory_budget": {"memory_budget": 1 << 19},
-    "verify": {"verify": "payload"},
-    "page_cache": {"page_cache": "eager"},
-    "temporal_filter": {"temporal_filter": "yes"},
-    "recipe": {"recipe": "rtj"},
-    "examples": {"examples": "yes"},
     "local_context_sizes": {"examples": True, "local_context_sizes": []},
     "bfs_widths": {"examples": True, "bfs_widths": [2048]},
     "prefer_latest": {"examples": True, "prefer_latest": []},
-    "num_walks": {"num_walks": -1},
-    "walk_length": {"walk_length": 0},
-    "mask_prob_max": {"mask_prob_max": 1.5},
-    "example_ranker": {"example_ranker": "fast"},
-    "expected_prune": {"examples": True, "expected_prune": 0.0},
-    "expected_store": {"expected_store": True},
-    "expected_store_rows": {"expected_store_rows": 0},
-    "context_deadline_ms": {"context_deadline_ms": 0.0},
-    "telemetry": {"telemetry": 3},
     "prometheus_port": {"prometheus_port": 0},
     "prometheus_host": {"prometheus_port": 9000, "prometheus_host": "not-an-ip"},
-    "local_rank": {"local_rank": -1},
     "otlp_endpoint": {"otlp_endpoint": 5},
-    "stall_after_ms": {"stall_after_ms": 0.0},
     "stall_dump_dir": {"stall_dump_dir": ""},
-    "pool_fraction": {"pool_fraction": 0.0},
-    "seed_windows": {"seed_windows": 0},
-    "debug_batch_delay_ms": {"debug_batch_delay_ms": -1.0},
-    "debug_repeat_seed_every": {"debug_repeat_seed_every": -1},
-    "debug_panic_at_step": {"debug_panic_at_step": -1},
-    "debug_stall_step": {"debug_stall_step": -1},
-    "debug_stall_ms": {"debug_stall_ms": -1.0},
-    "debug_drop_page_cache_every": {"debug_drop_page_cache_every": -1},
     "debug_pin_cpu": {"debug_pin_cpu": 100000},
-    "debug_spin_ms": {"debug_spin_ms": -1.0},
     "debug_cpu_hog": {"debug_cpu_hog": True},
 }
+
+
+def past(row: dict[str, Any]) -> list[Any]:
+    """Values just outside a key's check: one past each end of a range (or
+    of the type, read as the same range), a non-bool, an unknown choice."""
+    c = row["check"]
+    if c["kind"] == "int":
+        return [c["lo"] - 1, c["hi"] + 1]
+    if c["kind"] == "number":
+        return [c["lo"] if c["open_lo"] else c["lo"] - 1, c["hi"] * 1.5 + 1]
+    if c["kind"] == "bool":
+        return ["yes", 3]
+    if c["kind"] == "choices":
+        return ["no-such-choice", 7]
+    return [BAD[row["name"]]]
 
 
 def schema() -> list[dict[str, Any]]:
     return N.sampler_config_schema()
 
 
-def test_every_key_has_a_bad_value_row() -> None:
-    assert [f["name"] for f in schema()] == list(BAD)
+def test_every_rule_key_and_only_those_has_a_bad_value_row() -> None:
+    assert [f["name"] for f in schema() if f["check"]["kind"] == "rule"] == list(BAD)
 
 
-@pytest.mark.parametrize("key", list(BAD))
-def test_out_of_range_value_is_a_config_error_naming_key_value_and_range(key: str) -> None:
+@pytest.mark.parametrize("key", [f["name"] for f in N.sampler_config_schema()])
+def test_a_bad_value_is_a_config_error_naming_key_value_and_range(key: str) -> None:
     field = next(f for f in schema() if f["name"] == key)
+    for bad in past(field):
+        config = bad if isinstance(bad, dict) else {key: bad}
+        with pytest.raises(headwater.ConfigError) as ei:
+            N.validate_sampler_config(config, GOLDEN_TASKS)
+        msg = str(ei.value)
+        assert f"`{key}`" in msg and field["range"] in msg, msg
+        assert ei.value.key == key and ei.value.errors is None, msg
+        assert isinstance(ei.value, ValueError) and isinstance(ei.value, headwater.HeadwaterError)
+
+
+def test_every_bad_key_is_reported_at_once() -> None:
+    bad = {"max_hops": 65, "default_batch_size": 0, "task_pick": "bogus", "seed_windows": 0}
     with pytest.raises(headwater.ConfigError) as ei:
-        N.validate_sampler_config(BAD[key], GOLDEN_TASKS)
-    msg = str(ei.value)
-    assert f"`{key}`" in msg and field["range"] in msg, msg
-    assert isinstance(ei.value, ValueError) and isinstance(ei.value, headwater.HeadwaterError)
+        N.validate_sampler_config({**bad, "pool_fraction": 0.5})
+    # A value of the wrong type is refused when the mapping is read, before
+    # the ranges are checked: it is reported alone.
+    assert ei.value.key == "task_pick" and ei.value.errors is None
+    del bad["task_pick"]
+    with pytest.raises(headwater.ConfigError) as ei:
+        N.validate_sampler_config(bad)
+    errors = ei.value.errors
+    assert [e.key for e in errors] == ["default_batch_size", "max_hops", "seed_windows"]
+    assert str(ei.value).startswith("3 bad config keys:")
+    ranges = {f["name"]: f["range"] for f in schema()}
+    for e in errors:
+        assert isinstance(e, headwater.ConfigError) and e.value == str(bad[e.key])
+        assert ranges[e.key] in e.what and f"`{e.key}`" in str(ei.value)
+    assert (ei.value.key, ei.value.what) == (errors[0].key, errors[0].what)
 
 
 def test_one_range_message_per_key_whatever_the_bad_value() -> None:
@@ -164,8 +162,17 @@ def _json(v: Any) -> Any:
 
 def test_stub_signature_is_the_one_definition() -> None:
     stub = _stub_defaults()
-    assert list(stub) == [f["name"] for f in schema()]
-    assert {k: _json(v) for k, v in stub.items()} == {f["name"]: f["default"] for f in schema()}
+    public = [f for f in schema() if f["group"] != "debug"]
+    assert list(stub) == [f["name"] for f in public]
+    assert {k: _json(v) for k, v in stub.items()} == {f["name"]: f["default"] for f in public}
+
+
+def test_fault_injection_keys_are_out_of_the_stub_but_still_work() -> None:
+    debug = [f["name"] for f in schema() if f["group"] == "debug"]
+    assert debug and all(k.startswith("debug_") for k in debug)
+    assert not set(debug) & set(_stub_defaults())
+    got = N.validate_sampler_config({"debug_batch_delay_ms": 5.0})
+    assert got["debug_batch_delay_ms"] == 5.0
 
 
 def test_docs_sampler_defaults_are_the_one_definition() -> None:

@@ -31,6 +31,13 @@ def conforms(value: Any, t: Any) -> bool:
         return value is None
     if origin is Literal:
         return value in typing.get_args(t)
+    if typing.is_typeddict(t):
+        hints = typing.get_type_hints(t)
+        return (
+            isinstance(value, dict)
+            and t.__required_keys__ <= set(value) <= set(hints)
+            and all(conforms(v, hints[k]) for k, v in value.items())
+        )
     if origin in (Union, types.UnionType):
         return any(conforms(value, a) for a in typing.get_args(t))
     if origin is list:

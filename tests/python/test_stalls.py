@@ -106,7 +106,12 @@ def test_an_unwritable_dump_is_counted_not_fatal(tpch: Tpch, tmp_path: Path) -> 
 def test_bad_stall_after_ms_names_the_key(tpch: Tpch, value: float) -> None:
     with pytest.raises(N.ConfigError) as e:
         N.Sampler(tpch.built.path, **FAST, stall_after_ms=value)
-    assert e.value.key == "stall_after_ms" and "10..=86400000" in str(e.value)
+    assert e.value.key == "stall_after_ms" and _range("stall_after_ms") in str(e.value)
+
+
+def _range(key: str) -> str:
+    """The allowed range every error for ``key`` states (its schema row)."""
+    return next(f["range"] for f in N.sampler_config_schema() if f["name"] == key)
 
 
 def test_a_cold_page_cache_shows_as_faults_bytes_and_blocked_time(tpch: Tpch) -> None:
@@ -198,8 +203,8 @@ def test_a_debug_hog_starves_a_pinned_sampler_and_stops_with_it(tpch: Tpch) -> N
 @pytest.mark.parametrize(
     ("kw", "key", "where"),
     [
-        ({"debug_spin_ms": -1.0}, "debug_spin_ms", "0..=60000"),
-        ({"debug_spin_ms": math.nan}, "debug_spin_ms", "0..=60000"),
+        ({"debug_spin_ms": -1.0}, "debug_spin_ms", "allowed: a number in"),
+        ({"debug_spin_ms": math.nan}, "debug_spin_ms", "allowed: a number in"),
         ({"debug_cpu_hog": True}, "debug_cpu_hog", "with debug_pin_cpu set"),
     ],
 )
@@ -209,3 +214,4 @@ def test_bad_spin_and_hog_keys_name_the_key(
     with pytest.raises(N.ConfigError) as e:
         N.Sampler(tpch.built.path, **FAST, **kw)
     assert e.value.key == key and where in str(e.value), str(e.value)
+    assert _range(key) in str(e.value), str(e.value)

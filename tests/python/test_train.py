@@ -318,6 +318,21 @@ def test_config_errors_name_the_key_and_file(tmp_path: Path, text: str, message:
     assert message in str(e.value) and str(path) in str(e.value)
 
 
+def test_every_bad_sampler_key_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        "[sampler]\nmax_hops = 65\nnum_prefetch = 2\ndefault_batch_size = 0\n", encoding="utf-8"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path, **{"sampler.seed_windows": 0})
+    lines = str(e.value).splitlines()
+    assert lines[0] == "3 bad sampler keys:", lines
+    assert f"{path}:4: `sampler.default_batch_size`: got 0" in lines[1], lines
+    assert f"{path}:2: `sampler.max_hops`: got 65" in lines[2], lines
+    assert "--set sampler.seed_windows" in lines[3] and "got 0" in lines[3], lines
+    assert e.value.key == "sampler.default_batch_size"
+
+
 def test_a_set_with_an_unquoted_dotted_name_says_to_quote_it() -> None:
     from headwater.train.origins import parse_overrides
 
@@ -684,5 +699,5 @@ def test_a_sampler_rejection_is_explained_under_its_key_once(tpch: Tpch) -> None
     # (The config checks the range itself first; any key set there will do.)
     cfg = load_config(None, **{"sampler.pool_fraction": 0.5})
     msg = cfg.explain_sampler_error(e.value, 0)
-    assert msg.endswith("`sampler.pool_fraction`: got 0, allowed: a number in (0, 1]"), msg
+    assert msg.endswith("`sampler.pool_fraction`: got 0.0, allowed: a number in (0, 1]"), msg
     assert "config `" not in msg, msg

@@ -55,6 +55,11 @@ pub enum Error {
         /// What is wrong: the value and the allowed range.
         what: String,
     },
+    /// Several configuration keys are bad: one [`Error::Config`] per key, in
+    /// key order (a config is checked whole, so every bad key is reported
+    /// at once).
+    #[error("{} bad config keys: {}", .0.len(), list_errors(.0))]
+    Configs(Vec<Error>),
     /// A saved sampler state cannot be restored here: another format or
     /// version, another snapshot, or a config that changes the stream.
     #[error("sampler state `{field}`: {what}")]
@@ -128,6 +133,15 @@ impl Error {
         }
     }
 
+    /// `Ok` for no errors, the error for one, [`Error::Configs`] for several.
+    pub fn all(mut errors: Vec<Error>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Configs(errors)),
+        }
+    }
+
     /// An invalid argument `name`: `what` is wrong with it.
     pub fn invalid(name: &str, what: impl Into<String>) -> Self {
         Error::InvalidArgument {
@@ -135,4 +149,13 @@ impl Error {
             what: what.into(),
         }
     }
+}
+
+/// The errors of [`Error::Configs`], one per line.
+fn list_errors(errors: &[Error]) -> String {
+    use std::fmt::Write as _;
+    errors.iter().fold(String::new(), |mut out, e| {
+        let _ = write!(out, "\n  {e}");
+        out
+    })
 }

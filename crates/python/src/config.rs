@@ -115,8 +115,12 @@ pub(crate) fn from_py(
 }
 
 /// Every sampler key: `[{"name", "type", "default", "range", "doc",
-/// "stream"}]`; `stream`: the key defines the batch stream (a saved state
-/// records it, and every rank must share its value).
+/// "stream", "group", "check"}]`; `stream`: the key defines the batch
+/// stream (a saved state records it, and every rank must share its
+/// value); `group`: what it is for (`debug`: fault injection); `check`: its
+/// allowed values as data (`{"kind": "int", "lo", "hi"}`, `{"kind":
+/// "number", "lo", "hi", "open_lo"}`, `{"kind": "bool"}`, `{"kind":
+/// "choices", "choices"}` or `{"kind": "rule", "text"}`).
 #[pyfunction]
 pub(crate) fn sampler_config_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let defaults = SamplerConfig::default().to_json();
@@ -127,7 +131,12 @@ pub(crate) fn sampler_config_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList
         d.set_item("name", f.name)?;
         d.set_item("type", f.ty)?;
         d.set_item("default", json_to_py(py, &defaults[f.name])?)?;
-        d.set_item("range", f.range)?;
+        d.set_item("range", f.range())?;
+        d.set_item("group", f.group.name())?;
+        d.set_item(
+            "check",
+            json_to_py(py, &serde_json::to_value(f.check).unwrap_or_default())?,
+        )?;
         d.set_item("doc", f.doc)?;
         d.set_item("stream", stream.iter().any(|k| k == f.name))?;
         out.append(d)?;

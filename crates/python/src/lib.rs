@@ -8,7 +8,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
 use headwater::error::Error;
 
@@ -70,9 +70,11 @@ fn config_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
                  them as attributes: `key`, `value` (the offending value as given, \
                  or None for an unknown key or a failure of the setting as a whole) \
                  and `what` (the message after the key); all None when raised by \
-                 Python code that names no key.",
+                 Python code that names no key. When several keys are bad, \
+                 `errors` lists one ConfigError per key (the attributes above are \
+                 the first's); else it is None.",
             )?;
-            for field in ["key", "value", "what"] {
+            for field in ["key", "value", "what", "errors"] {
                 ns.set_item(field, py.None())?;
             }
             let bases = PyTuple::new(
@@ -138,6 +140,25 @@ fn with_fields(t: &Bound<'_, PyType>, msg: String, fields: &[(&str, Option<&str>
     make().unwrap_or_else(|e| e)
 }
 
+/// [`Error::Configs`] as one `ConfigError`: the first key's `key`, `value`
+/// and `what`, and `errors`, one `ConfigError` per bad key.
+fn configs_error(py: Python<'_>, msg: String, errors: Vec<Error>) -> PyErr {
+    let make = || -> PyResult<PyErr> {
+        let each: Vec<Py<PyAny>> = errors
+            .into_iter()
+            .map(|e| to_py(e).into_value(py).into_any())
+            .collect();
+        let first = each[0].bind(py);
+        let exc = config_error(py)?.call1((msg,))?;
+        for field in ["key", "value", "what"] {
+            exc.setattr(field, first.getattr(field)?)?;
+        }
+        exc.setattr("errors", PyList::new(py, each)?)?;
+        Ok(PyErr::from_value(exc))
+    };
+    make().unwrap_or_else(|e| e)
+}
+
 /// Convert a core error into the matching Python exception.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -159,6 +180,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             ),
             Err(e) => e,
         }),
+        Error::Configs(errors) => Python::attach(|py| configs_error(py, msg, errors)),
         Error::State { field, what } => Python::attach(|py| {
             let t = py.get_type::<StateError>();
             with_fields(&t, msg, &[("field", Some(&field)), ("what", Some(&what))])

@@ -150,16 +150,28 @@ def check_table(
     try:
         _native.validate_sampler_config(merged, task_names)
     except ValueError as e:
-        hint = ""
-        if getattr(e, "key", None) == "task_weights" and task_names:
-            tw = merged.get("task_weights")
-            unknown = [n for n in tw if n not in task_names] if isinstance(tw, Mapping) else []
-            hint = first_unknown_hint(unknown, task_names)
-        err = ConfigError(explain(e, layers, origins) + hint)
-        if isinstance(e, ConfigError) and e.key in merged:
-            section = next(s for s, t in reversed(layers) if e.key in t)
-            err.key, err.value, err.what = f"{section}.{e.key}", e.value, e.what
+        # Every bad key at once (the core checks the config whole), each
+        # under the layer, file and line that set it.
+        errors: list[BaseException] = list(getattr(e, "errors", None) or [e])
+        lines = [explain(x, layers, origins) + _hint(x, merged, task_names) for x in errors]
+        if len(lines) == 1:
+            err = ConfigError(lines[0])
+        else:
+            err = ConfigError(f"{len(lines)} bad sampler keys:\n  " + "\n  ".join(lines))
+        first = errors[0]
+        if isinstance(first, ConfigError) and first.key in merged:
+            section = next(s for s, t in reversed(layers) if first.key in t)
+            err.key, err.value, err.what = f"{section}.{first.key}", first.value, first.what
         raise err from None
+
+
+def _hint(error: BaseException, merged: Mapping[str, Any], task_names: list[str] | None) -> str:
+    """The did-you-mean of an unknown task in ``task_weights``; else empty."""
+    if getattr(error, "key", None) != "task_weights" or not task_names:
+        return ""
+    tw = merged.get("task_weights")
+    unknown = [n for n in tw if n not in task_names] if isinstance(tw, Mapping) else []
+    return first_unknown_hint(unknown, task_names)
 
 
 def explain(
