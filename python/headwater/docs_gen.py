@@ -5,8 +5,8 @@ Owns: turning the one definition of each concept into a Markdown page —
 the metric table (``headwater._native.metric_table()`` and
 ``trainer_gauges()``), the sampler's config table
 (``sampler_config_schema()``) and the ``headwater train`` sections
-(the dataclasses of :mod:`headwater.train.config`, their ``#:`` comments as
-docs), and the format spec (the module doc of ``crates/format/src/lib.rs``).
+(the dataclasses of :mod:`headwater.train.config`, and for ``[model]`` /
+``[optim]`` of :mod:`headwater.model`, their ``#:`` comments as docs), and the format spec (the module doc of ``crates/format/src/lib.rs``).
 
 Run from the repository root::
 
@@ -255,8 +255,8 @@ def _sampler_rows(
 #: (section, module, class name, fields that are not keys).
 _TRAIN_SECTIONS = (
     ("database", "headwater.train.config", "DatabaseSection", ("mixture",)),
-    ("model", "headwater.train.model", "ModelConfig", ()),
-    ("optim", "headwater.train.optim", "OptConfig", ()),
+    ("model", "headwater.model.transformer", "ModelConfig", ()),
+    ("optim", "headwater.model.optim", "OptConfig", ()),
     ("train", "headwater.train.config", "TrainSection", ()),
     ("logging", "headwater.train.config", "LoggingSection", ()),
 )
@@ -273,7 +273,7 @@ def config_page(
         _BANNER.format(
             cmd=COMMAND,
             src="`headwater._native.sampler_config_schema()` and the dataclasses of "
-            "`headwater.train`",
+            "`headwater.train` and `headwater.model`",
         ),
         "# Every config key",
         "",

@@ -44,7 +44,7 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
     import jax.numpy as jnp
     from jax import lax
 
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     def step(
         params: Any, batch: Any, col_emb: jax.Array, cat_emb: jax.Array, valid: jax.Array

@@ -149,8 +149,8 @@ class Trainer:
         state on the mesh: initialised from the seed (the same on every
         rank), then, on resume, restored from the checkpoint with the
         sampler's state."""
-        from headwater.train import model as M
-        from headwater.train.device import tables_to_device
+        from headwater.model import transformer as M
+        from headwater.model.device import tables_to_device
 
         cfg, mesh = self.cfg, self.mesh
         self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
@@ -180,8 +180,8 @@ class Trainer:
         evaluation never changes the training batches' shapes)."""
         from jax.sharding import PartitionSpec as P
 
-        from headwater.train import model as M
-        from headwater.train.optim import make_schedule
+        from headwater.model import transformer as M
+        from headwater.model.optim import make_schedule
 
         cfg, mesh, model_cfg = self.cfg, self.mesh, self.model_cfg
         self.train_fn = mesh.step_fn(

@@ -185,7 +185,7 @@ class Padder:
     ) -> dict[str, Any]:
         """One batch (or one per sampler stream of this process) → the global
         arrays; ``flag`` rides on the same agreement (see :attr:`flag`)."""
-        from headwater.train.device import bucket_size, pad_batch
+        from headwater.model.device import bucket_size, pad_batch
 
         batches = [batch] if isinstance(batch, Mapping) else list(batch)
         high = self.marks.setdefault(int(batches[0]["is_padding"].shape[1]), [0, 0])

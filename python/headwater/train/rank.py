@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
+from headwater.model.scale import throughput
 from headwater.train import checkpoint as C
 from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
 from headwater.train.mesh import digest, param_norm
-from headwater.train.scale import throughput
 from headwater.train.summary import format_summary, summarise
 
 

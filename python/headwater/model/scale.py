@@ -1,4 +1,4 @@
-"""The model at scale: named presets of :class:`~headwater.train.model.ModelConfig`,
+"""The model at scale: named presets of :class:`~headwater.model.transformer.ModelConfig`,
 the rematerialisation policies, and the model FLOPs of a train step over
 a device's peak (MFU).
 
