@@ -221,6 +221,7 @@ def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
 
 def test_flops_per_step_match_a_hand_count() -> None:
     from headwater.model import scale
+    from headwater.train import throughput
 
     cfg = M.ModelConfig(
         d_model=4, num_layers=1, num_heads=1, mlp_ratio=2, attention=("column",), max_categories=8
@@ -233,11 +234,11 @@ def test_flops_per_step_match_a_hand_count() -> None:
     heads = 2 * 2 * 4 * (4 + 1 + 1 + 15 + 1) + 2 * 2 * 4 * 8  # 480
     hand = 3 * (qkv_out + scores_pv + mlp + timestamp + heads)
     assert scale.train_flops_per_step(cfg, 2, 3) == hand == 9072
-    assert scale.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
-    assert scale.mfu(1e12, 1.0, 1, "cpu") is None
+    assert throughput.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
+    assert throughput.mfu(1e12, 1.0, 1, "cpu") is None
     t = {"tokens_per_second": 1e3, "model_flops_per_step": 2e9, "device_kind": "cpu", "mfu": None}
-    assert "MFU not known" in scale.format_throughput(t)
-    assert "MFU 12.5%" in scale.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
+    assert "MFU not known" in throughput.format_throughput(t)
+    assert "MFU 12.5%" in throughput.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
 
 
 def test_bench_model_times_the_device_step(case: Case) -> None:

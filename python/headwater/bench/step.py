@@ -24,6 +24,7 @@ import jax
 
 from headwater.errors import ConfigError
 from headwater.model import scale
+from headwater.train.throughput import throughput
 
 
 def _model_config(name: str, overrides: Mapping[str, Any], meta: Mapping[str, Any]) -> Any:
@@ -86,7 +87,7 @@ def bench_preset(
         },
         rounds,
     )
-    tp = scale.throughput(cfg, b, s, 1.0 / t["step"])
+    tp = throughput(cfg, b, s, 1.0 / t["step"])
     return {
         "preset": name,
         "model": dataclasses.asdict(cfg),

@@ -8,7 +8,7 @@ itself), :mod:`.cat_head` (the categorical head's logits in bounded
 memory), :mod:`.targets` (where a batch's targets are and what each one
 is), :mod:`.accum` (gradient accumulation), :mod:`.optim` (Muon + AdamW and
 the learning-rate schedule), :mod:`.scale` (presets, rematerialisation, the
-FLOP count of a step and MFU) and :mod:`.device` (sampler batches → static-shape
+FLOP count of a step) and :mod:`.device` (sampler batches → static-shape
 device arrays).
 
 Must never: know of a run or a rank (configs, step loops, checkpoints,

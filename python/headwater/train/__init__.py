@@ -7,8 +7,9 @@ validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.records`
 per-rank summary and profile), :mod:`.checkpoint` (orbax checkpoints,
 ``--resume``, the run's launch record), :mod:`.stopping` (SIGTERM/SIGINT:
 acknowledged at once, stop after the step), :mod:`.watchdog` (a lost rank
-named within ``train.peer_timeout_s``). The model it trains, its optimiser
-and the device arrays it is fed are :mod:`headwater.model`'s.
+named within ``train.peer_timeout_s``), :mod:`.throughput` (tokens/s and
+MFU). The model it trains, its optimiser and the device arrays it is fed
+are :mod:`headwater.model`'s.
 
 Importing this package does not import JAX.
 """

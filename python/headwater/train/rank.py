@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
-from headwater.model.scale import throughput
 from headwater.train import checkpoint as C
 from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig
@@ -32,6 +31,7 @@ from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_
 from headwater.train.loop import Trainer
 from headwater.train.mesh import digest, param_norm
 from headwater.train.summary import format_summary, summarise
+from headwater.train.throughput import throughput
 
 
 def announce(trainer: Trainer, db: Path, endpoints: list[str], file_sd: Path | None) -> None:
