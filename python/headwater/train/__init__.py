@@ -2,7 +2,8 @@
 
 Rooms: :mod:`.config` (the checked TOML config), :mod:`.launcher` (one or N
 loopback processes, watched by PID), :mod:`.loop` (one rank's step loop and
-validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.records`
+validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.padder` (the
+shapes every rank feeds the step), :mod:`.records`
 (``metrics.jsonl``, drain records, the progress line), :mod:`.summary` (the
 per-rank summary and profile), :mod:`.checkpoint` (orbax checkpoints,
 ``--resume``, the run's launch record), :mod:`.stopping` (SIGTERM/SIGINT:

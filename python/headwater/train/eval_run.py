@@ -91,7 +91,8 @@ def evaluate_run(
     from headwater.train import checkpoint as C
     from headwater.train.evaluate import Evaluator
     from headwater.train.launcher import resolve_database
-    from headwater.train.mesh import Mesh, Padder
+    from headwater.train.mesh import Mesh
+    from headwater.train.padder import Padder
     from headwater.train.records import Progress
 
     run_dir = Path(run_dir)

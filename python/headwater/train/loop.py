@@ -49,7 +49,8 @@ from headwater.train.evaluate import (
     flat_row,
     telemetry_row,
 )
-from headwater.train.mesh import Mesh, Padder, host, host_shard
+from headwater.train.mesh import Mesh, host, host_shard
+from headwater.train.padder import Padder
 from headwater.train.prefetch import Prefetcher, consumed_state, local_shape, useful_cells
 from headwater.train.records import Progress
 from headwater.train.shapes import StepShapes

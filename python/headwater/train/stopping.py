@@ -1,6 +1,6 @@
 """Stopping ``headwater train`` on SIGTERM/SIGINT: :class:`StopFlag` (set
 by the signal, read by the step loop, which stops after the current step and
-checkpoints; the ranks agree on it, :class:`~headwater.train.mesh.Padder`),
+checkpoints; the ranks agree on it, :class:`~headwater.train.padder.Padder`),
 :class:`StartupInterrupted` (a signal before the first step stops at once)
 and the line that acknowledges a signal the moment it arrives.
 
