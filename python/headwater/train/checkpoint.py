@@ -334,6 +334,22 @@ def resume_command(run_dir: Path, world: int) -> str:
 # ----------------------------------------------------------------------------
 
 
+def last_committed(run_dir: Path, world: int, joined: bool) -> tuple[int | None, str | None]:
+    """The last committed checkpoint of ``run_dir`` and the command that
+    resumes from it, ``(None, None)`` when none is committed: what a rank
+    that lost a peer reports. ``joined``: a process of a job a cluster
+    launcher started, resumed with the job's own flags on every process."""
+    steps = committed_steps(run_dir)
+    if not steps:
+        return None, None
+    if joined:
+        return steps[-1], (
+            f"headwater train --resume {run_dir} (on every process, with this job's "
+            "--coordinator, --num-processes and --process-id)"
+        )
+    return steps[-1], resume_command(run_dir, world)
+
+
 class Checkpointer:
     """Async, atomic checkpoints of one run (every rank holds one; orbax
     synchronises them and writes each replicated array and the JSON once)."""

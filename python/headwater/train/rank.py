@@ -15,6 +15,7 @@ and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -203,7 +204,7 @@ def _train(
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
-    W.attach(run_dir, run, start)
+    W.attach(run_dir, run, start, functools.partial(C.last_committed, run_dir, world))
     try:
         with sampler:
             _check_schema(cfg, sampler, rank)
