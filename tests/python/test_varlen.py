@@ -116,7 +116,7 @@ def test_the_padder_keeps_one_high_water_mark_per_length(tpch: Tpch) -> None:
     """A step of short sequences is not padded to the rows a long step
     reached (its ``[B, R, R]`` adjacency would grow with the long S)."""
     pytest.importorskip("jax")
-    from headwater.train.mesh import Mesh
+    from headwater.cluster.mesh import Mesh
     from headwater.train.padder import Padder
 
     def batch(s: int, b: int) -> dict[str, object]:

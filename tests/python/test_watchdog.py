@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from headwater.cluster import watchdog as W
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
-from headwater.train import watchdog as W
 from headwater.train.config import load_config
 
 

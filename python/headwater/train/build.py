@@ -12,10 +12,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headwater.cluster.mesh import Mesh
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
-from headwater.train.mesh import Mesh
 from headwater.train.records import DrainRecorder, JsonlSink
 
 if TYPE_CHECKING:

@@ -2,8 +2,7 @@
 
 Owns: :class:`Checkpointer` (orbax-checkpoint's ``CheckpointManager`` under
 ``<run>/checkpoints/<step>/``: ``state`` = params + optimiser state, ``meta``
-= JSON), :class:`StopFlag` (re-exported from :mod:`.stopping`),
-the run's launch record (``launch.json``: the config source and overrides,
+= JSON), the run's launch record (``launch.json``: the config source and overrides,
 so ``--resume RUN_DIR`` needs nothing else), the resume checks
 (:func:`check_resume`), ``metrics.jsonl`` truncation and the W&B resume
 filter (:class:`ResumedRun`). The launch record also keeps the run's shape
@@ -68,11 +67,6 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
-
-# Stopping on a signal lives in .stopping; re-exported for the launcher and
-# the loop (``C.StopFlag``).
-from headwater.train.stopping import StartupInterrupted as StartupInterrupted
-from headwater.train.stopping import StopFlag as StopFlag
 
 CHECKPOINTS = "checkpoints"
 LAUNCH_RECORD = "launch.json"

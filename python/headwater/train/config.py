@@ -41,11 +41,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from headwater.cluster.watchdog import timeout_problem
 from headwater.errors import ConfigError
 from headwater.hints import did_you_mean
 from headwater.train import sampler_config as SC
 from headwater.train.origins import Origins, locate_keys, parse_overrides
-from headwater.train.watchdog import timeout_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ class TrainSection:
     grad_accum: int = 1
     #: Multi-process jobs: a rank whose heartbeat stops for this many
     #: seconds (killed, crashed, hung) is declared lost by the others, which
-    #: name it and the step and exit (:mod:`.watchdog`); 2 to 86400.
+    #: name it and the step and exit (:mod:`headwater.cluster.watchdog`); 2 to 86400.
     peer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:

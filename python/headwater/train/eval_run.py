@@ -84,6 +84,7 @@ def evaluate_run(
 ) -> tuple[int, dict[str, Any]]:
     """``(step, {split: {task: {"stype", "count", "metrics", "baseline"}}})``
     of checkpoint ``step`` (the latest when ``None``)."""
+    from headwater.cluster.mesh import Mesh
     from headwater.errors import StateError
     from headwater.mixture import open_sampler
     from headwater.model import transformer as M
@@ -91,7 +92,6 @@ def evaluate_run(
     from headwater.train import checkpoint as C
     from headwater.train.evaluate import Evaluator
     from headwater.train.launcher import resolve_database
-    from headwater.train.mesh import Mesh
     from headwater.train.padder import Padder
     from headwater.train.records import Progress
 

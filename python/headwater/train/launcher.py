@@ -1,6 +1,6 @@
 """The ``headwater train`` launcher: one process, N local processes that
 join one ``jax.distributed`` job on loopback, or one process of a job a
-cluster launcher started (:mod:`.cluster`).
+cluster launcher started (:mod:`headwater.cluster.job`).
 
 Owns: :func:`launch` (check the config, join the cluster job if there is
 one, resolve the database once, pick the run directory, then run this
@@ -41,9 +41,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from headwater.cluster import watchdog as W
+from headwater.cluster.stopping import StartupInterrupted, StopFlag
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
-from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
@@ -125,7 +126,7 @@ def launch(
     refused unless ``reshard`` (which prints what changes). A run stopped
     by SIGTERM/SIGINT returns summaries with ``interrupted`` set.
     """
-    from headwater.train.cluster import join_job, resolve_job
+    from headwater.cluster.job import join_job, resolve_job
 
     if resume is not None:
         resume = Path(resume).expanduser().resolve()
@@ -178,7 +179,7 @@ class _Start:
 def _job_from_env() -> bool:
     """Whether the environment sets the job's size (``HEADWATER_NUM_PROCESSES``
     or a cluster launcher's variables): a resume then leaves it to them."""
-    from headwater.train.cluster import ENV_NUM_PROCESSES, detect_launcher
+    from headwater.cluster.job import ENV_NUM_PROCESSES, detect_launcher
 
     return ENV_NUM_PROCESSES in os.environ or detect_launcher(os.environ) is not None
 
@@ -390,11 +391,11 @@ def _start_workers(spec: Mapping[str, Any], run_dir: Path) -> tuple[list[Any], l
     return procs, logs
 
 
-def _forward_signals(procs: list[Any]) -> C.StopFlag:
+def _forward_signals(procs: list[Any]) -> StopFlag:
     """SIGTERM/SIGINT here → SIGTERM to every worker (they checkpoint and
     stop); a second signal ends the launcher (and ``launch`` kills them)."""
 
-    class Forward(C.StopFlag):
+    class Forward(StopFlag):
         def _handle(self, signum: int, frame: Any) -> None:
             super()._handle(signum, frame)
             for p in procs:
@@ -405,10 +406,10 @@ def _forward_signals(procs: list[Any]) -> C.StopFlag:
 
 
 def _watch(
-    procs: list[Any], run_dir: Path, timeout_s: float | None, stop: C.StopFlag | None = None
+    procs: list[Any], run_dir: Path, timeout_s: float | None, stop: StopFlag | None = None
 ) -> None:
     """Wait for every worker; the first non-zero exit (or the timeout) raises
-    (:class:`~.checkpoint.StartupInterrupted` after a forwarded signal: the
+    (:class:`~headwater.cluster.stopping.StartupInterrupted` after a forwarded signal: the
     ranks stop at once during their start-up)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs) or any(p.returncode for p in procs):
@@ -416,7 +417,7 @@ def _watch(
         if failed:
             r, p = failed[0]
             if stop is not None and stop.signum:
-                raise C.StartupInterrupted(stop.signum)
+                raise StartupInterrupted(stop.signum)
             tail = ""
             if r > 0:
                 tail = (run_dir / f"rank-{r}.log").read_text(errors="replace")[-3000:]
@@ -485,7 +486,7 @@ def worker_main(rank: int, spec_json: str) -> int:
             resume=spec["resume"],
             # Installed once the rank has joined the job; the launcher
             # acknowledges signals, a rank in start-up stops at once.
-            stop=C.StopFlag(abort_startup=True),
+            stop=StopFlag(abort_startup=True),
         )
     except KeyboardInterrupt as e:
         # A signal during start-up (Ctrl-C reaches every process of the

@@ -8,7 +8,7 @@ flag of :mod:`headwater.train.checkpoint` rides on the same agreement.
 
 The padding itself is the model's (:func:`headwater.model.device.pad_batch`);
 the agreement and the global arrays are the mesh's
-(:meth:`headwater.train.mesh.Mesh.agree`, :meth:`~headwater.train.mesh.Mesh.shard`).
+(:meth:`headwater.cluster.mesh.Mesh.agree`, :meth:`~headwater.cluster.mesh.Mesh.shard`).
 
 Must never: let ranks feed different shapes to the step.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from headwater.cluster.mesh import Mesh
 from headwater.model.device import bucket_size, pad_batch
-from headwater.train.mesh import Mesh
 
 
 class Padder:

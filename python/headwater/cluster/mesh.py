@@ -6,8 +6,8 @@ axis ``data``; replicated and sharded global arrays; the split of a
 process's batch over its local devices; the element-wise maximum of a few
 sizes over ranks; the ``shard_map``-ped, jitted step), the parameter
 digest and norm that compare ranks and runs, and the host copy of a
-global array. What shapes the ranks agree on is the run's
-(:class:`headwater.train.padder.Padder`).
+global array. What the ranks agree on (a step's padded shapes, the stop
+flag) is the caller's; :meth:`Mesh.agree` only takes the maximum.
 
 A process with ``L`` local devices splits its batch of ``B`` sequences into
 ``L`` slices of ``B / L`` (tensors whose shape rule starts with ``B``); the
