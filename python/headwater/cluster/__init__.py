@@ -9,7 +9,8 @@ start-up schema check), :mod:`.mesh` (every device of every process on
 one data axis, global arrays, the element-wise maximum over ranks),
 :mod:`.stopping` (SIGTERM/SIGINT acknowledged at once, a stop flag the
 loop reads), :mod:`.watchdog` (a lost rank named within
-``train.peer_timeout_s``).
+``train.peer_timeout_s``), :mod:`.workers` (N local processes started,
+signalled and watched by PID).
 
 Must never: know of the model or of a run's config, loop or checkpoints
 (:mod:`headwater.model`, :mod:`headwater.train`; what a run wants reported
