@@ -111,9 +111,11 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 from headwater import _native
-from headwater import model as M
-from headwater.train import _host, _Mesh, _Padder
-from headwater.train_config import load_config
+from headwater.cluster.mesh import Mesh, host
+from headwater.model import transformer as M
+from headwater.model.device import tables_to_device
+from headwater.train.config import load_config
+from headwater.train.padder import Padder
 
 db, B, S, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cfg = load_config(None, **{"sampler.default_batch_size": B,
@@ -121,21 +123,21 @@ cfg = load_config(None, **{"sampler.default_batch_size": B,
 with _native.Sampler(db, rank=0, world_size=1, **cfg.sampler_kwargs(0)) as s:
     mc = dataclasses.replace(cfg.model, max_categories=M.max_categories(s.database_metadata()))
     col_np, cat_np = s.column_embeddings(), s.categorical_embeddings()
-    mesh = _Mesh()
-    col, cat = mesh.replicate(M.tables_to_device(col_np, cat_np))
+    mesh = Mesh()
+    col, cat = mesh.replicate(tables_to_device(col_np, cat_np))
     lp = M.init_params(0, mc, int(col_np.shape[1]))
     params, opt = mesh.replicate(lp), mesh.replicate(M.init_opt_state(lp, cfg.optim))
     fn = mesh.step_fn(M.make_train_step(mc, cfg.optim, axis_name="data"),
                       in_specs=(P(), P(), P("data"), P(), P()), out_specs=(P(), P(), P()))
     raw = [{k: np.array(v) for k, v in s.next_train_batch().items()} for _ in range(8)]
-pad = _Padder(mesh, mc.max_categories)
+pad = Padder(mesh, mc.max_categories)
 for b in raw:
     pad(b)  # grow the high-water mark so every replayed batch has one shape
 dev = [pad(b) for b in raw]
 t0 = time.perf_counter()
 for i in range(3):
     params, opt, m = fn(params, opt, dev[i % 8], col, cat)
-    float(_host(m["loss"]))
+    float(host(m["loss"]))
 compile_s = time.perf_counter() - t0
 # (a) the current loop without the sampler: pad + shard + block, step, every metric to host
 loop = []
@@ -143,7 +145,7 @@ for i in range(N):
     t = time.perf_counter()
     b = pad(raw[i % 8]); jax.block_until_ready(b)
     params, opt, m = fn(params, opt, b, col, cat)
-    {k: float(_host(v)) for k, v in m.items()}
+    {k: float(host(v)) for k, v in m.items()}
     loop.append(time.perf_counter() - t)
 # (b) device only: pre-padded batches, no per-step sync
 t = time.perf_counter()

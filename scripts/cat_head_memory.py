@@ -33,11 +33,11 @@ import numpy as np
 
 import headwater
 from headwater import _native
-from headwater.train import cat_head as CH
-from headwater.train import device as DV
-from headwater.train import model as M
-from headwater.train import scale
-from headwater.train.optim import OptConfig
+from headwater.model import cat_head as CH
+from headwater.model import device as DV
+from headwater.model import scale
+from headwater.model import transformer as M
+from headwater.model.optim import OptConfig
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "before": {"cat_chunk_mib": 0, "cat_head_impl": "gather"},

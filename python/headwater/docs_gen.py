@@ -5,9 +5,10 @@ Owns: turning the one definition of each concept into a Markdown page —
 the metric table (``headwater._native.metric_table()`` and
 ``trainer_gauges()``), the sampler's config table
 (``sampler_config_schema()``) and the ``headwater train`` sections
-(the dataclasses of :mod:`headwater.train.config`, their ``#:`` comments as
-docs), and the format spec (the module doc of ``crates/format/src/lib.rs``);
-and the code the sampler's config table writes: the ``Sampler`` keywords of
+(the dataclasses of :mod:`headwater.train.config`, and for ``[model]`` /
+``[optim]`` of :mod:`headwater.model`, their ``#:`` comments as docs), and
+the format spec (the module doc of ``crates/format/src/lib.rs``); and the
+code the sampler's config table writes: the ``Sampler`` keywords of
 ``_native.pyi`` and the fields of ``rows.SamplerConfigDict``, regions between
 ``# BEGIN generated`` and ``# END generated`` lines.
 
@@ -269,8 +270,8 @@ def _sampler_rows(
 #: (section, module, class name, fields that are not keys).
 _TRAIN_SECTIONS = (
     ("database", "headwater.train.config", "DatabaseSection", ("mixture",)),
-    ("model", "headwater.train.model", "ModelConfig", ()),
-    ("optim", "headwater.train.optim", "OptConfig", ()),
+    ("model", "headwater.model.transformer", "ModelConfig", ()),
+    ("optim", "headwater.model.optim", "OptConfig", ()),
     ("train", "headwater.train.config", "TrainSection", ()),
     ("logging", "headwater.train.config", "LoggingSection", ()),
 )
@@ -287,7 +288,7 @@ def config_page(
         _BANNER.format(
             cmd=COMMAND,
             src="`headwater._native.sampler_config_schema()` and the dataclasses of "
-            "`headwater.train`",
+            "`headwater.train` and `headwater.model`",
         ),
         "# Every config key",
         "",

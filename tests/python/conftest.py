@@ -646,7 +646,7 @@ def tiny_model(sampler: Any, seed: int) -> tuple[Any, Any, Any, Any]:
     import jax
     import jax.numpy as jnp
 
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     try:
         col = jnp.asarray(sampler.column_embeddings(), jnp.float16)

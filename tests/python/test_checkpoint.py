@@ -430,7 +430,7 @@ def test_a_start_up_signal_whose_exception_python_swallowed_still_stops() -> Non
     and the installed flag keeps the dropped one from printing a traceback."""
     import gc
 
-    from headwater.train.stopping import StartupInterrupted, StopFlag
+    from headwater.cluster.stopping import StartupInterrupted, StopFlag
 
     quiet = StopFlag(abort_startup=True)
     quiet.recheck_startup()  # no signal: nothing raised

@@ -532,10 +532,11 @@ def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline
     from conftest import RELBENCH_TASK
     from sklearn.metrics import accuracy_score, average_precision_score
 
-    from headwater.train import model as M
-    from headwater.train.device import tables_to_device
+    from headwater.cluster.mesh import Mesh
+    from headwater.model import transformer as M
+    from headwater.model.device import tables_to_device
     from headwater.train.evaluate import Evaluator, score_predictions
-    from headwater.train.mesh import Mesh, Padder
+    from headwater.train.padder import Padder
 
     src = make_relbench(tmp_path / "relbench")
     headwater.preprocess(src, tmp_path / "db", embedder="hash", progress=False)

@@ -78,23 +78,29 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import under ``node`` except the body of ``if TYPE_CHECKING:``."""
+def _import_nodes(
+    node: ast.AST, type_checking: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import under ``node`` except the body of ``if TYPE_CHECKING:``
+    (included when ``type_checking``)."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+        elif isinstance(child, ast.If) and _is_type_checking(child.test) and not type_checking:
             for sub in child.orelse:
                 yield from _import_nodes(ast.Module(body=[sub], type_ignores=[]))
         else:
-            yield from _import_nodes(child)
+            yield from _import_nodes(child, type_checking)
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package modules that module ``name`` imports."""
+def _imports(
+    name: str, path: Path, modules: dict[str, Path], type_checking: bool = False
+) -> set[str]:
+    """The package modules that module ``name`` imports (``type_checking``:
+    the imports made for type annotations only too)."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text())):
+    for node in _import_nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -233,6 +239,54 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles between headwater modules (arrows must point down):\n" + (
         "\n".join(" -> ".join(c) for c in cycles)
     )
+
+
+# Rooms of the package a room must never import (CONTRIBUTING.md, "Arrows
+# point down"), annotations included: the model (the network) knows nothing
+# of the processes it runs in (cluster) or of the run (train) that trains
+# it, the cluster nothing of the model or the run; the run uses both, and
+# the command line, bench and diag sit above it.
+_ABOVE_TRAIN = {"headwater.train", "headwater.bench", "headwater.diag", "headwater.cli"}
+PY_FORBIDDEN: dict[str, set[str]] = {
+    "headwater.model": {"headwater.cluster", *_ABOVE_TRAIN},
+    "headwater.cluster": {"headwater.model", *_ABOVE_TRAIN},
+}
+
+
+def _in_room(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def _wrong_arrows(graph: dict[str, set[str]], forbidden: dict[str, set[str]]) -> list[str]:
+    """Every edge ``a -> b`` of ``graph`` from a room to a room it must not reach."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, bs in graph.items()
+        for b in bs
+        for room, banned in forbidden.items()
+        if _in_room(a, room) and any(_in_room(b, x) for x in banned)
+    )
+
+
+def test_python_arrows_point_down() -> None:
+    modules = _modules()
+    rooms = {m for m in modules if m in PY_FORBIDDEN}
+    assert rooms == set(PY_FORBIDDEN), f"rooms of PY_FORBIDDEN not in the package: {rooms}"
+    graph = {
+        name: _imports(name, path, modules, type_checking=True) for name, path in modules.items()
+    }
+    wrong = _wrong_arrows(graph, PY_FORBIDDEN)
+    assert not wrong, "a Python room imports a room above it:\n" + "\n".join(wrong)
+
+
+def test_the_arrow_finder_finds_one_up() -> None:
+    graph = {
+        "headwater.model.transformer": {"headwater.model.optim", "headwater.train.config"},
+        "headwater.modelling": {"headwater.train"},
+        "headwater.train.loop": {"headwater.model.transformer"},
+    }
+    rules = {"headwater.model": {"headwater.train"}}
+    assert _wrong_arrows(graph, rules) == ["headwater.model.transformer -> headwater.train.config"]
 
 
 def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:

@@ -145,7 +145,7 @@ def test_mask_prob_max_out_of_range_names_the_key(db: Path) -> None:
 def model(db: Path) -> Any:
     pytest.importorskip("jax")
 
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     cfg, params, col, cat = tiny_model(
         N.Sampler(db, default_batch_size=2, default_sequence_length=S), 2

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from headwater.train.scale import PEAK_FLOPS, mfu_row
+from headwater.train.throughput import PEAK_FLOPS, mfu_row
 
 
 def test_mfu_row_is_the_flops_over_the_step_and_the_peak() -> None:

@@ -198,7 +198,7 @@ def test_loss_of_a_mixed_batch_is_each_sequence_through_its_own_decoder(db: Path
     pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     names, _ = _weights(db)
     three = {"event_amount": 1.0, "event_kind": 1.0, "user_country": 1.0}
@@ -229,9 +229,9 @@ def test_a_few_train_steps_on_mixed_batches_stay_finite(db: Path) -> None:
     pytest.importorskip("optax")
     import jax
 
-    from headwater.train import device as DV
-    from headwater.train import model as M
-    from headwater.train.optim import OptConfig
+    from headwater.model import device as DV
+    from headwater.model import transformer as M
+    from headwater.model.optim import OptConfig
 
     _, w = _weights(db)
     raw = _batches(db, 4, task_weights=w, mask_prob_max=0.3)

@@ -1,4 +1,4 @@
-"""The JAX relational transformer (``headwater.train.model``, ``headwater.train.optim``).
+"""The JAX relational transformer (``headwater.model.transformer``, ``headwater.model.optim``).
 
 Overfitting a fixed set of real sampler batches, the loss dispatch
 against a NumPy reference, NaN-free gradients on padding-heavy batches with
@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 
 from headwater import _native
-from headwater.train import attention as A
-from headwater.train import device as DV
-from headwater.train import model as M
-from headwater.train.optim import MUON_WEIGHTS, OptConfig, param_labels
+from headwater.model import attention as A
+from headwater.model import device as DV
+from headwater.model import transformer as M
+from headwater.model.optim import MUON_WEIGHTS, OptConfig, param_labels
 
 B, S = 8, 32
 OVERFIT_STEPS = 200

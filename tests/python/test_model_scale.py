@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from headwater import _native
-from headwater.train import attention as A
-from headwater.train import device as DV
-from headwater.train import model as M
+from headwater.model import attention as A
+from headwater.model import device as DV
+from headwater.model import transformer as M
 
 B, S = 4, 32
 #: float32 compute: fused vs dense, one-hot vs gather (relative to the
@@ -170,7 +170,7 @@ def test_onehot_take_equals_gather() -> None:
 def test_grad_accum_gives_the_large_batch_update(case: Case) -> None:
     """One step of ``grad_accum = 2`` (two micro-batches of 2) against one
     step on the batch of 4: equal parameters within a float32 tolerance."""
-    from headwater.train.optim import OptConfig
+    from headwater.model.optim import OptConfig
 
     opt = OptConfig(warmup_steps=0, total_steps=10)
     batch = case.batches["unpacked"]
@@ -220,7 +220,8 @@ def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
 
 
 def test_flops_per_step_match_a_hand_count() -> None:
-    from headwater.train import scale
+    from headwater.model import scale
+    from headwater.train import throughput
 
     cfg = M.ModelConfig(
         d_model=4, num_layers=1, num_heads=1, mlp_ratio=2, attention=("column",), max_categories=8
@@ -233,11 +234,11 @@ def test_flops_per_step_match_a_hand_count() -> None:
     heads = 2 * 2 * 4 * (4 + 1 + 1 + 15 + 1) + 2 * 2 * 4 * 8  # 480
     hand = 3 * (qkv_out + scores_pv + mlp + timestamp + heads)
     assert scale.train_flops_per_step(cfg, 2, 3) == hand == 9072
-    assert scale.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
-    assert scale.mfu(1e12, 1.0, 1, "cpu") is None
+    assert throughput.mfu(989e12, 0.5, 1, "NVIDIA H100 80GB HBM3") == pytest.approx(0.5)
+    assert throughput.mfu(1e12, 1.0, 1, "cpu") is None
     t = {"tokens_per_second": 1e3, "model_flops_per_step": 2e9, "device_kind": "cpu", "mfu": None}
-    assert "MFU not known" in scale.format_throughput(t)
-    assert "MFU 12.5%" in scale.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
+    assert "MFU not known" in throughput.format_throughput(t)
+    assert "MFU 12.5%" in throughput.format_throughput({**t, "device_kind": "H", "mfu": 0.125})
 
 
 def test_bench_model_times_the_device_step(case: Case) -> None:
@@ -261,7 +262,7 @@ def test_bench_model_times_the_device_step(case: Case) -> None:
 
 
 # ----------------------------------------------------------------------------
-# The categorical head in bounded memory (headwater.train.cat_head)
+# The categorical head in bounded memory (headwater.model.cat_head)
 # ----------------------------------------------------------------------------
 
 #: A window far wider than the small database's 4 categories, so that
@@ -307,7 +308,7 @@ def test_chunked_and_matmul_categorical_heads_equal_the_gather(
     """Every head form against all windows gathered at once, on a real batch
     of mixed tasks with masked cells: outputs and gradients within 1e-5
     (float32). (The packed batch: the remat / grad-accum test below.)"""
-    from headwater.train import cat_head as CH
+    from headwater.model import cat_head as CH
 
     batch = masked["mixed"]
     wide = dataclasses.replace(case.base, max_categories=WIDE_C)
@@ -346,7 +347,7 @@ def test_chunked_head_under_remat_fused_attention_and_grad_accum(
     head inside gradient accumulation's scan (two micro-batches), with
     fused attention and full remat, against one pass of the dense gathering
     reference."""
-    from headwater.train.accum import accumulated_grads
+    from headwater.model.accum import accumulated_grads
 
     batch = masked["packed"]
     wide = dataclasses.replace(case.base, max_categories=WIDE_C)
@@ -402,7 +403,7 @@ def test_matmul_head_in_chunks_of_a_large_table() -> None:
     """The matmul form over a table of 2^16 rows, several chunks of ``[chunk,
     V]`` scores: values and gradients (query and table) equal the gather's,
     windows clipped at the table's end included."""
-    from headwater.train import cat_head as CH
+    from headwater.model import cat_head as CH
 
     rng = np.random.default_rng(3)
     n, c, d, v = 40, 8, 4, 1 << 16
@@ -433,7 +434,7 @@ def test_matmul_head_reads_the_table_rounded_to_the_compute_dtype() -> None:
     """The projected table is bfloat16; left to itself XLA folds the
     projection into the matmul and skips that rounding (2e-3 apart from the
     gather). Both forms must score the same bfloat16 table."""
-    from headwater.train import cat_head as CH
+    from headwater.model import cat_head as CH
 
     rng = np.random.default_rng(4)
     v, width, d, n, c = 10, 384, 16, 68, 8

@@ -28,9 +28,9 @@ pytest.importorskip("jax")
 import jax
 
 from headwater import _native
-from headwater.train import device as DV
-from headwater.train import model as M
-from headwater.train.optim import OptConfig
+from headwater.model import device as DV
+from headwater.model import transformer as M
+from headwater.model.optim import OptConfig
 
 B, S, PF = 4, 128, 4
 K = 2 * PF  # segment slots per sequence: 1 to K contexts, B·PF in a batch

@@ -621,7 +621,7 @@ def test_dashboards_readme_commands_run(tmp_path: Path) -> None:
 
 def test_sbatch_example_leaves_the_job_to_slurm() -> None:
     from headwater.cli import build_parser
-    from headwater.train.cluster import resolve_job
+    from headwater.cluster.job import resolve_job
 
     (text,) = of_kind("sbatch")
     directives = dict(

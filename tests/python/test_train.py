@@ -535,7 +535,8 @@ def test_the_step_loop_never_syncs_the_device_per_step(
     import jax
     from jax._src.array import ArrayImpl
 
-    from headwater.train import launcher, loop, mesh
+    from headwater.cluster import mesh
+    from headwater.train import launcher, loop
     from headwater.train.loop import Trainer
 
     state = {"in_step": False, "syncs": [], "device_gets": 0}

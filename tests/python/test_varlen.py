@@ -116,7 +116,8 @@ def test_the_padder_keeps_one_high_water_mark_per_length(tpch: Tpch) -> None:
     """A step of short sequences is not padded to the rows a long step
     reached (its ``[B, R, R]`` adjacency would grow with the long S)."""
     pytest.importorskip("jax")
-    from headwater.train.mesh import Mesh, Padder
+    from headwater.cluster.mesh import Mesh
+    from headwater.train.padder import Padder
 
     def batch(s: int, b: int) -> dict[str, object]:
         kw = {"default_sequence_length": s, "default_batch_size": b, "num_threads": 1}

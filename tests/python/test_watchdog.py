@@ -16,14 +16,16 @@ killed or stopped, is ``test_dead_rank.py``).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from headwater.cluster import watchdog as W
 from headwater.errors import ConfigError
-from headwater.train import watchdog as W
+from headwater.train import checkpoint as C
 from headwater.train.config import load_config
 
 
@@ -163,6 +165,7 @@ def test_fire_reports_the_rank_the_step_and_the_checkpoint(
     (tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp").mkdir()  # not committed
     _, clock, (a, _b), exits = dogs(2)
     a.run_dir, a.step = tmp_path, 9
+    a.recovery = functools.partial(C.last_committed, tmp_path, 2)
     tick(clock, [a], 6.0)
     lost = a.lost()
     assert lost is not None
@@ -174,6 +177,10 @@ def test_fire_reports_the_rank_the_step_and_the_checkpoint(
     assert f"headwater train --resume {tmp_path} --num-processes 2" in err
     rec = json.loads((tmp_path / "watchdog-rank0.json").read_text())
     assert (rec["lost_rank"], rec["rank"], rec["step"], rec["checkpoint"]) == (1, 0, 9, 4)
+    # A cluster launcher's job is resumed with its own flags, on every process.
+    step, joined = C.last_committed(tmp_path, 2, True)
+    assert step == 4 and joined is not None and "on every process" in joined
+    assert C.last_committed(tmp_path / "none", 2, False) == (None, None)
 
 
 def test_only_collective_failures_on_a_peer_wait_for_the_watchdog() -> None:

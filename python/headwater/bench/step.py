@@ -23,11 +23,12 @@ from typing import Any
 import jax
 
 from headwater.errors import ConfigError
-from headwater.train import scale
+from headwater.model import scale
+from headwater.train.throughput import throughput
 
 
 def _model_config(name: str, overrides: Mapping[str, Any], meta: Mapping[str, Any]) -> Any:
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     try:
         fields = {**scale.preset(name), **overrides}
@@ -60,9 +61,9 @@ def bench_preset(
     name: str, sampler: Any, overrides: Mapping[str, Any], rounds: int
 ) -> dict[str, Any]:
     """One preset's figures on the next train batch of ``sampler``."""
-    from headwater.train import device as DV
-    from headwater.train import model as M
-    from headwater.train.optim import OptConfig
+    from headwater.model import device as DV
+    from headwater.model import transformer as M
+    from headwater.model.optim import OptConfig
 
     cfg = _model_config(name, overrides, sampler.database_metadata())
     raw = sampler.next_train_batch()
@@ -86,7 +87,7 @@ def bench_preset(
         },
         rounds,
     )
-    tp = scale.throughput(cfg, b, s, 1.0 / t["step"])
+    tp = throughput(cfg, b, s, 1.0 / t["step"])
     return {
         "preset": name,
         "model": dataclasses.asdict(cfg),

@@ -1,14 +1,21 @@
 """``headwater train``: the relational transformer trained on sampler batches.
 
-Rooms: :mod:`.config` (the checked TOML config), :mod:`.launcher` (one or N
-loopback processes, watched by PID), :mod:`.loop` (one rank's step loop and
-validation), :mod:`.mesh` (data-parallel plumbing), :mod:`.records`
-(``metrics.jsonl``, drain records, the progress line), :mod:`.summary` (the
-per-rank summary and profile), :mod:`.checkpoint` (orbax checkpoints,
-``--resume``, the run's launch record), :mod:`.stopping` (SIGTERM/SIGINT:
-acknowledged at once, stop after the step), :mod:`.watchdog` (a lost rank
-named within ``train.peer_timeout_s``), :mod:`.model` / :mod:`.optim` (the JAX model
-and its optimiser), :mod:`.device` (batches → static-shape device arrays).
+Rooms: :mod:`.config` (the checked TOML config, with :mod:`.origins` and
+:mod:`.sampler_config`), :mod:`.launcher` (one process, N loopback
+processes watched by PID, or a process of a cluster job), :mod:`.rank`
+(one rank's run), :mod:`.loop` (its step loop and validation),
+:mod:`.padder` (the shapes every rank feeds the step), :mod:`.prefetch`
+(the device prefetch thread), :mod:`.records` (``metrics.jsonl``, drain
+records, the progress line), :mod:`.summary` (the per-rank summary and
+profile), :mod:`.verdict` (the live input verdict), :mod:`.throughput`
+(tokens/s and MFU), :mod:`.checkpoint` (orbax checkpoints, ``--resume``,
+the run's launch record), :mod:`.evaluate` / :mod:`.eval_run` (evaluation
+passes, ``headwater eval``).
+
+The model it trains, its optimiser and the device arrays it is fed are
+:mod:`headwater.model`'s; the processes it runs in (joining a job, the
+mesh, signals, the dead-rank watchdog) are :mod:`headwater.cluster`'s.
+Neither imports this package.
 
 Importing this package does not import JAX.
 """

@@ -12,20 +12,20 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headwater.cluster.mesh import Mesh
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
 from headwater.train.config import TrainConfig
-from headwater.train.mesh import Mesh
 from headwater.train.records import DrainRecorder, JsonlSink
 
 if TYPE_CHECKING:
-    from headwater.train.model import ModelConfig
+    from headwater.model.transformer import ModelConfig
 
 
 def model_config(cfg: TrainConfig, sampler: Any) -> ModelConfig:
     """``[model]``, its ``max_categories`` read from the database when the
     config asks for it (``auto_categories``)."""
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     if not cfg.auto_categories:
         return cfg.model

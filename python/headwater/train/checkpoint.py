@@ -2,8 +2,7 @@
 
 Owns: :class:`Checkpointer` (orbax-checkpoint's ``CheckpointManager`` under
 ``<run>/checkpoints/<step>/``: ``state`` = params + optimiser state, ``meta``
-= JSON), :class:`StopFlag` (re-exported from :mod:`.stopping`),
-the run's launch record (``launch.json``: the config source and overrides,
+= JSON), the run's launch record (``launch.json``: the config source and overrides,
 so ``--resume RUN_DIR`` needs nothing else), the resume checks
 (:func:`check_resume`), ``metrics.jsonl`` truncation and the W&B resume
 filter (:class:`ResumedRun`). The launch record also keeps the run's shape
@@ -33,7 +32,7 @@ files are written by orbax's background thread while training continues
 ``train.keep_checkpoints`` are deleted by orbax after a save commits.
 
 Stopping on a signal: every rank ORs its stop flag into the per-step shape
-agreement (:class:`~headwater.train.mesh.Padder`), so all ranks stop after
+agreement (:class:`~headwater.train.padder.Padder`), so all ranks stop after
 the same step, save the same checkpoint and write their summaries. The
 launcher forwards SIGTERM/SIGINT to its workers.
 
@@ -68,11 +67,6 @@ from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
-
-# Stopping on a signal lives in .stopping; re-exported for the launcher and
-# the loop (``C.StopFlag``).
-from headwater.train.stopping import StartupInterrupted as StartupInterrupted
-from headwater.train.stopping import StopFlag as StopFlag
 
 CHECKPOINTS = "checkpoints"
 LAUNCH_RECORD = "launch.json"
@@ -332,6 +326,22 @@ def resume_command(run_dir: Path, world: int) -> str:
 # ----------------------------------------------------------------------------
 # Orbax
 # ----------------------------------------------------------------------------
+
+
+def last_committed(run_dir: Path, world: int, joined: bool) -> tuple[int | None, str | None]:
+    """The last committed checkpoint of ``run_dir`` and the command that
+    resumes from it, ``(None, None)`` when none is committed: what a rank
+    that lost a peer reports. ``joined``: a process of a job a cluster
+    launcher started, resumed with the job's own flags on every process."""
+    steps = committed_steps(run_dir)
+    if not steps:
+        return None, None
+    if joined:
+        return steps[-1], (
+            f"headwater train --resume {run_dir} (on every process, with this job's "
+            "--coordinator, --num-processes and --process-id)"
+        )
+    return steps[-1], resume_command(run_dir, world)
 
 
 class Checkpointer:

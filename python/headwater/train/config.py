@@ -41,11 +41,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from headwater.cluster.watchdog import timeout_problem
 from headwater.errors import ConfigError
 from headwater.hints import did_you_mean
 from headwater.train import sampler_config as SC
 from headwater.train.origins import Origins, locate_keys, parse_overrides
-from headwater.train.watchdog import timeout_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ class TrainSection:
     grad_accum: int = 1
     #: Multi-process jobs: a rank whose heartbeat stops for this many
     #: seconds (killed, crashed, hung) is declared lost by the others, which
-    #: name it and the step and exit (:mod:`.watchdog`); 2 to 86400.
+    #: name it and the step and exit (:mod:`headwater.cluster.watchdog`); 2 to 86400.
     peer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -193,8 +193,8 @@ class TrainConfig:
     database: DatabaseSection
     sampler: Mapping[str, Any]
     ranks: Mapping[int, Mapping[str, Any]]
-    model: Any  # headwater.train.model.ModelConfig (imported lazily: it pulls in JAX)
-    optim: Any  # headwater.train.optim.OptConfig
+    model: Any  # headwater.model.transformer.ModelConfig (imported lazily: it pulls in JAX)
+    optim: Any  # headwater.model.optim.OptConfig
     train: TrainSection
     logging: LoggingSection
     diag: Mapping[str, Any]
@@ -381,8 +381,8 @@ def _ranks(raw: Mapping[str, Any], origins: Origins) -> dict[int, dict[str, Any]
 def _model_and_optim(
     raw: Mapping[str, Any], train: TrainSection, origins: Origins
 ) -> tuple[Any, Any, bool]:
-    from headwater.train.model import ModelConfig
-    from headwater.train.optim import OptConfig
+    from headwater.model.optim import OptConfig
+    from headwater.model.transformer import ModelConfig
 
     model_tbl = _apply_preset(dict(raw.get("model", {})), origins)
     # max_categories = 0 (the default): the trainer reads it from the database.
@@ -401,7 +401,7 @@ def _model_and_optim(
 
 def _apply_preset(model_tbl: dict[str, Any], origins: Origins) -> dict[str, Any]:
     """``[model]`` with its ``preset`` expanded (the keys set beside it win)."""
-    from headwater.train.scale import PRESETS, preset
+    from headwater.model.scale import PRESETS, preset
 
     name = model_tbl.pop("preset", "default")
     where = origins.of("model.preset")

@@ -24,7 +24,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from headwater.train.cluster import gather_strings
+from headwater.cluster.job import gather_strings
 
 #: The file ``headwater train`` writes into the run directory.
 FILE_SD = "prometheus_targets.json"

@@ -84,14 +84,15 @@ def evaluate_run(
 ) -> tuple[int, dict[str, Any]]:
     """``(step, {split: {task: {"stype", "count", "metrics", "baseline"}}})``
     of checkpoint ``step`` (the latest when ``None``)."""
+    from headwater.cluster.mesh import Mesh
     from headwater.errors import StateError
     from headwater.mixture import open_sampler
+    from headwater.model import transformer as M
+    from headwater.model.device import tables_to_device
     from headwater.train import checkpoint as C
-    from headwater.train import model as M
-    from headwater.train.device import tables_to_device
     from headwater.train.evaluate import Evaluator
     from headwater.train.launcher import resolve_database
-    from headwater.train.mesh import Mesh, Padder
+    from headwater.train.padder import Padder
     from headwater.train.records import Progress
 
     run_dir = Path(run_dir)

@@ -30,7 +30,7 @@ import numpy as np
 from headwater.train.scoring import STYPES, baseline, score
 
 if TYPE_CHECKING:
-    from headwater.train.checkpoint import StopFlag
+    from headwater.cluster.stopping import StopFlag
 
 
 @functools.cache
@@ -44,7 +44,7 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
     import jax.numpy as jnp
     from jax import lax
 
-    from headwater.train import model as M
+    from headwater.model import transformer as M
 
     def step(
         params: Any, batch: Any, col_emb: jax.Array, cat_emb: jax.Array, valid: jax.Array
@@ -95,7 +95,7 @@ def _collect(in_flight: list[tuple[str, str, Any]], got: dict[str, dict[str, Any
     ``got`` (``{"stype", "y_true", "y_pred"}`` lists), masked; empties the list."""
     import jax
 
-    from headwater.train.mesh import host_shard
+    from headwater.cluster.mesh import host_shard
 
     fetched = jax.device_get([{k: host_shard(v) for k, v in o.items()} for _, _, o in in_flight])
     for (name, stype, _), out in zip(in_flight, fetched, strict=True):

@@ -1,12 +1,13 @@
 """The ``headwater train`` launcher: one process, N local processes that
 join one ``jax.distributed`` job on loopback, or one process of a job a
-cluster launcher started (:mod:`.cluster`).
+cluster launcher started (:mod:`headwater.cluster.job`).
 
 Owns: :func:`launch` (check the config, join the cluster job if there is
 one, resolve the database once, pick the run directory, then run this
-process's rank here or start ``--num-processes`` workers and watch them by
-PID), :func:`resolve_database`, :func:`run_directory` and the worker entry
-point (``python -m headwater.train --worker RANK SPEC``).
+process's rank here or start ``--num-processes`` workers, which
+:mod:`headwater.cluster.workers` watches by PID), :func:`resolve_database`,
+:func:`run_directory` and the worker entry point (``python -m
+headwater.train --worker RANK SPEC``).
 
 ``launch(resume=RUN_DIR)`` continues a run from its last checkpoint: the
 config and overrides of the first start (``launch.json``) with the new ones
@@ -33,17 +34,17 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from headwater.cluster import watchdog as W
+from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
-from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
@@ -125,7 +126,7 @@ def launch(
     refused unless ``reshard`` (which prints what changes). A run stopped
     by SIGTERM/SIGINT returns summaries with ``interrupted`` set.
     """
-    from headwater.train.cluster import join_job, resolve_job
+    from headwater.cluster.job import join_job, resolve_job
 
     if resume is not None:
         resume = Path(resume).expanduser().resolve()
@@ -178,7 +179,7 @@ class _Start:
 def _job_from_env() -> bool:
     """Whether the environment sets the job's size (``HEADWATER_NUM_PROCESSES``
     or a cluster launcher's variables): a resume then leaves it to them."""
-    from headwater.train.cluster import ENV_NUM_PROCESSES, detect_launcher
+    from headwater.cluster.job import ENV_NUM_PROCESSES, detect_launcher
 
     return ENV_NUM_PROCESSES in os.environ or detect_launcher(os.environ) is not None
 
@@ -370,65 +371,6 @@ def _remove_if_empty(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _start_workers(spec: Mapping[str, Any], run_dir: Path) -> tuple[list[Any], list[IO[bytes]]]:
-    env = dict(os.environ)  # no platform forced: GPUs are used when present
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[IO[bytes]] = []
-    for r in range(spec["world"]):
-        log = None
-        if r > 0:
-            log = (run_dir / f"rank-{r}.log").open("wb")
-            logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "headwater.train", "--worker", str(r), json.dumps(spec)],
-                stdout=log,
-                stderr=subprocess.STDOUT if log else None,
-                env=env,
-            )
-        )
-    return procs, logs
-
-
-def _forward_signals(procs: list[Any]) -> C.StopFlag:
-    """SIGTERM/SIGINT here → SIGTERM to every worker (they checkpoint and
-    stop); a second signal ends the launcher (and ``launch`` kills them)."""
-
-    class Forward(C.StopFlag):
-        def _handle(self, signum: int, frame: Any) -> None:
-            super()._handle(signum, frame)
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-
-    return Forward(hard_on_second=True, announce=True).install()
-
-
-def _watch(
-    procs: list[Any], run_dir: Path, timeout_s: float | None, stop: C.StopFlag | None = None
-) -> None:
-    """Wait for every worker; the first non-zero exit (or the timeout) raises
-    (:class:`~.checkpoint.StartupInterrupted` after a forwarded signal: the
-    ranks stop at once during their start-up)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while any(p.poll() is None for p in procs) or any(p.returncode for p in procs):
-        failed = [(r, p) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-        if failed:
-            r, p = failed[0]
-            if stop is not None and stop.signum:
-                raise C.StartupInterrupted(stop.signum)
-            tail = ""
-            if r > 0:
-                tail = (run_dir / f"rank-{r}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(
-                f"rank {r} (pid {p.pid}) exited with status {p.returncode}; "
-                "the other ranks were stopped" + (f"\n--- rank {r} log ---\n{tail}" if tail else "")
-            )
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"training did not finish in {timeout_s} s")
-        time.sleep(0.05)
-
-
 def _launch_many(
     config: Config,
     overrides: Mapping[str, Any],
@@ -438,6 +380,7 @@ def _launch_many(
     timeout_s: float | None,
     resume: bool,
 ) -> list[dict[str, Any]]:
+    from headwater.cluster.workers import run_workers
     from headwater.telemetry import free_port
 
     spec = {
@@ -449,20 +392,12 @@ def _launch_many(
         "port": free_port(),
         "resume": resume,
     }
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[IO[bytes]] = []
-    forward = _forward_signals(procs)
-    try:
-        procs[:], logs = _start_workers(spec, run_dir)
-        _watch(procs, run_dir, timeout_s, forward)
-    finally:
-        forward.restore()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
+    run_workers(
+        lambda r: [sys.executable, "-m", "headwater.train", "--worker", str(r), json.dumps(spec)],
+        world,
+        run_dir,
+        timeout_s,
+    )
     return [
         json.loads((run_dir / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(world)
     ]
@@ -485,7 +420,7 @@ def worker_main(rank: int, spec_json: str) -> int:
             resume=spec["resume"],
             # Installed once the rank has joined the job; the launcher
             # acknowledges signals, a rank in start-up stops at once.
-            stop=C.StopFlag(abort_startup=True),
+            stop=StopFlag(abort_startup=True),
         )
     except KeyboardInterrupt as e:
         # A signal during start-up (Ctrl-C reaches every process of the

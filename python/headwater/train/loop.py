@@ -4,7 +4,7 @@ passes and checkpoints (:func:`headwater.train.rank.train_rank` builds one
 per rank and writes its summary).
 
 Data parallelism: one device per process, a 1-D mesh over processes (axis
-``data``, :mod:`headwater.train.mesh`). Each rank samples its slice of the
+``data``, :mod:`headwater.cluster.mesh`). Each rank samples its slice of the
 one global stream (``rank`` of ``world_size``: the same task at every step,
 its part of the pool's global order) and the train step runs under ``shard_map``:
 gradients, loss and metrics are averaged with ``lax.pmean`` inside the step,
@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from headwater.cluster import watchdog as W
+from headwater.cluster.mesh import Mesh, host, host_shard
+from headwater.cluster.stopping import StopFlag
 from headwater.train import checkpoint as C
-from headwater.train import watchdog as W
 from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.config import TrainConfig
 from headwater.train.evaluate import (
@@ -49,7 +51,7 @@ from headwater.train.evaluate import (
     flat_row,
     telemetry_row,
 )
-from headwater.train.mesh import Mesh, Padder, host, host_shard
+from headwater.train.padder import Padder
 from headwater.train.prefetch import Prefetcher, consumed_state, local_shape, useful_cells
 from headwater.train.records import Progress
 from headwater.train.shapes import StepShapes
@@ -70,7 +72,7 @@ class Trainer:
         world: int,
         run: Any,
         checkpoint: dict[str, Any] | None = None,
-        stop: C.StopFlag | None = None,
+        stop: StopFlag | None = None,
         streams: int = 1,
     ) -> None:
         """``streams``: sampler streams this process feeds per step (the
@@ -84,7 +86,7 @@ class Trainer:
         self.mesh = Mesh(streams)
         #: How the global batch is formed (stated in the run summary).
         self.batch_layout = batch_layout(cfg, rank, self.mesh, streams)
-        self.stop, self.stopped = stop or C.StopFlag(), False
+        self.stop, self.stopped = stop or StopFlag(), False
         self._init_state(col_np, cat_np, run_dir, checkpoint)
         self._init_steps()
         self.run_dir = run_dir
@@ -149,8 +151,8 @@ class Trainer:
         state on the mesh: initialised from the seed (the same on every
         rank), then, on resume, restored from the checkpoint with the
         sampler's state."""
-        from headwater.train import model as M
-        from headwater.train.device import tables_to_device
+        from headwater.model import transformer as M
+        from headwater.model.device import tables_to_device
 
         cfg, mesh = self.cfg, self.mesh
         self.col, self.cat = mesh.replicate(tables_to_device(col_np, cat_np))
@@ -180,8 +182,8 @@ class Trainer:
         evaluation never changes the training batches' shapes)."""
         from jax.sharding import PartitionSpec as P
 
-        from headwater.train import model as M
-        from headwater.train.optim import make_schedule
+        from headwater.model import transformer as M
+        from headwater.model.optim import make_schedule
 
         cfg, mesh, model_cfg = self.cfg, self.mesh, self.model_cfg
         self.train_fn = mesh.step_fn(

@@ -15,6 +15,7 @@ and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -23,15 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headwater.cluster import watchdog as W
+from headwater.cluster.mesh import digest, param_norm
+from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
 from headwater.train import checkpoint as C
-from headwater.train import watchdog as W
 from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
-from headwater.train.mesh import digest, param_norm
-from headwater.train.scale import throughput
 from headwater.train.summary import format_summary, summarise
+from headwater.train.throughput import throughput
 
 
 def announce(trainer: Trainer, db: Path, endpoints: list[str], file_sd: Path | None) -> None:
@@ -75,7 +77,7 @@ def train_rank(
     port: int = 0,
     joined: bool = False,
     resume: bool = False,
-    stop: C.StopFlag | None = None,
+    stop: StopFlag | None = None,
 ) -> dict[str, Any]:
     """Train on this process as ``rank`` of ``world``; return its summary.
 
@@ -98,7 +100,7 @@ def train_rank(
         initialize_loopback(rank, world, port)
     W.start(rank, world, cfg.train.peer_timeout_s, joined=joined)
     stop = (
-        stop or C.StopFlag(hard_on_second=True, announce=True, abort_startup=True)
+        stop or StopFlag(hard_on_second=True, announce=True, abort_startup=True)
     ).install()
     try:
         summary = _train(cfg, db, run_dir, rank, world, resume, stop)
@@ -190,7 +192,7 @@ def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
 
 
 def _train(
-    cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int, resume: bool, stop: C.StopFlag
+    cfg: TrainConfig, db: Path, run_dir: Path, rank: int, world: int, resume: bool, stop: StopFlag
 ) -> dict[str, Any]:
     lg = cfg.logging
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +205,7 @@ def _train(
     run = None
     if rank == 0 and lg.wandb_mode != "disabled":
         run = _open_wandb(cfg, run_dir, meta.get("wandb_run_id") if meta else None)
-    W.attach(run_dir, run, start)
+    W.attach(run_dir, run, start, functools.partial(C.last_committed, run_dir, world))
     try:
         with sampler:
             _check_schema(cfg, sampler, rank)
@@ -312,7 +314,7 @@ def _endpoints(
 def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
     """Every rank must pack the same telemetry layout and feed the same
     batch shapes: compared by hash before the first collective."""
-    from headwater.train.cluster import check_same_schema, schema_hash
+    from headwater.cluster.job import check_same_schema, schema_hash
 
     kw = cfg.sampler_kwargs(rank)
     shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]

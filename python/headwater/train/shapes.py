@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from headwater.train.scale import train_flops_per_step
+from headwater.model.scale import train_flops_per_step
 
 
 class StepShapes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.train.scale import mfu_row
+from headwater.train.throughput import mfu_row
 from headwater.train.verdict import VERDICTS
 
 

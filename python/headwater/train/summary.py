@@ -244,7 +244,7 @@ def _headspace(s: Mapping[str, Any]) -> str:
 def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     lines = _headline(s)
     if s.get("throughput") and math.isfinite(s["batches_per_second"]):
-        from headwater.train.scale import format_throughput
+        from headwater.train.throughput import format_throughput
 
         lines.append(format_throughput(s["throughput"]))
     if profile and s["steady_steps"]:

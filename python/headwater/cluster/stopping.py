@@ -1,6 +1,7 @@
 """Stopping ``headwater train`` on SIGTERM/SIGINT: :class:`StopFlag` (set
 by the signal, read by the step loop, which stops after the current step and
-checkpoints; the ranks agree on it, :class:`~headwater.train.mesh.Padder`),
+checkpoints; the ranks agree on it through the step's shape agreement,
+:meth:`headwater.cluster.mesh.Mesh.agree`),
 :class:`StartupInterrupted` (a signal before the first step stops at once)
 and the line that acknowledges a signal the moment it arrives.
 

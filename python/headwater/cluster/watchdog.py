@@ -33,7 +33,8 @@ commit waits for every process), so it cannot complete with a dead peer;
 a survivor's main thread is, moreover, inside a step (or a collective)
 whose update is half done. The last *committed* periodic checkpoint stays
 valid (a save in flight is a temporary directory that the next start
-removes) and is named with the command that resumes from it.
+removes) and is named with the command that resumes from it, both as the
+run reports them (:data:`Recovery`, given to :func:`attach`).
 
 A collective that fails instead of hanging (gloo on CPU: ``Connection reset
 by peer``) raises in the main thread; :func:`on_error` then waits (up to
@@ -70,6 +71,12 @@ EXIT_PEER_LOST = 3
 #: Seconds the W&B summary update and finish may take on the way out.
 WANDB_WAIT_S = 5.0
 KEY_PREFIX = "headwater/watchdog/"
+
+#: What the run tells the watchdog to report on the way out (:func:`attach`):
+#: given whether this process joined a cluster launcher's job, the run's last
+#: committed checkpoint and the command that resumes from it, ``(None,
+#: None)`` when none is committed.
+Recovery = Callable[[bool], tuple[int | None, str | None]]
 
 
 def timeout_problem(value: float) -> str | None:
@@ -171,6 +178,8 @@ class Watchdog:
         #: The step this rank is running (``metrics.jsonl`` numbering).
         self.step = 0
         self.run_dir: Path | None = None
+        #: The run's last checkpoint and how to resume from it (:data:`Recovery`).
+        self.recovery: Recovery | None = None
         self.wandb: Any = None
         self._state, self._detail, self._seq = "run", "", 0
         self._lock = threading.Lock()
@@ -259,17 +268,7 @@ class Watchdog:
 
     def incident(self, lost: Lost) -> dict[str, Any]:
         """What :meth:`fire` prints, writes and logs."""
-        from headwater.train import checkpoint as C
-
-        steps = C.committed_steps(self.run_dir) if self.run_dir is not None else []
-        resume = None
-        if steps and self.run_dir is not None:
-            resume = (
-                f"headwater train --resume {self.run_dir} (on every process, with this job's "
-                "--coordinator, --num-processes and --process-id)"
-                if self.joined
-                else C.resume_command(self.run_dir, self.world)
-            )
+        checkpoint, resume = (None, None) if self.recovery is None else self.recovery(self.joined)
         return {
             "lost_rank": lost.rank,
             "how": lost.how,
@@ -279,7 +278,7 @@ class Watchdog:
             "world": self.world,
             "peer_timeout_s": self.timeout_s,
             "collective_error": self.collective_error,
-            "checkpoint": steps[-1] if steps else None,
+            "checkpoint": checkpoint,
             "resume": resume,
             "exit_status": EXIT_PEER_LOST,
         }
@@ -404,10 +403,12 @@ def current() -> Watchdog | None:
     return _CURRENT
 
 
-def attach(run_dir: Path, wandb_run: Any, step: int) -> None:
-    """Where the incident is written and logged, and the first step."""
+def attach(run_dir: Path, wandb_run: Any, step: int, recovery: Recovery | None = None) -> None:
+    """Where the incident is written and logged, the first step, and how the
+    run says it can be resumed."""
     if _CURRENT is not None:
         _CURRENT.run_dir, _CURRENT.wandb, _CURRENT.step = run_dir, wandb_run, step
+        _CURRENT.recovery = recovery
 
 
 def at_step(step: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from headwater.train.model import MODEL_KEYS, Batch
+from headwater.model.transformer import MODEL_KEYS, Batch
 
 
 def bucket_size(n: int, base: int = 64) -> int:

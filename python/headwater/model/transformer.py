@@ -3,8 +3,8 @@
 Owns: :class:`ModelConfig`, parameter init, the forward pass (value encoder →
 blocks of column / feature / neighbour attention + MLP → decoder heads on the
 target cell), the loss dispatch of the loss dispatch and the jitted train / eval steps. The
-attention masks and the attention itself are :mod:`headwater.train.attention`; the
-host → device conversion of sampler batches is :mod:`headwater.train.device`.
+attention masks and the attention itself are :mod:`headwater.model.attention`; the
+host → device conversion of sampler batches is :mod:`headwater.model.device`.
 
 Plain JAX + optax, no flax: a nested dict of matrices and pure functions.
 
@@ -61,7 +61,7 @@ encoder; norms, attention softmax and the heads' outputs run in float32.
 
 Static shapes: ``B`` and ``S`` are fixed by the sampler config, but ``U``
 (distinct texts of a batch) and ``R`` (most rows of a sequence) vary per
-batch. :func:`headwater.train.device.batch_to_device` pads both up to
+batch. :func:`headwater.model.device.batch_to_device` pads both up to
 ``bucket_size`` (a multiple of 64 up to 1024, then 8 buckets per doubling) so ``jit`` compiles
 once per bucket, not once per batch; padded text rows and ``fk_adj`` rows are
 zeros that no cell indexes.
@@ -91,13 +91,13 @@ import optax
 from jax import lax
 
 from headwater import _native
-from headwater.train.accum import accumulated_grads
-from headwater.train.attention import ATTENTION_IMPLS, ATTENTION_KINDS, _attention, attention_masks
-from headwater.train.cat_head import CAT_CHUNK_MIB, CAT_HEAD_IMPLS, categorical_logits
-from headwater.train.cat_head import max_categories as max_categories
-from headwater.train.optim import OptConfig, make_optimizer
-from headwater.train.scale import REMAT_POLICIES, remat
-from headwater.train.targets import _at_target, per_target, target_positions, target_weights
+from headwater.model.accum import accumulated_grads
+from headwater.model.attention import ATTENTION_IMPLS, ATTENTION_KINDS, _attention, attention_masks
+from headwater.model.cat_head import CAT_CHUNK_MIB, CAT_HEAD_IMPLS, categorical_logits
+from headwater.model.cat_head import max_categories as max_categories
+from headwater.model.optim import OptConfig, make_optimizer
+from headwater.model.scale import REMAT_POLICIES, remat
+from headwater.model.targets import _at_target, per_target, target_positions, target_weights
 
 #: Semantic type codes of ``semantic_types`` (``src/batch/mod.rs``).
 NUMERICAL, BOOLEAN, TIMESTAMP, CATEGORICAL, TEXT = range(5)
@@ -119,7 +119,7 @@ SEGMENT_KEYS: tuple[str, ...] = tuple(
 #: The per-sequence forms of the per-batch target tensors the model reads
 #: (each sequence's target type and categorical window: a batch may mix
 #: tasks, ``task_mixing = "sequence"``) and the masked-cell targets
-#: (``mask_prob_max``; :mod:`headwater.train.targets`).
+#: (``mask_prob_max``; :mod:`headwater.model.targets`).
 TARGET_KEYS: tuple[str, ...] = tuple(
     t["name"]
     for t in _native.batch_tensors()
@@ -450,7 +450,7 @@ def forward(
     """Decoder outputs (float32) at each target cell, ``N = B·(K+M)`` of
     them (sequence-major: each sequence's ``K`` segment targets, ``K = 1``
     unpacked, then its ``M`` masked-cell slots, ``M = 0`` by default;
-    :mod:`headwater.train.targets`).
+    :mod:`headwater.model.targets`).
 
     ``numeric [N]``, ``boolean [N]`` (logit), ``timestamp [N, 15]``,
     ``categorical [N, max_categories]`` (logits, invalid slots ``-1e9``),

@@ -1,7 +1,7 @@
 """The categorical head's logits in bounded memory (read by
-:func:`headwater.train.model.forward`).
+:func:`headwater.model.transformer.forward`).
 
-Each of the ``N = B·(K+M)`` targets (:mod:`headwater.train.targets`) is
+Each of the ``N = B·(K+M)`` targets (:mod:`headwater.model.targets`) is
 scored against its own window of ``C = max_categories`` rows of the
 projected category table ``T [V, d]``: ``logits[n, c] = q[n] · T[start[n] +
 c] / sqrt(d)``, slots ``c >= count[n]`` set to ``-1e9``. Gathering every
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from headwater.train.attention import MASK_FILL
+from headwater.model.attention import MASK_FILL
 
 MIB = 1 << 20
 #: Default of ``ModelConfig.cat_chunk_mib``: at ``C·d = 64·512`` 512 targets

@@ -2,7 +2,7 @@
 once per forward pass from the batch (:func:`attention_masks`), and one
 QK-normalised multi-head attention over a mask (:func:`_attention`), in
 float32 from the projections on. What a block does around it (pre-norm,
-residual, the scan over kinds, the MLP) is :mod:`headwater.train.model`'s;
+residual, the scan over kinds, the MLP) is :mod:`headwater.model.transformer`'s;
 the architecture is described there.
 """
 

@@ -4,12 +4,10 @@ process on one data axis.
 Owns: :class:`Mesh` (a 1-D mesh over all global devices in process order,
 axis ``data``; replicated and sharded global arrays; the split of a
 process's batch over its local devices; the element-wise maximum of a few
-sizes over ranks; the ``shard_map``-ped, jitted step) and :class:`Padder`
-(pads ``U`` and ``R`` of every batch to a high-water mark all ranks agree
-on, one per sequence length ``S``, so every rank feeds the same shapes and
-the step compiles a handful of times per run: with ``sequence_lengths``
-once per ``S`` and high-water growth, never a short ``S`` padded to the
-rows of a long one).
+sizes over ranks; the ``shard_map``-ped, jitted step), the parameter
+digest and norm that compare ranks and runs, and the host copy of a
+global array. What the ranks agree on (a step's padded shapes, the stop
+flag) is the caller's; :meth:`Mesh.agree` only takes the maximum.
 
 A process with ``L`` local devices splits its batch of ``B`` sequences into
 ``L`` slices of ``B / L`` (tensors whose shape rule starts with ``B``); the
@@ -17,7 +15,8 @@ batch-level tensors (``text_batch_embeddings [U, D]`` and the ``[1]``
 scalars) go whole to every local device, so the indices of each slice stay
 valid. The global batch is ``B / L`` per device times every device.
 
-Must never: let ranks feed different shapes to the step.
+Must never: put a process's slices on another process's devices, or
+split a batch-level tensor.
 """
 
 from __future__ import annotations
@@ -159,50 +158,3 @@ class Mesh:
         from headwater.telemetry import shard_map
 
         return jax.jit(shard_map(fn, self.mesh, in_specs=in_specs, out_specs=out_specs))
-
-
-class Padder:
-    """Pads ``U`` and ``R`` to a high-water mark agreed by all ranks: it only
-    grows (to the next bucket), so the step compiles a handful of times per
-    run instead of once per bucket combination, and every rank feeds the
-    same shapes. One mark per sequence length ``S`` (the ranks agree on a
-    step's ``S``: the sampler draws it from the seed and the step), so the
-    ``[B, R, R]`` adjacency of a step with many short sequences is not
-    padded to the rows of the longest ``S``."""
-
-    def __init__(self, mesh: Mesh, max_categories: int) -> None:
-        self.mesh, self.max_categories = mesh, max_categories
-        #: ``[U, R]`` high-water marks by ``S``.
-        self.marks: dict[int, list[int]] = {}
-        #: The largest ``flag`` any rank passed to the last call (the stop
-        #: request of :mod:`.checkpoint` rides on this agreement).
-        self.flag = 0
-
-    def __call__(
-        self,
-        batch: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
-        flag: int = 0,
-    ) -> dict[str, Any]:
-        """One batch (or one per sampler stream of this process) → the global
-        arrays; ``flag`` rides on the same agreement (see :attr:`flag`)."""
-        from headwater.train.device import bucket_size, pad_batch
-
-        batches = [batch] if isinstance(batch, Mapping) else list(batch)
-        high = self.marks.setdefault(int(batches[0]["is_padding"].shape[1]), [0, 0])
-        want = list(high)
-        for b in batches:
-            u = b["text_batch_embeddings"].shape[0]
-            r = b["fk_adj"].shape[1]
-            want = [max(h, bucket_size(x)) for h, x in zip(want, (u, r), strict=True)]
-        *agreed, self.flag = self.mesh.agree([*want, flag])
-        high[:] = agreed
-        padded = [
-            pad_batch(
-                b,
-                text_rows=high[0],
-                fk_rows=high[1],
-                max_categories=self.max_categories,
-            )
-            for b in batches
-        ]
-        return self.mesh.shard(padded)

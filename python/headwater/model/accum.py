@@ -1,5 +1,5 @@
 """Gradient accumulation (docs/training.md) for the train step of
-:mod:`headwater.train.model`.
+:mod:`headwater.model.transformer`.
 
 ``grad_accum = G``: the batch's per-sequence tensors (leading dimension
 ``B``, as ``_native.batch_tensors()`` lists them) are split into ``G``

@@ -1,5 +1,5 @@
 """Where a batch's targets are and what each one is — read by the model's
-decoder and loss (:mod:`headwater.train.model`) and the evaluator.
+decoder and loss (:mod:`headwater.model.transformer`) and the evaluator.
 
 A sequence has ``K + M`` target slots: ``K`` segment targets (the seeds'
 target cells, ``target_pos``, real below ``target_count``) and ``M``
