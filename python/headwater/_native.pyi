@@ -14,6 +14,7 @@ from headwater.rows import (
     MetricRow,
     SamplerConfigDict,
     SchemaEntry,
+    StepShapes,
     TensorRow,
     TrainerGaugeRow,
     VerifyReport,
@@ -43,6 +44,7 @@ __all__ = [
     "peak_rss_bytes",
     "ranker_recall",
     "sampler_config_schema",
+    "step_shapes",
     "telemetry_schema_for",
     "trainer_gauges",
     "validate_sampler_config",
@@ -210,6 +212,11 @@ def sampler_config_schema() -> list[ConfigKeyRow]: ...
 def validate_sampler_config(
     config: Mapping[str, object], task_names: Sequence[str] | None = None
 ) -> SamplerConfigDict: ...
+def step_shapes(config: Mapping[str, object]) -> StepShapes:
+    """The shapes a valid config's steps take, by the core's rule: each train
+    step's ``S`` and ``B`` (sequences per rank; ``tokens_per_batch / S`` with
+    ``sequence_lengths``) and the val stream's and evaluation passes' fixed
+    shape. A bad config raises ``ConfigError``."""
 
 @final
 class Sampler:

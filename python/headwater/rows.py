@@ -109,6 +109,21 @@ class ConfigKeyRow(TypedDict):
     check: ConfigCheck
 
 
+class StepShape(TypedDict):
+    """One step's shape: ``S`` cells per sequence, ``B`` sequences per rank."""
+
+    S: int
+    B: int
+
+
+class StepShapes(TypedDict):
+    """``step_shapes()``: every shape a train step may take, and the fixed
+    shape of the val stream and evaluation passes."""
+
+    train: list[StepShape]
+    eval: StepShape
+
+
 class SamplerConfigDict(TypedDict):
     """A whole sampler config, every key (``Sampler.config()``,
     ``validate_sampler_config()``)."""
@@ -236,6 +251,8 @@ __all__ = [
     "Reduction",
     "SamplerConfigDict",
     "SchemaEntry",
+    "StepShape",
+    "StepShapes",
     "TensorRow",
     "TrainerGaugeRow",
     "VerifyReport",

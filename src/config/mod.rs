@@ -18,7 +18,8 @@
 //! Files: this one holds the config types, parsing and the accessors;
 //! `keys.rs` the [`FIELDS`] data table (one row per key), `fields.rs` what
 //! a row is (its check as data, the range text made from it), `lookup.rs`
-//! the lookups and errors made from the table; `validate.rs`
+//! the lookups and errors made from the table; `shape.rs` each step's
+//! `(S, B)`; `validate.rs`
 //! [`SamplerConfig::validate`]; `resolve.rs` the values resolved against a
 //! database or mixture (weights by name, telemetry databases).
 
@@ -33,6 +34,7 @@ mod keys;
 mod lookup;
 mod recipe;
 mod resolve;
+mod shape;
 mod validate;
 
 pub use fields::{Check, FieldDoc, Group};
@@ -40,6 +42,7 @@ pub use keys::FIELDS;
 use lookup::names;
 pub use lookup::{bad, field};
 pub use recipe::Recipe;
+pub use shape::StepShape;
 
 /// How the task of each batch is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,12 +46,14 @@ impl SplitState {
     /// row adjacency and text embeddings as large as in the last batch.
     pub fn predicted_batch_bytes(&self, cfg: &SamplerConfig, slots: usize, dim: usize) -> u64 {
         let (r, u) = self.last_shape;
-        // A train step with sequence_lengths: the shortest S, the most
-        // sequences (the val stream keeps the fixed shape).
-        let (b, s) = match (cfg.tokens_per_batch, cfg.sequence_lengths.iter().min()) {
-            (Some(t), Some(&s)) if self.split == Split::Train => (t / s, s),
-            _ => (cfg.default_batch_size, cfg.default_sequence_length),
-        };
+        // A train step: its shortest S, the most sequences (the val stream
+        // keeps the fixed shape).
+        let shape = match self.split {
+            Split::Train => cfg.train_shapes().into_iter().min_by_key(|x| x.s),
+            _ => None,
+        }
+        .unwrap_or_else(|| cfg.fixed_shape());
+        let (b, s) = (shape.b, shape.s);
         crate::batch::batch_bytes(b, s, (slots, cfg.mask_slots_at(s)), r, u, dim)
     }
 

@@ -117,6 +117,18 @@ def test_one_range_message_per_key_whatever_the_bad_value() -> None:
     assert "got -1" in msgs[0] and "got 0" in msgs[1]
 
 
+def test_step_shapes_are_the_cores_rule() -> None:
+    """The trainer reads each step's (S, B) from the core, not from the keys."""
+    fixed = {"default_batch_size": 8, "default_sequence_length": 256}
+    assert N.step_shapes(fixed) == {"train": [{"S": 256, "B": 8}], "eval": {"S": 256, "B": 8}}
+    varlen = {**fixed, "sequence_lengths": [512, 128], "tokens_per_batch": 2048}
+    got = N.step_shapes(varlen)
+    assert got["train"] == [{"S": 512, "B": 4}, {"S": 128, "B": 16}]
+    assert got["eval"] == {"S": 256, "B": 8}
+    with pytest.raises(headwater.ConfigError, match="tokens_per_batch"):
+        N.step_shapes({**varlen, "tokens_per_batch": 1000})
+
+
 def test_defaults_validate_and_round_trip() -> None:
     defaults = {f["name"]: f["default"] for f in schema()}
     assert N.validate_sampler_config({}) == defaults

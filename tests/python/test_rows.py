@@ -91,6 +91,11 @@ def test_config_key_rows_and_the_whole_config() -> None:
     )
 
 
+def test_step_shapes() -> None:
+    config = {"sequence_lengths": [64, 32], "tokens_per_batch": 128}
+    check([N.step_shapes(config)], rows.StepShapes)
+
+
 def test_sampler_reports() -> None:
     with N.Sampler(GOLDEN, default_batch_size=2, default_sequence_length=16) as s:
         check([s.config()], rows.SamplerConfigDict)

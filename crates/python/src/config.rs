@@ -163,3 +163,17 @@ pub(crate) fn validate_sampler_config<'py>(
     }
     json_to_py(py, &cfg.to_json())
 }
+
+/// The shapes a valid config's steps take, by the core's rule
+/// (`SamplerConfig::train_shapes`, `fixed_shape`): `{"train": [{"S", "B"},
+/// ...], "eval": {"S", "B"}}`, `B` sequences per rank.
+#[pyfunction]
+pub(crate) fn step_shapes<'py>(
+    py: Python<'py>,
+    config: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let cfg = from_py(Some(config), None)?;
+    cfg.validate(None).map_err(to_py)?;
+    let v = serde_json::json!({"train": cfg.train_shapes(), "eval": cfg.fixed_shape()});
+    json_to_py(py, &v)
+}

@@ -221,6 +221,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(telemetry::trainer_gauges, m)?)?;
     m.add_function(wrap_pyfunction!(config::sampler_config_schema, m)?)?;
     m.add_function(wrap_pyfunction!(config::validate_sampler_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::step_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::telemetry_schema_for, m)?)?;
     m.add_function(wrap_pyfunction!(writer::hash_embed, m)?)?;
     m.add_function(wrap_pyfunction!(bench::bench_sampler, m)?)?;

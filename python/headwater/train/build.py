@@ -58,19 +58,20 @@ def batch_layout(cfg: TrainConfig, rank: int, mesh: Mesh, streams: int) -> dict[
 
 def varlen_layout(cfg: TrainConfig, rank: int, mesh: Mesh) -> dict[str, Any]:
     """With ``sampler.sequence_lengths``: the token budget and the global
-    batch of each ``S`` (``tokens_per_batch / S`` sequences per rank, split
+    batch of each ``S`` (the core's ``B``, ``step_shapes()``, split
     over the local devices; a ``B`` that does not split is a
     :class:`ConfigError`). The ``default_batch_size`` layout above is then
     the val stream's and the evaluation passes' (they keep the fixed shape)."""
+    from headwater import _native
+
     kw = cfg.sampler_kwargs(rank)
-    lengths = [int(x) for x in kw.get("sequence_lengths") or ()]
     tokens = kw.get("tokens_per_batch")
-    if not lengths or tokens is None:
+    if not kw.get("sequence_lengths") or tokens is None:
         return {}
     per = mesh.devices_per_stream
     by_length = {}
-    for s in lengths:
-        b = int(tokens) // s
+    for shape in _native.step_shapes(kw)["train"]:
+        s, b = shape["S"], shape["B"]
         if b % per:
             raise ConfigError(
                 f"{cfg.where('sampler', 'tokens_per_batch')}: tokens_per_batch = {tokens} gives "

@@ -417,27 +417,30 @@ def _apply_preset(model_tbl: dict[str, Any], origins: Origins) -> dict[str, Any]
 
 def _check_grad_accum(train: TrainSection, sampler_layers: list[Any], origins: Origins) -> None:
     """``train.grad_accum`` divides every rank's batch size."""
+    from headwater import _native
+
     for rank, layers in sampler_layers:
         kw = {k: v for _, t in layers for k, v in t.items()}
-        batch = kw.get("default_batch_size")
-        if isinstance(batch, int) and batch % train.grad_accum:
+        # Every step's B, by the core's rule (the layers passed check_table).
+        shapes = _native.step_shapes(kw)
+        batch = shapes["eval"]["B"]
+        if batch % train.grad_accum:
             raise ConfigError(
                 f"{origins.of('train.grad_accum')}: `train.grad_accum` ({train.grad_accum}) "
                 f"must divide the batch size (`sampler.default_batch_size` = {batch} on "
                 f"rank {rank}): one of "
                 f"{', '.join(str(g) for g in range(1, batch + 1) if batch % g == 0)}"
             )
-        # Variable length: every step's B = tokens_per_batch / S.
-        tokens, lengths = kw.get("tokens_per_batch"), kw.get("sequence_lengths") or ()
-        for s in lengths:
-            if isinstance(tokens, int) and isinstance(s, int) and s > 0 and tokens % s == 0:
-                b = tokens // s
-                if b % train.grad_accum:
-                    raise ConfigError(
-                        f"{origins.of('train.grad_accum')}: `train.grad_accum` "
-                        f"({train.grad_accum}) must divide every step's batch size: "
-                        f"`sampler.tokens_per_batch` = {tokens} / S = {s} is B = {b} on rank {rank}"
-                    )
+        if not kw.get("sequence_lengths"):
+            continue
+        for shape in shapes["train"]:
+            if shape["B"] % train.grad_accum:
+                raise ConfigError(
+                    f"{origins.of('train.grad_accum')}: `train.grad_accum` "
+                    f"({train.grad_accum}) must divide every step's batch size: "
+                    f"`sampler.tokens_per_batch` = {kw['tokens_per_batch']} / S = {shape['S']} "
+                    f"is B = {shape['B']} on rank {rank}"
+                )
 
 
 def _database_section(raw: Any, origins: Origins) -> DatabaseSection:

@@ -49,10 +49,14 @@ def announce(trainer: Trainer, db: Path, endpoints: list[str], file_sd: Path | N
     )
     if file_sd is not None:
         print(f"Prometheus file_sd targets: {file_sd}", flush=True)
+    from headwater import _native
+
     kw, m, lg = trainer.cfg.sampler_kwargs(0), trainer.model_cfg, trainer.cfg.logging
-    shape = f"B={kw.get('default_batch_size')} S={kw.get('default_sequence_length')}"
+    shapes = _native.step_shapes(kw)["train"]
+    shape = f"B={shapes[0]['B']} S={shapes[0]['S']}"
     if kw.get("sequence_lengths"):
-        shape = f"S in {list(kw['sequence_lengths'])} at {kw.get('tokens_per_batch')} tokens"
+        lengths = [x["S"] for x in shapes]
+        shape = f"S in {lengths} at {kw.get('tokens_per_batch')} tokens"
     print(
         f"headwater train: {db.name} · {trainer.world} process(es) · "
         f"{shape} per rank · "
@@ -314,10 +318,11 @@ def _endpoints(
 def _check_schema(cfg: TrainConfig, sampler: Any, rank: int) -> None:
     """Every rank must pack the same telemetry layout and feed the same
     batch shapes: compared by hash before the first collective."""
+    from headwater import _native
     from headwater.cluster.job import check_same_schema, schema_hash
 
     kw = cfg.sampler_kwargs(rank)
-    shapes = [int(kw.get("default_batch_size", 0)), int(kw.get("default_sequence_length", 0))]
-    shapes += [int(kw.get("tokens_per_batch") or 0), *map(int, kw.get("sequence_lengths") or ())]
+    steps = _native.step_shapes(kw)
+    shapes = [v for x in [steps["eval"], *steps["train"]] for v in (x["B"], x["S"])]
     describe = f"B={shapes[0]} S={shapes[1]} max_hops={kw.get('max_hops')}"
     check_same_schema(schema_hash(sampler.telemetry_schema(), shapes), describe)
