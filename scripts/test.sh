@@ -28,4 +28,18 @@ cargo test --quiet -p headwater-telemetry --no-default-features
 echo "== pytest"
 # Tests must not touch the user's cache.
 export HEADWATER_CACHE_DIR="${HEADWATER_CACHE_DIR:-$(mktemp -d)}"
-"$PY" -m pytest -q --durations=30
+# One JAX compilation cache for both phases and every worker (a step is
+# compiled once per session, not once per worker).
+HEADWATER_TEST_JAX_CACHE=$(mktemp -d)
+export HEADWATER_TEST_JAX_CACHE
+trap 'rm -rf "$HEADWATER_TEST_JAX_CACHE"' EXIT
+rc=0
+# Most tests on two workers, a whole file per worker (its module fixtures
+# are made once)...
+"$PY" -m pytest -q --durations=20 -n "${HEADWATER_TEST_WORKERS:-2}" --dist loadfile \
+  -m "not slow and not serial" || rc=$?
+# ... then, alone, the tests that judge the host as they run (verdicts and
+# diagnostic bands under load, stall and Ctrl-C timing, peer timeouts, the
+# page cache): tests/python/conftest.py SERIAL_MODULES.
+"$PY" -m pytest -q --durations=20 -m "serial and not slow" || rc=$?
+exit $rc
