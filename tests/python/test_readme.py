@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -104,9 +105,13 @@ _PLACEHOLDER = re.compile(r"[\[<]|\b[A-Z][A-Z_]+\b")
 
 
 def _bash_kind(text: str) -> str:
+    if text.startswith("#!/bin/bash") and "#SBATCH --array" in text:
+        return "sbatch-array"
     if text.startswith("#!/bin/bash") and "#SBATCH" in text:
         return "sbatch"
     lines = command_lines(text)
+    if lines and all(re.match(r"(\w+=\$\()?sbatch ", ln) for ln in lines):
+        return "sbatch-submit"
     if any("scripts/setup.sh" in ln or "scripts/test.sh" in ln for ln in lines):
         return "setup"
     if lines and all(ln.startswith("wandb ") for ln in lines):
@@ -639,3 +644,47 @@ def test_sbatch_example_leaves_the_job_to_slurm() -> None:
     job = resolve_job(env=env)
     assert (job.mode, job.launcher) == ("auto", "SLURM")
     assert resolve_job(env={"SLURM_JOB_ID": "42", "SLURM_NTASKS": "1"}).mode == "single"
+
+
+def test_the_sbatch_array_builds_the_corpus_shard_by_shard(
+    tmp_path: Path, make_sqlite: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preprocessing page's job array, each task run as SLURM would run
+    it (its array index and count in the environment), then the finishing
+    run its submission queues behind the array: every source built once,
+    one report per shard, the complete corpus manifest."""
+    from headwater.cli import main
+
+    script, submit = _block("sbatch-array"), _block("sbatch-submit")
+    directives = dict(
+        ln.removeprefix("#SBATCH --").split("=", 1)
+        for ln in script.splitlines()
+        if ln.startswith("#SBATCH --")
+    )
+    first, last = map(int, directives["array"].split("-"))
+    count = last - first + 1
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("headwater ")]
+    (wrap,) = re.findall(r'--wrap "([^"]+)"', submit)
+    assert "afterok:$jobid" in submit and "--parsable preprocess.sbatch" in submit
+    # The corpus where the script expects it: five sources in corpus.toml.
+    (tmp_path / "src").mkdir()
+    first_db = make_sqlite(tmp_path / "src" / "s0.sqlite")
+    names = [f"s{i}" for i in range(5)]
+    for name in names[1:]:
+        shutil.copy(first_db, tmp_path / "src" / f"{name}.sqlite")
+    (tmp_path / "corpus.toml").write_text(
+        '[defaults]\nembedder = "hash"\n\n'
+        + "\n".join(f'[[source]]\npath = "src/{n}.sqlite"\n' for n in names),
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    for task in range(first, last + 1):
+        env = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": str(count)}
+        argv = shlex.split(re.sub(r"\$(\w+)", lambda m, env=env: env[m[1]], line))
+        assert main(argv[1:]) == 0, argv
+        assert (tmp_path / "out" / ".corpus" / f"report-{task}-of-{count}.json").is_file()
+    built = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir() and p.name[0] != ".")
+    assert built == names
+    assert main(shlex.split(wrap)[1:]) == 0
+    manifest = (tmp_path / "out" / "corpus.toml").read_text(encoding="utf-8")
+    assert sorted(re.findall(r'path = "([^"]+)"', manifest)) == names
