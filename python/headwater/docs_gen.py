@@ -104,9 +104,16 @@ def _metric_rows(rows: Iterable[Any]) -> list[list[str]]:
                 f"{_code(_get(m, 'prometheus'))} ({_cell(_get(m, 'prometheus_type', ''))})",
                 bucket_text,
                 _cell(_get(m, "help", "")) + (f" ({', '.join(scope)})" if scope else ""),
+                _healthy_text(_get(m, "healthy")),
             ]
         )
     return out
+
+
+def _healthy_text(band: Any) -> str:
+    from headwater.rows import band_text
+
+    return _cell(band_text(band))
 
 
 def metrics_page(metrics: list[Any], gauges: list[Any]) -> str:
@@ -137,7 +144,7 @@ def metrics_page(metrics: list[Any], gauges: list[Any]) -> str:
     for m in metrics:
         key = str(_get(m, "key", ""))
         groups.setdefault(key.split("/", 1)[0] if "/" in key else "sampler", []).append(m)
-    header = ["drain key", "reduction", "unit", "Prometheus", "buckets", "meaning"]
+    header = ["drain key", "reduction", "unit", "Prometheus", "buckets", "meaning", "healthy"]
     for name, rows in groups.items():
         lines += [f"## `{name}`", "", *_table(header, _metric_rows(rows)), ""]
     lines += [

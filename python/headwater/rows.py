@@ -39,6 +39,28 @@ ConfigValue = (
 )
 
 
+class HealthyBand(TypedDict):
+    """What ``headwater diag`` judges a metric by: a statistic of its values
+    over a run's steps (``what``, in ``unit``) and the band a healthy run
+    keeps it in (``hi`` None: no upper bound)."""
+
+    what: str
+    unit: str
+    lo: float
+    hi: float | None
+
+
+def band_text(band: HealthyBand | None) -> str:
+    """A healthy band as the dashboards and the metrics reference write it:
+    ``<what> in [lo, hi]`` (the unit when the words lack it); empty for a
+    metric not judged."""
+    if not band:
+        return ""
+    hi = "∞)" if band["hi"] is None else f"{band['hi']:g}]"
+    unit = "" if band["unit"] in band["what"] else f" ({band['unit']})"
+    return f"{band['what']}{unit} in [{band['lo']:g}, {hi}"
+
+
 class MetricRow(TypedDict):
     """One row of the metric table (``metric_table()``)."""
 
@@ -52,6 +74,7 @@ class MetricRow(TypedDict):
     help: str
     buckets: BucketRule | None  # None for scalars
     quantile: QuantileRule | None  # None for scalars
+    healthy: HealthyBand | None  # None for a metric shown, not judged
 
 
 class TrainerGaugeRow(TypedDict):
@@ -245,6 +268,7 @@ __all__ = [
     "ConfigValue",
     "Dtype",
     "EvalTaskRow",
+    "HealthyBand",
     "MetricRow",
     "PromType",
     "QuantileRule",
@@ -256,4 +280,5 @@ __all__ = [
     "TensorRow",
     "TrainerGaugeRow",
     "VerifyReport",
+    "band_text",
 ]

@@ -177,3 +177,33 @@ def test_a_host_dependent_signal_passes_lit_or_unlit_and_says_so() -> None:
     assert [got[n].ok for n in others] == [base[n].ok for n in others]
     matrix = format_matrix([DiagResult(spec, list(got.values()), Path("run"), [])])
     assert matrix.split("\n")[1].split().count("host") == 2
+
+
+def test_a_metrics_band_is_stated_once_in_the_metric_table() -> None:
+    """Each judged metric's band lives in its metric-table row: the signal
+    reads it (and refuses to restate it), the dashboards' panel text and
+    the metrics reference write it from the row."""
+    from headwater import _native
+    from headwater.diag.signals import METRICS, Signal, median
+    from headwater.rows import band_text
+
+    judged = {r["key"]: r["healthy"] for r in _native.metric_table() if r["healthy"]}
+    on_rows = [s for s in SIGNALS.values() if s.metric in METRICS]
+    assert {s.metric for s in on_rows} == set(judged)
+    for s in on_rows:
+        band = judged[s.metric]
+        hi = math.inf if band["hi"] is None else band["hi"]
+        assert (s.healthy, s.what, s.unit) == ((band["lo"], hi), band["what"], band["unit"])
+    with pytest.raises(ValueError, match="the metric table owns it"):
+        Signal(metric="queue/depth_min", rule=median("x"), healthy=(0.0, 1.0))
+    with pytest.raises(ValueError, match="needs healthy"):
+        Signal(metric="trainer/verdict", rule=median("x"))
+    pytest.importorskip("grafana_foundation_sdk")
+    from headwater.dashboards.widgets import Q, _timeseries, across
+
+    panel = _timeseries("t", "Depth.", [Q(across("queue/depth_min"), "x")]).build()
+    assert panel.description == f"Depth. headwater diag judges `queue/depth_min`: {band_text(judged['queue/depth_min'])}."
+    root = Path(__file__).resolve().parents[2]
+    reference = (root / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    for band in judged.values():
+        assert band_text(band).split(" in [")[0] in reference

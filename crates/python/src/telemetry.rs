@@ -28,7 +28,8 @@ pub(crate) fn schema_list<'py>(
 
 /// The metric table: one dict per row (`key` without the prefix, per-task
 /// rows as `tasks/{task}`), with its reduction, Prometheus name and type,
-/// unit, help and bucket rule.
+/// unit, help, bucket rule and health (`healthy`: `{"what", "unit", "lo",
+/// "hi"}`, `hi` None for no upper bound; None for a metric not judged).
 #[pyfunction]
 pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let out = PyList::empty(py);
@@ -44,6 +45,8 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("help", m.help)?;
         d.set_item("buckets", m.buckets.map(BucketRule::name))?;
         d.set_item("quantile", m.buckets.map(|b| b.quantile_rule().name()))?;
+        let healthy = serde_json::to_value(m.healthy).unwrap_or_default();
+        d.set_item("healthy", super::json_to_py(py, &healthy)?)?;
         out.append(d)?;
     }
     Ok(out)

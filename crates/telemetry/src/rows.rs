@@ -3,7 +3,7 @@
 //! with no logic of its own (the row type and how a row is read are
 //! `table.rs`).
 
-use super::table::{BucketRule, Measure, MetricDef, PromType, Reduction};
+use super::table::{BucketRule, Healthy, Measure, MetricDef, PromType, Reduction};
 use headwater_common::readings::stage;
 
 use BucketRule as B;
@@ -23,6 +23,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "seeds",
         help: "seeds left before reshuffle, least full active pool",
+        healthy: Some(Healthy {
+            what: "median ratio of the emptiest to the fullest pool's remaining seeds",
+            unit: "remaining_min / remaining_max",
+            lo: 0.02,
+            hi: None,
+        }),
         measure: Measure::Last(|r| r.batch.draw.remaining_min),
     },
     MetricDef {
@@ -35,6 +41,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "seeds",
         help: "seeds left before reshuffle, fullest active pool",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.remaining_max),
     },
     MetricDef {
@@ -47,6 +54,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "remaining / pool size, least full active pool (ratio)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.remaining_fraction_min),
     },
     MetricDef {
@@ -59,6 +67,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "remaining / pool size, fullest active pool (ratio)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.remaining_fraction_max),
     },
     MetricDef {
@@ -71,6 +80,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "batches",
         help: "batches since the least recently picked weighted task was picked",
+        healthy: Some(Healthy {
+            what: "longest wait, in batches, of a weighted task since it was last picked",
+            unit: "batches",
+            lo: 0.0,
+            hi: Some(60.0),
+        }),
         measure: Measure::Last(|r| r.batch.draw.steps_since_pick_max),
     },
     MetricDef {
@@ -83,6 +98,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "batches",
         help: "forecast batches until the first active pool runs out",
+        healthy: Some(Healthy {
+            what: "median forecast of batches until the next pool exhaustion",
+            unit: "batches",
+            lo: 25.0,
+            hi: None,
+        }),
         measure: Measure::Last(|r| r.batch.draw.steps_to_exhaust_min),
     },
     MetricDef {
@@ -95,6 +116,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "events",
         help: "pools that ran out and reshuffled",
+        healthy: Some(Healthy {
+            what: "share of steps in which some pool was exhausted",
+            unit: "share of steps",
+            lo: 0.0,
+            hi: Some(0.2),
+        }),
         measure: Measure::Total(|r| f64::from(r.batch.exhaust_events)),
     },
     MetricDef {
@@ -107,6 +134,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "events",
         help: "seed windows opened (seed_windows > 1): the working set moved to another stretch of the database",
+        healthy: None,
         measure: Measure::Total(|r| f64::from(r.batch.window_rotations)),
     },
     MetricDef {
@@ -119,6 +147,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "total-variation distance of the recent task mix from the configured weights (ratio)",
+        healthy: Some(Healthy {
+            what: "median total-variation distance between the drawn and the configured task mix (second half of the run)",
+            unit: "TV distance",
+            lo: 0.0,
+            hi: Some(0.25),
+        }),
         measure: Measure::Last(|r| r.batch.draw.tv_distance),
     },
     MetricDef {
@@ -131,6 +165,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "seeds",
         help: "seeds drawn for the task",
+        healthy: Some(Healthy {
+            what: "smallest share of drawn seeds among the weighted tasks",
+            unit: "share of drawn seeds",
+            lo: 0.05,
+            hi: Some(1.0),
+        }),
         measure: Measure::TaskSeeds,
     },
     MetricDef {
@@ -143,6 +183,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "hops",
         help: "BFS hops reached per sequence",
+        healthy: None,
         measure: Measure::SampleSeq(|_, s| f64::from(s.depth)),
     },
     MetricDef {
@@ -155,6 +196,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "rows",
         help: "rows per sequence",
+        healthy: None,
         measure: Measure::SampleSeq(|_, s| f64::from(s.rows)),
     },
     MetricDef {
@@ -167,6 +209,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "ratio",
         help: "padded share of each sequence (ratio)",
+        healthy: Some(Healthy {
+            what: "median share of padding cells in a sequence",
+            unit: "share of cells",
+            lo: 0.05,
+            hi: Some(0.85),
+        }),
         measure: Measure::SampleSeq(|r, s| 1.0 - f64::from(s.cells) / f64::from(r.batch.seq_len)),
     },
     MetricDef {
@@ -179,6 +227,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "cells",
         help: "sequence length S of each step (fixed default_sequence_length, or drawn from sequence_lengths)",
+        healthy: None,
         measure: Measure::Sample(|r| f64::from(r.batch.seq_len)),
     },
     MetricDef {
@@ -191,6 +240,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "segments",
         help: "seeds' contexts (segments) per sequence: 1 without pack; with it 1 to 2 x the task's seeds per sequence on average (pack_factor, or measured per task with pack_factor = 0)",
+        healthy: Some(Healthy {
+            what: "median seeds' contexts per sequence (above 1: packing is on, padding should be low)",
+            unit: "segments",
+            lo: 1.0,
+            hi: Some(1.0),
+        }),
         measure: Measure::SampleSeq(|_, s| f64::from(s.segments)),
     },
     MetricDef {
@@ -203,6 +258,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "contexts",
         help: "contexts cut to the prefix of their rows that fits a packing budget below S",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| f64::from(s.contexts_cut)),
     },
     MetricDef {
@@ -215,6 +271,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "cells",
         help: "cells of reached rows cut by the sequence budget",
+        healthy: Some(Healthy {
+            what: "cells cut by the sequence budget per cell of budget",
+            unit: "dropped cells / budget cells",
+            lo: 0.0,
+            hi: Some(2.0),
+        }),
         measure: Measure::TotalSeq(|_, s| s.cells_dropped as f64),
     },
     MetricDef {
@@ -227,6 +289,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "rows",
         help: "visible children not sampled because of bfs_child_width",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| s.children_capped as f64),
     },
     MetricDef {
@@ -239,6 +302,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "rows",
         help: "children hidden by the observation-time filter",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| s.temporal_filtered as f64),
     },
     MetricDef {
@@ -251,6 +315,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "cells",
         help: "with examples: cells of the seeds' own BFS (tier 0)",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| f64::from(s.tier_cells[0])),
     },
     MetricDef {
@@ -263,6 +328,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "cells",
         help: "with examples: cells of ranked examples and their shells (tier 1)",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| f64::from(s.tier_cells[1])),
     },
     MetricDef {
@@ -275,6 +341,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "cells",
         help: "with examples: cells of random examples and their shells (tier 2)",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| f64::from(s.tier_cells[2])),
     },
     MetricDef {
@@ -287,6 +354,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "rows",
         help: "with examples: example rows (tiers 1 and 2) per sequence",
+        healthy: None,
         measure: Measure::SampleSeq(|_, s| f64::from(s.examples)),
     },
     MetricDef {
@@ -299,6 +367,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "steps",
         help: "with examples: random-walk steps taken building the contexts (example_ranker = expected: its neighbour updates; per context: divide by the sequences)",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| s.walk_steps as f64),
     },
     MetricDef {
@@ -311,6 +380,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "contexts",
         help: "with expected_store: contexts whose stored ranking ran out before the context was full, ranked live instead (the same batch, the live cost; divide by the sequences for the share)",
+        healthy: None,
         measure: Measure::TotalSeq(|_, s| f64::from(s.store_misses)),
     },
     MetricDef {
@@ -323,6 +393,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "contexts",
         help: "with examples: contexts past context_deadline_ms, replaced by the seed's plain BFS context (each also counts in stalls)",
+        healthy: Some(Healthy {
+            what: "in-context builds past context_deadline_ms, replaced by the seed's plain context (run total; each also counts in stalls)",
+            unit: "contexts",
+            lo: 0.0,
+            hi: Some(0.0),
+        }),
         measure: Measure::TotalSeq(|_, s| f64::from(s.deadline_hits)),
     },
     MetricDef {
@@ -335,6 +411,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "sequences",
         help: "with examples: sequences built in time that hold no example (no labelled row of the seed's table dated before it, or no room after tier 0)",
+        healthy: Some(Healthy {
+            what: "share of in-context sequences that hold no example (no labelled row of the seed's table dated before the seed, or no room after tier 0)",
+            unit: "share of seeds",
+            lo: 0.0,
+            hi: Some(0.25),
+        }),
         measure: Measure::TotalSeq(|_, s| f64::from(s.no_examples)),
     },
     MetricDef {
@@ -347,6 +429,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "cells",
         help: "with mask_prob_max > 0: cells masked as extra targets per sequence (their share of the sequence: divide by its cells)",
+        healthy: Some(Healthy {
+            what: "cells masked as extra targets in the 95th-percentile sequence, as a share of a sequence's filled cells (median over steps; above 0.6: many contexts are mostly targets, mask_prob_max too high; RT-J's 0.5 stays below)",
+            unit: "share of cells",
+            lo: 0.0,
+            hi: Some(0.6),
+        }),
         measure: Measure::SampleSeq(|_, s| f64::from(s.masked_cells)),
     },
     MetricDef {
@@ -359,6 +447,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "tasks",
         help: "distinct tasks among the last batch's sequences (1 with task_mixing = step; each task's share: its per-task seeds counter, which counts each sequence under its own task)",
+        healthy: None,
         measure: Measure::Last(|r| f64::from(r.batch.tasks)),
     },
     MetricDef {
@@ -371,6 +460,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "batches",
         help: "fewest batches waiting in the prefetch channel at a consumer call",
+        healthy: Some(Healthy {
+            what: "share of steps that found the batch queue empty",
+            unit: "share of steps",
+            lo: 0.0,
+            hi: Some(0.2),
+        }),
         measure: Measure::Least(|r| r.delivery.queue_depth),
     },
     // Drained as a sum per step; exported as a latency histogram per call.
@@ -384,6 +479,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "time the consumer blocked waiting for a batch (seconds)",
+        healthy: Some(Healthy {
+            what: "share of the ranks' training time spent waiting for a batch",
+            unit: "share of time",
+            lo: 0.0,
+            hi: Some(0.05),
+        }),
         measure: Measure::Total(|r| r.delivery.wait_seconds),
     },
     MetricDef {
@@ -396,6 +497,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "BFS stage latency per batch (seconds)",
+        healthy: None,
         measure: Measure::Sample(|r| r.batch.stage_ns[stage::BFS] as f64 * 1e-9),
     },
     MetricDef {
@@ -408,6 +510,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "assembly + permutations latency per batch (seconds)",
+        healthy: None,
         measure: Measure::Sample(|r| r.batch.stage_ns[stage::ASSEMBLE] as f64 * 1e-9),
     },
     MetricDef {
@@ -420,6 +523,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "text dedup + gather latency per batch (seconds)",
+        healthy: None,
         measure: Measure::Sample(|r| r.batch.stage_ns[stage::COLLATE] as f64 * 1e-9),
     },
     MetricDef {
@@ -432,6 +536,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "whole-batch production latency (seconds)",
+        healthy: Some(Healthy {
+            what: "median time to make one batch",
+            unit: "seconds",
+            lo: 0.0,
+            hi: Some(0.05),
+        }),
         measure: Measure::Sample(|r| r.batch.stage_ns[stage::TOTAL] as f64 * 1e-9),
     },
     MetricDef {
@@ -444,6 +554,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "faults",
         help: "major page faults (pages read from disk) taken building the batches: the building thread's, or the process's while one batch at a time is built over the pool",
+        healthy: None,
         measure: Measure::Total(|r| r.batch.major_faults as f64),
     },
     MetricDef {
@@ -456,6 +567,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "bytes",
         help: "bytes read from storage building the batches (page faults of the mapped database included): the building thread's, or the process's while one batch at a time is built over the pool",
+        healthy: None,
         measure: Measure::Total(|r| r.batch.read_bytes as f64),
     },
     MetricDef {
@@ -471,6 +583,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "time the building thread spent neither on a CPU nor waiting for one while building (blocked: page faults, reads, locks; seconds)",
+        healthy: None,
         measure: Measure::Total(|r| r.batch.probed_ns.saturating_sub(r.batch.cpu_ns + r.batch.runqueue_ns) as f64 * 1e-9),
     },
     MetricDef {
@@ -483,6 +596,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "wall time to make the batches, planning and the building thread's wait for a CPU before it started included (the denominator of the sampler's CPU, run-queue and blocked shares; seconds)",
+        healthy: None,
         measure: Measure::Total(|r| (r.batch.stage_ns[stage::TOTAL] + r.batch.start_wait_ns) as f64 * 1e-9),
     },
     MetricDef {
@@ -495,6 +609,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "CPU time of the building thread while building (busy / build seconds is the sampler's CPU utilisation; seconds)",
+        healthy: None,
         measure: Measure::Total(|r| r.batch.cpu_ns as f64 * 1e-9),
     },
     MetricDef {
@@ -507,6 +622,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: PHist,
         unit: "seconds",
         help: "time the building thread was runnable but waiting for a CPU, from the end of its previous build to the end of this one (schedstat run-queue wait: a starved host; seconds)",
+        healthy: None,
         measure: Measure::Total(|r| r.batch.runqueue_ns as f64 * 1e-9),
     },
     MetricDef {
@@ -519,6 +635,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "stalls",
         help: "draws and batch builds that ran past stall_after_ms (each dumped its thread's stack), plus contexts past context_deadline_ms (context/deadline_hits, no dump)",
+        healthy: Some(Healthy {
+            what: "draws and batch builds that ran past stall_after_ms, each with a stack dump (run total)",
+            unit: "stalls",
+            lo: 0.0,
+            hi: Some(0.0),
+        }),
         measure: Measure::Total(|r| f64::from(r.batch.stalls)),
     },
     MetricDef {
@@ -531,6 +653,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "dumps",
         help: "stall stack dumps that could not be written (the stall is still counted)",
+        healthy: None,
         measure: Measure::Total(|r| f64::from(r.batch.stall_dump_failures)),
     },
     MetricDef {
@@ -543,6 +666,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "blocks",
         help: "database blocks (and, with examples, walk-graph blocks) hashed on their first read and found intact, since open (a corrupt one stops the batch that read it)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.integrity.blocks_verified as f64),
     },
     MetricDef {
@@ -555,6 +679,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "blocks",
         help: "database blocks read with no checksum to check them (format-1 files opened without verify=\"full\"), since open; 0 = every byte in every batch was checked",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.integrity.unverified_reads as f64),
     },
     MetricDef {
@@ -567,6 +692,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "seeds",
         help: "seeds drawn twice in one epoch on one rank (must stay 0)",
+        healthy: Some(Healthy {
+            what: "seeds drawn twice in one epoch (run total)",
+            unit: "seeds",
+            lo: 0.0,
+            hi: Some(0.0),
+        }),
         measure: Measure::Total(|r| f64::from(r.batch.duplicate_seeds)),
     },
     MetricDef {
@@ -579,6 +710,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "rows",
         help: "rows with time after the seed's observation time (must stay 0)",
+        healthy: Some(Healthy {
+            what: "rows dated after the seed's observation time (run total)",
+            unit: "rows",
+            lo: 0.0,
+            hi: Some(0.0),
+        }),
         measure: Measure::TotalSeq(|_, s| s.temporal_leaks as f64),
     },
     MetricDef {
@@ -591,6 +728,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "cells",
         help: "label cells shown although the label was known only after the seed's observation time (must stay 0)",
+        healthy: Some(Healthy {
+            what: "label cells shown before their label was known at the seed's time (run total)",
+            unit: "cells",
+            lo: 0.0,
+            hi: Some(0.0),
+        }),
         measure: Measure::TotalSeq(|_, s| s.label_leaks as f64),
     },
     MetricDef {
@@ -603,6 +746,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "batches",
         help: "batches delivered",
+        healthy: None,
         measure: Measure::Total(|_| 1.0),
     },
     MetricDef {
@@ -615,6 +759,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "resumes",
         help: "restores of the sampler from a saved state (resume or reshard)",
+        healthy: None,
         measure: Measure::Total(|r| r.delivery.resumes),
     },
     MetricDef {
@@ -627,6 +772,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "seconds",
         help: "time to open the database, prepare the sampler and build the seed pools (slowest rank)",
+        healthy: None,
         measure: Measure::Last(|r| r.delivery.startup_seconds),
     },
     MetricDef {
@@ -639,6 +785,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "seconds",
         help: "time from the start of the open until the split's first batch was made (slowest rank; seconds)",
+        healthy: None,
         measure: Measure::Last(|r| r.delivery.first_batch_seconds),
     },
     MetricDef {
@@ -651,6 +798,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "total-variation distance of the recent database mix from the database shares (ratio; 0 for one database)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.database_tv_distance),
     },
     MetricDef {
@@ -663,6 +811,12 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "batches",
         help: "batches since the least recently picked database with share > 0 was picked",
+        healthy: Some(Healthy {
+            what: "longest wait, in batches, of a database with weight > 0 since it was last picked (a mixture's starved database; 0 for one database)",
+            unit: "batches",
+            lo: 0.0,
+            hi: Some(30.0),
+        }),
         measure: Measure::Last(|r| r.batch.draw.database_steps_since_pick_max),
     },
     MetricDef {
@@ -675,6 +829,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "index",
         help: "mixture index of that database (a pointer: the same on every rank; its name is database_metadata()['databases'][i]['name'])",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.database_steps_since_pick_worst),
     },
     MetricDef {
@@ -687,6 +842,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "remaining / pool size of the least full active pool of any database with share > 0 (ratio)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.database_remaining_fraction_min),
     },
     MetricDef {
@@ -699,6 +855,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "index",
         help: "mixture index of that database (a pointer: the same on every rank)",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.database_remaining_fraction_worst),
     },
     MetricDef {
@@ -711,6 +868,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "databases",
         help: "databases of the mixture dropped at open (on_bad_database = \"skip\"; their names are database_metadata()['dropped_databases'])",
+        healthy: None,
         measure: Measure::Last(|r| r.batch.draw.dropped_databases),
     },
     MetricDef {
@@ -723,6 +881,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "seeds",
         help: "seeds drawn from databases without their own series (not in telemetry_databases, or outside telemetry_top_databases)",
+        healthy: None,
         measure: Measure::Total(|r| {
             if !r.batch.db_seeds.is_empty() {
                 let other = r.batch.db_seeds.iter().filter(|e| !e.2);
@@ -744,6 +903,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "seeds",
         help: "seeds drawn from the database (reported databases of a mixture)",
+        healthy: None,
         measure: Measure::DatabaseSeeds,
     },
     MetricDef {
@@ -756,6 +916,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Counter,
         unit: "events",
         help: "pools of the database that ran out and reshuffled",
+        healthy: None,
         measure: Measure::DatabaseExhausts,
     },
     MetricDef {
@@ -768,6 +929,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "batches",
         help: "batches since the database was last picked",
+        healthy: None,
         measure: Measure::DatabaseLast(|d| d.steps_since_pick),
     },
     MetricDef {
@@ -780,6 +942,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus_type: Gauge,
         unit: "ratio",
         help: "remaining / pool size of the database's least full active pool (ratio)",
+        healthy: None,
         measure: Measure::DatabaseLast(|d| d.remaining_fraction_min),
     },
 ];

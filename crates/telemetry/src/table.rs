@@ -257,8 +257,28 @@ pub struct MetricDef {
     pub unit: &'static str,
     /// One-line meaning (drain schema help and Prometheus HELP).
     pub help: &'static str,
+    /// What `headwater diag` judges this metric by and the band a healthy
+    /// run keeps it in (`None`: the metric is shown, not judged). The
+    /// diagnostic signals, the dashboards' panel text and the metrics
+    /// reference all read it from here.
+    pub healthy: Option<Healthy>,
     /// How the value is taken from the batch reports.
     pub measure: Measure,
+}
+
+/// A metric's health: a statistic of its values over a run's steps (how it
+/// is computed is the diagnostic signal's rule, `headwater.diag.signals`)
+/// and the band a healthy run keeps it in.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Healthy {
+    /// The statistic, in words.
+    pub what: &'static str,
+    /// Its unit (an axis label).
+    pub unit: &'static str,
+    /// Smallest healthy value.
+    pub lo: f64,
+    /// Largest healthy value (`None`: no upper bound).
+    pub hi: Option<f64>,
 }
 
 /// A value the trainer computes from the reduced step and the sampler's
@@ -357,6 +377,14 @@ mod tests {
                 "{}",
                 m.key
             );
+            if let Some(h) = m.healthy {
+                assert!(
+                    h.lo.is_finite() && h.hi.is_none_or(|hi| hi >= h.lo),
+                    "{}",
+                    m.key
+                );
+                assert!(!h.what.is_empty() && !h.unit.is_empty(), "{}", m.key);
+            }
         }
         for g in TRAINER_GAUGES {
             assert!(

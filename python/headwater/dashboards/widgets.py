@@ -5,6 +5,9 @@ carries, :class:`Q` (one Prometheus target), the PromQL of a metric-table
 row (:func:`across`, :func:`increase`, :func:`quantile`, :func:`prom`) and
 the three panel kinds (time series, heatmap, stat).
 
+A panel's description ends with the healthy band (``headwater diag``'s) of
+each metric its queries read, from the row (:func:`with_bands`).
+
 A query names its metric by its row of the metric table
 (``_native.metric_table()``); the Prometheus name, and how the row is
 reduced across ranks (``min`` / ``max`` of a gauge by its ``MIN`` / ``MAX``
@@ -16,6 +19,7 @@ Must never: spell a Prometheus name or restate a row's reduction by hand.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +35,7 @@ from grafana_foundation_sdk.models import heatmap as heatmap_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
 from headwater import _native
-from headwater.rows import MetricRow
+from headwater.rows import MetricRow, band_text
 
 #: The label matcher every query carries (Grafana substitutes the variables).
 SEL = '{rank=~"$rank", split="$split"}'
@@ -132,6 +136,19 @@ def _ref_id(i: int) -> str:
 # --------------------------------------------------------------------------- panels
 
 
+def with_bands(description: str, exprs: Sequence[str]) -> str:
+    """``description`` followed by the healthy band of each metric-table row
+    with one whose Prometheus name a query of ``exprs`` reads."""
+    found = []
+    for row in METRICS.values():
+        name, band = row["prometheus"], row["healthy"]
+        if band and any(re.search(rf"\b{re.escape(name)}(?![a-z_])", e) for e in exprs):
+            found.append(f"`{row['key']}`: {band_text(band)}")
+    if not found:
+        return description
+    return f"{description} headwater diag judges " + "; ".join(found) + "."
+
+
 def _timeseries(
     title: str,
     description: str,
@@ -146,7 +163,7 @@ def _timeseries(
     p = (
         ts_b.Panel()
         .title(title)
-        .description(description)
+        .description(with_bands(description, [q.expr for q in targets]))
         .datasource(DATASOURCE)
         .unit(unit)
         .span(span)
@@ -179,7 +196,7 @@ def _heatmap(title: str, description: str, key: str, *, unit: str) -> heatmap_b.
     return (
         heatmap_b.Panel()
         .title(title)
-        .description(description)
+        .description(with_bands(description, [_heat(key)]))
         .datasource(DATASOURCE)
         .span(8)
         .height(8)
@@ -204,7 +221,7 @@ def _stat(title: str, description: str, q: Q) -> stat_b.Panel:
     return (
         stat_b.Panel()
         .title(title)
-        .description(description)
+        .description(with_bands(description, [q.expr]))
         .datasource(DATASOURCE)
         .span(6)
         .height(8)

@@ -1,9 +1,11 @@
 """The sampler-health signals of ``headwater diag`` and their healthy bands.
 
 Owns: :class:`Signal` (a name, the metric-table row it reads, the statistic
-taken over a run's steps, what that statistic is in words, its unit, its
-healthy band and whether the ``_arg*_rank`` sibling names a culprit) and
-:data:`SIGNALS`.
+taken over a run's steps and whether the ``_arg*_rank`` sibling names a
+culprit) and :data:`SIGNALS`. What the statistic is in words, its unit and
+its healthy band belong to the metric-table row (its ``healthy``, in Rust:
+the dashboards and the metrics reference read the same band); only the
+trainer's verdict, a gauge outside that table, states its bands here.
 
 A signal names its metric once, as the key of its row in the metric table
 (``_native.metric_table()``) or of a trainer gauge (``trainer_gauges()``);
@@ -87,9 +89,12 @@ class Signal:
 
     metric: str  # the metric-table row (or trainer gauge) it reads
     rule: Rule  # the statistic, given the reduced key
-    healthy: tuple[float, float]
-    what: str  # the statistic, in words
-    unit: str  # the statistic's unit (axis label)
+    #: The band, the statistic in words and its unit: a metric-table row's
+    #: own (its ``healthy``, stated once, in Rust); given here only for a
+    #: trainer gauge, which is not a row of that table.
+    healthy: tuple[float, float] | None = None
+    what: str = ""
+    unit: str = ""
     #: The name (default: the reduced key without the prefix).
     name: str = ""
     #: A histogram row: the quantile read (``"p50"``).
@@ -106,10 +111,32 @@ class Signal:
     late: bool = False
 
     def __post_init__(self) -> None:
+        row = METRICS.get(self.metric)
+        if row is not None:
+            band = row["healthy"]
+            if band is None:
+                raise ValueError(f"metric {self.metric!r} has no healthy band in the metric table")
+            if self.healthy is not None or self.what or self.unit:
+                raise ValueError(
+                    f"signal on {self.metric!r} restates its band: the metric table owns it"
+                )
+            hi = INF if band["hi"] is None else band["hi"]
+            object.__setattr__(self, "healthy", (band["lo"], hi))
+            object.__setattr__(self, "what", band["what"])
+            object.__setattr__(self, "unit", band["unit"])
+        elif self.healthy is None or not self.what or not self.unit:
+            raise ValueError(f"signal on trainer gauge {self.metric!r} needs healthy, what and unit")
         if not self.name:
             object.__setattr__(self, "name", self.key.removeprefix(P))
         if self.culprit:
             culprit_of(self.metric)  # the row has one
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """The healthy band (the row's, or the gauge signal's own)."""
+        if self.healthy is None:  # __post_init__ refuses a signal without one
+            raise ValueError(f"signal {self.name!r} has no band")
+        return self.healthy
 
     @property
     def key(self) -> str:
@@ -334,27 +361,18 @@ _TABLE: tuple[Signal, ...] = (
     Signal(
         metric="pool/exhaust_events",
         rule=share(True, "share of steps so far"),
-        healthy=(0.0, 0.2),
-        what="share of steps in which some pool was exhausted",
-        unit="share of steps",
         culprit=True,
         counter=True,
     ),
     Signal(
         metric="pool/steps_to_exhaust_min",
         rule=median("forecast per step"),
-        healthy=(25.0, INF),
-        what="median forecast of batches until the next pool exhaustion",
-        unit="batches",
         culprit=True,
         per_step=True,
     ),
     Signal(
         metric="pool/remaining_min",
         rule=remaining_spread,
-        healthy=(0.02, INF),
-        what="median ratio of the emptiest to the fullest pool's remaining seeds",
-        unit="remaining_min / remaining_max",
         culprit=True,
         per_step=True,
     ),
@@ -362,78 +380,48 @@ _TABLE: tuple[Signal, ...] = (
         metric="tasks/{task}",
         name="tasks/min_share",
         rule=task_shares,
-        healthy=(0.05, 1.0),
-        what="smallest share of drawn seeds among the weighted tasks",
-        unit="share of drawn seeds",
     ),
     Signal(
         metric="pool/steps_since_pick_max",
         rule=maximum("per step"),
-        healthy=(0.0, 60.0),
-        what="longest wait, in batches, of a weighted task since it was last picked",
-        unit="batches",
         culprit=True,
         per_step=True,
     ),
     Signal(
         metric="databases/steps_since_pick_max",
         rule=maximum("per step"),
-        healthy=(0.0, 30.0),
-        what="longest wait, in batches, of a database with weight > 0 since it was last "
-        "picked (a mixture's starved database; 0 for one database)",
-        unit="batches",
         per_step=True,
     ),
     Signal(
         metric="mix/tv_distance",
         rule=median("per step", late=True),
-        healthy=(0.0, 0.25),
-        what="median total-variation distance between the drawn and the configured task mix "
-        "(second half of the run)",
-        unit="TV distance",
         per_step=True,
         late=True,
     ),
     Signal(
         metric="truncation/cells_dropped",
         rule=truncated_share,
-        healthy=(0.0, 2.0),
-        what="cells cut by the sequence budget per cell of budget",
-        unit="dropped cells / budget cells",
     ),
     Signal(
         metric="padding/fraction",
         quantile="p50",
         rule=median("batch p50 per step"),
-        healthy=(0.05, 0.85),
-        what="median share of padding cells in a sequence",
-        unit="share of cells",
         per_step=True,
     ),
     Signal(
         metric="packing/segments_per_sequence",
         quantile="p50",
         rule=median("batch p50 per step"),
-        healthy=(1.0, 1.0),
-        what="median seeds' contexts per sequence (above 1: packing is on, padding should be "
-        "low)",
-        unit="segments",
         per_step=True,
     ),
     Signal(
         metric="queue/depth_min",
         rule=share(False, "share of steps so far"),
-        healthy=(0.0, 0.2),
-        what="share of steps that found the batch queue empty",
-        unit="share of steps",
         culprit=True,
     ),
     Signal(
         metric="queue/wait_seconds",
         rule=data_wait_share,
-        healthy=(0.0, 0.05),
-        what="share of the ranks' training time spent waiting for a batch",
-        unit="share of time",
         culprit=True,
         counter=True,
     ),
@@ -476,30 +464,18 @@ _TABLE: tuple[Signal, ...] = (
     Signal(
         metric="stalls",
         rule=total("running total"),
-        healthy=(0.0, 0.0),
-        what="draws and batch builds that ran past stall_after_ms, each with a stack dump "
-        "(run total)",
-        unit="stalls",
         culprit=True,
         counter=True,
     ),
     Signal(
         metric="context/no_examples",
         rule=per_seed("per seed so far"),
-        healthy=(0.0, 0.25),
-        what="share of in-context sequences that hold no example (no labelled row of the "
-        "seed's table dated before the seed, or no room after tier 0)",
-        unit="share of seeds",
         culprit=True,
         counter=True,
     ),
     Signal(
         metric="context/deadline_hits",
         rule=total("running total"),
-        healthy=(0.0, 0.0),
-        what="in-context builds past context_deadline_ms, replaced by the seed's plain "
-        "context (run total; each also counts in stalls)",
-        unit="contexts",
         culprit=True,
         counter=True,
     ),
@@ -507,46 +483,29 @@ _TABLE: tuple[Signal, ...] = (
         metric="stage/total_seconds",
         quantile="p50",
         rule=median("batch p50 per step"),
-        healthy=(0.0, 0.05),
-        what="median time to make one batch",
-        unit="seconds",
         per_step=True,
     ),
     Signal(
         metric="context/masked_cells",
         quantile="p95",
         rule=share_of_cells("batch p95 / filled cells per step"),
-        healthy=(0.0, 0.6),
-        what="cells masked as extra targets in the 95th-percentile sequence, as a share of "
-        "a sequence's filled cells (median over steps; above 0.6: many contexts are mostly "
-        "targets, mask_prob_max too high; RT-J's 0.5 stays below)",
-        unit="share of cells",
         per_step=True,
     ),
     Signal(
         metric="invariants/temporal_leaks",
         rule=total("running total"),
-        healthy=(0.0, 0.0),
-        what="rows dated after the seed's observation time (run total)",
-        unit="rows",
         culprit=True,
         counter=True,
     ),
     Signal(
         metric="invariants/label_leaks",
         rule=total("running total"),
-        healthy=(0.0, 0.0),
-        what="label cells shown before their label was known at the seed's time (run total)",
-        unit="cells",
         culprit=True,
         counter=True,
     ),
     Signal(
         metric="invariants/duplicate_seeds",
         rule=total("running total"),
-        healthy=(0.0, 0.0),
-        what="seeds drawn twice in one epoch (run total)",
-        unit="seeds",
         culprit=True,
         counter=True,
     ),

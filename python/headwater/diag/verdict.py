@@ -98,7 +98,7 @@ def evaluate(spec: DiagSpec, rows: Rows, ctx: Mapping[str, Any]) -> list[Verdict
     out = []
     for name, sig in SIGNALS.items():
         value = sig.stat(steady, ctx)
-        lit = not (math.isnan(value) or _inside(value, sig.healthy))
+        lit = not (math.isnan(value) or _inside(value, sig.band))
         exp = spec.expect.get(name)
         culprit, share = _culprit(name, steady)
         ok, why = _judge(value, lit, exp, culprit, share)
@@ -106,7 +106,7 @@ def evaluate(spec: DiagSpec, rows: Rows, ctx: Mapping[str, Any]) -> list[Verdict
             ok, why = True, f"host-dependent: {'lit' if lit else 'unlit'} on this host"
         band = exp.band if exp else None
         out.append(
-            Verdict(name, value, sig.healthy, lit, exp is not None, band, culprit, share, ok, why)
+            Verdict(name, value, sig.band, lit, exp is not None, band, culprit, share, ok, why)
         )
     return out
 
