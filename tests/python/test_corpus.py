@@ -298,3 +298,88 @@ def test_a_hundred_sources_on_ray_match_the_sequential_build(tmp_path: Path) -> 
     for s in seq["sources"]:
         if s["status"] == "done":
             assert _bytes(tmp_path / "ray_local" / s["name"]) == _bytes(tmp_path / "seq" / s["name"])
+
+
+def _pids_using(marker: str) -> list[int]:
+    """Processes whose command line or environment mentions ``marker``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            text = (d / "cmdline").read_bytes() + (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in text:
+            found.append(int(d.name))
+    return found
+
+
+def test_a_ray_run_killed_midway_resumes_to_the_sequential_corpus(
+    tmp_path: Path, make_sqlite: Callable[[Path], Path]
+) -> None:
+    """SIGKILL to a `--ray` build (the driver and the Ray instance it
+    started, as a preempted node loses them) once its first source is done;
+    the rerun skips what was done, builds the rest, and every database and
+    the corpus manifest are the sequential build's, byte for byte."""
+    pytest.importorskip("ray")
+    import signal
+    import threading
+
+    src = tmp_path / "src"
+    src.mkdir()
+    names = [f"s{i:02d}" for i in range(12)]
+    make_sqlite(src / f"{names[0]}.sqlite")
+    for name in names[1:]:
+        shutil.copy(src / f"{names[0]}.sqlite", src / f"{name}.sqlite")
+    write_text(tmp_path / "time.toml", TIME_SCHEMA)
+    manifest = tmp_path / "corpus.toml"
+    manifest.write_text('[defaults]\nembedder = "hash"\n\n' + "\n".join(
+        f'[[source]]\npath = "src/{n}.sqlite"\nschema = "time.toml"\n' for n in names
+    ))
+    seq = tmp_path / "seq"
+    preprocess_corpus(manifest, seq, progress=False)
+    out = tmp_path / "ray"
+    temp = tempfile.mkdtemp(prefix="rayk", dir="/tmp")  # Ray's socket paths stay short
+    cmd = [sys.executable, "-m", "headwater.cli", "preprocess", "--corpus", str(manifest),
+           str(out), "--ray"]
+    env = {**os.environ, "RAY_TMPDIR": temp}
+    try:
+        proc = subprocess.Popen(_in_own_network(cmd), stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
+        seen: list[str] = []
+        first_done = threading.Event()
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                seen.append(line)
+                if re.search(r"\] s\d\d: done in", line):
+                    first_done.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert first_done.wait(300), "".join(seen)[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _pids_using(temp):  # Ray's processes, wherever their session
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        assert proc.returncode == -signal.SIGKILL
+        done_before = {p.name for p in out.iterdir() if (p / "metadata.json").is_file()}
+        assert 1 <= len(done_before) < len(names), done_before
+        r = subprocess.run(_in_own_network([*cmd, "--json"]), capture_output=True, text=True,
+                           env=env, timeout=600, check=False)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    finally:
+        for pid in _pids_using(temp):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+    report = json.loads(r.stdout)
+    status = {s["name"]: s["status"] for s in report["sources"]}
+    assert {n for n, st in status.items() if st == "skipped"} == done_before
+    assert all(status[n] == "done" for n in names if n not in done_before), status
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".partial")]
+    for name in names:
+        assert _bytes(out / name) == _bytes(seq / name), name
+    assert (out / "corpus.toml").read_text() == (seq / "corpus.toml").read_text()
