@@ -48,12 +48,11 @@ impl SplitState {
         let (r, u) = self.last_shape;
         // A train step: its shortest S, the most sequences (the val stream
         // keeps the fixed shape).
-        let shape = match self.split {
-            Split::Train => cfg.train_shapes().into_iter().min_by_key(|x| x.s),
-            _ => None,
-        }
-        .unwrap_or_else(|| cfg.fixed_shape());
-        let (b, s) = (shape.b, shape.s);
+        let shortest = cfg.sequence_lengths.iter().min().copied();
+        let (b, s) = match (self.split, cfg.tokens_per_batch, shortest) {
+            (Split::Train, Some(_), Some(s)) => (cfg.sequences_at(s), s),
+            _ => (cfg.default_batch_size, cfg.default_sequence_length),
+        };
         crate::batch::batch_bytes(b, s, (slots, cfg.mask_slots_at(s)), r, u, dim)
     }
 
