@@ -533,8 +533,8 @@ def test_a_key_newer_than_the_checkpoint_reads_as_its_default(tmp_path: Path) ->
     key reads as its default), unless the run now sets it to another value;
     a key the checkpoint has keeps its strict comparison."""
     pytest.importorskip("jax")
+    from headwater.runconfig.config import load_config
     from headwater.train import checkpoint as C
-    from headwater.train.config import load_config
 
     toml = tmp_path / "c.toml"
     toml.write_text('[database]\npath = "db"\n', encoding="utf-8")

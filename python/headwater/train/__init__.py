@@ -1,9 +1,7 @@
 """``headwater train``: the relational transformer trained on sampler batches.
 
-Rooms: :mod:`.config` (the checked TOML config, with :mod:`.origins` and
-:mod:`.sampler_config`), :mod:`.launcher` (one process, N loopback
-processes watched by PID, or a process of a cluster job), :mod:`.rank`
-(one rank's run), :mod:`.loop` (its step loop and validation),
+Rooms: :mod:`.launcher` (one process, N loopback processes watched by
+PID, or a process of a cluster job), :mod:`.rank` (one rank's run), :mod:`.loop` (its step loop and validation),
 :mod:`.padder` (the shapes every rank feeds the step), :mod:`.prefetch`
 (the device prefetch thread), :mod:`.records` (``metrics.jsonl``, drain
 records, the progress line), :mod:`.summary` (the per-rank summary and
@@ -14,15 +12,18 @@ passes, ``headwater eval``).
 
 The model it trains, its optimiser and the device arrays it is fed are
 :mod:`headwater.model`'s; the processes it runs in (joining a job, the
-mesh, signals, the dead-rank watchdog) are :mod:`headwater.cluster`'s.
-Neither imports this package.
+mesh, signals, the dead-rank watchdog) are :mod:`headwater.cluster`'s; its
+config (the checked TOML file, ``--set``, where each value came from) is
+:mod:`headwater.runconfig`'s, re-exported here (:class:`TrainConfig`,
+:func:`load_config`, :func:`parse_overrides`). None of them imports this
+package.
 
 Importing this package does not import JAX.
 """
 
 from __future__ import annotations
 
-from headwater.train.config import TrainConfig, load_config, parse_overrides
+from headwater.runconfig import TrainConfig, load_config, parse_overrides
 from headwater.train.launcher import launch, resolve_database, run_directory
 
 __all__ = [

@@ -58,8 +58,8 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> int:
 def checked_config(run_dir: Path, step: int, meta: dict[str, Any]) -> Any:
     """The run's :class:`TrainConfig` from its launch record, refused when
     checkpoint ``step`` was written under another database or model config."""
+    from headwater.runconfig.config import load_config
     from headwater.train import checkpoint as C
-    from headwater.train.config import load_config
 
     config, overrides = C.read_launch_record(run_dir, "headwater eval")
     cfg = load_config(config, **overrides)

@@ -44,8 +44,8 @@ from typing import Any
 from headwater.cluster import watchdog as W
 from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
+from headwater.runconfig.config import TrainConfig, load_config
 from headwater.train import checkpoint as C
-from headwater.train.config import TrainConfig, load_config
 
 Config = str | Path | Mapping[str, Any] | None
 

@@ -41,9 +41,9 @@ import numpy as np
 from headwater.cluster import watchdog as W
 from headwater.cluster.mesh import Mesh, host, host_shard
 from headwater.cluster.stopping import StopFlag
+from headwater.runconfig.config import TrainConfig
 from headwater.train import checkpoint as C
 from headwater.train.build import batch_layout, model_config, open_sinks
-from headwater.train.config import TrainConfig
 from headwater.train.evaluate import (
     Evaluator,
     PassInterrupted,

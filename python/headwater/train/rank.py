@@ -28,8 +28,8 @@ from headwater.cluster import watchdog as W
 from headwater.cluster.mesh import digest, param_norm
 from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
+from headwater.runconfig.config import TrainConfig
 from headwater.train import checkpoint as C
-from headwater.train.config import TrainConfig
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
 from headwater.train.summary import format_summary, summarise

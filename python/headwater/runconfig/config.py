@@ -44,8 +44,8 @@ from typing import Any
 from headwater.cluster.watchdog import timeout_problem
 from headwater.errors import ConfigError
 from headwater.hints import did_you_mean
-from headwater.train import sampler_config as SC
-from headwater.train.origins import Origins, locate_keys, parse_overrides
+from headwater.runconfig import sampler_config as SC
+from headwater.runconfig.origins import Origins, locate_keys, parse_overrides
 
 
 @dataclasses.dataclass(frozen=True)
