@@ -18,8 +18,8 @@ from typing import Any
 
 from headwater.cluster.mesh import digest, param_norm
 from headwater.runconfig.config import load_config
+from headwater.runconfig.database import resolve_database
 from headwater.runconfig.origins import parse_overrides
-from headwater.train.launcher import resolve_database
 from headwater.train.loop import Trainer
 from headwater.train.rank import open_sampler
 

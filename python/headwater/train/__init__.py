@@ -15,16 +15,16 @@ The model it trains, its optimiser and the device arrays it is fed are
 mesh, signals, the dead-rank watchdog) are :mod:`headwater.cluster`'s; its
 config (the checked TOML file, ``--set``, where each value came from) is
 :mod:`headwater.runconfig`'s, re-exported here (:class:`TrainConfig`,
-:func:`load_config`, :func:`parse_overrides`). None of them imports this
-package.
+:func:`load_config`, :func:`parse_overrides`, :func:`resolve_database`).
+None of them imports this package.
 
 Importing this package does not import JAX.
 """
 
 from __future__ import annotations
 
-from headwater.runconfig import TrainConfig, load_config, parse_overrides
-from headwater.train.launcher import launch, resolve_database, run_directory
+from headwater.runconfig import TrainConfig, load_config, parse_overrides, resolve_database
+from headwater.train.launcher import launch, run_directory
 
 __all__ = [
     "TrainConfig",

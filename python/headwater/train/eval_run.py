@@ -89,9 +89,9 @@ def evaluate_run(
     from headwater.mixture import open_sampler
     from headwater.model import transformer as M
     from headwater.model.device import tables_to_device
+    from headwater.runconfig.database import resolve_database
     from headwater.train import checkpoint as C
     from headwater.train.evaluate import Evaluator
-    from headwater.train.launcher import resolve_database
     from headwater.train.padder import Padder
     from headwater.train.records import Progress
 
