@@ -26,7 +26,7 @@ import pytest
 from headwater.cluster import watchdog as W
 from headwater.errors import ConfigError
 from headwater.runconfig.config import load_config
-from headwater.train import checkpoint as C
+from headwater.rundir import checkpoint as C
 
 
 class Store:

@@ -1,22 +1,24 @@
 """``headwater train``: the relational transformer trained on sampler batches.
 
 Rooms: :mod:`.launcher` (one process, N loopback processes watched by
-PID, or a process of a cluster job), :mod:`.rank` (one rank's run), :mod:`.loop` (its step loop and validation),
-:mod:`.padder` (the shapes every rank feeds the step), :mod:`.prefetch`
-(the device prefetch thread), :mod:`.records` (``metrics.jsonl``, drain
-records, the progress line), :mod:`.summary` (the per-rank summary and
-profile), :mod:`.verdict` (the live input verdict), :mod:`.throughput`
-(tokens/s and MFU), :mod:`.checkpoint` (orbax checkpoints, ``--resume``,
-the run's launch record), :mod:`.evaluate` / :mod:`.eval_run` (evaluation
-passes, ``headwater eval``).
+PID, or a process of a cluster job), :mod:`.rank` (one rank's run),
+:mod:`.loop` (its step loop and validation), :mod:`.padder` (the shapes
+every rank feeds the step), :mod:`.prefetch` (the device prefetch thread),
+:mod:`.records` (``metrics.jsonl``, drain records, the progress line),
+:mod:`.summary` (the per-rank summary and profile), :mod:`.verdict` (the
+live input verdict), :mod:`.throughput` (tokens/s and MFU),
+:mod:`.evaluate` / :mod:`.eval_run` (evaluation passes, ``headwater
+eval``).
 
 The model it trains, its optimiser and the device arrays it is fed are
 :mod:`headwater.model`'s; the processes it runs in (joining a job, the
 mesh, signals, the dead-rank watchdog) are :mod:`headwater.cluster`'s; its
 config (the checked TOML file, ``--set``, where each value came from) is
 :mod:`headwater.runconfig`'s, re-exported here (:class:`TrainConfig`,
-:func:`load_config`, :func:`parse_overrides`, :func:`resolve_database`).
-None of them imports this package.
+:func:`load_config`, :func:`parse_overrides`, :func:`resolve_database`);
+what it leaves on disk to be resumed (the launch record, orbax checkpoints,
+the resume checks) is :mod:`headwater.rundir`'s. None of them imports this
+package.
 
 Importing this package does not import JAX.
 """

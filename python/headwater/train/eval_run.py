@@ -3,7 +3,7 @@ training checkpoint without training.
 
 Picks checkpoint ``--step`` (default: the latest committed one) of the run's
 orbax checkpoints (``RUN_DIR/checkpoints/<step>/``,
-:mod:`headwater.train.checkpoint`), rebuilds the run's config from its
+:mod:`headwater.rundir.checkpoint`), rebuilds the run's config from its
 launch record (``launch.json``: the config and overrides it was started
 with), and refuses, naming what, a run directory with no committed
 checkpoint, a step that is not a committed one, a checkpoint written under
@@ -37,7 +37,7 @@ SECTIONS_CHECKED = ("database", "model")
 def pick_checkpoint(run_dir: Path, step: int | None) -> int:
     """``step`` if it is a committed checkpoint of ``run_dir`` (the latest when
     ``None``); a :class:`ConfigError` naming the committed steps otherwise."""
-    from headwater.train import checkpoint as C
+    from headwater.rundir import checkpoint as C
 
     steps = C.committed_steps(run_dir)
     if not steps:
@@ -59,7 +59,7 @@ def checked_config(run_dir: Path, step: int, meta: dict[str, Any]) -> Any:
     """The run's :class:`TrainConfig` from its launch record, refused when
     checkpoint ``step`` was written under another database or model config."""
     from headwater.runconfig.config import load_config
-    from headwater.train import checkpoint as C
+    from headwater.rundir import checkpoint as C
 
     config, overrides = C.read_launch_record(run_dir, "headwater eval")
     cfg = load_config(config, **overrides)
@@ -90,7 +90,7 @@ def evaluate_run(
     from headwater.model import transformer as M
     from headwater.model.device import tables_to_device
     from headwater.runconfig.database import resolve_database
-    from headwater.train import checkpoint as C
+    from headwater.rundir import checkpoint as C
     from headwater.train.evaluate import Evaluator
     from headwater.train.padder import Padder
     from headwater.train.records import Progress

@@ -13,7 +13,7 @@ headwater.train --worker RANK SPEC``).
 ``launch(resume=RUN_DIR)`` continues a run from its last checkpoint: the
 config and overrides of the first start (``launch.json``) with the new ones
 on top, checked against the checkpoint first
-(:func:`headwater.train.checkpoint.check_resume`). SIGTERM/SIGINT: the
+(:func:`headwater.rundir.checkpoint.check_resume`). SIGTERM/SIGINT: the
 launcher forwards SIGTERM to its workers, which stop after the same step,
 checkpoint and write their summaries; :func:`launch` then prints the command
 that resumes the run.
@@ -47,7 +47,7 @@ from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
 from headwater.runconfig.config import TrainConfig, load_config
 from headwater.runconfig.database import resolve_database
-from headwater.train import checkpoint as C
+from headwater.rundir import checkpoint as C
 
 Config = str | Path | Mapping[str, Any] | None
 

@@ -42,7 +42,7 @@ from headwater.cluster import watchdog as W
 from headwater.cluster.mesh import Mesh, host, host_shard
 from headwater.cluster.stopping import StopFlag
 from headwater.runconfig.config import TrainConfig
-from headwater.train import checkpoint as C
+from headwater.rundir import checkpoint as C
 from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.evaluate import (
     Evaluator,
@@ -436,9 +436,10 @@ class Trainer:
         return consumed_state(live, self._consumed_state)
 
     def save(self, done: int, final_phase: str | None = None) -> None:
-        """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`);
-        ``final_phase="pending"`` marks the last one, taken before the final
-        validation and evaluation (see :func:`.checkpoint.check_resume`)."""
+        """Checkpoint after ``done`` steps (asynchronous: see
+        :mod:`headwater.rundir.checkpoint`); ``final_phase="pending"`` marks
+        the last one, taken before the final validation and evaluation (see
+        :func:`headwater.rundir.checkpoint.check_resume`)."""
         meta = {
             "format": "headwater-train-checkpoint",
             "version": 1,
