@@ -244,20 +244,25 @@ def test_no_import_cycles() -> None:
 # Rooms of the package a room must never import (CONTRIBUTING.md, "Arrows
 # point down"), annotations included: the model (the network) knows nothing
 # of the processes it runs in (cluster), of a run's config (runconfig), of
-# its state on disk (rundir) or of the run (train) that trains it; the
-# cluster nothing of the model or of any of those. The config reads the
-# model's and the cluster's sections and knows nothing of the run; the run
-# directory (launch record, checkpoints, resume) holds the parameters as
-# opaque pytrees and knows nothing of the model, the cluster or the run.
-# The run uses all four; the command line, bench and diag sit above it.
+# its state on disk (rundir), of scoring it (evaluation) or of the run
+# (train) that trains it; the cluster nothing of the model or of any of
+# those. The config reads the model's and the cluster's sections and knows
+# nothing of checkpoints, scoring or the run; the run directory (launch
+# record, checkpoints, resume) holds the parameters as opaque pytrees and
+# knows nothing of the model, the cluster, scoring or the run. Evaluation
+# (passes, metrics, `headwater eval`) uses all four and knows nothing of
+# the run, which uses it for its passes; the command line, bench and diag
+# sit above the run.
 _ABOVE_TRAIN = {"headwater.train", "headwater.bench", "headwater.diag", "headwater.cli"}
+_ABOVE_EVALUATION = {"headwater.evaluation", *_ABOVE_TRAIN}
 #: A run's config and its state on disk: what the model and the cluster never see.
 _RUN = {"headwater.runconfig", "headwater.rundir"}
 PY_FORBIDDEN: dict[str, set[str]] = {
-    "headwater.model": {"headwater.cluster", *_RUN, *_ABOVE_TRAIN},
-    "headwater.cluster": {"headwater.model", *_RUN, *_ABOVE_TRAIN},
-    "headwater.runconfig": {*_ABOVE_TRAIN},
-    "headwater.rundir": {"headwater.model", "headwater.cluster", *_ABOVE_TRAIN},
+    "headwater.model": {"headwater.cluster", *_RUN, *_ABOVE_EVALUATION},
+    "headwater.cluster": {"headwater.model", *_RUN, *_ABOVE_EVALUATION},
+    "headwater.runconfig": {"headwater.rundir", *_ABOVE_EVALUATION},
+    "headwater.rundir": {"headwater.model", "headwater.cluster", *_ABOVE_EVALUATION},
+    "headwater.evaluation": {*_ABOVE_TRAIN},
 }
 
 

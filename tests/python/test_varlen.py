@@ -117,7 +117,7 @@ def test_the_padder_keeps_one_high_water_mark_per_length(tpch: Tpch) -> None:
     reached (its ``[B, R, R]`` adjacency would grow with the long S)."""
     pytest.importorskip("jax")
     from headwater.cluster.mesh import Mesh
-    from headwater.train.padder import Padder
+    from headwater.evaluation.padder import Padder
 
     def batch(s: int, b: int) -> dict[str, object]:
         kw = {"default_sequence_length": s, "default_batch_size": b, "num_threads": 1}

@@ -11,8 +11,8 @@ and handed to the sampler's own validation) and :mod:`.database` (the
 database ``[database]`` names: a folder, a mixture, or the default one,
 built once and cached).
 
-Read by the run (:mod:`headwater.train`), ``headwater diag`` and
-``headwater bench``. Must never: import any of them
+Read by the run (:mod:`headwater.train`), ``headwater eval``
+(:mod:`headwater.evaluation`), ``headwater diag`` and ``headwater bench``. Must never: import any of them
 (``tests/python/test_layout.py`` fails on it). Importing this package does
 not import JAX.
 """

@@ -8,8 +8,9 @@ JSON ``meta``, the final-phase marker, the resume checks, ``metrics.jsonl``
 truncation and the W&B resume filter).
 
 Used by the run (:mod:`headwater.train`: saving, resuming, the launcher's
-checks, ``headwater eval``). Must never: import it, the model or the
-cluster (parameters and
+checks) and by ``headwater eval`` (:mod:`headwater.evaluation`: reading a
+checkpoint back). Must never: import either, the model or the cluster
+(parameters and
 optimiser state are opaque pytrees here, the config a duck-typed
 ``TrainConfig``; ``tests/python/test_layout.py`` fails on such an import).
 Importing this package does not import JAX or orbax.

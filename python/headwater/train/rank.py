@@ -10,7 +10,7 @@ losses, timings, a digest of the final parameters, the evaluation
 results), ``rank-<r>.log`` (ranks > 0, multi-process runs),
 ``checkpoints/<step>/`` (every ``train.checkpoint_every`` steps, at the end
 and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.rundir.checkpoint`;
-``headwater eval`` scores one: :mod:`headwater.train.eval_run`).
+``headwater eval`` scores one: :mod:`headwater.evaluation.eval_run`).
 """
 
 from __future__ import annotations

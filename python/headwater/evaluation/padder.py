@@ -1,4 +1,4 @@
-"""The shapes every rank feeds the step: :class:`Padder` pads ``U`` (the
+"""The shapes every rank feeds a step: :class:`Padder` pads ``U`` (the
 batch's distinct texts) and ``R`` (the most rows of a sequence) of every
 batch to a high-water mark all ranks agree on, one per sequence length
 ``S``, so every rank feeds the same shapes and the step compiles a handful
@@ -9,6 +9,11 @@ flag of :mod:`headwater.rundir.checkpoint` rides on the same agreement.
 The padding itself is the model's (:func:`headwater.model.device.pad_batch`);
 the agreement and the global arrays are the mesh's
 (:meth:`headwater.cluster.mesh.Mesh.agree`, :meth:`~headwater.cluster.mesh.Mesh.shard`).
+It lives in the evaluation room, the lowest room above both that needs
+it: every pass pads its batches with one (:class:`.evaluate.Evaluator`,
+``headwater eval`` without a run), and the training step is fed by
+another of the run's own (:mod:`headwater.train.loop`,
+:mod:`headwater.train.prefetch`).
 
 Must never: let ranks feed different shapes to the step.
 """
