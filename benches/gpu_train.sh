@@ -114,8 +114,8 @@ from headwater import _native
 from headwater.cluster.mesh import Mesh, host
 from headwater.model import transformer as M
 from headwater.model.device import tables_to_device
-from headwater.train.config import load_config
-from headwater.train.padder import Padder
+from headwater.runconfig.config import load_config
+from headwater.evaluation.padder import Padder
 
 db, B, S, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cfg = load_config(None, **{"sampler.default_batch_size": B,

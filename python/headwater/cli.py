@@ -123,7 +123,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 
 def _cmd_eval(a: argparse.Namespace) -> int:
-    from headwater.train.eval_run import main as eval_main
+    from headwater.evaluation.eval_run import main as eval_main
 
     if a.max_seeds is not None and a.max_seeds < 1:
         raise ValueError(f"--max-seeds must be >= 1, got {a.max_seeds}")

@@ -5,7 +5,7 @@ Owns: turning the one definition of each concept into a Markdown page —
 the metric table (``headwater._native.metric_table()`` and
 ``trainer_gauges()``), the sampler's config table
 (``sampler_config_schema()``) and the ``headwater train`` sections
-(the dataclasses of :mod:`headwater.train.config`, and for ``[model]`` /
+(the dataclasses of :mod:`headwater.runconfig.config`, and for ``[model]`` /
 ``[optim]`` of :mod:`headwater.model`, their ``#:`` comments as docs), and
 the format spec (the module doc of ``crates/format/src/lib.rs``); and the
 code the sampler's config table writes: the ``Sampler`` keywords of
@@ -276,11 +276,11 @@ def _sampler_rows(
 #: The ``headwater train`` sections other than ``[sampler]``, in file order:
 #: (section, module, class name, fields that are not keys).
 _TRAIN_SECTIONS = (
-    ("database", "headwater.train.config", "DatabaseSection", ("mixture",)),
+    ("database", "headwater.runconfig.config", "DatabaseSection", ("mixture",)),
     ("model", "headwater.model.transformer", "ModelConfig", ()),
     ("optim", "headwater.model.optim", "OptConfig", ()),
-    ("train", "headwater.train.config", "TrainSection", ()),
-    ("logging", "headwater.train.config", "LoggingSection", ()),
+    ("train", "headwater.runconfig.config", "TrainSection", ()),
+    ("logging", "headwater.runconfig.config", "LoggingSection", ()),
 )
 
 
@@ -295,7 +295,7 @@ def config_page(
         _BANNER.format(
             cmd=COMMAND,
             src="`headwater._native.sampler_config_schema()` and the dataclasses of "
-            "`headwater.train` and `headwater.model`",
+            "`headwater.runconfig` and `headwater.model`",
         ),
         "# Every config key",
         "",
@@ -482,7 +482,7 @@ def pages(root: Path) -> dict[str, str]:
     """Every generated page and file with generated regions, by path
     relative to ``root``."""
     from headwater import _native
-    from headwater.train import sampler_config as SC
+    from headwater.runconfig import sampler_config as SC
 
     builders: dict[str, Callable[[], str]] = {
         "docs/reference/metrics.md": lambda: metrics_page(

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from headwater.cluster.mesh import digest, param_norm
-from headwater.train.config import load_config
-from headwater.train.launcher import resolve_database
+from headwater.runconfig.config import load_config
+from headwater.runconfig.database import resolve_database
+from headwater.runconfig.origins import parse_overrides
 from headwater.train.loop import Trainer
-from headwater.train.origins import parse_overrides
 from headwater.train.rank import open_sampler
 
 

@@ -500,7 +500,7 @@ def test_the_launch_record_keeps_the_runs_shape(
     """``launch.json`` records the process count and the devices, and
     ``resume.sh`` the command; a resume on other devices says so, one on
     the same devices does not; ranks beyond a new world size move aside."""
-    from headwater.train import checkpoint as C
+    from headwater.rundir import checkpoint as C
     from headwater.train.rank import _record_devices
 
     cpu = {
@@ -533,8 +533,8 @@ def test_a_key_newer_than_the_checkpoint_reads_as_its_default(tmp_path: Path) ->
     key reads as its default), unless the run now sets it to another value;
     a key the checkpoint has keeps its strict comparison."""
     pytest.importorskip("jax")
-    from headwater.train import checkpoint as C
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
+    from headwater.rundir import checkpoint as C
 
     toml = tmp_path / "c.toml"
     toml.write_text('[database]\npath = "db"\n', encoding="utf-8")

@@ -19,7 +19,7 @@ import pytest
 import headwater
 from headwater import _native
 from headwater.errors import ConfigError, StateError
-from headwater.train.config import load_config
+from headwater.runconfig.config import load_config
 
 N: Any = _native
 ROOT = Path(__file__).resolve().parents[2]

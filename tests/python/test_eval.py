@@ -30,7 +30,7 @@ import pytest
 from conftest import SmallDb, build_db_from_sql, child_env, read_wandb_run
 
 import headwater
-from headwater.train.scoring import METRICS, baseline, score
+from headwater.evaluation.scoring import METRICS, baseline, score
 
 SAMPLER = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
 
@@ -332,7 +332,7 @@ def test_eval_scores_the_chosen_checkpoint_and_refuses_what_does_not_fit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from headwater.errors import ConfigError
-    from headwater.train.eval_run import evaluate_run
+    from headwater.evaluation.eval_run import evaluate_run
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     db = _learnable_db(tmp_path)
@@ -533,10 +533,10 @@ def test_relbench_forecast_task_is_scored_on_its_labelled_rows_beside_a_baseline
     from sklearn.metrics import accuracy_score, average_precision_score
 
     from headwater.cluster.mesh import Mesh
+    from headwater.evaluation.evaluate import Evaluator, score_predictions
+    from headwater.evaluation.padder import Padder
     from headwater.model import transformer as M
     from headwater.model.device import tables_to_device
-    from headwater.train.evaluate import Evaluator, score_predictions
-    from headwater.train.padder import Padder
 
     src = make_relbench(tmp_path / "relbench")
     headwater.preprocess(src, tmp_path / "db", embedder="hash", progress=False)

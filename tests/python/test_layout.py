@@ -243,13 +243,26 @@ def test_no_import_cycles() -> None:
 
 # Rooms of the package a room must never import (CONTRIBUTING.md, "Arrows
 # point down"), annotations included: the model (the network) knows nothing
-# of the processes it runs in (cluster) or of the run (train) that trains
-# it, the cluster nothing of the model or the run; the run uses both, and
-# the command line, bench and diag sit above it.
+# of the processes it runs in (cluster), of a run's config (runconfig), of
+# its state on disk (rundir), of scoring it (evaluation) or of the run
+# (train) that trains it; the cluster nothing of the model or of any of
+# those. The config reads the model's and the cluster's sections and knows
+# nothing of checkpoints, scoring or the run; the run directory (launch
+# record, checkpoints, resume) holds the parameters as opaque pytrees and
+# knows nothing of the model, the cluster, scoring or the run. Evaluation
+# (passes, metrics, `headwater eval`) uses all four and knows nothing of
+# the run, which uses it for its passes; the command line, bench and diag
+# sit above the run.
 _ABOVE_TRAIN = {"headwater.train", "headwater.bench", "headwater.diag", "headwater.cli"}
+_ABOVE_EVALUATION = {"headwater.evaluation", *_ABOVE_TRAIN}
+#: A run's config and its state on disk: what the model and the cluster never see.
+_RUN = {"headwater.runconfig", "headwater.rundir"}
 PY_FORBIDDEN: dict[str, set[str]] = {
-    "headwater.model": {"headwater.cluster", *_ABOVE_TRAIN},
-    "headwater.cluster": {"headwater.model", *_ABOVE_TRAIN},
+    "headwater.model": {"headwater.cluster", *_RUN, *_ABOVE_EVALUATION},
+    "headwater.cluster": {"headwater.model", *_RUN, *_ABOVE_EVALUATION},
+    "headwater.runconfig": {"headwater.rundir", *_ABOVE_EVALUATION},
+    "headwater.rundir": {"headwater.model", "headwater.cluster", *_ABOVE_EVALUATION},
+    "headwater.evaluation": {*_ABOVE_TRAIN},
 }
 
 
@@ -281,12 +294,12 @@ def test_python_arrows_point_down() -> None:
 
 def test_the_arrow_finder_finds_one_up() -> None:
     graph = {
-        "headwater.model.transformer": {"headwater.model.optim", "headwater.train.config"},
+        "headwater.model.transformer": {"headwater.model.optim", "headwater.train.rank"},
         "headwater.modelling": {"headwater.train"},
         "headwater.train.loop": {"headwater.model.transformer"},
     }
     rules = {"headwater.model": {"headwater.train"}}
-    assert _wrong_arrows(graph, rules) == ["headwater.model.transformer -> headwater.train.config"]
+    assert _wrong_arrows(graph, rules) == ["headwater.model.transformer -> headwater.train.rank"]
 
 
 def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import Tpch, child_env, tiny_train_config
 
-from headwater.train.scoring import METRICS
+from headwater.evaluation.scoring import METRICS
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")

@@ -230,8 +230,8 @@ def test_a_mistyped_key_or_task_says_which_it_looks_like(tmp_path: Path) -> None
 
 
 def test_trainer_config_takes_a_database_list(tmp_path: Path) -> None:
+    from headwater.runconfig.config import load_config
     from headwater.train import resolve_database
-    from headwater.train.config import load_config
 
     cfg_file = tmp_path / "t.toml"
     cfg_file.write_text(

@@ -190,7 +190,7 @@ def test_grad_accum_gives_the_large_batch_update(case: Case) -> None:
 
 def test_presets_and_bad_model_config_are_config_errors(tmp_path: Any) -> None:
     import headwater
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
 
     cfg = load_config({"model": {"preset": "rt", "num_layers": 2}})
     assert (cfg.model.d_model, cfg.model.num_layers, cfg.model.num_heads) == (256, 2, 8)

@@ -246,7 +246,7 @@ def synopsis_lines() -> list[str]:
 
 def _check_set_keys(line: str) -> None:
     """``--set SECTION.KEY=VALUE`` with a real key loads in the train config."""
-    from headwater.train.config import load_config, parse_overrides
+    from headwater.runconfig.config import load_config, parse_overrides
 
     words = shlex.split(line)
     sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]

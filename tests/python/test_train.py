@@ -33,7 +33,7 @@ pytest.importorskip("wandb")
 from conftest import tiny_train_config
 
 from headwater.errors import ConfigError
-from headwater.train.config import load_config
+from headwater.runconfig.config import load_config
 
 STEPS = 6
 
@@ -334,7 +334,7 @@ def test_every_bad_sampler_key_is_reported_at_once_with_its_line(tmp_path: Path)
 
 
 def test_a_set_with_an_unquoted_dotted_name_says_to_quote_it() -> None:
-    from headwater.train.origins import parse_overrides
+    from headwater.runconfig.origins import parse_overrides
 
     with pytest.raises(ConfigError) as e:
         parse_overrides(["sampler.task_weights={orders.status=1}"])
@@ -345,8 +345,8 @@ def test_a_set_with_an_unquoted_dotted_name_says_to_quote_it() -> None:
 
 
 def test_an_unknown_task_weight_says_which_task_it_looks_like() -> None:
-    from headwater.train import sampler_config as SC
-    from headwater.train.origins import Origins
+    from headwater.runconfig import sampler_config as SC
+    from headwater.runconfig.origins import Origins
 
     names = ["customers.age", "orders.status", "orders.amount"]
     with pytest.raises(ConfigError) as e:
@@ -358,7 +358,7 @@ def test_an_unknown_task_weight_says_which_task_it_looks_like() -> None:
 def test_a_set_of_a_rank_key_reaches_the_ranks_table() -> None:
     """``--set ranks.1.num_threads=2`` sets rank 1's key (it read `1.num_threads`
     as the rank and refused it); a typo there gets the sampler's hint."""
-    from headwater.train.origins import parse_overrides
+    from headwater.runconfig.origins import parse_overrides
 
     cfg = load_config(None, **parse_overrides(["ranks.1.num_threads=2", "ranks.1.num_prefetch=3"]))
     assert cfg.ranks[1] == {"num_threads": 2, "num_prefetch": 3}
@@ -419,7 +419,7 @@ STREAM_KEYS = {
 
 
 def test_stream_keys_come_from_the_sampler_schema() -> None:
-    from headwater.train.sampler_config import stream_keys
+    from headwater.runconfig.sampler_config import stream_keys
 
     assert stream_keys() == STREAM_KEYS
 
@@ -508,7 +508,7 @@ def test_one_range_per_key_wherever_the_value_came_from(tmp_path: Path) -> None:
 
 
 def test_docs_state_the_trainers_sampler_defaults() -> None:
-    from headwater.train.sampler_config import TRAINER_DEFAULTS
+    from headwater.runconfig.sampler_config import TRAINER_DEFAULTS
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(
         encoding="utf-8"

@@ -66,7 +66,7 @@ def _config(db: Path, steps: int, sampler: str, train: str = "") -> str:
 
 
 def test_grad_accum_must_divide_every_steps_batch(tpch: Tpch) -> None:
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
 
     text = _config(
         tpch.built.path, 4, "sequence_lengths = [16, 64]\ntokens_per_batch = 64", "grad_accum = 2"
@@ -76,7 +76,7 @@ def test_grad_accum_must_divide_every_steps_batch(tpch: Tpch) -> None:
 
 
 def test_a_token_budget_below_one_sequence_is_refused_before_training(tpch: Tpch) -> None:
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
 
     text = _config(tpch.built.path, 4, "sequence_lengths = [64, 128]\ntokens_per_batch = 64")
     with pytest.raises(ConfigError, match=r"`sampler.tokens_per_batch`: got 64, smaller than one"):
@@ -117,7 +117,7 @@ def test_the_padder_keeps_one_high_water_mark_per_length(tpch: Tpch) -> None:
     reached (its ``[B, R, R]`` adjacency would grow with the long S)."""
     pytest.importorskip("jax")
     from headwater.cluster.mesh import Mesh
-    from headwater.train.padder import Padder
+    from headwater.evaluation.padder import Padder
 
     def batch(s: int, b: int) -> dict[str, object]:
         kw = {"default_sequence_length": s, "default_batch_size": b, "num_threads": 1}

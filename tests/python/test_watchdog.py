@@ -25,8 +25,8 @@ import pytest
 
 from headwater.cluster import watchdog as W
 from headwater.errors import ConfigError
-from headwater.train import checkpoint as C
-from headwater.train.config import load_config
+from headwater.runconfig.config import load_config
+from headwater.rundir import checkpoint as C
 
 
 class Store:

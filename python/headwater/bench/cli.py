@@ -38,7 +38,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     if a.examples:
         overrides.update(examples_recipe(_bench_source(a.db)[1], a.seq_len))
     if a.sampler_set:
-        from headwater.train.origins import toml_value
+        from headwater.runconfig.origins import toml_value
 
         for kv in a.sampler_set:
             key, sep, value = kv.partition("=")
@@ -109,7 +109,7 @@ def _bench_limited(a: argparse.Namespace, overrides: dict[str, Any]) -> int:
 def _bench_varlen(a: argparse.Namespace) -> int:
     """``bench --sequence-lengths``: variable against fixed S at one token budget."""
     from headwater.bench.varlen import format_varlen_bench, run_varlen_bench
-    from headwater.train.origins import toml_value
+    from headwater.runconfig.origins import toml_value
 
     if not a.tokens_per_batch:
         raise SystemExit("--sequence-lengths needs --tokens-per-batch")

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headwater.train.scoring import HIGHER_IS_BETTER
+from headwater.evaluation.scoring import HIGHER_IS_BETTER
 
 #: Each target type's primary metric (RelBench's task metrics).
 PRIMARY: dict[str, str] = {

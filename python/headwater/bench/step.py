@@ -133,7 +133,7 @@ def run_step_bench(
 
 def parse_model_sets(items: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` ``[model]`` overrides, values read as TOML (else strings)."""
-    from headwater.train.origins import toml_value
+    from headwater.runconfig.origins import toml_value
 
     out: dict[str, Any] = {}
     for item in items:

@@ -13,7 +13,9 @@ loop reads), :mod:`.watchdog` (a lost rank named within
 signalled and watched by PID).
 
 Must never: know of the model or of a run's config, loop or checkpoints
-(:mod:`headwater.model`, :mod:`headwater.train`; what a run wants reported
+(:mod:`headwater.model`, :mod:`headwater.runconfig`,
+:mod:`headwater.rundir`, :mod:`headwater.train`; what a run wants reported
 it hands over, as :data:`.watchdog.Recovery`). ``tests/python/test_layout.py``
-fails on an import of either. Importing this package does not import JAX.
+fails on an import of any of them. Importing this package does not import
+JAX.
 """

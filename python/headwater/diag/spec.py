@@ -101,7 +101,7 @@ def _expect(w: str, e: Any, processes: int) -> Expect:
 def load_spec(path: str | Path, **overrides: Any) -> tuple[DiagSpec, Any]:
     """The ``[diag]`` section of ``path`` and its :class:`TrainConfig`
     (with ``overrides``, dotted keys as in ``load_config``)."""
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
 
     cfg = load_config(path, **overrides)
     where = str(path)

@@ -11,8 +11,10 @@ the learning-rate schedule), :mod:`.scale` (presets, rematerialisation, the
 FLOP count of a step) and :mod:`.device` (sampler batches → static-shape
 device arrays).
 
-Must never: know of a run or a rank (configs, step loops and checkpoints
-are :mod:`headwater.train`'s, processes and meshes
+Must never: know of a run or a rank (a run's config is
+:mod:`headwater.runconfig`'s, its checkpoints :mod:`headwater.rundir`'s,
+step loops :mod:`headwater.train`'s, processes and meshes
 :mod:`headwater.cluster`'s; ``tests/python/test_layout.py`` fails on an
-import of either). Importing this package does not import JAX.
+import of any of them).
+Importing this package does not import JAX.
 """

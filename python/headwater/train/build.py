@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from headwater.cluster.mesh import Mesh
 from headwater.errors import ConfigError
-from headwater.train import checkpoint as C
-from headwater.train.config import TrainConfig
+from headwater.runconfig.config import TrainConfig
+from headwater.rundir import checkpoint as C
 from headwater.train.records import DrainRecorder, JsonlSink
 
 if TYPE_CHECKING:

@@ -3,16 +3,17 @@ join one ``jax.distributed`` job on loopback, or one process of a job a
 cluster launcher started (:mod:`headwater.cluster.job`).
 
 Owns: :func:`launch` (check the config, join the cluster job if there is
-one, resolve the database once, pick the run directory, then run this
-process's rank here or start ``--num-processes`` workers, which
-:mod:`headwater.cluster.workers` watches by PID), :func:`resolve_database`,
+one, resolve the database once with
+:func:`headwater.runconfig.database.resolve_database`, pick the run
+directory, then run this process's rank here or start ``--num-processes``
+workers, which :mod:`headwater.cluster.workers` watches by PID),
 :func:`run_directory` and the worker entry point (``python -m
 headwater.train --worker RANK SPEC``).
 
 ``launch(resume=RUN_DIR)`` continues a run from its last checkpoint: the
 config and overrides of the first start (``launch.json``) with the new ones
 on top, checked against the checkpoint first
-(:func:`headwater.train.checkpoint.check_resume`). SIGTERM/SIGINT: the
+(:func:`headwater.rundir.checkpoint.check_resume`). SIGTERM/SIGINT: the
 launcher forwards SIGTERM to its workers, which stop after the same step,
 checkpoint and write their summaries; :func:`launch` then prints the command
 that resumes the run.
@@ -44,50 +45,11 @@ from typing import Any
 from headwater.cluster import watchdog as W
 from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
-from headwater.train import checkpoint as C
-from headwater.train.config import TrainConfig, load_config
+from headwater.runconfig.config import TrainConfig, load_config
+from headwater.runconfig.database import resolve_database
+from headwater.rundir import checkpoint as C
 
 Config = str | Path | Mapping[str, Any] | None
-
-
-def resolve_database(cfg: TrainConfig) -> Path:
-    """``database.path`` (a database folder or a mixture file), a mixture file
-    written for the ``[[database]]`` list, or the embedded default database
-    (built once, cached)."""
-    from headwater.data.default_db import default_database
-
-    if cfg.database.mixture:
-        import dataclasses
-        import hashlib
-
-        from headwater.data.default_db import cache_dir
-        from headwater.mixture import write_mixture
-
-        entries = [
-            dataclasses.replace(
-                e,
-                path=Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder)),
-            )
-            if e.path == Path("")
-            else e
-            for e in cfg.database.mixture
-        ]
-        key = hashlib.sha256(repr(entries).encode()).hexdigest()[:16]
-        return write_mixture(entries, cache_dir() / "mixtures" / f"{key}.toml")
-    if cfg.database.path:
-        from headwater.mixture import is_mixture_file
-
-        p = Path(cfg.database.path).expanduser()
-        if is_mixture_file(p):
-            return p
-        if not (p / "metadata.json").is_file():
-            raise ConfigError(
-                f"{cfg.where('database', 'path')}: `database.path` = {cfg.database.path!r} is "
-                "not a headwater database (no metadata.json); build one with "
-                "`headwater preprocess`"
-            )
-        return p
-    return Path(default_database(cfg.database.scale_factor, embedder=cfg.database.embedder))
 
 
 def run_directory(cfg: TrainConfig, name: str) -> Path:

@@ -16,7 +16,7 @@ agreement, building the global arrays), compute (the jitted step, until the
 loss is on the host), telemetry (drain, cross-rank reduction, sinks) and the
 rest (progress, W&B logging of the trainer's own metrics).
 
-Evaluation (:mod:`headwater.train.evaluate`): every ``train.eval_every``
+Evaluation (:mod:`headwater.evaluation.evaluate`): every ``train.eval_every``
 steps a val pass capped at ``train.eval_max_seeds`` seeds per task; at the
 end (``train.eval_final``) val and test passes capped at
 ``train.eval_final_max_seeds`` (0: whole splits), which then stand in for
@@ -41,17 +41,17 @@ import numpy as np
 from headwater.cluster import watchdog as W
 from headwater.cluster.mesh import Mesh, host, host_shard
 from headwater.cluster.stopping import StopFlag
-from headwater.train import checkpoint as C
-from headwater.train.build import batch_layout, model_config, open_sinks
-from headwater.train.config import TrainConfig
-from headwater.train.evaluate import (
+from headwater.evaluation.evaluate import (
     Evaluator,
     PassInterrupted,
     define_eval_metrics,
     flat_row,
     telemetry_row,
 )
-from headwater.train.padder import Padder
+from headwater.evaluation.padder import Padder
+from headwater.runconfig.config import TrainConfig
+from headwater.rundir import checkpoint as C
+from headwater.train.build import batch_layout, model_config, open_sinks
 from headwater.train.prefetch import Prefetcher, consumed_state, local_shape, useful_cells
 from headwater.train.records import Progress
 from headwater.train.shapes import StepShapes
@@ -436,9 +436,10 @@ class Trainer:
         return consumed_state(live, self._consumed_state)
 
     def save(self, done: int, final_phase: str | None = None) -> None:
-        """Checkpoint after ``done`` steps (asynchronous: see :mod:`.checkpoint`);
-        ``final_phase="pending"`` marks the last one, taken before the final
-        validation and evaluation (see :func:`.checkpoint.check_resume`)."""
+        """Checkpoint after ``done`` steps (asynchronous: see
+        :mod:`headwater.rundir.checkpoint`); ``final_phase="pending"`` marks
+        the last one, taken before the final validation and evaluation (see
+        :func:`headwater.rundir.checkpoint.check_resume`)."""
         meta = {
             "format": "headwater-train-checkpoint",
             "version": 1,

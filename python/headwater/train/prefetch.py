@@ -202,7 +202,7 @@ class Prefetcher:
         (no batch beyond them), drained through its hook's sampler (the drain
         recorder, if any); with one process it also pads (its own padder: the
         loop pads validation batches meanwhile) and copies to the device."""
-        from headwater.train.padder import Padder
+        from headwater.evaluation.padder import Padder
 
         sampler, mesh, stop, hook = trainer.sampler, trainer.mesh, trainer.stop, trainer.hook
         train = trainer.cfg.train

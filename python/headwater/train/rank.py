@@ -9,8 +9,8 @@ default), ``metrics.jsonl`` (rank 0), ``rank-<r>.json`` (per-rank summary:
 losses, timings, a digest of the final parameters, the evaluation
 results), ``rank-<r>.log`` (ranks > 0, multi-process runs),
 ``checkpoints/<step>/`` (every ``train.checkpoint_every`` steps, at the end
-and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.train.checkpoint`;
-``headwater eval`` scores one: :mod:`headwater.train.eval_run`).
+and on SIGTERM/SIGINT; resume with ``--resume``: :mod:`headwater.rundir.checkpoint`;
+``headwater eval`` scores one: :mod:`headwater.evaluation.eval_run`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from headwater.cluster import watchdog as W
 from headwater.cluster.mesh import digest, param_norm
 from headwater.cluster.stopping import StopFlag
 from headwater.errors import ConfigError
-from headwater.train import checkpoint as C
-from headwater.train.config import TrainConfig
+from headwater.runconfig.config import TrainConfig
+from headwater.rundir import checkpoint as C
 from headwater.train.endpoints import exporter_port, rank_endpoints, write_file_sd
 from headwater.train.loop import Trainer
 from headwater.train.summary import format_summary, summarise
@@ -172,7 +172,7 @@ def python_stacks_on_stall(run_dir: Path, rank: int) -> Callable[[], None]:
 
 def _open_wandb(cfg: TrainConfig, run_dir: Path, run_id: str | None) -> Any:
     """The W&B run; ``run_id``: resume that run (rows earlier attempts logged
-    are not logged again, :class:`~headwater.train.checkpoint.ResumedRun`)."""
+    are not logged again, :class:`~headwater.rundir.checkpoint.ResumedRun`)."""
     import wandb
 
     lg = cfg.logging

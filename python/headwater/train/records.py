@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from headwater.evaluation.evaluate import pass_progress
 
 
 def scalars(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -73,9 +74,6 @@ class Progress:
     the mean of the last window of steps (no running mean, which would carry
     over a restart)."""
 
-    #: Seconds between a pass's progress lines (off a terminal).
-    PASS_EVERY_S = 5.0
-
     def __init__(self, total: int, log_every: int, enabled: bool) -> None:
         self.total, self.log_every, self.enabled = total, log_every, enabled
         self.tty = enabled and sys.stdout.isatty()
@@ -120,24 +118,6 @@ class Progress:
             print(("\n" if self.tty else "") + text, flush=True)
 
     def pass_progress(self, what: str) -> Callable[[int, int], None] | None:
-        """A callback ``(batches done, batches in the pass)`` for an evaluation
-        pass: a line when it starts, then one every :attr:`PASS_EVERY_S`
-        seconds (rewritten in place on a terminal) and one at its end."""
-        if not self.enabled:
-            return None
-        t0 = time.perf_counter()
-        last = [t0]
-
-        def show(done: int, total: int) -> None:
-            now = time.perf_counter()
-            if 0 < done < total and now - last[0] < (0.5 if self.tty else self.PASS_EVERY_S):
-                return
-            last[0] = now
-            pct = f" ({100 * done / total:.0f}%)" if total else ""
-            line = f"{what}: {done}/{total} batches{pct}, {now - t0:.1f} s"
-            if self.tty:
-                print("\r" + line, end="\n" if done >= total else "", flush=True)
-            else:
-                print(line, flush=True)
-
-        return show
+        """An evaluation pass's progress callback
+        (:func:`headwater.evaluation.evaluate.pass_progress`) on rank 0."""
+        return pass_progress(what, self.tty) if self.enabled else None

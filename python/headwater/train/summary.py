@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from headwater.evaluation.evaluate import flat_row
+from headwater.evaluation.scoring import format_table
 from headwater.telemetry import PREFIX
-from headwater.train.evaluate import flat_row
-from headwater.train.scoring import format_table
 from headwater.train.verdict import steady_start
 
 #: Timed phases of a step, in order.

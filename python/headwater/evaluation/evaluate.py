@@ -1,12 +1,15 @@
-"""Evaluation passes in the trainer: predictions per task over a val/test
-pass, gathered across ranks, scored with :mod:`headwater.train.scoring`.
+"""Evaluation passes, in the trainer and in ``headwater eval``: predictions
+per task over a val/test pass, gathered across ranks, scored with
+:mod:`headwater.evaluation.scoring`.
 
 Owns: :func:`make_predict_step` (the decoder outputs at each target cell,
 turned into one prediction and one label per sequence, with a mask of the
 sequences to score, all gathered over the data axis with
-``lax.all_gather`` inside the step) and :class:`Evaluator` (walks
+``lax.all_gather`` inside the step), :class:`Evaluator` (walks
 ``sampler.eval_batches(split, max_seeds=...)``, keeps the gathered arrays
-per task, scores the union).
+per task, scores the union), a pass's rows for W&B and ``metrics.jsonl``
+(:func:`flat_row`, :func:`telemetry_row`) and its progress line
+(:func:`pass_progress`).
 
 Every rank yields the same number of pass batches per task (the sampler's
 eval shard rule), so the collectives line up; after the gather every rank
@@ -22,12 +25,13 @@ Must never: score a padded sequence; draw from the training stream.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headwater.train.scoring import STYPES, baseline, score
+from headwater.evaluation.scoring import STYPES, baseline, score
 
 if TYPE_CHECKING:
     from headwater.cluster.stopping import StopFlag
@@ -115,8 +119,36 @@ class PassInterrupted(Exception):
         self.signum = signum
 
 
+#: Seconds between a pass's progress lines (off a terminal).
+PASS_EVERY_S = 5.0
+
+
+def pass_progress(what: str, tty: bool) -> Callable[[int, int], None]:
+    """A callback ``(batches done, batches in the pass)`` for a pass's
+    progress: a line when it starts, then one every :data:`PASS_EVERY_S`
+    seconds (every 0.5 s, rewritten in place, on a terminal: ``tty``) and
+    one at its end."""
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def show(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if 0 < done < total and now - last[0] < (0.5 if tty else PASS_EVERY_S):
+            return
+        last[0] = now
+        pct = f" ({100 * done / total:.0f}%)" if total else ""
+        line = f"{what}: {done}/{total} batches{pct}, {now - t0:.1f} s"
+        if tty:
+            print("\r" + line, end="\n" if done >= total else "", flush=True)
+        else:
+            print(line, flush=True)
+
+    return show
+
+
 class Evaluator:
-    """Runs passes with the trainer's mesh, padder and frozen tables."""
+    """Runs passes with a mesh, a padder and frozen tables (the trainer's,
+    or ``headwater eval``'s)."""
 
     def __init__(self, sampler: Any, mesh: Any, padder: Any, model_cfg: Any, tables: Any) -> None:
         from jax.sharding import PartitionSpec as P
@@ -238,7 +270,7 @@ def telemetry_row(split: str, reduced: Mapping[str, float]) -> dict[str, float]:
 
 def define_eval_metrics(run: Any, split: str, results: Mapping[str, Mapping[str, Any]]) -> None:
     """W&B summaries of each model metric: its best (max or min) and last value."""
-    from headwater.train.scoring import HIGHER_IS_BETTER
+    from headwater.evaluation.scoring import HIGHER_IS_BETTER
 
     for task, r in results.items():
         for m in r["metrics"]:

@@ -1,14 +1,19 @@
-"""The shapes every rank feeds the step: :class:`Padder` pads ``U`` (the
+"""The shapes every rank feeds a step: :class:`Padder` pads ``U`` (the
 batch's distinct texts) and ``R`` (the most rows of a sequence) of every
 batch to a high-water mark all ranks agree on, one per sequence length
 ``S``, so every rank feeds the same shapes and the step compiles a handful
 of times per run: with ``sequence_lengths`` once per ``S`` and high-water
 growth, never a short ``S`` padded to the rows of a long one. The stop
-flag of :mod:`headwater.train.checkpoint` rides on the same agreement.
+flag of :mod:`headwater.rundir.checkpoint` rides on the same agreement.
 
 The padding itself is the model's (:func:`headwater.model.device.pad_batch`);
 the agreement and the global arrays are the mesh's
 (:meth:`headwater.cluster.mesh.Mesh.agree`, :meth:`~headwater.cluster.mesh.Mesh.shard`).
+It lives in the evaluation room, the lowest room above both that needs
+it: every pass pads its batches with one (:class:`.evaluate.Evaluator`,
+``headwater eval`` without a run), and the training step is fed by
+another of the run's own (:mod:`headwater.train.loop`,
+:mod:`headwater.train.prefetch`).
 
 Must never: let ranks feed different shapes to the step.
 """
@@ -38,7 +43,7 @@ class Padder:
         #: ``[U, R]`` high-water marks by ``S``.
         self.marks: dict[int, list[int]] = {}
         #: The largest ``flag`` any rank passed to the last call (the stop
-        #: request of :mod:`.checkpoint` rides on this agreement).
+        #: request of :mod:`headwater.rundir.checkpoint` rides on this agreement).
         self.flag = 0
 
     def __call__(

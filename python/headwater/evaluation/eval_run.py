@@ -3,7 +3,7 @@ training checkpoint without training.
 
 Picks checkpoint ``--step`` (default: the latest committed one) of the run's
 orbax checkpoints (``RUN_DIR/checkpoints/<step>/``,
-:mod:`headwater.train.checkpoint`), rebuilds the run's config from its
+:mod:`headwater.rundir.checkpoint`), rebuilds the run's config from its
 launch record (``launch.json``: the config and overrides it was started
 with), and refuses, naming what, a run directory with no committed
 checkpoint, a step that is not a committed one, a checkpoint written under
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from headwater.errors import ConfigError
-from headwater.train.scoring import format_table
+from headwater.evaluation.scoring import format_table
 
 #: Config sections a checkpoint must share with the run's config to be scored.
 SECTIONS_CHECKED = ("database", "model")
@@ -37,7 +38,7 @@ SECTIONS_CHECKED = ("database", "model")
 def pick_checkpoint(run_dir: Path, step: int | None) -> int:
     """``step`` if it is a committed checkpoint of ``run_dir`` (the latest when
     ``None``); a :class:`ConfigError` naming the committed steps otherwise."""
-    from headwater.train import checkpoint as C
+    from headwater.rundir import checkpoint as C
 
     steps = C.committed_steps(run_dir)
     if not steps:
@@ -58,8 +59,8 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> int:
 def checked_config(run_dir: Path, step: int, meta: dict[str, Any]) -> Any:
     """The run's :class:`TrainConfig` from its launch record, refused when
     checkpoint ``step`` was written under another database or model config."""
-    from headwater.train import checkpoint as C
-    from headwater.train.config import load_config
+    from headwater.runconfig.config import load_config
+    from headwater.rundir import checkpoint as C
 
     config, overrides = C.read_launch_record(run_dir, "headwater eval")
     cfg = load_config(config, **overrides)
@@ -86,14 +87,13 @@ def evaluate_run(
     of checkpoint ``step`` (the latest when ``None``)."""
     from headwater.cluster.mesh import Mesh
     from headwater.errors import StateError
+    from headwater.evaluation.evaluate import Evaluator, pass_progress
+    from headwater.evaluation.padder import Padder
     from headwater.mixture import open_sampler
     from headwater.model import transformer as M
     from headwater.model.device import tables_to_device
-    from headwater.train import checkpoint as C
-    from headwater.train.evaluate import Evaluator
-    from headwater.train.launcher import resolve_database
-    from headwater.train.padder import Padder
-    from headwater.train.records import Progress
+    from headwater.runconfig.database import resolve_database
+    from headwater.rundir import checkpoint as C
 
     run_dir = Path(run_dir)
     C.read_launch_record(run_dir, "headwater eval")  # a run directory at all?
@@ -130,10 +130,10 @@ def evaluate_run(
         tables = mesh.replicate(tables_to_device(col_np, cat_np))
         ev = Evaluator(sampler, mesh, Padder(mesh, model_cfg.max_categories), model_cfg, tables)
         params = mesh.replicate(params)
-        progress = Progress(0, 1, enabled=True)
+        tty = sys.stdout.isatty()
         for split in splits:
             out[split] = ev.evaluate(
-                params, split, max_seeds, progress=progress.pass_progress(f"eval {split}")
+                params, split, max_seeds, progress=pass_progress(f"eval {split}", tty)
             )
             (run_dir / f"eval-{split}.json").write_text(
                 json.dumps(out[split], indent=1), encoding="utf-8"

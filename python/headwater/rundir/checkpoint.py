@@ -32,7 +32,7 @@ files are written by orbax's background thread while training continues
 ``train.keep_checkpoints`` are deleted by orbax after a save commits.
 
 Stopping on a signal: every rank ORs its stop flag into the per-step shape
-agreement (:class:`~headwater.train.padder.Padder`), so all ranks stop after
+agreement (:class:`~headwater.evaluation.padder.Padder`), so all ranks stop after
 the same step, save the same checkpoint and write their summaries. The
 launcher forwards SIGTERM/SIGINT to its workers.
 

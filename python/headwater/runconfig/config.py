@@ -44,8 +44,8 @@ from typing import Any
 from headwater.cluster.watchdog import timeout_problem
 from headwater.errors import ConfigError
 from headwater.hints import did_you_mean
-from headwater.train import sampler_config as SC
-from headwater.train.origins import Origins, locate_keys, parse_overrides
+from headwater.runconfig import sampler_config as SC
+from headwater.runconfig.origins import Origins, locate_keys, parse_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +97,14 @@ class TrainSection:
     #: Steps left out of throughput and timing figures (compilation).
     warmup_steps: int = 3
     #: Save a checkpoint (params, optimiser state, sampler state, step, W&B
-    #: run id; :mod:`.checkpoint`) every this many steps, at the end, and on
-    #: SIGTERM/SIGINT (0 = only at the end and on a signal).
+    #: run id; :mod:`headwater.rundir.checkpoint`) every this many steps, at
+    #: the end, and on SIGTERM/SIGINT (0 = only at the end and on a signal).
     checkpoint_every: int = 100
     #: Checkpoints kept under ``<run>/checkpoints/`` (the oldest go first).
     keep_checkpoints: int = 2
     #: Training batches a background thread fetches ahead of the step and
-    #: copies to the device while it computes (:mod:`.prefetch`); 0 = off
-    #: (the loop fetches each batch itself right after dispatching a step).
+    #: copies to the device while it computes (:mod:`headwater.train.prefetch`);
+    #: 0 = off (the loop fetches each batch itself right after dispatching a step).
     device_prefetch: int = 2
     #: Micro-batches per step (docs/training.md): the batch is split into this many,
     #: their gradients averaged, one optimiser update. Must divide the batch.

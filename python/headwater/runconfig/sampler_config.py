@@ -32,7 +32,7 @@ from typing import Any
 
 from headwater.errors import ConfigError
 from headwater.hints import first_unknown_hint
-from headwater.train.origins import FLAGS, Origins
+from headwater.runconfig.origins import FLAGS, Origins
 
 #: The trainer's ``[sampler]`` defaults (not the sampler's: the main job's
 #: small batches, so the default run finishes in minutes on 2 CPU cores).
