@@ -18,8 +18,11 @@
 //!   table), parsed and validated at the edge.
 //! - [`preprocess`]: relational tables → format (offline).
 //! - [`seeds`]: splits, rank slices, seed pools, task picking.
+//! - [`ranking`]: the example rankings of in-context contexts — the walk
+//!   graph, random walks, expected visit counts, the rankers and the
+//!   rankings stored per database.
 //! - [`context`]: what context a seed gets — the BFS from a seed row, the
-//!   walks, rankers and in-context examples.
+//!   in-context assembly of its tiers and when labels are known.
 //! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
 //! - [`maker`]: making batches (plan, draw, build), the stream's state and
 //!   fault injection.
@@ -37,6 +40,7 @@ pub mod config;
 pub mod context;
 pub mod maker;
 pub mod preprocess;
+pub mod ranking;
 pub mod sampler;
 pub mod seeds;
 pub mod stalls;

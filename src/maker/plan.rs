@@ -116,9 +116,9 @@ pub struct SamplerCore {
     /// The stall detector (`None`: its thread could not start).
     pub(super) stalls: Option<StallWatch>,
     /// With `examples`: each database's walk graph (else empty).
-    pub(super) walk_graphs: Vec<crate::context::walks::WalkGraph>,
+    pub(super) walk_graphs: Vec<crate::ranking::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
-    pub(super) rank_stores: Vec<crate::context::rank_store::RankStore>,
+    pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::maker::inject::Hog>,
     /// Named and reported as a mixture (more than one database given).

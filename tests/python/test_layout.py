@@ -304,13 +304,15 @@ RUST_SOURCES = [ROOT / "src", *sorted(p / "src" for p in (ROOT / "crates").iterd
 RUST_SOURCE = ROOT / "src"
 # Inside the core crate (`src/`), rooms a room must never reach
 # (CONTRIBUTING.md, "Arrows point down"): the seed and context rooms know
-# nothing of the tensors or the maker, the seeds nothing of the walks, the
-# maker nothing of the `Sampler` that delivers its batches.
+# nothing of the tensors or the maker, the rankings nothing of the context
+# that takes their examples, the seeds nothing of the walks, the maker
+# nothing of the `Sampler` that delivers its batches.
 RUST_FORBIDDEN: dict[str, set[str]] = {
     "batch": {"maker", "sampler", "bench"},
     "context": {"batch", "maker", "sampler", "bench"},
-    "seeds": {"batch", "context", "maker", "sampler", "bench"},
-    "config": {"batch", "context", "maker", "sampler", "seeds", "bench"},
+    "ranking": {"context", "batch", "maker", "sampler", "bench"},
+    "seeds": {"batch", "context", "ranking", "maker", "sampler", "bench"},
+    "config": {"batch", "context", "ranking", "maker", "sampler", "seeds", "bench"},
     "maker": {"sampler", "bench"},
 }
 _RUST_PATH = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
