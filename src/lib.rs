@@ -16,7 +16,10 @@
 //! The core's rooms:
 //! - [`config`]: every sampler key once (`SamplerConfig`, the `FIELDS`
 //!   table), parsed and validated at the edge.
-//! - [`preprocess`]: relational tables → format (offline).
+//! - [`spill`]: what preprocessing holds that grows with the rows, in page
+//!   cache (spill arrays, the reverse CSR, the distinct texts).
+//! - [`preprocess`]: relational tables → format (offline): the
+//!   `DatabaseWriter`, statistics, the hash embedder, synthetic databases.
 //! - [`seeds`]: splits, rank slices, seed pools, task picking.
 //! - [`ranking`]: the example rankings of in-context contexts — the walk
 //!   graph, random walks, expected visit counts, the rankers and the
@@ -43,6 +46,7 @@ pub mod preprocess;
 pub mod ranking;
 pub mod sampler;
 pub mod seeds;
+pub mod spill;
 pub mod stalls;
 
 pub use headwater_common::{error, prefetch, probes, readings, rng};

@@ -306,7 +306,9 @@ RUST_SOURCE = ROOT / "src"
 # (CONTRIBUTING.md, "Arrows point down"): the seed and context rooms know
 # nothing of the tensors or the maker, the rankings nothing of the context
 # that takes their examples, the seeds nothing of the walks, the maker
-# nothing of the `Sampler` that delivers its batches.
+# nothing of the `Sampler` that delivers its batches; preprocessing
+# (offline) nothing of sampling, and the spill structures nothing of the
+# writer that builds on them.
 RUST_FORBIDDEN: dict[str, set[str]] = {
     "batch": {"maker", "sampler", "bench"},
     "context": {"batch", "maker", "sampler", "bench"},
@@ -314,6 +316,18 @@ RUST_FORBIDDEN: dict[str, set[str]] = {
     "seeds": {"batch", "context", "ranking", "maker", "sampler", "bench"},
     "config": {"batch", "context", "ranking", "maker", "sampler", "seeds", "bench"},
     "maker": {"sampler", "bench"},
+    "preprocess": {"batch", "context", "ranking", "maker", "sampler", "bench"},
+    "spill": {
+        "preprocess",
+        "config",
+        "seeds",
+        "batch",
+        "context",
+        "ranking",
+        "maker",
+        "sampler",
+        "bench",
+    },
 }
 _RUST_PATH = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 _RUST_USE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.M | re.S)
