@@ -27,8 +27,11 @@
 //! - [`context`]: what context a seed gets — the BFS from a seed row, the
 //!   in-context assembly of its tiers and when labels are known.
 //! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
-//! - [`maker`]: making batches (plan, draw, build), the stream's state and
-//!   fault injection.
+//! - [`stream`]: where each split's stream stands (`StreamState`), the
+//!   keys that define it (`StreamConfig`) and its saved form
+//!   (`SamplerState`).
+//! - [`maker`]: making batches (plan, draw, build), the capture and restore
+//!   of its streams, and fault injection.
 //! - [`sampler`]: the [`Sampler`] — producers, delivery, evaluation passes,
 //!   telemetry per split, save and restore.
 //! - [`stalls`]: the stall detector (stack dumps of sampler threads stuck
@@ -48,6 +51,7 @@ pub mod sampler;
 pub mod seeds;
 pub mod spill;
 pub mod stalls;
+pub mod stream;
 
 pub use headwater_common::{error, prefetch, probes, readings, rng};
 pub use headwater_format as format;

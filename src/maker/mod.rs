@@ -29,8 +29,8 @@ mod memory;
 mod mixing;
 mod open;
 mod plan;
+mod resume;
 mod shape;
-pub mod state;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::readings::BatchReadings;
 use crate::rng::mix64;
 use crate::seeds::Split;
-use state::StreamState;
+use crate::stream::StreamState;
 
 /// A made batch: its tensors and what its producer measured making it.
 #[derive(Debug, Clone)]

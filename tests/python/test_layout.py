@@ -305,18 +305,20 @@ RUST_SOURCE = ROOT / "src"
 # Inside the core crate (`src/`), rooms a room must never reach
 # (CONTRIBUTING.md, "Arrows point down"): the seed and context rooms know
 # nothing of the tensors or the maker, the rankings nothing of the context
-# that takes their examples, the seeds nothing of the walks, the maker
-# nothing of the `Sampler` that delivers its batches; preprocessing
+# that takes their examples, the seeds nothing of the walks, the stream
+# state nothing of the maker whose draws advance it, the maker nothing of
+# the `Sampler` that delivers its batches; preprocessing
 # (offline) nothing of sampling, and the spill structures nothing of the
 # writer that builds on them.
 RUST_FORBIDDEN: dict[str, set[str]] = {
     "batch": {"maker", "sampler", "bench"},
     "context": {"batch", "maker", "sampler", "bench"},
     "ranking": {"context", "batch", "maker", "sampler", "bench"},
-    "seeds": {"batch", "context", "ranking", "maker", "sampler", "bench"},
-    "config": {"batch", "context", "ranking", "maker", "sampler", "seeds", "bench"},
+    "seeds": {"batch", "context", "ranking", "stream", "maker", "sampler", "bench"},
+    "config": {"batch", "context", "ranking", "stream", "maker", "sampler", "seeds", "bench"},
+    "stream": {"batch", "context", "ranking", "maker", "sampler", "bench"},
     "maker": {"sampler", "bench"},
-    "preprocess": {"batch", "context", "ranking", "maker", "sampler", "bench"},
+    "preprocess": {"batch", "context", "ranking", "stream", "maker", "sampler", "bench"},
     "spill": {
         "preprocess",
         "config",
@@ -324,6 +326,7 @@ RUST_FORBIDDEN: dict[str, set[str]] = {
         "batch",
         "context",
         "ranking",
+        "stream",
         "maker",
         "sampler",
         "bench",
