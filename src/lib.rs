@@ -31,11 +31,13 @@
 //!   keys that define it (`StreamConfig`) and its saved form
 //!   (`SamplerState`).
 //! - [`maker`]: making batches (plan, draw, build), the capture and restore
-//!   of its streams, and fault injection.
+//!   of its streams.
 //! - [`sampler`]: the [`Sampler`] — producers, delivery, evaluation passes,
 //!   telemetry per split, save and restore.
 //! - [`stalls`]: the stall detector (stack dumps of sampler threads stuck
 //!   past `stall_after_ms`).
+//! - `faults` (crate-private): the fault injection of the diagnostic
+//!   configs (`debug_*` keys), which the maker and the producers call.
 //! - [`bench`]: the measurement behind `headwater bench`.
 //!
 //! The PyO3 binding is the crate above this one (`crates/python`).
@@ -44,6 +46,7 @@ pub mod batch;
 pub mod bench;
 pub mod config;
 pub mod context;
+pub(crate) mod faults;
 pub mod maker;
 pub mod preprocess;
 pub mod ranking;

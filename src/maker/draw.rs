@@ -264,7 +264,7 @@ impl SamplerCore {
             // Before the batch's clock starts: the drop is the injection's
             // cost, not the sampler's (the faults it causes are).
             for mdb in &self.dbs {
-                super::inject::drop_page_cache(mdb.db.dir());
+                crate::faults::drop_page_cache(mdb.db.dir());
             }
         }
         let t0 = Instant::now();

@@ -23,7 +23,6 @@ mod build;
 mod checks;
 mod draw;
 mod examples;
-pub(crate) mod inject;
 mod masking;
 mod memory;
 mod mixing;

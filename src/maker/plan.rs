@@ -120,7 +120,7 @@ pub struct SamplerCore {
     /// With `expected_store`: each database's stored rankings.
     pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
-    pub(crate) hog: Option<crate::maker::inject::Hog>,
+    pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
     pub as_mixture: bool,
     /// Databases of the mixture dropped at open (`on_bad_database`).
@@ -186,7 +186,7 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .start_handler(move |_| {
                 if let Some(cpu) = pin {
-                    crate::maker::inject::pin_to(cpu);
+                    crate::faults::pin_to(cpu);
                 }
             })
             .build()
@@ -202,7 +202,7 @@ impl SamplerCore {
             rank: cfg.rank,
         });
         let hog = match (cfg.debug_cpu_hog, cfg.debug_pin_cpu) {
-            (true, Some(cpu)) => crate::maker::inject::Hog::start(cpu),
+            (true, Some(cpu)) => crate::faults::Hog::start(cpu),
             _ => None,
         };
         let mut core = SamplerCore {

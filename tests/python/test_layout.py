@@ -307,7 +307,8 @@ RUST_SOURCE = ROOT / "src"
 # nothing of the tensors or the maker, the rankings nothing of the context
 # that takes their examples, the seeds nothing of the walks, the stream
 # state nothing of the maker whose draws advance it, the maker nothing of
-# the `Sampler` that delivers its batches; preprocessing
+# the `Sampler` that delivers its batches, the faults nothing of what they
+# are injected into; preprocessing
 # (offline) nothing of sampling, and the spill structures nothing of the
 # writer that builds on them.
 RUST_FORBIDDEN: dict[str, set[str]] = {
@@ -318,6 +319,17 @@ RUST_FORBIDDEN: dict[str, set[str]] = {
     "config": {"batch", "context", "ranking", "stream", "maker", "sampler", "seeds", "bench"},
     "stream": {"batch", "context", "ranking", "maker", "sampler", "bench"},
     "maker": {"sampler", "bench"},
+    "faults": {
+        "config",
+        "seeds",
+        "batch",
+        "context",
+        "ranking",
+        "stream",
+        "maker",
+        "sampler",
+        "bench",
+    },
     "preprocess": {"batch", "context", "ranking", "stream", "maker", "sampler", "bench"},
     "spill": {
         "preprocess",
