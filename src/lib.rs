@@ -27,6 +27,9 @@
 //! - [`context`]: what context a seed gets — the BFS from a seed row, the
 //!   in-context assembly of its tiers and when labels are known.
 //! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
+//! - [`databases`]: the databases a sampler is made from, before any plan
+//!   — their names in a mixture, opening (staged, a bad one dropped), the
+//!   checks across a mixture, how their pages are read.
 //! - [`stream`]: where each split's stream stands (`StreamState`), the
 //!   keys that define it (`StreamConfig`) and its saved form
 //!   (`SamplerState`).
@@ -46,6 +49,7 @@ pub mod batch;
 pub mod bench;
 pub mod config;
 pub mod context;
+pub mod databases;
 pub(crate) mod faults;
 pub mod maker;
 pub mod preprocess;

@@ -15,12 +15,13 @@ use std::sync::{Arc, OnceLock};
 use half::f16;
 use rayon::prelude::*;
 
-use super::checks::{check_mixture, warn_stats_split};
 use super::derive;
-use super::open::database_names;
 use crate::batch::auto_count;
 use crate::config::SamplerConfig;
 use crate::context::Subgraph;
+use crate::databases::{
+    check_mixture, database_names, plan_reads, warn_stats_split, DroppedDatabase, ReadPlan,
+};
 use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::telemetry::TelemetrySchema;
@@ -108,7 +109,7 @@ pub struct SamplerCore {
     /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
     /// How the databases are read under the memory budget.
-    pub reads: super::ReadPlan,
+    pub reads: ReadPlan,
     /// Seeds per rank per step of each task (`seeds_per_step`).
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
@@ -124,7 +125,7 @@ pub struct SamplerCore {
     /// Named and reported as a mixture (more than one database given).
     pub as_mixture: bool,
     /// Databases of the mixture dropped at open (`on_bad_database`).
-    pub dropped: Vec<super::DroppedDatabase>,
+    pub dropped: Vec<DroppedDatabase>,
 }
 
 impl SamplerCore {
@@ -169,7 +170,7 @@ impl SamplerCore {
             }
         }
         cfg.validate(Some(&task_names))?;
-        let reads = super::memory::plan_reads(&dbs, &cfg);
+        let reads = plan_reads(&dbs, &cfg);
         warn_stats_split(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;

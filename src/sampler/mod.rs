@@ -50,8 +50,9 @@ mod report;
 mod reporting;
 mod rss;
 
+pub use crate::databases::ReadPlan;
 pub use crate::maker::{
-    BatchMaker, MadeBatch, MixtureDatabase, ReadPlan, SamplerCore, SplitState, MIX_WINDOW,
+    BatchMaker, MadeBatch, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW,
 };
 pub use crate::stream::{DatabaseRecord, SamplerState, StreamState};
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
