@@ -17,8 +17,8 @@
 
 use std::time::Instant;
 
-use headwater::context::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::format::Database;
+use headwater::ranking::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::rng::Xoshiro256pp;
 
 fn thread_cpu_s() -> f64 {

@@ -16,17 +16,31 @@
 //! The core's rooms:
 //! - [`config`]: every sampler key once (`SamplerConfig`, the `FIELDS`
 //!   table), parsed and validated at the edge.
-//! - [`preprocess`]: relational tables → format (offline).
+//! - [`spill`]: what preprocessing holds that grows with the rows, in page
+//!   cache (spill arrays, the reverse CSR, the distinct texts).
+//! - [`preprocess`]: relational tables → format (offline): the
+//!   `DatabaseWriter`, statistics, the hash embedder, synthetic databases.
 //! - [`seeds`]: splits, rank slices, seed pools, task picking.
+//! - [`ranking`]: the example rankings of in-context contexts — the walk
+//!   graph, random walks, expected visit counts, the rankers and the
+//!   rankings stored per database.
 //! - [`context`]: what context a seed gets — the BFS from a seed row, the
-//!   walks, rankers and in-context examples.
+//!   in-context assembly of its tiers and when labels are known.
 //! - [`batch`]: subgraphs → the batch tensors (the one tensor list).
-//! - [`maker`]: making batches (plan, draw, build), the stream's state and
-//!   fault injection.
+//! - [`databases`]: the databases a sampler is made from, before any plan
+//!   — their names in a mixture, opening (staged, a bad one dropped), the
+//!   checks across a mixture, how their pages are read.
+//! - [`stream`]: where each split's stream stands (`StreamState`), the
+//!   keys that define it (`StreamConfig`) and its saved form
+//!   (`SamplerState`).
+//! - [`maker`]: making batches (plan, draw, build), the capture and restore
+//!   of its streams.
 //! - [`sampler`]: the [`Sampler`] — producers, delivery, evaluation passes,
 //!   telemetry per split, save and restore.
 //! - [`stalls`]: the stall detector (stack dumps of sampler threads stuck
 //!   past `stall_after_ms`).
+//! - `faults` (crate-private): the fault injection of the diagnostic
+//!   configs (`debug_*` keys), which the maker and the producers call.
 //! - [`bench`]: the measurement behind `headwater bench`.
 //!
 //! The PyO3 binding is the crate above this one (`crates/python`).
@@ -35,11 +49,16 @@ pub mod batch;
 pub mod bench;
 pub mod config;
 pub mod context;
+pub mod databases;
+pub(crate) mod faults;
 pub mod maker;
 pub mod preprocess;
+pub mod ranking;
 pub mod sampler;
 pub mod seeds;
+pub mod spill;
 pub mod stalls;
+pub mod stream;
 
 pub use headwater_common::{error, prefetch, probes, readings, rng};
 pub use headwater_format as format;

@@ -9,7 +9,7 @@
 // (clippy.toml) is for the library.
 #![allow(clippy::too_many_lines)]
 
-use headwater::preprocess::{build_reverse, SpillArray};
+use headwater::spill::{build_reverse, SpillArray};
 
 /// This process's resident anonymous pages (`RssAnon`), bytes.
 fn rss_anon() -> u64 {

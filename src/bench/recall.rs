@@ -13,12 +13,12 @@
 
 use serde::Serialize;
 
-use crate::context::rankers::Ranker;
 use crate::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
 use crate::error::Result;
 use crate::maker::SamplerCore;
+use crate::ranking::rankers::Ranker;
 use crate::rng::mix64;
 
 /// One task's recall and rates.

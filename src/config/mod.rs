@@ -84,10 +84,10 @@ pub enum ExampleRanker {
     /// Visit counts of random walks from the seed (RT-J's semantics).
     Walks,
     /// The same walks in blocks, stopped once the examples the context
-    /// would take are stable (`crate::context::rankers`).
+    /// would take are stable (`crate::ranking::rankers`).
     Adaptive,
     /// The visit counts the walks are expected to give, computed without
-    /// drawing a walk (`crate::context::expected`).
+    /// drawing a walk (`crate::ranking::expected`).
     Expected,
 }
 
@@ -216,11 +216,11 @@ pub struct SamplerConfig {
     pub example_ranker: ExampleRanker,
     /// With `example_ranker = "expected"`: a row spreads its probability
     /// only when each neighbour's share is at least this many expected
-    /// visits of `num_walks` walks (`crate::context::expected`).
+    /// visits of `num_walks` walks (`crate::ranking::expected`).
     pub expected_prune: f64,
     /// With `example_ranker = "expected"`: rank from rankings computed
     /// once per database and stored in its directory
-    /// (`crate::context::rank_store`; the same picks).
+    /// (`crate::ranking::rank_store`; the same picks).
     pub expected_store: bool,
     /// With `expected_store`: rows each stored head (the count order, the
     /// recency order) of an item keeps at most.

@@ -4,7 +4,7 @@
 //!
 //! - tier 0: the seed's BFS, capped at the sequence's `local_size` cells;
 //! - tier 1: rows of the seed's table ranked by the walk visit counts
-//!   (`super::walks`), or by recency first with `prefer_latest`, each with
+//!   (`crate::ranking`), or by recency first with `prefer_latest`, each with
 //!   its BFS shell (at most `local_size` cells, width `bfs_width`) until
 //!   the context is full;
 //! - tier 2: random rows of the table, those the walks did not visit
@@ -33,10 +33,10 @@ use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
 use super::labels::LabelTimes;
-use super::rank_store::RankStore;
-use super::rankers::{rank, RankArgs, RankScratch, Ranker};
-use super::walks::{WalkGraph, WalkParams};
 use crate::format::GraphView;
+use crate::ranking::rank_store::RankStore;
+use crate::ranking::rankers::{rank, RankArgs, RankScratch, Ranker};
+use crate::ranking::walks::{WalkGraph, WalkParams};
 use crate::rng::{mix64, Xoshiro256pp};
 
 /// One sequence's draws from the recipe's lists.

@@ -1,7 +1,11 @@
-//! BFS from a seed row over foreign-key edges, with the time filter and
-//! width caps; per-worker scratch.
+//! What context a seed gets: the BFS from a seed row over foreign-key
+//! edges, with the time filter and width caps, and per-worker scratch
+//! (`bfs.rs`); with `examples = true`, the in-context assembly of the tiers
+//! (`incontext.rs`) and when a row's label is known (`labels.rs`). The
+//! example rankings tier 1 is ordered by are `crate::ranking`, below this
+//! room.
 //!
-//! Rules (docs/sampling.md): parents (F→P) first and without width cap; children
+//! BFS rules (docs/sampling.md): parents (F→P) first and without width cap; children
 //! (P→F) only when visible at the seed's observation time (their table has no
 //! time, or their time ≤ `obs_time`), then at most `bfs_child_width` of them,
 //! uniformly; closest hop first, ties broken at random; rows are added whole
@@ -15,16 +19,11 @@
 //! cleared, not reallocated); the visited set is an epoch-stamped array, not a
 //! hash set; the children visible at a cutoff are a prefix found by binary
 //! search on the time-sorted CSR, so a hub with millions of children costs
-//! O(width), never O(degree). Never reads column data.
+//! O(width), never O(degree). The BFS never reads column data.
 
 mod bfs;
-pub mod expected;
 pub mod incontext;
 pub mod labels;
-pub mod rank_store;
-pub mod rankers;
-mod walk_graph;
-pub mod walks;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
 pub use incontext::{build_in_context, ExampleParams, ExampleScratch, SeqRecipe};

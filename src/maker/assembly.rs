@@ -7,7 +7,6 @@
 
 use std::cell::RefCell;
 
-use super::checks::in_database;
 use super::draw::BuildBuffers;
 use super::plan::{SamplerCore, TargetPlan, TaskGroup};
 use crate::batch::{
@@ -15,6 +14,7 @@ use crate::batch::{
     SeqContext, TableCells, Target,
 };
 use crate::context::{LabelTimes, Subgraph};
+use crate::databases::in_database;
 use crate::error::Result;
 use crate::readings::SeqReadings;
 

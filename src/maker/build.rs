@@ -136,7 +136,7 @@ impl SamplerCore {
         let _batch = batch_span.enter();
         let watched = self.watch(Stage::Bfs, step);
         if self.cfg.debug_stall_step == Some(step) && split == crate::seeds::Split::Train {
-            super::inject::injected_stall(self.cfg.debug_stall_ms);
+            crate::faults::injected_stall(self.cfg.debug_stall_ms);
         }
         let one = [(k, 0..jobs.len())];
         let bc = BuildCtx {
@@ -235,7 +235,7 @@ impl SamplerCore {
         let t_probe = Instant::now();
         if self.cfg.debug_spin_ms > 0.0 {
             // Inside the probed window: the kernel's account sees the work.
-            super::inject::injected_spin(self.cfg.debug_spin_ms);
+            crate::faults::injected_spin(self.cfg.debug_spin_ms);
         }
         let stage_to = |st: Stage| {
             if let Some(w) = watched {

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::readings::{DatabaseDraw, DrawReadings};
 use crate::seeds::{epoch_cursor, rank_slice, task_split_seeds, SeedPool, Split, TaskPicker};
 
-use super::state::StreamState;
+use crate::stream::StreamState;
 
 /// One split's sampling state on one rank: the stream position
 /// ([`StreamState`], the only part that matters for the stream), the global
@@ -263,7 +263,7 @@ impl SamplerCore {
             // Before the batch's clock starts: the drop is the injection's
             // cost, not the sampler's (the faults it causes are).
             for mdb in &self.dbs {
-                super::inject::drop_page_cache(mdb.db.dir());
+                crate::faults::drop_page_cache(mdb.db.dir());
             }
         }
         let t0 = Instant::now();

@@ -14,14 +14,14 @@ use rayon::prelude::*;
 
 use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
-use crate::context::rank_store::{BuildLock, RankStore, StoreParams};
-use crate::context::rankers::Ranker;
-use crate::context::walks::WalkGraph;
 use crate::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, LabelTimes, SeqRecipe, Subgraph,
 };
 use crate::error::{Error, Result};
 use crate::format::GraphView;
+use crate::ranking::rank_store::{BuildLock, RankStore, StoreParams};
+use crate::ranking::rankers::Ranker;
+use crate::ranking::walks::WalkGraph;
 
 thread_local! {
     // Boxed: the extension's static TLS block is small (a large

@@ -5,7 +5,11 @@
 //! and the **build** (`build.rs`: BFS, packing, assembly and text collation
 //! of a drawn step, on any thread). This file drives them: one batch
 //! ([`SamplerCore::make_batch`]), a pipelined stream
-//! ([`SamplerCore::stream_batches`]) and replay.
+//! ([`SamplerCore::stream_batches`]) and replay. Below it: the databases it
+//! is made from, opened and checked (`crate::databases`), the stream state
+//! its draws advance (`crate::stream`; its capture and restore from a core
+//! are `resume.rs`) and the fault injection of the diagnostic configs
+//! (`crate::faults`).
 //!
 //! Determinism: the stream follows `crate::seeds` — the task of a step is a
 //! function of (`seed`, split, step), the seeds are the rank's slice of the
@@ -20,24 +24,19 @@
 
 mod assembly;
 mod build;
-mod checks;
 mod draw;
 mod examples;
-pub(crate) mod inject;
 mod masking;
-mod memory;
 mod mixing;
 mod open;
 mod plan;
+mod resume;
 mod shape;
-pub mod state;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 pub use draw::SplitState;
-pub use memory::ReadPlan;
-pub use open::DroppedDatabase;
 pub use plan::{MixtureDatabase, SamplerCore, MIX_WINDOW};
 
 pub(crate) use draw::BuildBuffers;
@@ -47,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::readings::BatchReadings;
 use crate::rng::mix64;
 use crate::seeds::Split;
-use state::StreamState;
+use crate::stream::StreamState;
 
 /// A made batch: its tensors and what its producer measured making it.
 #[derive(Debug, Clone)]
@@ -241,14 +240,6 @@ pub(super) fn tracing_warn(msg: &str) {
     tracing::warn!("{msg}");
     if !tracing::dispatcher::has_been_set() {
         eprintln!("headwater: warning: {msg}");
-    }
-}
-
-/// A `tracing` info line; also on stderr when no subscriber is installed.
-pub(super) fn tracing_info(msg: &str) {
-    tracing::info!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: {msg}");
     }
 }
 

@@ -15,12 +15,13 @@ use std::sync::{Arc, OnceLock};
 use half::f16;
 use rayon::prelude::*;
 
-use super::checks::{check_mixture, warn_stats_split};
 use super::derive;
-use super::open::database_names;
 use crate::batch::auto_count;
 use crate::config::SamplerConfig;
 use crate::context::Subgraph;
+use crate::databases::{
+    check_mixture, database_names, plan_reads, warn_stats_split, DroppedDatabase, ReadPlan,
+};
 use crate::error::{Error, Result};
 use crate::format::Database;
 use crate::telemetry::TelemetrySchema;
@@ -108,7 +109,7 @@ pub struct SamplerCore {
     /// databases were opened elsewhere. `Sampler` adds the seed-pool build.
     pub startup_seconds: f64,
     /// How the databases are read under the memory budget.
-    pub reads: super::ReadPlan,
+    pub reads: ReadPlan,
     /// Seeds per rank per step of each task (`seeds_per_step`).
     pub(super) seeds_per_step: Vec<usize>,
     /// The `K` of the `[B, K]` tensors (`segment_slots`).
@@ -116,15 +117,15 @@ pub struct SamplerCore {
     /// The stall detector (`None`: its thread could not start).
     pub(super) stalls: Option<StallWatch>,
     /// With `examples`: each database's walk graph (else empty).
-    pub(super) walk_graphs: Vec<crate::context::walks::WalkGraph>,
+    pub(super) walk_graphs: Vec<crate::ranking::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
-    pub(super) rank_stores: Vec<crate::context::rank_store::RankStore>,
+    pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
-    pub(crate) hog: Option<crate::maker::inject::Hog>,
+    pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
     pub as_mixture: bool,
     /// Databases of the mixture dropped at open (`on_bad_database`).
-    pub dropped: Vec<super::DroppedDatabase>,
+    pub dropped: Vec<DroppedDatabase>,
 }
 
 impl SamplerCore {
@@ -169,7 +170,7 @@ impl SamplerCore {
             }
         }
         cfg.validate(Some(&task_names))?;
-        let reads = super::memory::plan_reads(&dbs, &cfg);
+        let reads = plan_reads(&dbs, &cfg);
         warn_stats_split(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;
@@ -186,7 +187,7 @@ impl SamplerCore {
             .thread_name(|i| format!("headwater-worker-{i}"))
             .start_handler(move |_| {
                 if let Some(cpu) = pin {
-                    crate::maker::inject::pin_to(cpu);
+                    crate::faults::pin_to(cpu);
                 }
             })
             .build()
@@ -202,7 +203,7 @@ impl SamplerCore {
             rank: cfg.rank,
         });
         let hog = match (cfg.debug_cpu_hog, cfg.debug_pin_cpu) {
-            (true, Some(cpu)) => crate::maker::inject::Hog::start(cpu),
+            (true, Some(cpu)) => crate::faults::Hog::start(cpu),
             _ => None,
         };
         let mut core = SamplerCore {

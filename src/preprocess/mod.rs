@@ -5,7 +5,11 @@
 //! typed column arrays. This module owns everything that decides bytes on
 //! disk: z-scoring and statistics, category and text dictionaries, the CSR
 //! graph with time-sorted children, task files, checksums, the content hash,
-//! and the atomic publish of the finished directory.
+//! and the atomic publish of the finished directory (the writer, `writer/`),
+//! plus the offline `hash` embedder and the synthetic databases of tests and
+//! benches. What grows with the rows while it is built (scratch arrays, the
+//! reverse CSR, the distinct texts) is held by `crate::spill`, below this
+//! room, in page cache rather than private memory.
 //!
 //! Invariants: output is written into a staging sibling (`<out>.partial`) and
 //! renamed into place only when complete, so an interrupted run never leaves a
@@ -13,18 +17,13 @@
 //! every global index (row, column, category, text) is allocated in that
 //! order, so a restarted run may reuse the longest prefix of finished tables.
 
-mod graph;
 mod hash_embed;
-mod spill;
 mod stats;
 #[cfg(any(test, feature = "testing"))]
 mod synth;
-mod texts;
 mod writer;
 
-pub use graph::{build_reverse, write_forward, write_reverse, ReverseCsr};
 pub use hash_embed::hash_embed;
-pub use spill::{SpillArray, SpillVec};
 pub use stats::{column_stats, RunningStats};
 #[cfg(any(test, feature = "testing"))]
 pub use synth::{synth_database, SynthSpec};

@@ -50,11 +50,11 @@ mod report;
 mod reporting;
 mod rss;
 
-pub use crate::maker::state;
-pub use crate::maker::state::{DatabaseRecord, SamplerState, StreamState};
+pub use crate::databases::ReadPlan;
 pub use crate::maker::{
-    BatchMaker, MadeBatch, MixtureDatabase, ReadPlan, SamplerCore, SplitState, MIX_WINDOW,
+    BatchMaker, MadeBatch, MixtureDatabase, SamplerCore, SplitState, MIX_WINDOW,
 };
+pub use crate::stream::{DatabaseRecord, SamplerState, StreamState};
 pub use eval::{eval_list, eval_task, EvalPass, EvalTask};
 pub use gate::{Gate, Turn};
 pub use report::SplitTelemetry;

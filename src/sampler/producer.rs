@@ -65,7 +65,7 @@ fn produce(
     mut opened: Option<Instant>,
 ) {
     if let Some(cpu) = core.cfg.debug_pin_cpu {
-        crate::maker::inject::pin_to(cpu);
+        crate::faults::pin_to(cpu);
     }
     let depth = core.stream_depth();
     let cap = core.cfg.max_rss_bytes;

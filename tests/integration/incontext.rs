@@ -10,13 +10,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use headwater::config::ExampleRanker;
-use headwater::context::rankers::Ranker;
-use headwater::context::walks::WalkGraph;
 use headwater::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
 use headwater::format::{Database, GraphView};
 use headwater::preprocess::SynthSpec;
+use headwater::ranking::rankers::Ranker;
+use headwater::ranking::walks::WalkGraph;
 use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::{Error, SamplerConfig, Split};
 

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use headwater::maker::state::SamplerState;
 use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
+use headwater::stream::SamplerState;
 use headwater::{Error, Sampler, SamplerConfig, Split};
 use proptest::prelude::*;
 

@@ -6,12 +6,12 @@
 //! equal the live ranker's; the key is refused without the ranker.
 
 use headwater::config::ExampleRanker;
-use headwater::context::rank_store::{RankStore, StoreParams};
-use headwater::context::rankers::Ranker;
 use headwater::context::{
     build_in_context, BfsScratch, ExampleParams, ExampleScratch, SeqRecipe, Subgraph,
 };
 use headwater::format::Database;
+use headwater::ranking::rank_store::{RankStore, StoreParams};
+use headwater::ranking::rankers::Ranker;
 use headwater::sampler::{MadeBatch, SamplerCore};
 use headwater::{Error, SamplerConfig};
 

@@ -8,10 +8,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headwater::maker::state::{SamplerState, STATE_VERSION};
 use headwater::preprocess::SynthSpec;
 use headwater::sampler::{BatchMaker, MadeBatch, SamplerCore};
 use headwater::seeds::split_seeds;
+use headwater::stream::{SamplerState, STATE_VERSION};
 use headwater::{Error, Sampler, SamplerConfig, Split, TaskPick};
 use proptest::prelude::*;
 

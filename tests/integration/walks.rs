@@ -4,10 +4,10 @@
 //! time), and the comparison is sharp enough to tell a walker that ignores
 //! the time apart. The `expected` ranker's counts against the same walker.
 
-use headwater::context::expected::Spread;
-use headwater::context::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::format::GraphView;
 use headwater::preprocess::SynthSpec;
+use headwater::ranking::expected::Spread;
+use headwater::ranking::walks::{WalkCounts, WalkGraph, WalkParams};
 use headwater::rng::Xoshiro256pp;
 use headwater::SamplerConfig;
 

@@ -316,15 +316,31 @@ def test_the_cycle_finder_finds_a_loop_and_none_in_a_tree() -> None:
 RUST_SOURCES = [ROOT / "src", *sorted(p / "src" for p in (ROOT / "crates").iterdir())]
 RUST_SOURCE = ROOT / "src"
 # Inside the core crate (`src/`), rooms a room must never reach
-# (CONTRIBUTING.md, "Arrows point down"): the seed and context rooms know
-# nothing of the tensors or the maker, the seeds nothing of the walks, the
-# maker nothing of the `Sampler` that delivers its batches.
+# (CONTRIBUTING.md, "Arrows point down"). `_SAMPLING` is the rooms that make
+# and deliver batches, all above the seeds and the config.
+_SAMPLING = {"batch", "context", "ranking", "stream", "databases", "maker", "sampler", "bench"}
 RUST_FORBIDDEN: dict[str, set[str]] = {
+    # The seed and context rooms know nothing of the tensors or the maker,
     "batch": {"maker", "sampler", "bench"},
     "context": {"batch", "maker", "sampler", "bench"},
-    "seeds": {"batch", "context", "maker", "sampler", "bench"},
-    "config": {"batch", "context", "maker", "sampler", "seeds", "bench"},
+    # the rankings nothing of the context that takes their examples,
+    "ranking": {"context", "batch", "maker", "sampler", "bench"},
+    # the stream state nothing of the maker whose draws advance it, the
+    # databases' opening and checks nothing of the plan made from them,
+    "stream": {"batch", "context", "ranking", "maker", "sampler", "bench"},
+    "databases": {"batch", "context", "ranking", "stream", "maker", "sampler", "bench", "seeds"},
+    # the maker nothing of the `Sampler` that delivers its batches,
     "maker": {"sampler", "bench"},
+    # the seeds nothing of the walks (nor of any sampling room), the config
+    # nothing of the seeds either,
+    "seeds": _SAMPLING,
+    "config": _SAMPLING | {"seeds"},
+    # the faults nothing of what they are injected into,
+    "faults": _SAMPLING | {"seeds", "config"},
+    # preprocessing (offline) nothing of sampling, and the spill structures
+    # nothing of the writer that builds on them.
+    "preprocess": _SAMPLING,
+    "spill": _SAMPLING | {"preprocess", "seeds", "config"},
 }
 _RUST_PATH = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 _RUST_USE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.M | re.S)

@@ -105,7 +105,7 @@ pub fn ranker_recall<'py>(
     same_key: bool,
     sampler_overrides: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    use headwater::context::rankers::Ranker;
+    use headwater::ranking::rankers::Ranker;
     let paths = super::sampler::db_paths(db_path)?;
     let ranker = match ranker {
         "walks" => Ranker::Walks,

@@ -9,7 +9,7 @@ use serde_json::{Map, Number, Value};
 use super::{json_to_py, to_py};
 use headwater::config::{bad, SamplerConfig, FIELDS};
 use headwater::error::Error;
-use headwater::maker::state::StreamConfig;
+use headwater::stream::StreamConfig;
 
 /// A Python value of key `key` as JSON (non-finite floats and integers
 /// outside 64 bits are config errors naming the key).

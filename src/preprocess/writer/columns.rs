@@ -13,7 +13,7 @@ use super::{check_len, ColumnData, DatabaseWriter};
 use crate::error::{Error, Result};
 use crate::format::{pack_bits, ColumnMeta, ColumnStats, FileWriter, Section, SemanticType};
 use crate::preprocess::stats::{column_stats, RunningStats};
-use crate::preprocess::texts::TextTable;
+use crate::spill::TextTable;
 
 /// Rows encoded per buffered write. A multiple of 8, so the validity bitmaps
 /// of consecutive chunks concatenate into the column's bitmap. A column is

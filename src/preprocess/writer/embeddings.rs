@@ -3,7 +3,7 @@
 //!
 //! Invariants: the strings are listed in the order their global indices were
 //! allocated, which is the row order of each embeddings file; text values
-//! live in the spilled [`TextTable`](crate::preprocess::texts::TextTable).
+//! live in the spilled [`TextTable`](crate::spill::TextTable).
 //! Never: embed here; the vectors come from the front end.
 
 use half::f16;
@@ -12,7 +12,7 @@ use super::columns::intern_dictionary;
 use super::{digest, DatabaseWriter};
 use crate::error::{Error, Result};
 use crate::format::{FileKind, FileWriter, Section};
-use crate::preprocess::texts::TextTable;
+use crate::spill::TextTable;
 
 impl DatabaseWriter {
     /// Strings to embed, in table order: column names, category labels, text values.

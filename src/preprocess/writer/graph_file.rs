@@ -11,8 +11,7 @@
 use super::{digest, DatabaseWriter};
 use crate::error::{Error, Result};
 use crate::format::{FileKind, FileWriter, Section};
-use crate::preprocess::graph::{build_reverse, write_forward, write_reverse};
-use crate::preprocess::spill::SpillArray;
+use crate::spill::{build_reverse, write_forward, write_reverse, SpillArray};
 
 impl DatabaseWriter {
     /// Point every foreign key at the table it names, now that every table

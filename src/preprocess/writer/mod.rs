@@ -36,12 +36,12 @@ use std::path::{Path, PathBuf};
 use half::f16;
 
 use super::stats::RunningStats;
-use super::texts::TextTable;
 use crate::error::{Error, Result};
 use crate::format::{
     ColumnMeta, EmbedderMeta, FileDigest, MappedFile, Metadata, TableMeta, TaskMeta,
     TimestampStats, FORMAT_VERSION,
 };
+use crate::spill::TextTable;
 
 mod columns;
 mod embeddings;

@@ -10,10 +10,18 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// A `tracing` warning; also on stderr when no subscriber is installed.
+fn warn(msg: &str) {
+    tracing::warn!("{msg}");
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("headwater: warning: {msg}");
+    }
+}
+
 /// The stuck worker of `debug_stall_step`: sleeps `ms` (named, not
 /// inlined, so the stall dump shows where it is stuck).
 #[inline(never)]
-pub(super) fn injected_stall(ms: f64) {
+pub(crate) fn injected_stall(ms: f64) {
     let t0 = std::time::Instant::now();
     std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1e3));
     // Work after the sleep keeps this frame on the stack (no tail call).
@@ -27,7 +35,7 @@ pub(super) fn injected_stall(ms: f64) {
 /// turn the maps' read-ahead off (`MADV_RANDOM`: one fault, one page, as
 /// random reads of a database far larger than the cache get). What the
 /// kernel does for a database larger than the page cache.
-pub(super) fn drop_page_cache(dir: &Path) {
+pub(crate) fn drop_page_cache(dir: &Path) {
     let Ok(dir) = dir.canonicalize() else {
         return;
     };
@@ -80,7 +88,7 @@ pub(crate) fn pin_to(cpu: u32) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set)
     };
     if rc != 0 {
-        super::tracing_warn(&format!(
+        warn(&format!(
             "debug_pin_cpu: cannot pin a sampler thread to CPU {cpu}: {}",
             std::io::Error::last_os_error()
         ));
@@ -91,7 +99,7 @@ pub(crate) fn pin_to(cpu: u32) {
 /// `ms` of CPU time (the thread clock, not the wall clock: on a shared core
 /// it takes longer, as real work would). Named, so a stall dump shows it.
 #[inline(never)]
-pub(super) fn injected_spin(ms: f64) {
+pub(crate) fn injected_spin(ms: f64) {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let end = crate::probes::thread_cpu_ns() + (ms * 1e6) as u64;
     let mut x = 0u64;
@@ -131,7 +139,7 @@ impl Hog {
                 thread: std::sync::Mutex::new(Some(h)),
             }),
             Err(e) => {
-                super::tracing_warn(&format!("debug_cpu_hog: cannot start the hog thread: {e}"));
+                warn(&format!("debug_cpu_hog: cannot start the hog thread: {e}"));
                 None
             }
         }

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::tracing_warn;
+use super::warn;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::format::Database;
@@ -19,7 +19,7 @@ static WARNED: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 /// database whose hash-split task targets' statistics left out the val/test
 /// seeds of other split settings than `cfg`'s: some labels this run scores
 /// fed them (docs/preprocessing.md).
-pub(super) fn warn_stats_split(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) {
+pub(crate) fn warn_stats_split(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) {
     if cfg.rank != 0 {
         return;
     }
@@ -35,7 +35,7 @@ pub(super) fn warn_stats_split(dbs: &[(String, Arc<Database>)], cfg: &SamplerCon
             continue;
         }
         warned.push(key);
-        tracing_warn(&format!(
+        warn(&format!(
             "database `{name}`: the statistics of task target(s) {} left out the val/test seeds of split_seed {} with split_ratios {:?}; this run splits with split_seed {} and split_ratios {:?}, so some labels it scores fed them (docs/preprocessing.md, \"Statistics from the past only\")",
             tasks.join(", "),
             rule.split_seed,
@@ -48,7 +48,7 @@ pub(super) fn warn_stats_split(dbs: &[(String, Arc<Database>)], cfg: &SamplerCon
 
 /// A mixture needs at least one database, one embedder (name and
 /// dimension), unique database names and intact task files.
-pub(super) fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
+pub(crate) fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
     let Some((first_name, first)) = dbs.first() else {
         return Err(Error::invalid(
             "databases",
@@ -80,7 +80,7 @@ pub(super) fn check_mixture(dbs: &[(String, Arc<Database>)]) -> Result<()> {
 }
 
 /// `e` with the name of the database it came from in its message.
-pub(super) fn in_database(name: &str, e: Error) -> Error {
+pub(crate) fn in_database(name: &str, e: Error) -> Error {
     match e {
         Error::Io { path, source } => Error::Io {
             path,

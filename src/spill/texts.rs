@@ -12,7 +12,7 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::spill::SpillVec;
+use super::arrays::SpillVec;
 use crate::error::Result;
 
 /// An empty slot of the index.

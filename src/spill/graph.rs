@@ -13,7 +13,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use super::spill::SpillArray;
+use super::arrays::SpillArray;
 
 use crate::error::Result;
 use crate::format::{FileWriter, Section};

@@ -36,9 +36,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{too_big, view, Backing, WalkGraph};
-use crate::context::rank_store::{write_renamed, BuildLock, DerivedHeader};
 use crate::error::{Error, Result};
 use crate::format::{Blocks, GraphView, Integrity, BLOCK_SHIFTS, RANDOM_BLOCK_SHIFT};
+use crate::ranking::rank_store::{write_renamed, BuildLock, DerivedHeader};
 
 const MAGIC: &[u8; 8] = b"HWWALKG\0";
 const VERSION: u32 = 2;
@@ -311,8 +311,8 @@ impl WalkGraph {
 mod tests {
     use super::super::HEAD;
     use super::*;
-    use crate::context::expected::Spread;
-    use crate::context::walks::{WalkCounts, WalkParams};
+    use crate::ranking::expected::Spread;
+    use crate::ranking::walks::{WalkCounts, WalkParams};
     use crate::rng::Xoshiro256pp;
 
     fn graph() -> WalkGraph {

@@ -39,7 +39,7 @@ pub struct ReadPlan {
 }
 
 /// Decide, and advise the maps, for `dbs` under `cfg`'s budget.
-pub(super) fn plan_reads(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) -> ReadPlan {
+pub(crate) fn plan_reads(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) -> ReadPlan {
     let budget_bytes = cfg.memory_budget.or_else(crate::format::memory_limit_bytes);
     let mapped_bytes = dbs.iter().map(|(_, d)| d.bytes_on_disk()).sum();
     let random_reads = budget_bytes.is_some_and(|b| mapped_bytes as f64 > b as f64 * MARGIN);

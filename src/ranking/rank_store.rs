@@ -13,8 +13,8 @@
 //! ordered by the sequence's key at run time, as live). An item whose
 //! every eligible counted row is stored is complete. A context that reads
 //! past the exact head, or reaches tier 2 with an incomplete item, is
-//! built again with the live ranker (`incontext.rs`): stored or not, the
-//! batch is the same.
+//! built again with the live ranker (`crate::context::incontext`):
+//! stored or not, the batch is the same.
 //!
 //! The file (`rankings/expected-{key}.bin` in the database directory; the
 //! key hashes the database's content hash, the walk settings, the cap and
