@@ -469,6 +469,44 @@ def test_the_crate_graph_is_the_documented_floors() -> None:
     assert real == floors, f"crate graph {real} != ARCHITECTURE.md's floors {floors}"
 
 
+def _documented_rooms() -> dict[str, set[str]]:
+    """ARCHITECTURE.md's room table: room of ``src/`` → the rooms it uses."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `src/(\w+)/` \| ([^|]*) \|$", text, flags=re.M)
+    return {name: set(re.findall(r"`(\w+)`", uses)) for name, uses in rows}
+
+
+def _room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """A file graph of ``src/`` folded to its rooms (``lib.rs`` left out)."""
+    rooms: dict[str, set[str]] = {}
+    for a, bs in graph.items():
+        ra = a.split("::")[0]
+        if ra == "crate":
+            continue
+        rooms.setdefault(ra, set()).update(
+            rb for b in bs if (rb := b.split("::")[0]) not in (ra, "crate")
+        )
+    return rooms
+
+
+def test_the_room_graph_is_the_documented_rooms() -> None:
+    """Every room of the core crate uses exactly the rooms ARCHITECTURE.md's
+    table gives it, and every room is in the table."""
+    real, documented = _room_graph(_rust_graph()), _documented_rooms()
+    assert len(documented) >= 10, documented
+    diff = sorted(
+        f"{room}: uses {sorted(real.get(room, set()))}, documented {sorted(documented.get(room, set()))}"
+        for room in set(real) | set(documented)
+        if real.get(room) != documented.get(room)
+    )
+    assert not diff, "ARCHITECTURE.md's room table is not the use graph:\n" + "\n".join(diff)
+
+
+def test_the_room_table_check_sees_a_missing_arrow() -> None:
+    real = _room_graph({"maker::draw": {"seeds::pool", "maker::plan"}, "seeds::pool": set()})
+    assert real == {"maker": {"seeds"}, "seeds": set()}
+
+
 def test_the_rust_use_graph_sees_groups_inline_paths_and_super() -> None:
     text = """
 use crate::batch::{Batch, FxMap};
