@@ -42,6 +42,8 @@
 //! - `faults` (crate-private): the fault injection of the diagnostic
 //!   configs (`debug_*` keys), which the maker and the producers call.
 //! - [`bench`]: the measurement behind `headwater bench`.
+//! - `say` (crate-private): what the sampler says to the user, through
+//!   `tracing` or, with no subscriber, on stderr.
 //!
 //! The PyO3 binding is the crate above this one (`crates/python`).
 
@@ -55,6 +57,7 @@ pub mod maker;
 pub mod preprocess;
 pub mod ranking;
 pub mod sampler;
+pub(crate) mod say;
 pub mod seeds;
 pub mod spill;
 pub mod stalls;

@@ -5,10 +5,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::warn;
 use crate::config::SamplerConfig;
 use crate::error::{Error, Result};
 use crate::format::Database;
+use crate::say::warn;
 
 /// The databases (content hash) and split seeds [`warn_stats_split`] has
 /// warned of in this process: a run that opens a sampler per evaluation

@@ -18,20 +18,3 @@ pub(crate) use memory::plan_reads;
 pub use memory::ReadPlan;
 pub use open::DroppedDatabase;
 pub(crate) use open::{database_names, forget_databases, open_one};
-
-/// A `tracing` warning; also on stderr when no subscriber is installed, so a
-/// user without tracing set up still sees it.
-fn warn(msg: &str) {
-    tracing::warn!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: warning: {msg}");
-    }
-}
-
-/// A `tracing` info line; also on stderr when no subscriber is installed.
-fn info(msg: &str) {
-    tracing::info!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: {msg}");
-    }
-}

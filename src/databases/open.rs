@@ -12,10 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::info;
 use crate::config::{SamplerConfig, TaskWeights};
 use crate::error::Result;
 use crate::format::Database;
+use crate::say::info;
 
 /// A database of the mixture that was dropped at open.
 #[derive(Debug, Clone, PartialEq, Eq)]

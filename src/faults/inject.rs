@@ -10,13 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A `tracing` warning; also on stderr when no subscriber is installed.
-fn warn(msg: &str) {
-    tracing::warn!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: warning: {msg}");
-    }
-}
+use crate::say::warn;
 
 /// The stuck worker of `debug_stall_step`: sleeps `ms` (named, not
 /// inlined, so the stall dump shows where it is stuck).

@@ -13,12 +13,13 @@
 use std::time::Instant;
 
 use super::plan::SamplerCore;
-use super::{derive, tracing_warn, MIX_WINDOW};
+use super::{derive, MIX_WINDOW};
 use crate::batch::FxMap;
 use crate::config::SamplerConfig;
 use crate::context::Subgraph;
 use crate::error::{Error, Result};
 use crate::readings::{DatabaseDraw, DrawReadings};
+use crate::say::warn;
 use crate::seeds::{epoch_cursor, rank_slice, task_split_seeds, SeedPool, Split, TaskPicker};
 
 use crate::stream::StreamState;
@@ -117,7 +118,7 @@ impl SamplerCore {
             );
             if seeds.is_empty() {
                 if self.weights[k] > 0.0 && rank == c.rank {
-                    tracing_warn(&format!(
+                    warn(&format!(
                         "task `{}` has no {} seeds; it is skipped",
                         self.task_names[k],
                         split.name(),

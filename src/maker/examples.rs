@@ -22,6 +22,7 @@ use crate::format::GraphView;
 use crate::ranking::rank_store::{BuildLock, RankStore, StoreParams};
 use crate::ranking::rankers::Ranker;
 use crate::ranking::walks::WalkGraph;
+use crate::say::info;
 
 thread_local! {
     // Boxed: the extension's static TLS block is small (a large
@@ -49,7 +50,7 @@ impl SamplerCore {
             }
             let name = &self.task_names[k];
             if matches!(t.target, TargetPlan::Virtual { .. }) && self.cfg.recipe.is_some() {
-                super::tracing_warn(&format!(
+                crate::say::warn(&format!(
                     "task `{name}` gets weight 0 under recipe \"rt-j\": its target is outside \
                      its anchor table (a query task), so in-context examples would carry no label"
                 ));
@@ -90,7 +91,7 @@ impl SamplerCore {
             .map(|d| {
                 let db = &d.db;
                 let integrity = db.shared_integrity();
-                WalkGraph::shared(&db.graph(), db.dir(), db.content_hash(), integrity, &say)
+                WalkGraph::shared(&db.graph(), db.dir(), db.content_hash(), integrity, &info)
             })
             .collect::<Result<_>>()?;
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
@@ -122,7 +123,7 @@ impl SamplerCore {
         };
         // One process of the host computes it; the others wait, then read.
         let _lock = BuildLock::take(&path.with_extension("lock"), || {
-            say(&format!(
+            info(&format!(
                 "expected_store: another process is computing {}; waiting for it",
                 path.display()
             ));
@@ -131,7 +132,7 @@ impl SamplerCore {
         match RankStore::open(&path, key) {
             Ok(s) => return Ok(s),
             Err(Error::Io { .. }) => {}
-            Err(e) => say(&format!("expected_store: {e}; computing it again")),
+            Err(e) => info(&format!("expected_store: {e}; computing it again")),
         }
         let t0 = std::time::Instant::now();
         let (g, wg) = (db.graph(), &self.walk_graphs[d]);
@@ -150,7 +151,7 @@ impl SamplerCore {
             s.complete_items(),
             path.display()
         );
-        say(&msg);
+        info(&msg);
         // Read back mapped: one copy in the page cache for every process
         // of the host.
         drop(s);
@@ -317,12 +318,3 @@ impl SamplerCore {
 /// read (1 MiB of 4 KiB blocks: about 0.2 ms of hashing from the page
 /// cache; TPC-H SF 1's graph is checked whole within ~400 batches).
 const WALK_BLOCKS_PER_BATCH: usize = 256;
-
-/// Log `msg` (to stderr too when no subscriber listens: the store's build
-/// takes seconds to minutes, and a refused file should not pass unseen).
-fn say(msg: &str) {
-    tracing::info!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: {msg}");
-    }
-}

@@ -234,15 +234,6 @@ impl Iterator for BatchMaker {
     }
 }
 
-/// A `tracing` warning; also on stderr when no subscriber is installed, so a
-/// user without tracing set up still sees it.
-pub(super) fn tracing_warn(msg: &str) {
-    tracing::warn!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: warning: {msg}");
-    }
-}
-
 pub(super) fn derive(seed: u64, parts: &[u64]) -> u64 {
     parts
         .iter()

@@ -13,10 +13,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{tracing_warn, SamplerCore};
+use super::SamplerCore;
 use crate::config::{OnBadDatabase, SamplerConfig};
 use crate::databases::{database_names, forget_databases, in_database, open_one, DroppedDatabase};
 use crate::error::{Error, Result};
+use crate::say::warn;
 
 impl SamplerCore {
     /// Open every database of `paths` (named by their folder names, made
@@ -68,7 +69,7 @@ impl SamplerCore {
             }
         }
         for d in &dropped {
-            tracing_warn(&format!(
+            warn(&format!(
                 "database `{}` is dropped from the mixture: {}",
                 d.name, d.reason
             ));

@@ -53,10 +53,7 @@ impl SamplerCore {
             self.cfg.rank,
             notes.join(", ")
         );
-        tracing::info!("{msg}");
-        if !tracing::dispatcher::has_been_set() {
-            eprintln!("headwater: {msg}");
-        }
+        crate::say::info(&msg);
         Ok(out)
     }
 

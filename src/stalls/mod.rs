@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 
+use crate::say::warn;
 pub use capture::PYTHON_STACKS_SIGNAL;
 use capture::{capture_stack, gettid, python_stacks, symbolise};
 use std::time::{Duration, Instant};
@@ -305,13 +306,6 @@ impl Drop for StallWatch {
             h.thread().unpark();
             let _ = h.join();
         }
-    }
-}
-
-fn warn(msg: &str) {
-    tracing::warn!("{msg}");
-    if !tracing::dispatcher::has_been_set() {
-        eprintln!("headwater: warning: {msg}");
     }
 }
 
