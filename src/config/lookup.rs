@@ -108,4 +108,37 @@ mod tests {
         }
         assert!(checked >= 30, "{checked} plain ranges");
     }
+
+    #[test]
+    fn a_nan_in_an_optional_number_is_refused_not_read_as_none() {
+        let c = SamplerConfig::default();
+        let listed: Vec<&str> = c.optional_numbers().iter().map(|x| x.0).collect();
+        let rows: Vec<&str> = FIELDS
+            .iter()
+            .filter(|f| matches!(f.check, Check::Number { .. }) && f.optional())
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(listed, rows);
+        for bad_value in [f64::NAN, f64::INFINITY] {
+            let with = |key: &str| match key {
+                "context_deadline_ms" => SamplerConfig {
+                    context_deadline_ms: Some(bad_value),
+                    ..c.clone()
+                },
+                _ => SamplerConfig {
+                    stall_after_ms: Some(bad_value),
+                    ..c.clone()
+                },
+            };
+            for key in &listed {
+                match with(key).validate(None) {
+                    Err(Error::Config { key: k, what, .. }) => {
+                        assert_eq!(&k, key, "{what}");
+                        assert!(what.contains(&*field(key).unwrap().range()), "{what}");
+                    }
+                    other => panic!("{key} = {bad_value}: {other:?}"),
+                }
+            }
+        }
+    }
 }

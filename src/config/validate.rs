@@ -71,6 +71,7 @@ impl SamplerConfig {
             self.check_example_lists(),
             self.check_paths(),
             self.check_pin_cpu(),
+            self.check_optional_numbers(),
         ];
         for e in rules.into_iter().filter_map(Result::err) {
             let key = key_of(&e);
@@ -130,6 +131,26 @@ impl SamplerConfig {
                     "prometheus_host",
                     format!("{:?}", self.prometheus_host),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A NaN or infinite value in an optional number: JSON writes it as
+    /// null, so the plain pass over the rows would read it as `None`. The
+    /// optional numbers, as fields (a test keeps them the optional
+    /// [`Check::Number`] rows).
+    pub(super) fn optional_numbers(&self) -> [(&'static str, Option<f64>); 2] {
+        [
+            ("context_deadline_ms", self.context_deadline_ms),
+            ("stall_after_ms", self.stall_after_ms),
+        ]
+    }
+
+    fn check_optional_numbers(&self) -> Result<()> {
+        for (key, v) in self.optional_numbers() {
+            if let Some(x) = v.filter(|x| !x.is_finite()) {
+                return Err(bad(key, x));
             }
         }
         Ok(())
