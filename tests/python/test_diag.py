@@ -382,12 +382,14 @@ def test_host_pathology_lights_exactly_what_it_declares(
 def _check_stall_dump(run_dir: Path) -> None:
     """The stuck worker's stack is on disk, found within 2x stall_after_ms,
     naming the function it is stuck in; Python's threads are dumped beside."""
+    _, cfg = D.load_spec(CONFIGS / "stuck_worker.toml")
+    want = cfg.sampler["debug_stall_step"], int(cfg.sampler["stall_after_ms"])
     (dump,) = sorted(run_dir.glob("stall-rank0-*.txt"))
     text = dump.read_text()
     m = re.search(r"in stage (\w+) of step (\d+) for (\d+) ms \(stall_after_ms (\d+)\)", text)
     assert m, text[:2000]
     stage, step, after, threshold = m[1], int(m[2]), int(m[3]), int(m[4])
-    assert (stage, step, threshold) == ("bfs", 30, 300), text[:500]
+    assert (stage, step, threshold) == ("bfs", *want), text[:500]
     assert threshold <= after < 2 * threshold, text[:500]
     stuck = next(ln for ln in text.splitlines() if ln.startswith("stuck in: "))
     assert "injected_stall" in stuck and "inject.rs" in stuck, stuck
