@@ -136,26 +136,30 @@ impl SamplerCore {
         }
         let t0 = std::time::Instant::now();
         let (g, wg) = (db.graph(), &self.walk_graphs[d]);
+        // Written as computed, a window of items at a time: the build holds
+        // one window and the index, never the whole store.
         let s = self
             .pool
-            .install(|| RankStore::compute(&g, wg, &keys, &p, key));
+            .install(|| RankStore::build(&g, wg, &keys, &p, key, &path))
+            .map_err(unwritable)?;
         // A corrupt walk-graph block the walks met is in the database's
-        // record: rankings computed past it are never stored.
-        db.integrity().check()?;
-        s.write(&path).map_err(unwritable)?;
+        // record: rankings computed past it are never kept.
+        if let Err(e) = db.integrity().check() {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         let msg = format!(
-            "expected_store: {} items ranked in {:.1} s ({} rows, {} complete) into {}",
+            "expected_store: {} items ranked in {:.1} s ({} rows, {} complete, {:.1} MiB) into {}",
             s.len(),
             t0.elapsed().as_secs_f64(),
             s.stored_rows(),
             s.complete_items(),
+            s.bytes() as f64 / f64::from(1 << 20),
             path.display()
         );
         info(&msg);
-        // Read back mapped: one copy in the page cache for every process
-        // of the host.
-        drop(s);
-        RankStore::open(&path, key)
+        // Mapped: one copy in the page cache for every process of the host.
+        Ok(s)
     }
 
     /// The items of database `d`'s tasks with examples, the settings and

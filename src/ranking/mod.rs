@@ -10,8 +10,10 @@
 //!   read it, built once per host into the database directory and mapped;
 //! - `expected.rs`: the visit counts the walks are expected to give,
 //!   spread over the graph without drawing a walk;
-//! - `rank_store.rs`: the `expected` ranker's rankings computed once per
-//!   database and read back by every context.
+//! - `rank_store/`: the `expected` ranker's rankings computed once per
+//!   database and read back by every context (`item.rs`: one item's heads
+//!   and bytes; `rice.rs`: the codes of its rows; `derived.rs`: the header,
+//!   write and build lock of every derived file).
 //!
 //! Never: a BFS, a context's assembly or its budget (those are
 //! `crate::context`, which calls [`rankers::rank`]), or a tensor. This room
