@@ -287,6 +287,8 @@ class Sampler:
         stall_dump_dir: str | None = None,
         pool_fraction: float = 1.0,
         seed_windows: int = 1,
+        hot_set_bytes: int | None = None,
+        hot_set_steps: int = 1000,
         # END generated: sampler keywords
     ) -> Sampler: ...
     def next_train_batch(self) -> dict[str, npt.NDArray[Any]]:

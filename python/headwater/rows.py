@@ -203,6 +203,8 @@ class SamplerConfigDict(TypedDict):
     stall_dump_dir: str | None
     pool_fraction: float
     seed_windows: int
+    hot_set_bytes: int | None
+    hot_set_steps: int
     debug_batch_delay_ms: float
     debug_repeat_seed_every: int
     debug_panic_at_step: int | None

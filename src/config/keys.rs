@@ -456,6 +456,22 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "read each seed pool in this many windows of consecutive seeds, each epoch still a permutation: with a database preprocessed with `--row-order locality`, a window's contexts lie on about 1/N of its pages, a working set that fits a page cache smaller than the database (sampling guide, Memory)",
     },
     FieldDoc {
+        name: "hot_set_bytes",
+        ty: "int | None",
+        group: Group::Seeds,
+        check: Check::Int { lo: 1 << 12, hi: u64::MAX },
+        note: " (None = off; 4 KiB or more)",
+        doc: "hot sets for a corpus larger than memory: the mixture's databases, in order, cut into groups of at most this many bytes on disk, trained one group at a time, each for its weight's share of every hot_set_steps train steps (the next group read ahead a quarter span before); set it to at most half the smallest host's memory budget, the same on every rank (sampling guide, Memory)",
+    },
+    FieldDoc {
+        name: "hot_set_steps",
+        ty: "int",
+        group: Group::Seeds,
+        check: Check::Int { lo: 1, hi: 10_000_000 },
+        note: "",
+        doc: "train steps of one cycle through the hot sets (with hot_set_bytes): a window of whole cycles follows the mixture's weights",
+    },
+    FieldDoc {
         name: "debug_batch_delay_ms",
         ty: "float",
         group: Group::Debug,

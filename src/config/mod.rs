@@ -258,6 +258,15 @@ pub struct SamplerConfig {
     /// time and a working set that fits a small page cache. Part of the
     /// stream, like `pool_fraction`.
     pub seed_windows: usize,
+    /// Hot sets (`crate::seeds::HotSets`): cut the mixture's databases, in
+    /// order, into groups of at most this many bytes on disk and train on
+    /// one group at a time, each for its weight's share of every
+    /// `hot_set_steps` (None: off). The same on every rank (it decides
+    /// every step's tasks): part of the stream.
+    pub hot_set_bytes: Option<u64>,
+    /// Train steps of one cycle through the hot sets. Part of the stream
+    /// with `hot_set_bytes`.
+    pub hot_set_steps: u64,
     /// Fault injection: the producer sleeps this long per batch (inside the
     /// timed stage), to simulate a slow sampler and starve the prefetch queue.
     pub debug_batch_delay_ms: f64,
@@ -342,6 +351,8 @@ impl Default for SamplerConfig {
             stall_dump_dir: None,
             pool_fraction: 1.0,
             seed_windows: 1,
+            hot_set_bytes: None,
+            hot_set_steps: 1000,
             debug_batch_delay_ms: 0.0,
             debug_repeat_seed_every: 0,
             debug_panic_at_step: None,

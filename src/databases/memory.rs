@@ -14,6 +14,10 @@
 //! batches/s, with it 3.7 and 44.9 (docs/benchmarks/2026-11-28-memory.md);
 //! the margin lies between the two.
 //!
+//! With hot sets (`hot_set_bytes`) the pages read at once are two groups'
+//! (the one training and the next read ahead), not the whole mixture: the
+//! decision weighs those, and a budget below them is warned about.
+//!
 //! Never changes what a batch holds: only how its pages are brought in.
 
 use std::sync::Arc;
@@ -41,8 +45,30 @@ pub struct ReadPlan {
 /// Decide, and advise the maps, for `dbs` under `cfg`'s budget.
 pub(crate) fn plan_reads(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) -> ReadPlan {
     let budget_bytes = cfg.memory_budget.or_else(crate::format::memory_limit_bytes);
-    let mapped_bytes = dbs.iter().map(|(_, d)| d.bytes_on_disk()).sum();
-    let random_reads = budget_bytes.is_some_and(|b| mapped_bytes as f64 > b as f64 * MARGIN);
+    let mapped_bytes: u64 = dbs.iter().map(|(_, d)| d.bytes_on_disk()).sum();
+    // With hot sets the run reads two groups at once (the one it trains
+    // on, the next read ahead), each at most `hot_set_bytes` or one
+    // database larger than it.
+    let working = cfg.hot_set_bytes.map_or(mapped_bytes, |h| {
+        let largest = dbs
+            .iter()
+            .map(|(_, d)| d.bytes_on_disk())
+            .max()
+            .unwrap_or(0);
+        mapped_bytes.min(h.max(largest).saturating_mul(2))
+    });
+    if let (Some(h), Some(b)) = (cfg.hot_set_bytes, budget_bytes) {
+        if h.saturating_mul(2) > b {
+            crate::say::warn(&format!(
+                "hot_set_bytes = {h}: a hot set and the next one read ahead need {} bytes, \
+                 more than this process's memory budget of {b} bytes (memory_budget or its \
+                 cgroup); set it to at most {}",
+                h.saturating_mul(2),
+                b / 2
+            ));
+        }
+    }
+    let random_reads = budget_bytes.is_some_and(|b| working as f64 > b as f64 * MARGIN);
     if random_reads {
         for (_, d) in dbs {
             d.advise_random();

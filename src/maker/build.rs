@@ -108,6 +108,7 @@ impl SamplerCore {
                     world_size,
                     exhaust_events,
                     window_rotations,
+                    hot_set_rotations,
                     duplicates,
                     groups,
                     drawn,
@@ -160,6 +161,8 @@ impl SamplerCore {
         }
         made.readings.exhaust_events = exhaust_events;
         made.readings.window_rotations = window_rotations;
+        made.readings.hot_set_rotations = hot_set_rotations;
+        made.readings.prefetched_bytes = self.take_prefetched();
         made.readings.duplicate_seeds = duplicates;
         let batch = &mut made.batch;
         batch.fingerprint =

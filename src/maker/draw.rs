@@ -137,7 +137,10 @@ impl SamplerCore {
             }
         }
         let key = derive(c.seed, &[split.index() as u64, 3]);
-        let picker = TaskPicker::new(c.task_pick, &self.weights, &eligible, key);
+        let picker = self.hot_picker(
+            TaskPicker::new(c.task_pick, &self.weights, &eligible, key),
+            split,
+        );
         SplitState {
             split,
             stream,
@@ -180,6 +183,7 @@ impl SamplerCore {
             return self.draw_mixed(state, jobs, world_size);
         }
         let k = state.picker.pick(step) as usize;
+        let hot_set_rotations = self.hot_step(state, step);
         let key = self.step_key(state.split, step);
         let task = self.task_view(k)?;
         let pool = state.pools[k]
@@ -194,6 +198,7 @@ impl SamplerCore {
             world_size,
             exhaust_events: 0,
             window_rotations: 0,
+            hot_set_rotations,
             duplicates: 0,
             groups: Vec::new(),
             drawn: Vec::new(),
@@ -449,6 +454,8 @@ pub(super) struct Draws {
     pub(super) world_size: u32,
     pub(super) exhaust_events: u32,
     pub(super) window_rotations: u32,
+    /// 1 when the step starts a hot set's span (`hot.rs`).
+    pub(super) hot_set_rotations: u32,
     pub(super) duplicates: u32,
     /// With `task_mixing = "sequence"`: the jobs of each task (else empty:
     /// every job is of `task`).

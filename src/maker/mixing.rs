@@ -85,6 +85,7 @@ impl SamplerCore {
             world_size,
             exhaust_events: 0,
             window_rotations: 0,
+            hot_set_rotations: self.hot_step(state, step),
             duplicates: 0,
             groups: Vec::new(),
             drawn: counts.clone(),

@@ -26,6 +26,7 @@ mod assembly;
 mod build;
 mod draw;
 mod examples;
+mod hot;
 mod masking;
 mod mixing;
 mod open;

@@ -126,6 +126,8 @@ pub struct SamplerCore {
     pub as_mixture: bool,
     /// Databases of the mixture dropped at open (`on_bad_database`).
     pub dropped: Vec<DroppedDatabase>,
+    /// Bytes the hot sets' read-ahead asked for, not yet reported (`hot.rs`).
+    pub(super) prefetched: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SamplerCore {
@@ -226,6 +228,7 @@ impl SamplerCore {
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
             dropped: Vec::new(),
+            prefetched: Arc::default(),
         };
         core.plan_packing();
         core.plan_examples()?;

@@ -48,11 +48,13 @@
 //! of a pool is a permutation of it (each [`SeedPool`] instance re-checks
 //! this on the positions it draws and flags a repeat as a duplicate).
 
+mod hot;
 mod mix;
 mod picker;
 mod pool;
 pub mod split;
 
+pub use hot::HotSets;
 pub use mix::MixWindow;
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};

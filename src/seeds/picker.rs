@@ -1,8 +1,12 @@
 //! Choosing one task per batch: a pure function of the step, the same on
 //! every rank.
 
+use super::hot::HotSets;
 use crate::config::TaskPick;
 use crate::rng::mix64;
+
+/// (task index, cumulative weight) of the tasks one table draws from.
+type Table = Vec<(u32, f64)>;
 
 /// Picks the task of each step among the tasks with weight > 0 whose global
 /// pool in the split is not empty. Stateless: `pick(step)` depends only on
@@ -14,6 +18,8 @@ pub struct TaskPicker {
     /// (task index, cumulative weight) of eligible tasks with weight > 0.
     cumulative: Vec<(u32, f64)>,
     key: u64,
+    /// With hot sets: the schedule, and each group's own `cumulative`.
+    hot: Option<(HotSets, Vec<Table>)>,
 }
 
 impl TaskPicker {
@@ -32,6 +38,58 @@ impl TaskPicker {
             mode,
             cumulative,
             key,
+            hot: None,
+        }
+    }
+
+    /// This picker drawing one hot set at a time (`crate::seeds::HotSets`):
+    /// the databases (`task_db[k]`: task `k`'s) cut into groups of at most
+    /// `budget` of their `db_bytes`, over cycles of `cycle` steps; a step
+    /// draws among its group's tasks by their weights.
+    #[must_use]
+    pub fn with_hot_sets(
+        mut self,
+        db_bytes: &[u64],
+        budget: u64,
+        cycle: u64,
+        task_db: &[usize],
+    ) -> Self {
+        let mut w = vec![0.0; db_bytes.len()];
+        let mut prev = 0.0;
+        for &(k, c) in &self.cumulative {
+            if let Some(x) = task_db.get(k as usize).and_then(|&d| w.get_mut(d)) {
+                *x += c - prev;
+            }
+            prev = c;
+        }
+        let hot = HotSets::new(db_bytes, budget, &w, cycle);
+        let mut tables = vec![Vec::new(); hot.len()];
+        prev = 0.0;
+        for &(k, c) in &self.cumulative {
+            let g = hot.group_of(task_db.get(k as usize).copied().unwrap_or(0));
+            let t: &mut Vec<(u32, f64)> = &mut tables[g];
+            let acc = t.last().map_or(0.0, |x| x.1);
+            t.push((k, acc + (c - prev)));
+            prev = c;
+        }
+        self.hot = Some((hot, tables));
+        self
+    }
+
+    /// The hot sets this picker draws, if any.
+    pub fn hot_sets(&self) -> Option<&HotSets> {
+        self.hot.as_ref().map(|h| &h.0)
+    }
+
+    /// The (task, cumulative weight) table of `step`: its hot set's, or
+    /// every eligible task's.
+    fn table(&self, step: u64) -> &[(u32, f64)] {
+        match &self.hot {
+            Some((h, tables)) => match tables.get(h.at(step)) {
+                Some(t) if !t.is_empty() => t,
+                _ => &self.cumulative,
+            },
+            None => &self.cumulative,
         }
     }
 
@@ -50,16 +108,15 @@ impl TaskPicker {
     /// `u = mix64(key ^ mix64(step)) / 2^64` and takes the first task whose
     /// cumulative weight exceeds `u · total`.
     pub fn pick(&self, step: u64) -> u32 {
+        let table = self.table(step);
         match self.mode {
-            TaskPick::RoundRobin => {
-                self.cumulative[(step % self.cumulative.len() as u64) as usize].0
-            }
+            TaskPick::RoundRobin => table[(step % table.len() as u64) as usize].0,
             TaskPick::Weighted => {
-                let total = self.cumulative.last().map_or(0.0, |c| c.1);
+                let total = table.last().map_or(0.0, |c| c.1);
                 let bits = mix64(self.key ^ mix64(step.wrapping_add(0xD1B5_4A32_D192_ED03)));
                 let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
-                let i = self.cumulative.partition_point(|&(_, c)| c <= x);
-                self.cumulative[i.min(self.cumulative.len() - 1)].0
+                let i = table.partition_point(|&(_, c)| c <= x);
+                table[i.min(table.len() - 1)].0
             }
         }
     }
@@ -71,20 +128,21 @@ impl TaskPicker {
     /// `per_step` slots per step: weighted, from its own hash of (step,
     /// slot); round robin, cycling over the step's slots in order.
     pub fn pick_slot(&self, step: u64, slot: u64, per_step: u64) -> u32 {
+        let table = self.table(step);
         match self.mode {
             TaskPick::RoundRobin => {
-                let n = self.cumulative.len() as u64;
+                let n = table.len() as u64;
                 let i = step.wrapping_mul(per_step).wrapping_add(slot) % n;
-                self.cumulative[i as usize].0
+                table[i as usize].0
             }
             TaskPick::Weighted => {
-                let total = self.cumulative.last().map_or(0.0, |c| c.1);
+                let total = table.last().map_or(0.0, |c| c.1);
                 let h = mix64(step.wrapping_add(0x9E37_79B9_7F4A_7C15))
                     ^ slot.wrapping_mul(0xA24B_AED4_963E_E407);
                 let bits = mix64(self.key ^ 0x5EC5_0000_0000_0001 ^ mix64(h));
                 let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
-                let i = self.cumulative.partition_point(|&(_, c)| c <= x);
-                self.cumulative[i.min(self.cumulative.len() - 1)].0
+                let i = table.partition_point(|&(_, c)| c <= x);
+                table[i.min(table.len() - 1)].0
             }
         }
     }
@@ -118,5 +176,38 @@ mod tests {
         );
         let seq: Vec<u32> = (0..4).map(|s| rr.pick(s)).collect();
         assert_eq!(seq, vec![0, 2, 0, 2]);
+    }
+
+    /// With hot sets a step draws only its group's tasks, and over whole
+    /// cycles the tasks keep their weights.
+    #[test]
+    fn hot_sets_draw_one_group_at_a_time_and_keep_the_weights() {
+        let w = [1.0, 1.0, 2.0, 4.0];
+        let base = TaskPicker::new(TaskPick::Weighted, &w, &[true; 4], 5);
+        // Tasks 0, 1 in database 0; 2 in 1; 3 in 2; databases of 60, 50, 70
+        // bytes under a 110-byte budget: groups {0, 1}, {2}.
+        let p = base
+            .clone()
+            .with_hot_sets(&[60, 50, 70], 110, 400, &[0, 0, 1, 2]);
+        assert_eq!(p.hot_sets().map(HotSets::len), Some(2));
+        let mut c = [0u32; 4];
+        for step in 0..40_000 {
+            let k = p.pick(step) as usize;
+            let g = usize::from(k == 3);
+            assert_eq!(p.hot_sets().unwrap().at(step), g, "step {step} task {k}");
+            for slot in 0..4 {
+                let ks = p.pick_slot(step, slot, 4);
+                assert_eq!(usize::from(ks == 3), g);
+            }
+            c[k] += 1;
+        }
+        let share = |k: usize| f64::from(c[k]) / 40_000.0;
+        for (k, want) in [0.125, 0.125, 0.25, 0.5].into_iter().enumerate() {
+            assert!((share(k) - want).abs() < 0.01, "task {k}: {c:?}");
+        }
+        assert_eq!(
+            base.pick(77),
+            TaskPicker::new(TaskPick::Weighted, &w, &[true; 4], 5).pick(77)
+        );
     }
 }

@@ -29,7 +29,8 @@
 //! are in a pool), `seed` (orders, picks, BFS generators), `task_weights`
 //! (effective, per task) and `task_pick` (the pick of every step),
 //! `default_batch_size` (positions per rank per step), `pool_fraction` (the
-//! pool itself), `seed_windows` (the order of each epoch), and
+//! pool itself), `seed_windows` (the order of each epoch), `hot_set_bytes`
+//! and `hot_set_steps` (with hot sets, the task of every step), and
 //! `default_sequence_length`, `bfs_child_width`, `max_hops`,
 //! `temporal_filter`: these four change no seed, only each batch's contents, `pack` and `pack_factor` (seeds per rank per step and
 //! the layout; `pack_factor` counts only with `pack`), `sequence_lengths`
@@ -188,6 +189,13 @@ pub struct StreamConfig {
     /// before windows existed, so those keep their hash).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub seed_windows: usize,
+    /// Hot sets' bytes and cycle (`hot_set_bytes`, `hot_set_steps`), both
+    /// absent when off (so states saved before hot sets keep their hash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_set_bytes: Option<u64>,
+    /// See `hot_set_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_set_steps: Option<u64>,
     /// Several seeds' contexts per sequence (absent in states saved before
     /// packing existed: false).
     #[serde(default)]
@@ -274,6 +282,8 @@ impl StreamConfig {
             temporal_filter: cfg.temporal_filter,
             pool_fraction: cfg.pool_fraction,
             seed_windows: cfg.seed_windows,
+            hot_set_bytes: cfg.hot_set_bytes,
+            hot_set_steps: cfg.hot_set_bytes.map(|_| cfg.hot_set_steps),
             pack: cfg.pack,
             pack_factor: cfg.segments_per_sequence(),
             sequence_lengths: cfg.sequence_lengths.clone(),
@@ -306,6 +316,7 @@ impl StreamConfig {
             example_ranker: ExampleRanker::Expected,
             mask_prob_max: 0.5,
             seed_windows: 2,
+            hot_set_bytes: Some(1 << 30),
             ..SamplerConfig::default()
         };
         let v = serde_json::to_value(Self::of(&all, &[], &[])).expect("serialisable");
@@ -327,7 +338,7 @@ mod tests {
     #[test]
     fn stream_keys_are_config_keys() {
         let keys = StreamConfig::keys();
-        assert_eq!(keys.len(), 27, "{keys:?}");
+        assert_eq!(keys.len(), 29, "{keys:?}");
         for k in &keys {
             assert!(
                 crate::config::FIELDS.iter().any(|f| f.name == k),

@@ -10,6 +10,7 @@ mod eval;
 mod format;
 mod fuzz;
 mod golden_batches;
+mod hot_sets;
 mod incontext;
 mod integrity;
 mod layout;

@@ -252,6 +252,8 @@ SNAPSHOT = [
 COUNTERS = [
     "pool/exhaust_events",
     "pool/window_rotations",
+    "hot_sets/rotations",
+    "hot_sets/prefetched_bytes",
     "truncation/cells_dropped",
     "bfs/children_capped",
     "bfs/temporal_filtered",
@@ -645,6 +647,8 @@ SPEC_REDUCTIONS = {
     "pool/steps_since_pick_max": "MAX",
     "pool/exhaust_events": "SUM",
     "pool/window_rotations": "SUM",
+    "hot_sets/rotations": "MAX",
+    "hot_sets/prefetched_bytes": "SUM",
     "bfs/depth": "HISTOGRAM",
     "bfs/rows": "HISTOGRAM",
     "padding/fraction": "HISTOGRAM",
@@ -801,6 +805,8 @@ PROM_GAUGES = {
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",
     "headwater_pool_window_rotations_total": "pool/window_rotations",
+    "headwater_hot_sets_rotations_total": "hot_sets/rotations",
+    "headwater_hot_sets_prefetched_bytes_total": "hot_sets/prefetched_bytes",
     "headwater_truncation_cells_dropped_total": "truncation/cells_dropped",
     "headwater_bfs_children_capped_total": "bfs/children_capped",
     "headwater_bfs_temporal_filtered_total": "bfs/temporal_filtered",

@@ -138,6 +138,11 @@ pub struct BatchReadings {
     pub exhaust_events: u32,
     /// Seed windows opened while drawing the batch (`seed_windows > 1`).
     pub window_rotations: u32,
+    /// 1 when the batch's step starts a hot set's span (`hot_set_bytes`).
+    pub hot_set_rotations: u32,
+    /// Bytes of a hot set's next group the read-ahead asked the kernel for,
+    /// reported with this batch.
+    pub prefetched_bytes: u64,
     /// Seeds drawn twice within one epoch (must stay 0).
     pub duplicate_seeds: u32,
     /// Wall time of each [`stage`] (ns).

@@ -129,6 +129,14 @@ pub(super) fn advise_random(map: &Mmap) {
     let _ = map;
 }
 
+/// Ask the kernel to read `map` into the page cache (`MADV_WILLNEED`: it
+/// starts the reads and returns; the pages stay reclaimable). Its bytes.
+pub(super) fn advise_willneed(map: &Mmap) -> u64 {
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::WillNeed);
+    map.len() as u64
+}
+
 /// The memory this process can fill, page cache included: the smallest
 /// memory-cgroup limit on its path (v1 or v2, every ancestor) or, without
 /// one, the host's `MemTotal`; `None` where neither can be read.
