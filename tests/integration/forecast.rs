@@ -4,7 +4,8 @@
 //! are, with the filter off), the example's label cell is visible and the
 //! seed's masked in the batch, `label_leaks` counts an open window only
 //! with the filter off, and a query task without a window is refused
-//! naming it and the key (weight 0 under recipe "rt-j").
+//! naming it and the key (weight 0 under recipe "rt-j"); stored rankings
+//! (`expected_store`) give the live ranker's batches.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -326,4 +327,47 @@ fn a_window_is_stored_and_set_on_query_tasks_only() {
     let mut w = DatabaseWriter::new(tmp.path().join("db2"), "t", "hash", 4).unwrap();
     let e = w.set_window("nope", DAY).unwrap_err().to_string();
     assert!(e.contains("`nope`") && e.contains("no query task"), "{e}");
+}
+
+/// Stored rankings (`expected_store`) are keyed by (seed row, time bound)
+/// for a forecast task too, and map rows to items as the live ranker does:
+/// the batches equal the live `expected` ranker's.
+#[test]
+fn stored_rankings_give_a_forecast_task_the_live_batches() {
+    use headwater::config::ExampleRanker;
+    use headwater::sampler::MadeBatch;
+
+    use crate::oracle::same_batch;
+
+    let tmp = scratch_dir();
+    let dir = tmp.path().join("db");
+    let db = write_db(&dir, true);
+    let run = |store: bool| -> Vec<MadeBatch> {
+        let c = SamplerConfig {
+            num_walks: 500,
+            example_ranker: ExampleRanker::Expected,
+            expected_store: store,
+            ..cfg(true)
+        };
+        let core = SamplerCore::with_database(db.clone(), c).unwrap();
+        let mut mk = BatchMaker::new(Arc::new(core), Split::Train);
+        (0..4).map(|_| mk.next().unwrap().unwrap()).collect()
+    };
+    let live = run(false);
+    let stored = run(true);
+    assert!(dir.join("rankings").is_dir(), "no store written");
+    let examples: u32 = live
+        .iter()
+        .flat_map(|b| b.readings.seqs.iter().map(|s| s.examples))
+        .sum();
+    assert!(examples > 0);
+    for (a, mut b) in live.into_iter().zip(stored) {
+        for (x, y) in b.readings.seqs.iter_mut().zip(&a.readings.seqs) {
+            x.walk_steps = y.walk_steps;
+        }
+        assert!(
+            same_batch(&a, &b),
+            "the stored batches differ from the live ones"
+        );
+    }
 }
