@@ -41,8 +41,8 @@ impl SamplerCore {
     /// (its target a column of its anchor table, so examples carry their
     /// labels as ordinary cells) or a forecast task with a label `window`
     /// (its examples are its earlier items), whose anchor table has a row
-    /// besides the seed; then each forecast task's items are indexed and
-    /// each database's walk graph is built.
+    /// besides the seed; then each forecast task's items are indexed (a
+    /// task at weight 0 too) and each database's walk graph is built.
     pub(super) fn plan_examples(&mut self) -> Result<()> {
         if !self.cfg.examples {
             return Ok(());
@@ -52,6 +52,7 @@ impl SamplerCore {
             if self.weights[k] > 0.0 {
                 self.plan_example_task(k)?;
             }
+            self.index_items(k)?;
         }
         if self.weights.iter().all(|&w| w <= 0.0) {
             return Err(bad(
@@ -118,12 +119,22 @@ impl SamplerCore {
                 ),
             ));
         }
-        if query {
-            let task = db.task(t.local)?;
-            let range = db.graph().table_rows[km.anchor_table as usize];
-            let index = ItemIndex::build(task.anchor_rows, task.obs_times, range);
-            self.task_items[k] = Some(index);
+        Ok(())
+    }
+
+    /// Index the items of task `k` if it is a query task with a window,
+    /// whatever its weight: an evaluation pass gives a task at weight 0 its
+    /// examples too, as it does a cell task.
+    fn index_items(&mut self, k: usize) -> Result<()> {
+        let t = &self.tasks[k];
+        let db = &self.dbs[t.db].db;
+        let km = &db.metadata().tasks[t.local];
+        if !matches!(t.target, TargetPlan::Virtual { .. }) || km.window_us.is_none() {
+            return Ok(());
         }
+        let task = db.task(t.local)?;
+        let range = db.graph().table_rows[km.anchor_table as usize];
+        self.task_items[k] = Some(ItemIndex::build(task.anchor_rows, task.obs_times, range));
         Ok(())
     }
 

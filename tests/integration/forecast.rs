@@ -48,6 +48,11 @@ fn numerical<'a>(name: &str, values: &'a [f64], valid: &'a [u8]) -> ColumnInput<
 /// days) and the task `will_buy` on users observed every 10 days (every
 /// 11th label null), with the 30-day window when `window`.
 fn write_db(dir: &Path, window: bool) -> Arc<Database> {
+    write_db_with(dir, window, false)
+}
+
+/// [`write_db`], and the cell task `users.age` after `will_buy` when `cell`.
+fn write_db_with(dir: &Path, window: bool, cell: bool) -> Arc<Database> {
     let mut w = DatabaseWriter::new(dir, "forecast-test", "hash", 4).unwrap();
     let age: Vec<f64> = (0..USERS).map(|u| (u % 7) as f64).collect();
     let ok_u = vec![1u8; USERS];
@@ -110,6 +115,9 @@ fn write_db(dir: &Path, window: bool) -> Arc<Database> {
     .unwrap();
     if window {
         w.set_window("will_buy", WINDOW).unwrap();
+    }
+    if cell {
+        w.add_cell_task("users.age", "users", "age", None).unwrap();
     }
     let z = |n: usize| vec![half::f16::ZERO; n * 4];
     let (c, k, t) = (
@@ -370,4 +378,39 @@ fn stored_rankings_give_a_forecast_task_the_live_batches() {
             "the stored batches differ from the live ones"
         );
     }
+}
+
+/// An evaluation pass gives a forecast task at weight 0 its examples, as
+/// it does a cell task at weight 0.
+#[test]
+fn an_evaluation_pass_gives_a_forecast_task_at_weight_0_its_examples() {
+    use std::collections::BTreeMap;
+
+    use headwater::config::TaskWeights;
+    use headwater::sampler::EvalPass;
+
+    let tmp = scratch_dir();
+    let db = write_db_with(&tmp.path().join("db"), true, true);
+    let c = SamplerConfig {
+        task_weights: Some(TaskWeights::ByName(BTreeMap::from([(
+            "will_buy".to_string(),
+            0.0,
+        )]))),
+        ..cfg(true)
+    };
+    let core = Arc::new(SamplerCore::with_database(db, c).unwrap());
+    let (mut seen, mut examples) = (0, 0);
+    // Every val seed: the first ones are observed before any window closed.
+    for b in EvalPass::new(core, Split::Val, Some(0), None).unwrap() {
+        let b = b.unwrap();
+        if b.task_idx == 0 {
+            seen += 1;
+            examples += b.readings.seqs.iter().map(|s| s.examples).sum::<u32>();
+            assert!(b.readings.seqs.iter().all(|s| s.label_leaks == 0));
+        }
+    }
+    assert!(
+        seen > 0 && examples > 0,
+        "{seen} batches, {examples} examples"
+    );
 }
