@@ -19,6 +19,10 @@
 //! it) keeps its place and gets no shell of its own. Rows are added whole, each once, while they fit `S`; the edges are
 //! every FK edge between the context's rows. The seed is row 0, so assembly
 //! masks its target and writes the examples' labels as ordinary cells.
+//! A forecast (query) task's examples are its earlier items instead
+//! (`items.rs`: the window rule, a ranked row's latest eligible item),
+//! each shell cut at the item's observation time and its label a visible
+//! cell before its row (`Subgraph::example_items`).
 //! `temporal_leaks` counts, from the rows' own times and independently of
 //! the filters, every row after the seed's time and every example row at
 //! or after it, in every tier.
