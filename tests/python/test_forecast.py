@@ -31,8 +31,15 @@ SMALL = {
 def _in_context(db: Path, task: str, names: list[str], **kw: Any) -> dict[str, float]:
     """Four in-context training batches of ``task`` alone: the drained metrics."""
     weights = {n: float(n == task) for n in names}
-    with headwater.Sampler(db, default_batch_size=8, default_sequence_length=128, num_threads=1,
-                           task_weights=weights, **SMALL, **kw) as s:
+    with headwater.Sampler(
+        db,
+        default_batch_size=8,
+        default_sequence_length=128,
+        num_threads=1,
+        task_weights=weights,
+        **SMALL,
+        **kw,
+    ) as s:
         for _ in range(4):
             s.next_train_batch()
         return s.drain_step_metrics()
@@ -43,8 +50,11 @@ def test_the_default_databases_five_tasks_sample_in_context(tpch: Any) -> None:
     assert len(tasks) == 5
     windows = {n: t.get("window_us") for n, t in tasks.items()}
     assert windows == {
-        "order_priority": None, "order_status": None, "part_retail_price": None,
-        "order_num_lineitems": 121 * DAY_US, "customer_repeat_order_90d": 90 * DAY_US,
+        "order_priority": None,
+        "order_status": None,
+        "part_retail_price": None,
+        "order_num_lineitems": 121 * DAY_US,
+        "customer_repeat_order_90d": 90 * DAY_US,
     }
     for name in tasks:
         d = _in_context(tpch.built.path, name, list(tasks))
@@ -96,12 +106,15 @@ def test_a_relbench_task_takes_its_timedelta_and_samples_in_context(
     assert d["sampler/invariants/label_leaks"] == 0
     steps = [(u, k) for k in range(20) for u in range(1, N_USERS + 1)]
     pq.write_table(
-        pa.table({
-            "timestamp": pa.array([BASE_TIME + dt.timedelta(days=10 * k) for _, k in steps],
-                                  pa.timestamp("ns")),
-            "user_id": pa.array([u for u, _ in steps], pa.int64()),
-            "churn": pa.array([int((u + k) % 3 == 0) for u, k in steps], pa.int64()),
-        }),
+        pa.table(
+            {
+                "timestamp": pa.array(
+                    [BASE_TIME + dt.timedelta(days=10 * k) for _, k in steps], pa.timestamp("ns")
+                ),
+                "user_id": pa.array([u for u, _ in steps], pa.int64()),
+                "churn": pa.array([int((u + k) % 3 == 0) for u, k in steps], pa.int64()),
+            }
+        ),
         src / "tasks" / RELBENCH_TASK / "train.parquet",
     )
     headwater.preprocess(src, tmp_path / "db2", embedder="hash", progress=False)
@@ -112,16 +125,35 @@ def test_a_relbench_task_takes_its_timedelta_and_samples_in_context(
 
 @pytest.mark.parametrize(
     ("text", "days"),
-    [("90d", 90), ("12h", 0.5), ("30min", 30 / 1440), ("2w", 14), ("P90D", 90),
-     ("PT12H", 0.5), ("P1DT6H", 1.25), ("P2W", 14), ("30 days", 30), ("1 day", 1)],
+    [
+        ("90d", 90),
+        ("12h", 0.5),
+        ("30min", 30 / 1440),
+        ("2w", 14),
+        ("P90D", 90),
+        ("PT12H", 0.5),
+        ("P1DT6H", 1.25),
+        ("P2W", 14),
+        ("30 days", 30),
+        ("1 day", 1),
+    ],
 )
 def test_a_window_reads_its_documented_forms(text: str, days: float) -> None:
     assert parse_duration(text, "w") == round(days * DAY_US)
 
 
 def _sql_task(**extra: Any) -> dict[str, Any]:
-    return {"tasks": [{"name": "t90", "anchor_table": "a", "target_stype": "boolean",
-                       "query": "SELECT 1", **extra}]}
+    return {
+        "tasks": [
+            {
+                "name": "t90",
+                "anchor_table": "a",
+                "target_stype": "boolean",
+                "query": "SELECT 1",
+                **extra,
+            }
+        ]
+    }
 
 
 @pytest.mark.parametrize("bad", ["90", "P1M", "1y", "0d", "5m", "P", "-3d", 90, ""])
@@ -133,8 +165,17 @@ def test_a_window_that_is_not_a_duration_is_a_schema_error(bad: Any) -> None:
 
 
 def test_a_window_on_a_cell_task_is_a_schema_error() -> None:
-    doc = {"tasks": [{"name": "c", "anchor_table": "a", "target_stype": "boolean",
-                      "column": "x", "window": "90d"}]}
+    doc = {
+        "tasks": [
+            {
+                "name": "c",
+                "anchor_table": "a",
+                "target_stype": "boolean",
+                "column": "x",
+                "window": "90d",
+            }
+        ]
+    }
     with pytest.raises(headwater.SchemaError, match=r"task `c`\.window: only a SQL task"):
         parse_schema(doc)
     assert parse_schema(_sql_task(window="90d")).tasks[0].window_us == 90 * DAY_US
