@@ -1,15 +1,11 @@
-//! Writing one sequence's cells, adjacency and permutations; text collation.
-
-use half::f16;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+//! Writing one sequence's cells, adjacency and permutations (text
+//! collation is `collate.rs`'s).
 
 use super::perm::{rcm_orders, RcmScratch};
 use super::slots::SeqOut;
 use super::timestamp::{TimestampMemo, TIMESTAMP_DIM};
-use super::Batch;
 use crate::context::{LabelTimes, Subgraph};
-use crate::format::{bit, ColumnValues, ColumnView, EmbeddingRows, GraphView};
+use crate::format::{bit, ColumnValues, ColumnView, GraphView};
 use crate::prefetch::prefetch;
 use crate::readings::SeqReadings;
 
@@ -76,6 +72,10 @@ pub struct SeqContext<'a> {
     pub labels: Option<LabelCells<'a>>,
     /// Each seed's observation time (`i64::MAX`: none), by seed position.
     pub obs_times: &'a [i64],
+    /// A forecast task's label window Δ (µs), if declared: an example
+    /// item's label shown while its window was open at the seed's time
+    /// (observation + Δ > the seed's) is counted in `label_leaks`.
+    pub window: Option<i64>,
     /// Rows of `categorical_embeddings.bin`: a larger stored id (a corrupt
     /// payload; payloads are not hashed at open) reads as a null cell.
     pub num_categorical: u32,
@@ -223,6 +223,7 @@ fn write_cells(
     let obs = obs_time(ctx, seed_pos);
     let hide = ctx.labels.as_ref().is_some_and(|l| l.hide);
     s.row_start.clear();
+    let mut items = sub.example_items.iter().peekable();
     for (&row, &t) in sub.rows.iter().zip(&sub.tables).take(AHEAD) {
         prefetch_row(ctx, t, row);
     }
@@ -237,6 +238,11 @@ fn write_cells(
         if i == 0 {
             skip_slot = write_target(ctx, tc, local_row, seed_pos, o, s);
             pos = 1;
+        } else if let Some(&(_, j)) = items.next_if(|e| usize::from(e.0) == i) {
+            if pos < seq_len {
+                leaks += write_item(ctx, j, i, obs, pos, o, s);
+                pos += 1;
+            }
         }
         // The label cells of this row not known at the seed's time.
         let unknown: &[usize] = match &ctx.labels {
@@ -280,6 +286,47 @@ fn write_cells(
     }
     s.row_start.push(pos as u32);
     (pos, leaks)
+}
+
+/// Write forecast item `j`'s label, visible (not a target), at `pos` as
+/// the first cell of its anchor row (local row `i`); returns 1 if its
+/// window was still open at the seed's time `obs` (a label leak, counted
+/// from the item's own time whatever chose it), else 0.
+#[inline]
+fn write_item(
+    ctx: &SeqContext<'_>,
+    j: u32,
+    i: usize,
+    obs: i64,
+    pos: usize,
+    o: &mut SeqOut<'_>,
+    s: &mut AssembleScratch,
+) -> u64 {
+    let Target::Virtual {
+        column_idx,
+        code,
+        values,
+        validity,
+    } = ctx.target
+    else {
+        return 0;
+    };
+    let j = j as usize;
+    let valid = bit(validity, j);
+    write_value(
+        o,
+        pos,
+        code,
+        column_idx,
+        i as u16,
+        values,
+        valid,
+        j,
+        ctx,
+        &mut s.timestamps,
+    );
+    let known = ctx.obs_times[j].saturating_add(ctx.window.unwrap_or(0));
+    u64::from(valid && known > obs)
 }
 
 /// The observation time of the seed at `seed_pos` (`i64::MAX`: none).
@@ -413,140 +460,9 @@ fn column_order(column_ids: &[i32], perm: &mut [u16], s: &mut AssembleScratch) {
     }
 }
 
-/// FxHash: a fast non-cryptographic hasher for small integer keys.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl std::hash::Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(i as u64);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A hash map with [`FxHasher`].
-pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-/// Replace global text ids by batch-local ones (first-seen order) and gather
-/// each distinct text embedding once. The batch's only serial phase.
-#[allow(clippy::implicit_hasher)] // FxMap is the one hasher used here
-pub fn collate_text(batch: &mut Batch, text_emb: EmbeddingRows<'_>, map: &mut FxMap<u32, u32>) {
-    let dim = text_emb.dim;
-    map.clear();
-    let mut order: Vec<u32> = Vec::new();
-    for p in 0..batch.semantic_types.len() {
-        if batch.semantic_types[p] == 4 && batch.is_null[p] == 0 && batch.is_padding[p] == 0 {
-            let g = batch.text_embed_ids[p];
-            let next = order.len() as u32;
-            let local = *map.entry(g).or_insert_with(|| {
-                order.push(g);
-                next
-            });
-            batch.text_embed_ids[p] = local;
-        }
-    }
-    let mut out = Vec::with_capacity(order.len() * dim);
-    for &g in &order {
-        // Ids were range-checked at assembly; a short matrix still gives
-        // zeros rather than an out-of-bounds read.
-        match text_emb.row(g as usize) {
-            Some(e) => out.extend_from_slice(e),
-            None => out.resize(out.len() + dim, f16::ZERO),
-        }
-    }
-    batch.num_text = order.len();
-    batch.text_batch_embeddings = out;
-}
-
-/// [`collate_text`] for a batch whose sequences come from several
-/// databases: sequence `q`'s text ids are ids of database `seq_db[q]`,
-/// whose embeddings are `text_emb[seq_db[q]]`; a text is shared only
-/// within its database.
-#[allow(clippy::implicit_hasher)] // FxMap is the one hasher used here
-pub fn collate_text_mixed(
-    batch: &mut Batch,
-    text_emb: &[EmbeddingRows<'_>],
-    seq_db: &[u32],
-    map: &mut FxMap<u64, u32>,
-) {
-    let dim = text_emb.first().map_or(batch.text_dim, |e| e.dim);
-    let s = batch.seq_len;
-    map.clear();
-    let mut order: Vec<(u32, u32)> = Vec::new();
-    for p in 0..batch.semantic_types.len() {
-        if batch.semantic_types[p] == 4 && batch.is_null[p] == 0 && batch.is_padding[p] == 0 {
-            let (d, g) = (seq_db[p / s], batch.text_embed_ids[p]);
-            let next = order.len() as u32;
-            let local = *map
-                .entry(u64::from(d) << 32 | u64::from(g))
-                .or_insert_with(|| {
-                    order.push((d, g));
-                    next
-                });
-            batch.text_embed_ids[p] = local;
-        }
-    }
-    let mut out = Vec::with_capacity(order.len() * dim);
-    for &(d, g) in &order {
-        match text_emb.get(d as usize).and_then(|e| e.row(g as usize)) {
-            Some(e) => out.extend_from_slice(e),
-            None => out.resize(out.len() + dim, f16::ZERO),
-        }
-    }
-    batch.num_text = order.len();
-    batch.text_batch_embeddings = out;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mixed_collation_keeps_each_databases_texts_apart() {
-        // Two sequences of 3 cells, sequence 0 from database 0 and sequence
-        // 1 from database 1; text id 1 exists in both with different
-        // embeddings, text id 0 twice in database 0.
-        let e0: Vec<f16> = [1.0, 2.0, 3.0, 4.0].map(f16::from_f32).to_vec();
-        let e1: Vec<f16> = [5.0, 6.0, 7.0, 8.0].map(f16::from_f32).to_vec();
-        let rows = [
-            EmbeddingRows::unchecked(&e0, 2),
-            EmbeddingRows::unchecked(&e1, 2),
-        ];
-        let mut b = Batch::zeroed(2, 3, 1, 2);
-        b.semantic_types = vec![4, 4, 4, 4, 0, 4];
-        b.text_embed_ids = vec![1, 0, 0, 1, 0, 0];
-        b.is_padding = vec![0; 6];
-        let mut map = FxMap::default();
-        collate_text_mixed(&mut b, &rows, &[0, 1], &mut map);
-        assert_eq!(b.num_text, 4, "db0:1, db0:0, db1:1, db1:0");
-        assert_eq!(b.text_embed_ids, vec![0, 1, 1, 2, 0, 3]);
-        let got: Vec<f32> = b.text_batch_embeddings.iter().map(|x| x.to_f32()).collect();
-        assert_eq!(got, vec![3.0, 4.0, 1.0, 2.0, 7.0, 8.0, 5.0, 6.0]);
-        // One database: the same result as the one-database collation.
-        let mut a = Batch::zeroed(2, 3, 1, 2);
-        a.semantic_types = vec![4, 4, 4, 4, 0, 4];
-        a.text_embed_ids = vec![1, 0, 0, 1, 0, 0];
-        a.is_padding = vec![0; 6];
-        let mut one = a.clone();
-        collate_text_mixed(&mut a, &rows[..1], &[0, 0], &mut map);
-        collate_text(&mut one, rows[0], &mut FxMap::default());
-        assert_eq!(a.text_embed_ids, one.text_embed_ids);
-        assert_eq!(a.text_batch_embeddings, one.text_batch_embeddings);
-    }
 
     #[test]
     fn column_order_is_the_column_then_position_sort() {

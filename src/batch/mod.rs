@@ -20,6 +20,7 @@
 //! whole (to NumPy without a copy); nothing here keeps a reference to it.
 
 mod assemble;
+mod collate;
 mod pack;
 mod perm;
 mod slots;
@@ -27,9 +28,9 @@ mod tensors;
 mod timestamp;
 
 pub use assemble::{
-    assemble_sequence, collate_text, collate_text_mixed, AssembleScratch, FxHasher, FxMap,
-    LabelCells, SeqContext, TableCells, Target,
+    assemble_sequence, AssembleScratch, LabelCells, SeqContext, TableCells, Target,
 };
+pub use collate::{collate_text, collate_text_mixed, FxHasher, FxMap};
 pub use pack::{assemble_packed_sequence, auto_count, pack_contexts, PackPlan, PADDING_GOAL};
 pub use perm::rcm_order;
 pub use slots::{SegOut, SeqOut};

@@ -269,15 +269,15 @@ pub static FIELDS: &[FieldDoc] = &[
             choices: &["rt-j"],
         },
         note: "",
-        doc: "a named set of keys applied to those not given: rt-j = RT-J's in-context pretraining (examples on, 10,000 walks of 20 rows ranked by visits, local_context_sizes 256/512/1024 and bfs_widths 8..256 up to the run's S, prefer_latest both ways); a query task then gets weight 0 with a warning instead of refusing the config",
+        doc: "a named set of keys applied to those not given: rt-j = RT-J's in-context pretraining (examples on, 10,000 walks of 20 rows ranked by visits, local_context_sizes 256/512/1024 and bfs_widths 8..256 up to the run's S, prefer_latest both ways); a query task without a label window then gets weight 0 with a warning instead of refusing the config",
     },
     FieldDoc {
         name: "examples",
         ty: "bool",
         group: Group::Recipe,
         check: Check::Bool,
-        note: "; true needs every task with weight > 0 to have a target column of its anchor table (a cell task) and other rows in that table, and pack off",
-        doc: "in-context contexts (docs/contexts.md): the seed's BFS (tier 0), then labelled rows of the seed's table ranked by example_ranker (tier 1), then random ones (tier 2); off: the plain layout (the seed's BFS only)",
+        note: "; true needs every task with weight > 0 to have a target column of its anchor table (a cell task) or a label window (a query task), other rows in its anchor table, and pack off",
+        doc: "in-context contexts (docs/contexts.md): the seed's BFS (tier 0), then labelled rows of the seed's table (a query task: its earlier items whose window closed) ranked by example_ranker (tier 1), then random ones (tier 2); off: the plain layout (the seed's BFS only)",
     },
     FieldDoc {
         name: "local_context_sizes",

@@ -8,8 +8,8 @@
 //! recency-first ranking on or off. A list value above the run's longest `S`
 //! is left out (all of them: the list is `[S]`), so the recipe holds for any
 //! sequence length; a task that cannot have examples (a query task, whose
-//! target is outside its anchor table) gets weight 0 with one warning
-//! naming it instead of refusing the config.
+//! target is outside its anchor table, without a label `window`) gets
+//! weight 0 with one warning naming it instead of refusing the config.
 
 use serde::{Deserialize, Serialize};
 

@@ -53,6 +53,10 @@ pub struct Subgraph {
     /// With examples: example rows (tiers 1 and 2) in the context and the
     /// tier each entered in, in the order they entered.
     pub example_rows: Vec<(u32, u8)>,
+    /// With examples of a forecast task: `(local row, item)` of each
+    /// example item, in row order; assembly writes the item's label as a
+    /// visible cell before its anchor row's cells.
+    pub example_items: Vec<(u16, u32)>,
     /// With examples: random-walk steps taken building the context.
     pub walk_steps: u64,
     /// With examples: 1 when the build passed `context_deadline_ms` and the
@@ -78,6 +82,7 @@ impl Subgraph {
         self.temporal_leaks = 0;
         self.tier_cells = [0; 3];
         self.example_rows.clear();
+        self.example_items.clear();
         self.walk_steps = 0;
         self.deadline_hits = 0;
         self.store_misses = 0;
@@ -124,6 +129,7 @@ impl Subgraph {
         self.tables.truncate(n);
         self.edges
             .retain(|&(i, j)| usize::from(i) < n && usize::from(j) < n);
+        self.example_items.retain(|&(i, _)| usize::from(i) < n);
         self.max_depth = self.depth.last().copied().unwrap_or(0);
         self.temporal_leaks = self.rows[1..]
             .iter()

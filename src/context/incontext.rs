@@ -19,6 +19,10 @@
 //! it) keeps its place and gets no shell of its own. Rows are added whole, each once, while they fit `S`; the edges are
 //! every FK edge between the context's rows. The seed is row 0, so assembly
 //! masks its target and writes the examples' labels as ordinary cells.
+//! A forecast (query) task's examples are its earlier items instead
+//! (`items.rs`: the window rule, a ranked row's latest eligible item),
+//! each shell cut at the item's observation time and its label a visible
+//! cell before its row (`Subgraph::example_items`).
 //! `temporal_leaks` counts, from the rows' own times and independently of
 //! the filters, every row after the seed's time and every example row at
 //! or after it, in every tier.
@@ -32,6 +36,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
+use super::items::TaskItems;
 use super::labels::LabelTimes;
 use crate::format::GraphView;
 use crate::ranking::rank_store::RankStore;
@@ -104,20 +109,23 @@ pub struct ExampleParams<'a> {
     /// When each row's label becomes known, if not at its own time: a row
     /// whose label was not known at the seed's time is no example.
     pub labels: Option<LabelTimes<'a>>,
+    /// A forecast task's items (`None`: a cell task): examples are then
+    /// items, not rows, each with its label as an extra visible cell.
+    pub items: Option<TaskItems<'a>>,
 }
 
 /// Per-worker scratch of in-context builds (reused, never per context).
 #[derive(Default)]
 pub struct ExampleScratch {
-    rank: RankScratch,
+    pub(super) rank: RankScratch,
     ranked: Vec<u32>,
     shell: Subgraph,
-    local: HashMap<u32, u16, BuildHasherDefault<RowHasher>>,
+    pub(super) local: HashMap<u32, u16, BuildHasherDefault<RowHasher>>,
 }
 
 /// A multiplicative hasher for row ids (distinct `u32`s).
 #[derive(Default)]
-struct RowHasher(u64);
+pub(super) struct RowHasher(u64);
 
 impl Hasher for RowHasher {
     fn finish(&self) -> u64 {
@@ -134,7 +142,7 @@ impl Hasher for RowHasher {
 }
 
 /// Why a build stopped.
-enum Stop {
+pub(super) enum Stop {
     /// The deadline passed.
     Deadline,
     /// The stored ranking's exact head ran out before the context was
@@ -247,9 +255,13 @@ fn tiers(
         deadline,
     };
     let (ranked, partial) = rank_examples(g, seed, key, r, p, &fill, sc, out)?;
-    let res = ranked
-        .iter()
-        .try_for_each(|&row| fill.example(row, 1, &mut bfs_rng, bs, sc, out));
+    let res = ranked.iter().try_for_each(|&row| match p.items {
+        // A ranked row stands for its latest eligible item.
+        Some(it) => it.latest(row, fill.bound).map_or(Ok(()), |j| {
+            fill.example(row, Some(j), 1, &mut bfs_rng, bs, sc, out)
+        }),
+        None => fill.example(row, None, 1, &mut bfs_rng, bs, sc, out),
+    });
     sc.ranked = ranked;
     res?;
     // Past a partial stored ranking's exact head (or in tier 2, which
@@ -296,6 +308,16 @@ fn rank_examples(
     };
     let partial = stored.is_some_and(|s| !s.complete());
     let local = &sc.local;
+    // A forecast task's row counts if it has an item eligible at the bound.
+    let has_item = |row: u32| {
+        p.items
+            .is_some_and(|it| it.latest(row, fill.bound).is_some())
+    };
+    let has_label: &(dyn Fn(u32) -> bool + Sync) = if p.items.is_some() {
+        &has_item
+    } else {
+        p.has_label
+    };
     let args = RankArgs {
         g,
         seed,
@@ -304,7 +326,7 @@ fn rank_examples(
         key,
         limit: 2 * (p.seq_len / ec + 1),
         take: room.div_ceil(r.local_size.max(ec)) + 1,
-        has_label: p.has_label,
+        has_label,
         prune: p.prune,
         held: &|row| local.contains_key(&row),
         stored,
@@ -334,34 +356,38 @@ fn rank_examples(
 }
 
 /// One context's example filling: what every shell reads.
-struct Fill<'g, 'p> {
-    g: &'p GraphView<'g>,
-    p: &'p ExampleParams<'p>,
+pub(super) struct Fill<'g, 'p> {
+    pub(super) g: &'p GraphView<'g>,
+    pub(super) p: &'p ExampleParams<'p>,
     r: &'p SeqRecipe,
     obs_time: i64,
-    /// Example rows must be dated before this (`i64::MAX`: filter off).
-    bound: i64,
-    deadline: Option<Instant>,
+    /// Example rows must be dated before this, and forecast items' windows
+    /// closed by it (`i64::MAX`: filter off).
+    pub(super) bound: i64,
+    pub(super) deadline: Option<Instant>,
 }
 
 impl Fill<'_, '_> {
-    /// Cells of one row of the seed's table.
+    /// Cells of one example: a row of the seed's table, and a forecast
+    /// item's label cell.
     fn example_cells(&self) -> usize {
         let t = self.g.table_of(self.p.table.0).unwrap_or(0);
-        self.p
+        let row = self
+            .p
             .row_cells
             .get(t)
-            .map_or(1, |&c| usize::from(c).max(1))
+            .map_or(1, |&c| usize::from(c).max(1));
+        row + usize::from(self.p.items.is_some())
     }
 
     /// Whether no further example row fits.
-    fn full(&self, out: &Subgraph) -> bool {
+    pub(super) fn full(&self, out: &Subgraph) -> bool {
         self.p.seq_len.saturating_sub(out.cells) < self.example_cells()
     }
 
     /// Whether `row` may be an example (time rule; the label is checked
     /// by the caller's ranking or draw).
-    fn eligible_time(&self, row: u32) -> bool {
+    pub(super) fn eligible_time(&self, row: u32) -> bool {
         let t = self.g.time_of(row).unwrap_or(i64::MIN);
         t == i64::MIN || t < self.bound
     }
@@ -377,10 +403,13 @@ impl Fill<'_, '_> {
     }
 
     /// Add example `row` (tier `tier`) and its shell, unless the context is
-    /// full or already holds it.
-    fn example(
+    /// full or already holds it. A forecast task's example is its `item`,
+    /// whose shell is cut at the item's observation time.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn example(
         &self,
         row: u32,
+        item: Option<u32>,
         tier: usize,
         rng: &mut Xoshiro256pp,
         bs: &mut BfsScratch,
@@ -390,10 +419,17 @@ impl Fill<'_, '_> {
         if self.full(out) || sc.local.contains_key(&row) || !self.label_known(row) {
             return Ok(());
         }
+        let item = item
+            .zip(self.p.items)
+            .map(|(j, it)| (j, it.obs[j as usize]));
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(Stop::Deadline);
         }
-        let t = self.g.time_of(row).unwrap_or(i64::MIN);
+        let t = match item {
+            Some((_, o)) if o != i64::MAX => o,
+            Some(_) => i64::MIN,
+            None => self.g.time_of(row).unwrap_or(i64::MIN),
+        };
         let cut = if t == i64::MIN || !self.p.temporal_filter {
             self.obs_time
         } else {
@@ -418,13 +454,14 @@ impl Fill<'_, '_> {
             bs,
             &mut sc.shell,
         );
-        self.merge(tier, sc, out);
+        self.merge(tier, item.map(|(j, _)| j), sc, out);
         Ok(())
     }
 
     /// Add the shell's rows the context does not hold, in shell order,
-    /// while they fit `S`; its root is the example.
-    fn merge(&self, tier: usize, sc: &mut ExampleScratch, out: &mut Subgraph) {
+    /// while they fit `S`; its root is the example (with its label cell
+    /// when it is forecast `item`).
+    fn merge(&self, tier: usize, item: Option<u32>, sc: &mut ExampleScratch, out: &mut Subgraph) {
         let shell = &sc.shell;
         let before = out.cells;
         for (i, (&row, &t)) in shell.rows.iter().zip(&shell.tables).enumerate() {
@@ -435,7 +472,8 @@ impl Fill<'_, '_> {
                 .p
                 .row_cells
                 .get(usize::from(t))
-                .map_or(0, |&c| usize::from(c));
+                .map_or(0, |&c| usize::from(c))
+                + usize::from(i == 0 && item.is_some());
             if out.cells + c > self.p.seq_len || out.rows.len() >= usize::from(u16::MAX - 1) {
                 out.cells_dropped += c as u64;
                 if i == 0 {
@@ -456,81 +494,15 @@ impl Fill<'_, '_> {
             }
             if i == 0 {
                 out.example_rows.push((row, tier as u8));
+                if let Some(j) = item {
+                    out.example_items.push((out.rows.len() as u16 - 1, j));
+                }
             }
         }
         out.children_capped += shell.children_capped;
         out.temporal_filtered += shell.temporal_filtered;
         out.max_depth = out.max_depth.max(shell.max_depth);
         out.tier_cells[tier] += u32::try_from(out.cells - before).unwrap_or(u32::MAX);
-    }
-
-    /// Tier 2, until the context is full: random rows of the seed's table
-    /// the walks did not visit (at most as many draws as the table has
-    /// rows or `S` has cells), then random rows whatever their visits (as
-    /// many draws), then the table in order from a random row. Each is
-    /// taken if eligible and labelled; so a context is short only when no
-    /// such row is left (the last pass reads the table once at most).
-    fn random_examples(
-        &self,
-        seed: u32,
-        key: u64,
-        rng: &mut Xoshiro256pp,
-        bs: &mut BfsScratch,
-        sc: &mut ExampleScratch,
-        out: &mut Subgraph,
-    ) -> Result<(), Stop> {
-        let (lo, hi) = self.p.table;
-        let n = u64::from(hi - lo);
-        if n == 0 {
-            return Ok(());
-        }
-        let mut pick = Xoshiro256pp::seed_from_u64(mix64(key ^ 0x0074_6965_7232));
-        let draws = n.min(self.p.seq_len as u64);
-        for visited in [false, true] {
-            for _ in 0..draws {
-                if self.full(out) {
-                    return Ok(());
-                }
-                let row = lo + pick.below(n) as u32;
-                if visited || sc.rank.walks.get(row) == 0 {
-                    self.random_example(seed, row, rng, bs, sc, out)?;
-                }
-            }
-        }
-        let start = pick.below(n);
-        for i in 0..n {
-            if self.full(out) {
-                break;
-            }
-            // The pass may read a large table: the deadline holds here too.
-            if i % 4096 == 4095 && self.deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Stop::Deadline);
-            }
-            let row = lo + ((start + i) % n) as u32;
-            self.random_example(seed, row, rng, bs, sc, out)?;
-        }
-        Ok(())
-    }
-
-    /// Add `row` as a tier-2 example if it may be one: not the seed, not
-    /// held, eligible and labelled.
-    fn random_example(
-        &self,
-        seed: u32,
-        row: u32,
-        rng: &mut Xoshiro256pp,
-        bs: &mut BfsScratch,
-        sc: &mut ExampleScratch,
-        out: &mut Subgraph,
-    ) -> Result<(), Stop> {
-        if row == seed
-            || sc.local.contains_key(&row)
-            || !self.eligible_time(row)
-            || !(self.p.has_label)(row)
-        {
-            return Ok(());
-        }
-        self.example(row, 2, rng, bs, sc, out)
     }
 }
 

@@ -1,7 +1,8 @@
 //! What context a seed gets: the BFS from a seed row over foreign-key
 //! edges, with the time filter and width caps, and per-worker scratch
 //! (`bfs.rs`); with `examples = true`, the in-context assembly of the tiers
-//! (`incontext.rs`) and when a row's label is known (`labels.rs`). The
+//! (`incontext.rs`, tier 2 in `tier2.rs`), when a row's label is known
+//! (`labels.rs`) and a forecast task's items as examples (`items.rs`). The
 //! example rankings tier 1 is ordered by are `crate::ranking`, below this
 //! room.
 //!
@@ -23,8 +24,11 @@
 
 mod bfs;
 pub mod incontext;
+pub mod items;
 pub mod labels;
+mod tier2;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
 pub use incontext::{build_in_context, ExampleParams, ExampleScratch, SeqRecipe};
+pub use items::{ItemIndex, TaskItems};
 pub use labels::LabelTimes;

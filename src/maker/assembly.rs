@@ -133,6 +133,7 @@ impl SamplerCore {
             tables,
             labels,
             obs_times: task.obs_times,
+            window: m.tasks[plan.local].window_us,
             ts_mean: m.timestamp_stats.mean_us,
             ts_std: m.timestamp_stats.std_us,
             target,

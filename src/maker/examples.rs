@@ -15,7 +15,8 @@ use rayon::prelude::*;
 use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
 use crate::context::{
-    build_in_context, BfsScratch, ExampleParams, ExampleScratch, LabelTimes, SeqRecipe, Subgraph,
+    build_in_context, BfsScratch, ExampleParams, ExampleScratch, ItemIndex, LabelTimes, SeqRecipe,
+    Subgraph, TaskItems,
 };
 use crate::error::{Error, Result};
 use crate::format::GraphView;
@@ -38,49 +39,25 @@ type StoreItems = (Vec<(u32, i64)>, StoreParams, u64);
 impl SamplerCore {
     /// With `examples`, every task with weight > 0 must be a cell task
     /// (its target a column of its anchor table, so examples carry their
-    /// labels as ordinary cells) whose anchor table has a row besides the
-    /// seed; then each database's walk graph is built.
+    /// labels as ordinary cells) or a forecast task with a label `window`
+    /// (its examples are its earlier items), whose anchor table has a row
+    /// besides the seed; then each forecast task's items are indexed (a
+    /// task at weight 0 too) and each database's walk graph is built.
     pub(super) fn plan_examples(&mut self) -> Result<()> {
         if !self.cfg.examples {
             return Ok(());
         }
-        for (k, t) in self.tasks.iter().enumerate() {
-            if self.weights[k] <= 0.0 {
-                continue;
+        self.task_items = vec![None; self.tasks.len()];
+        for k in 0..self.tasks.len() {
+            if self.weights[k] > 0.0 {
+                self.plan_example_task(k)?;
             }
-            let name = &self.task_names[k];
-            if matches!(t.target, TargetPlan::Virtual { .. }) && self.cfg.recipe.is_some() {
-                crate::say::warn(&format!(
-                    "task `{name}` gets weight 0 under recipe \"rt-j\": its target is outside \
-                     its anchor table (a query task), so in-context examples would carry no label"
-                ));
-                self.weights[k] = 0.0;
-                continue;
-            }
-            if matches!(t.target, TargetPlan::Virtual { .. }) {
-                return Err(bad(
-                    "examples",
-                    format!(
-                        "true, but task `{name}` has a target outside its anchor table (a query task: examples would carry no label); give it weight 0"
-                    ),
-                ));
-            }
-            let m = self.dbs[t.db].db.metadata();
-            let table = &m.tables[m.tasks[t.local].anchor_table as usize];
-            if table.num_rows < 2 {
-                return Err(bad(
-                    "examples",
-                    format!(
-                        "true, but the anchor table `{}` of task `{name}` has {} row(s): no row can be an example",
-                        table.name, table.num_rows
-                    ),
-                ));
-            }
+            self.index_items(k)?;
         }
         if self.weights.iter().all(|&w| w <= 0.0) {
             return Err(bad(
                 "examples",
-                "true, but no task with weight > 0 can have examples (every one is a query task)",
+                "true, but no task with weight > 0 can have examples (every one is a query task without a `window`)",
             ));
         }
         // Each database's graph is a file of its directory mapped by every
@@ -99,6 +76,65 @@ impl SamplerCore {
                 .map(|d| self.rank_store(d))
                 .collect::<Result<_>>()?;
         }
+        Ok(())
+    }
+
+    /// Check task `k` (weight > 0) can have examples; index a forecast
+    /// task's items. Under recipe "rt-j" a query task without a window gets
+    /// weight 0 with a warning instead of the error.
+    fn plan_example_task(&mut self, k: usize) -> Result<()> {
+        let t = &self.tasks[k];
+        let name = &self.task_names[k];
+        let db = &self.dbs[t.db].db;
+        let m = db.metadata();
+        let km = &m.tasks[t.local];
+        let table = &m.tables[km.anchor_table as usize];
+        let query = matches!(t.target, TargetPlan::Virtual { .. });
+        if query && km.window_us.is_none() {
+            if self.cfg.recipe.is_some() {
+                crate::say::warn(&format!(
+                    "task `{name}` gets weight 0 under recipe \"rt-j\": it is a query task \
+                     without a `window` (when its labels become known), so no earlier \
+                     label can be shown as an example"
+                ));
+                self.weights[k] = 0.0;
+                return Ok(());
+            }
+            return Err(bad(
+                "examples",
+                format!(
+                    "true, but query task `{name}` declares no `window` (how long after its \
+                     observation time a label becomes known; a duration such as \"90d\" in its \
+                     schema [[tasks]] entry, or RelBench's timedelta): declare `window`, or give \
+                     it weight 0"
+                ),
+            ));
+        }
+        if table.num_rows < 2 {
+            return Err(bad(
+                "examples",
+                format!(
+                    "true, but the anchor table `{}` of task `{name}` has {} row(s): no row can be an example",
+                    table.name, table.num_rows
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Index the items of task `k` if it is a query task with a window,
+    /// whatever its weight: an evaluation pass gives a task at weight 0 its
+    /// examples too, as it does a cell task.
+    fn index_items(&mut self, k: usize) -> Result<()> {
+        let t = &self.tasks[k];
+        let db = &self.dbs[t.db].db;
+        let km = &db.metadata().tasks[t.local];
+        if !matches!(t.target, TargetPlan::Virtual { .. }) || km.window_us.is_none() {
+            return Ok(());
+        }
+        let task = db.task(t.local)?;
+        let range = db.graph().table_rows[km.anchor_table as usize];
+        self.task_items[k] = Some(ItemIndex::build(task.anchor_rows, task.obs_times, range));
         Ok(())
     }
 
@@ -207,8 +243,8 @@ impl SamplerCore {
     }
 
     /// The in-context parameters of task `k`, handed to `f` with the
-    /// database's graph; `None` (nothing called) for a query task, which
-    /// keeps plain contexts.
+    /// database's graph; `None` (nothing called) for a query task without
+    /// indexed items (no window), which keeps plain contexts.
     pub(crate) fn with_example_params<R>(
         &self,
         (k, s): (usize, usize),
@@ -217,16 +253,32 @@ impl SamplerCore {
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
         let db = &*mdb.db;
-        let anchor = db.metadata().tasks[plan.local].anchor_table as usize;
+        let km = &db.metadata().tasks[plan.local];
+        let anchor = km.anchor_table as usize;
         let view = db.table(anchor)?;
-        let TargetPlan::Cell { slot } = plan.target else {
-            return Ok(None);
-        };
-        let label = &view.columns[slot];
         let off = view.row_offset;
+        let (label, items) = match (plan.target, self.task_items.get(k)) {
+            (TargetPlan::Cell { slot }, _) => (Some(view.columns[slot]), None),
+            (TargetPlan::Virtual { .. }, Some(Some(index))) => {
+                let task = db.task(plan.local)?;
+                let items = TaskItems {
+                    index,
+                    row_offset: off,
+                    anchor_rows: task.anchor_rows,
+                    obs: task.obs_times,
+                    valid: task.target_validity,
+                    window: km.window_us.unwrap_or(i64::MAX),
+                };
+                (None, Some(items))
+            }
+            (TargetPlan::Virtual { .. }, _) => return Ok(None),
+        };
+        // A forecast task's rows are labelled through their items.
         let has_label = move |row: u32| {
-            row.checked_sub(off)
-                .is_some_and(|i| i < view.num_rows && label.read(i as usize))
+            label.is_some_and(|label| {
+                row.checked_sub(off)
+                    .is_some_and(|i| i < view.num_rows && label.read(i as usize))
+            })
         };
         let graph = db.graph();
         let c = &self.cfg;
@@ -259,15 +311,16 @@ impl SamplerCore {
                     row_offset: off,
                     column: Some(view.columns[t]),
                 }),
+            items,
         };
         Ok(Some(f(&graph, &p)))
     }
 
     /// Every context of `jobs` (task `k`) as an in-context context, in
     /// parallel (`min_len` per job at least); `false` (nothing built) for a
-    /// query task, which only an evaluation pass of a task at weight 0
-    /// reaches (`plan_examples` refuses one at weight > 0): it keeps the
-    /// plain context.
+    /// query task without indexed items, which only an evaluation pass of
+    /// a task at weight 0 reaches (`plan_examples` refuses one at weight >
+    /// 0 without a window): it keeps the plain context.
     pub(super) fn build_in_context(
         &self,
         (k, s): (usize, usize),

@@ -120,6 +120,9 @@ pub struct SamplerCore {
     pub(super) walk_graphs: Vec<crate::ranking::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
     pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
+    /// With `examples`: each forecast task's items by anchor row (`None`:
+    /// a cell task, or one without examples).
+    pub(super) task_items: Vec<Option<crate::context::ItemIndex>>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
@@ -227,6 +230,7 @@ impl SamplerCore {
             segment_slots: 1,
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
+            task_items: Vec::new(),
             dropped: Vec::new(),
             prefetched: Arc::default(),
         };

@@ -100,6 +100,7 @@ pub(crate) fn with_task_params<R>(
         store: None,
         walk_salt: 0,
         labels: None,
+        items: None,
     };
     f(&g, &p)
 }

@@ -36,7 +36,7 @@ SF001_ROW_COUNTS = {
 STYPES = {"identifier", "numerical", "timestamp", "boolean", "categorical", "text", "ignored"}
 TARGET_STYPES = {"numerical", "boolean", "timestamp", "categorical"}
 TABLE_KEYS = {"primary_key", "time_column", "foreign_keys", "ignore", "columns"}
-TASK_KEYS = {"name", "anchor_table", "target_stype", "description", "column", "query"}
+TASK_KEYS = {"name", "anchor_table", "target_stype", "description", "column", "query", "window"}
 
 
 @pytest.fixture(scope="module")

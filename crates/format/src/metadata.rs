@@ -266,6 +266,14 @@ pub struct TaskMeta {
     /// indices) known only with the label, hidden with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub label_columns: Vec<u32>,
+    /// Query tasks (`sql`, `relbench`): the label window Δ in µs (> 0).
+    /// Each label covers (observation, observation + Δ], so it is known at
+    /// observation + Δ; an earlier item of the task is an in-context
+    /// example of a seed observed at t only if observation + Δ ≤ t
+    /// (docs/contexts.md, "Forecast tasks"). Absent: none declared (such a
+    /// task has no examples), and the database's hash is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_us: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -262,6 +262,11 @@ impl DatabaseWriter {
             .map_err(to_py)
     }
 
+    fn set_window(&mut self, py: Python<'_>, name: &str, window_us: i64) -> PyResult<()> {
+        let w = self.w()?;
+        py.detach(|| w.set_window(name, window_us)).map_err(to_py)
+    }
+
     #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None, splits=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_task<'py>(

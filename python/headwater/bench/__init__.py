@@ -360,7 +360,8 @@ def examples_recipe(path: str | list[str], seq_len: int) -> dict[str, Any]:
     seq_len``: its local sizes up to ``S`` (RT-J drops the larger ones per
     sequence the same way), its widths up to ``S``, both recencies, 10,000
     walks of 20 rows, ``mask_prob_max`` 0.5 (cells masked as extra targets),
-    and weight 0 for query tasks (examples need cell tasks)."""
+    and weight 0 for query tasks without a label window (their examples
+    need one: docs/contexts.md, "Forecast tasks")."""
     from headwater._native import Database
 
     query: dict[str, float] = {}
@@ -368,7 +369,8 @@ def examples_recipe(path: str | list[str], seq_len: int) -> dict[str, Any]:
         m = json.loads(Database(p).metadata_json())
         for t in m["tasks"]:
             col = m["columns"][t["target_column"]]
-            if col["table"] != t["anchor_table"] or col.get("slot") is None:
+            query_task = col["table"] != t["anchor_table"] or col.get("slot") is None
+            if query_task and t.get("window_us") is None:
                 query[t["name"] if isinstance(path, str) else f"{Path(p).name}/{t['name']}"] = 0.0
     return {
         "examples": True,

@@ -268,7 +268,7 @@ def _add_examples_args(pb: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time in-context contexts with RT-J's pretraining recipe (examples on, 10,000 walks "
         "of 20 rows, its local sizes and widths up to --seq-len, both recencies; query tasks "
-        "weight 0): docs/contexts.md",
+        "without a label window weight 0): docs/contexts.md",
     )
     pb.add_argument(
         "--sampler-set",

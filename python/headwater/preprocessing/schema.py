@@ -19,6 +19,7 @@ Format (TOML; JSON with the same structure is accepted too)::
     label_time_column = "col"        # optional, cell task: when a row's label is known
     label_columns = ["col", ...]     # optional, cell task: columns known only with it
     query = "SELECT ..."             # or SQL task: (anchor key, observation time, target)
+    window = "90d"                   # optional, SQL task: each label covers (t, t + window]
 
 Unknown keys and bad values raise ``SchemaError`` naming the key path.
 """
@@ -26,6 +27,7 @@ Unknown keys and bad values raise ``SchemaError`` naming the key path.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,9 @@ class TaskSchema:
     # time) and the anchor-row columns known only with it.
     label_time_column: str | None = None
     label_columns: list[str] = field(default_factory=list)
+    # SQL tasks: the label window in µs (each label covers (t, t + window],
+    # known at its end); None: not declared.
+    window_us: int | None = None
 
 
 @dataclass
@@ -132,13 +137,64 @@ def _parse_columns(where: str, cols: Any) -> dict[str, str]:
     return dict(cols)
 
 
+_US = {"us": 1, "s": 10**6, "min": 60 * 10**6, "h": 3600 * 10**6, "d": 86400 * 10**6}
+_US["w"] = 7 * _US["d"]
+_WORDS = {"second": "s", "minute": "min", "hour": "h", "day": "d", "week": "w"}
+DURATION_FORM = (
+    'a positive whole number and a unit: "90d", "12h", "30min", "45s", "2w" (d days, h hours, '
+    'min minutes, s seconds, w weeks), or ISO 8601 without years or months: "P90D", "PT12H", '
+    '"P1DT6H", "P2W"'
+)
+_ISO = re.compile(
+    r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<min>\d+)M)?(?:(?P<s>\d+)S)?)?"
+)
+
+
+def parse_duration(value: Any, where: str) -> int:
+    """A duration in µs: ``"90d"``-style (:data:`DURATION_FORM`), ISO 8601
+    (``"P90D"``), or RelBench's pandas form (``"30 days"``). Months and years
+    have no fixed length and are refused; so is zero. Raises
+    ``SchemaError`` naming ``where`` and the allowed forms."""
+    text = value.strip() if isinstance(value, str) else None
+    us = None
+    if text:
+        m = re.fullmatch(r"(\d+)\s*([a-z]+)", text.lower())
+        iso = _ISO.fullmatch(text.upper())
+        if m:
+            unit = m.group(2)
+            unit = _WORDS.get(unit.removesuffix("s"), _WORDS.get(unit, unit))
+            if unit in _US:
+                us = int(m.group(1)) * _US[unit]
+        elif iso and text.upper() not in ("P", "PT") and not text.upper().endswith("T"):
+            us = sum(int(v) * _US[u] for u, v in iso.groupdict().items() if v)
+    if not us:
+        raise SchemaError(f"{where}: {value!r} is not a positive duration; expected {DURATION_FORM}")
+    return us
+
+
+def _check_kind_keys(where: str, k: dict[str, Any], cell: bool) -> None:
+    """The keys of one kind of task only: a cell task's label rule, a SQL
+    task's window."""
+    for key in ("label_time_column", "label_columns"):
+        if key in k and not cell:
+            raise SchemaError(
+                f"{where}.{key}: only a cell task (`column`) has one; a SQL task's labels "
+                "are its query's rows"
+            )
+    if "window" in k and cell:
+        raise SchemaError(
+            f"{where}.window: only a SQL task (`query`) has one; a cell task's label is "
+            "known at its row's time (or its `label_time_column`)"
+        )
+
+
 def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     """One ``[[tasks]]`` entry (``names``: the names seen so far, updated)."""
     where = f"{src}: tasks[{i}]"
     if not isinstance(k, dict):
         raise SchemaError(f"{where}: expected a table")
     _check_keys(where, k, {"name", "anchor_table", "target_stype", "column", "query", "description",
-                           "label_time_column", "label_columns"})
+                           "label_time_column", "label_columns", "window"})
     for req in ("name", "anchor_table", "target_stype"):
         if req not in k:
             raise SchemaError(f"{where}: missing required key `{req}`")
@@ -156,12 +212,7 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     has_col, has_q = "column" in k, "query" in k
     if has_col == has_q:
         raise SchemaError(f"{where}: give exactly one of `column` (cell task) or `query` (SQL)")
-    for key in ("label_time_column", "label_columns"):
-        if key in k and not has_col:
-            raise SchemaError(
-                f"{where}.{key}: only a cell task (`column`) has one; a SQL task's labels "
-                "are its query's rows"
-            )
+    _check_kind_keys(where, k, cell=has_col)
     cols = k.get("label_columns", [])
     if not isinstance(cols, list) or not all(isinstance(c, str) and c for c in cols):
         raise SchemaError(f"{where}.label_columns: expected a list of column names, got {cols!r}")
@@ -177,6 +228,7 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
             if "label_time_column" in k else None
         ),
         label_columns=list(cols),
+        window_us=parse_duration(k["window"], f"{where}.window") if "window" in k else None,
     )
 
 

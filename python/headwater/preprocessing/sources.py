@@ -28,6 +28,7 @@ import duckdb
 import pyarrow as pa
 
 from headwater.errors import SchemaError
+from headwater.preprocessing.schema import parse_duration
 
 
 @dataclass
@@ -54,6 +55,8 @@ class SourceTask:
     target_stype: str
     label_files: list[Path]
     description: str | None
+    # The label window in µs (RelBench's `timedelta`); None: not given.
+    window_us: int | None = None
 
 
 @dataclass
@@ -219,6 +222,10 @@ def _relbench_task(src: Source, tdir: Path) -> None:
             target_stype=stype,
             label_files=files,
             description=m.get("description"),
+            window_us=(
+                parse_duration(m["timedelta"], f"task `{name}`.timedelta")
+                if m.get("timedelta") is not None else None
+            ),
         )
     )
 

@@ -214,6 +214,8 @@ def _add_declared_tasks(
             writer, keys, name=t.name, kind="sql", anchor_table=t.anchor_table, reader=reader,
             target_stype=t.target_stype, query=t.query, description=t.description, log=log, what=what,
         )
+        if t.window_us is not None:
+            writer.set_window(t.name, t.window_us)
 
 
 
@@ -278,6 +280,8 @@ def _add_relbench_tasks(
             target_stype=k.target_stype, query=None, description=k.description, log=log, what=what,
             with_splits=True,
         )
+        if k.window_us is not None:
+            writer.set_window(k.name, k.window_us)
 
 
 

@@ -92,6 +92,7 @@ impl DatabaseWriter {
             stored_splits: false,
             label_time_column: None,
             label_columns: Vec::new(),
+            window_us: None,
         };
         self.files.insert(file, digest(len, sum));
         self.tasks.push(meta);
@@ -151,6 +152,25 @@ impl DatabaseWriter {
         let task = &mut self.tasks[k];
         task.label_time_column = time;
         task.label_columns = hidden;
+        Ok(())
+    }
+
+    /// Query task `name`'s label window Δ (µs, > 0): each label covers
+    /// (observation, observation + Δ] and is known at its end.
+    pub fn set_window(&mut self, name: &str, window_us: i64) -> Result<()> {
+        let task = self
+            .tasks
+            .iter_mut()
+            .find(|k| k.name == name && k.kind != "cell")
+            .ok_or_else(|| {
+                Error::Preprocess(format!("task `{name}`: no query task of that name"))
+            })?;
+        if window_us <= 0 {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`.window: {window_us} µs; expected a positive duration"
+            )));
+        }
+        task.window_us = Some(window_us);
         Ok(())
     }
 
@@ -283,6 +303,7 @@ impl DatabaseWriter {
             stored_splits: input.splits.is_some(),
             label_time_column: None,
             label_columns: Vec::new(),
+            window_us: None,
         };
         // Every section is written a chunk at a time: the task's rows
         // stay in the caller's (spilled) arrays.
