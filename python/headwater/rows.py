@@ -207,6 +207,7 @@ class SamplerConfigDict(TypedDict):
     hot_set_steps: int
     debug_batch_delay_ms: float
     debug_repeat_seed_every: int
+    debug_ignore_window: bool
     debug_panic_at_step: int | None
     debug_stall_step: int | None
     debug_stall_ms: float

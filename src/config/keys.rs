@@ -488,6 +488,14 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "fault injection: every N-th draw of a pool repeats the previous seed (lights invariants/duplicate_seeds)",
     },
     FieldDoc {
+        name: "debug_ignore_window",
+        ty: "bool",
+        group: Group::Debug,
+        check: Check::Bool,
+        note: "",
+        doc: "fault injection: a forecast task's items are examples once observed before the seed (t' < t, RT-J's rule), their label windows ignored (lights invariants/label_leaks)",
+    },
+    FieldDoc {
         name: "debug_panic_at_step",
         ty: "int | None",
         group: Group::Debug,

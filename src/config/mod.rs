@@ -273,6 +273,10 @@ pub struct SamplerConfig {
     /// Fault injection: every N-th draw of a pool repeats the seed drawn
     /// before it (0 = off), so `invariants/duplicate_seeds` must fire.
     pub debug_repeat_seed_every: u64,
+    /// Fault injection: a forecast task's items are examples once merely
+    /// observed before the seed (`t′ < t`, RT-J's rule), their label
+    /// windows ignored, so `invariants/label_leaks` must fire.
+    pub debug_ignore_window: bool,
     /// Fault injection: the producer panics when making this step.
     pub debug_panic_at_step: Option<u64>,
     /// Fault injection: the worker building this training step sleeps
@@ -355,6 +359,7 @@ impl Default for SamplerConfig {
             hot_set_steps: 1000,
             debug_batch_delay_ms: 0.0,
             debug_repeat_seed_every: 0,
+            debug_ignore_window: false,
             debug_panic_at_step: None,
             debug_stall_step: None,
             debug_stall_ms: 0.0,

@@ -267,7 +267,14 @@ impl SamplerCore {
                     anchor_rows: task.anchor_rows,
                     obs: task.obs_times,
                     valid: task.target_validity,
-                    window: km.window_us.unwrap_or(i64::MAX),
+                    // The fault of `debug_ignore_window`: any item observed
+                    // before the seed (a 1 µs window); the leak count keeps
+                    // the task's own window.
+                    window: if self.cfg.debug_ignore_window {
+                        1
+                    } else {
+                        km.window_us.unwrap_or(i64::MAX)
+                    },
                 };
                 (None, Some(items))
             }

@@ -1,4 +1,10 @@
-"""The in-context pathology outside the diag matrix (which runs on TPC-H):
+"""The in-context pathologies outside the diag matrix.
+
+``diag_configs/context/label_window_ignored.toml`` on TPC-H: forecast
+examples whose label windows are ignored (``debug_ignore_window``) light
+exactly ``invariants/label_leaks``; the same run with the window kept
+lights nothing.
+
 ``diag_configs/context/no_eligible_examples.toml`` on a database generated
 here, a ``snapshots`` table whose rows all share one ``taken_at``. An example
 must be dated strictly before its seed, so no context gets one:
@@ -11,6 +17,7 @@ whole run."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import build_db_from_sql
@@ -19,6 +26,7 @@ import headwater
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "diag_configs" / "context" / "no_eligible_examples.toml"
+WINDOW = ROOT / "diag_configs" / "context" / "label_window_ignored.toml"
 
 SCHEMA = """
 [tables.stores]
@@ -102,3 +110,23 @@ def test_diag_lights_exactly_no_examples(tmp_path: Path) -> None:
     proc, result = run_diag_cli(tmp_path, CONFIG, db)
     assert proc.returncode == 0 and result["ok"], proc.stdout[-3000:] + proc.stderr[-2000:]
     assert lit(result) == set(spec.expect) == {"context/no_examples"}
+
+
+@pytest.mark.parametrize("ignored", [True, False])
+def test_an_ignored_label_window_lights_exactly_label_leaks(
+    tmp_path: Path, tpch: Any, ignored: bool
+) -> None:
+    pytest.importorskip("jax")
+    from test_diag import lit, run_diag_cli
+
+    args = () if ignored else ("--set", "sampler.debug_ignore_window=false")
+    proc, result = run_diag_cli(tmp_path, WINDOW, tpch.built.path, *args)
+    leaks = next(v for v in result["verdicts"] if v["signal"] == "invariants/label_leaks")
+    # Filled in-context contexts light padding either way (the config says why).
+    if ignored:
+        assert proc.returncode == 0 and result["ok"], proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert lit(result) == {"invariants/label_leaks", "padding/fraction_p50"}, result
+    else:  # label_leaks stays dark: the run fails its declaration, and only padding lit
+        assert proc.returncode == 1 and not result["ok"], proc.stdout[-3000:]
+        assert lit(result) == {"padding/fraction_p50"} and leaks["value"] == 0, result
+

@@ -72,6 +72,8 @@ def _warnings(log: RunLog, wait_share: float, verdict: str = "") -> list[str]:
         + (
             "a seed was drawn twice in one epoch"
             if "duplicate" in key
+            else "labels not yet known at the observation time reached the model"
+            if "label" in key
             else "rows dated after the observation time reached the model"
         )
         for key, v in log.invariants.items()
