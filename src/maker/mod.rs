@@ -30,6 +30,7 @@ mod masking;
 mod mixing;
 mod open;
 mod plan;
+mod reads;
 mod resume;
 mod shape;
 
