@@ -261,6 +261,8 @@ class BenchRun(TypedDict):
     first_batch_seconds: float
     telemetry_us: float
     drained_values: int
+    working_set_resident: float
+    read_amplification: float
 
 
 __all__ = [

@@ -74,6 +74,12 @@ pub struct BenchRun {
     pub telemetry_us: f64,
     /// Values one drain returns (the packed vector's length).
     pub drained_values: usize,
+    /// Share of the timed batches' probed working-set pages already in
+    /// the page cache (1 when nothing was probed).
+    pub working_set_resident: f64,
+    /// Bytes the timed batches read from storage per byte they used (0
+    /// when they used none).
+    pub read_amplification: f64,
 }
 
 /// A timed window on the wall clock (Unix seconds), the same for several
@@ -240,6 +246,10 @@ struct Tally {
     seeds: u64,
     cut: u64,
     made: u64,
+    probed: u64,
+    resident: u64,
+    read_bytes: u64,
+    useful_bytes: u64,
 }
 
 impl Tally {
@@ -253,6 +263,11 @@ impl Tally {
         self.seeds += b.seeds.len() as u64;
         self.cut += seqs.iter().map(|s| u64::from(s.contexts_cut)).sum::<u64>();
         self.made += 1;
+        let r = &b.readings;
+        self.probed += u64::from(r.pages_probed);
+        self.resident += u64::from(r.pages_resident);
+        self.read_bytes += r.read_bytes;
+        self.useful_bytes += r.useful_bytes;
     }
 
     /// The run's figures over `secs` seconds.
@@ -290,6 +305,16 @@ impl Tally {
             first_batch_seconds,
             telemetry_us: self.telemetry_ns as f64 / 1e3 / made.max(1) as f64,
             drained_values: core.schema.drained_keys.len(),
+            working_set_resident: crate::telemetry::ratio(
+                self.resident as f64,
+                self.probed as f64,
+                1.0,
+            ),
+            read_amplification: crate::telemetry::ratio(
+                self.read_bytes as f64,
+                self.useful_bytes as f64,
+                0.0,
+            ),
         }
     }
 }

@@ -60,11 +60,21 @@ pub(crate) fn drop_page_cache(dir: &Path) {
             libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_RANDOM);
         }
     }
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    evict_files_under(&dir);
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` on every file under `dir`, its
+/// folders (`tables/`, `tasks/`) included: the table files live one level
+/// down, and a drop that left them cached left assembly's reads warm.
+fn evict_files_under(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
-        if let Ok(f) = std::fs::File::open(e.path()) {
+        let path = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            evict_files_under(&path);
+        } else if let Ok(f) = std::fs::File::open(&path) {
             use std::os::fd::AsRawFd;
             // SAFETY: plain advice on an open descriptor.
             unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };

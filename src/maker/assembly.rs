@@ -1,7 +1,8 @@
 //! Assembling a built step: each sequence's tensors from its contexts
 //! (each sequence with its own task's assembly context, so a batch may mix
 //! tasks and databases) and the batch's text collation, with the block
-//! checks of every database read.
+//! checks of every database read, and the residency probe of the pages
+//! it is about to read (`reads.rs`).
 //!
 //! Never: a random choice, or a BFS (the contexts are `build.rs`'s).
 
@@ -33,7 +34,7 @@ impl SamplerCore {
         jobs: &[(u32, u32, i64, u64)],
         layout: &Layout<'_>,
         min_len: usize,
-    ) -> Result<(Batch, Vec<SeqReadings>)> {
+    ) -> Result<(Batch, Vec<SeqReadings>, (u32, u32))> {
         let asm_span = tracing::info_span!("assemble", max_rows = tracing::field::Empty).entered();
         let Layout {
             start,
@@ -86,6 +87,10 @@ impl SamplerCore {
             .zip(&tables)
             .map(|((gk, _), t)| self.seq_context(*gk, t))
             .collect::<Result<Vec<_>>>()?;
+        // Before any cell is read: which of the pages about to be read
+        // the page cache already holds (`reads.rs`).
+        let group_of = |g: usize| groups.iter().position(|(_, r)| r.contains(&g)).unwrap_or(0);
+        let residency = super::reads::probe_residency(subgraphs, jobs, group_of, &tables);
         let seqs = self.pool.install(|| {
             batch.fill_sequences(min_len, |i, o, seg| {
                 let range = start[i]..start[i + 1];
@@ -97,7 +102,7 @@ impl SamplerCore {
             })
         });
         asm_span.record("max_rows", r as i64);
-        Ok((batch, seqs))
+        Ok((batch, seqs, residency))
     }
 
     /// The assembly context of task `k` over its database's `tables`.

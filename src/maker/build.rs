@@ -268,7 +268,7 @@ impl SamplerCore {
             slots: if packed { self.segment_slots } else { 1 },
         };
         stage_to(Stage::Assembly);
-        let (mut batch, seqs) = self.assemble(groups, s, jobs, &layout, min_len)?;
+        let (mut batch, seqs, probed) = self.assemble(groups, s, jobs, &layout, min_len)?;
         let t_asm = Instant::now();
         stage_to(Stage::Collate);
         let collate_span =
@@ -288,6 +288,7 @@ impl SamplerCore {
         // A context past `context_deadline_ms` is a stall too (the
         // in-context builds' own deadline feeds the same counter).
         let deadline_hits = seqs.iter().map(|q| q.deadline_hits).sum();
+        let storage = self.storage_readings(&batch, &seqs, probed);
         let readings = BatchReadings {
             task: k as u32,
             db: self.tasks[k].db as u32,
@@ -306,7 +307,7 @@ impl SamplerCore {
             task_seeds: task_seeds(groups),
             db_seeds: self.db_seeds(groups),
             seqs,
-            ..BatchReadings::default()
+            ..storage
         };
         Ok(MadeBatch { batch, readings })
     }

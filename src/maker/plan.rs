@@ -74,6 +74,8 @@ pub struct MixtureDatabase {
     /// Its first category's id in the concatenated categorical table.
     pub categorical_offset: u32,
     pub(super) row_cells: Vec<u16>,
+    /// Mean stored bytes of one of its cells (`reads::cell_bytes`).
+    pub(super) cell_bytes: f64,
 }
 
 /// Everything immutable a sampler needs, shared by its producers.
@@ -432,6 +434,7 @@ fn plan_tasks(
             column_offset,
             categorical_offset,
             row_cells,
+            cell_bytes: super::reads::cell_bytes(m),
             db,
         });
     }

@@ -50,6 +50,8 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}queue/depth_min_argmin_rank": 0.0,
             f"{P}queue/wait_seconds": float(rng.random() * 0.01),
             f"{P}stage/total_seconds_p50": float(rng.random() * 0.1),
+            f"{P}io/working_set_resident": float(rng.random()),
+            f"{P}io/read_amplification": float(rng.random() * 20),
             f"{P}invariants/temporal_leaks": float(rng.integers(0, 3)),
             f"{P}invariants/duplicate_seeds": 0.0,
             f"{P}invariants/label_leaks": 0.0,

@@ -1,6 +1,8 @@
 """``headwater bench --memory-limit``: runs in a memory cgroup (page cache
 included) and a read throttle, each from a dropped page cache, and the clear
-errors of a host or an argument that cannot give them."""
+errors of a host or an argument that cannot give them; a database larger
+than what its cgroup leaves for the page cache lights the read-amplification
+signal and reads as not wholly resident."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import Tpch
 
 from headwater.bench import limits as bench_limits
 from headwater.bench.limits import LimitError, Limits, parse_size
@@ -54,8 +57,13 @@ def test_a_limited_run_is_charged_its_reads_and_stays_under_its_limit() -> None:
     assert limited["ratio_to_first"] == pytest.approx(
         limited["best_batches_per_s"] / free["best_batches_per_s"]
     )
+    # The unlimited run read its database in before timing (populate): its
+    # timed batches found every probed page cached and read nothing.
+    assert free["working_set_resident"] == 1.0 and free["read_amplification"] == 0.0
+    assert 0.0 <= limited["working_set_resident"] <= 1.0 and limited["read_amplification"] >= 0.0
     text = bench_limits.format_limited(out)
     assert "160 MiB" in text and "no memory limit" in text and "page cache dropped" in text
+    assert "resident" in text and "read/used" in text
 
 
 def test_a_limit_the_run_cannot_fit_in_is_named() -> None:
@@ -65,6 +73,30 @@ def test_a_limit_the_run_cannot_fit_in_is_named() -> None:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert "killed at --memory-limit 4194304 bytes" in r.stderr and "raise the limit" in r.stderr
+
+
+def test_a_database_larger_than_its_cgroup_is_read_amplified_and_not_resident(
+    tpch: Tpch,
+) -> None:
+    """TPC-H SF 0.01 (14 MB) in a 52 MiB cgroup, where the sampler's own
+    memory leaves a few MiB of page cache: measured 0.28-0.63 of the
+    probed pages resident and 29-33 bytes read per byte used (at 56 MiB:
+    0.89 and 12; unlimited: 1 and 0)."""
+    from headwater.diag.signals import SIGNALS
+
+    why = _host_can_limit()
+    if why is not None:
+        pytest.skip(f"this host cannot limit a run: {why}")
+    cmd = [sys.executable, "-m", "headwater.cli", "bench", str(tpch.built.path), "--threads",
+           "1", "--warmup", "2", "--memory-limit", "52MiB", "--seconds", "1", "--rounds", "1",
+           "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode == 2 and "the sampler's own memory does not fit" in r.stderr:
+        pytest.skip(f"this host's interpreter needs more than the 52 MiB limit: {r.stderr}")
+    assert r.returncode == 0, r.stderr
+    (run,) = json.loads(r.stdout)["runs"]
+    assert run["read_amplification"] > SIGNALS["io/read_amplification"].band[1], run
+    assert run["working_set_resident"] < 1.0, run
 
 
 @pytest.mark.parametrize(

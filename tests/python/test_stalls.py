@@ -9,6 +9,9 @@ not a training run: the fast siblings of the ``stuck_worker`` and
 * ``stall_after_ms`` <= 0 or absurdly small is a ``ConfigError`` naming it;
 * the database's pages dropped before each batch show as major faults, bytes
   read and blocked time; a warm run takes none;
+* dropped the same way, the working set reads as not resident and the bytes
+  read per byte used as amplified: both diag signals fire; warm, both are
+  inside their bands;
 * sampler threads pinned to a CPU a spinning process keeps busy spend their
   build time runnable but not running (``cpu/runqueue_seconds``).
 """
@@ -126,6 +129,34 @@ def test_a_cold_page_cache_shows_as_faults_bytes_and_blocked_time(tpch: Tpch) ->
         warm = drained(s, 12)
     assert warm["sampler/io/major_faults"] == 0, warm
     assert warm["sampler/io/read_bytes"] == 0, warm
+
+
+def _io_signals(s: Any, steps: int) -> dict[str, float]:
+    """The diag statistic of the two working-set signals over ``steps``
+    steps of one batch each (the rows the diag reads)."""
+    from headwater.diag.signals import SIGNALS
+
+    rows = []
+    for _ in range(steps):
+        s.next_train_batch()
+        rows.append(s.drain_step_metrics())
+    names = ("io/working_set_resident", "io/read_amplification")
+    return {n: SIGNALS[n].stat(rows, {}) for n in names}
+
+
+def test_a_cold_working_set_lights_residency_and_read_amplification(tpch: Tpch) -> None:
+    from headwater.diag.signals import SIGNALS
+
+    resident, amplified = SIGNALS["io/working_set_resident"], SIGNALS["io/read_amplification"]
+    with N.Sampler(tpch.built.path, **FAST, num_prefetch=1, debug_drop_page_cache_every=1) as s:
+        cold = _io_signals(s, 12)
+    assert cold["io/working_set_resident"] < resident.band[0], cold
+    assert cold["io/read_amplification"] > amplified.band[1], cold
+    with N.Sampler(tpch.built.path, **FAST, num_prefetch=1) as s:
+        drained(s, 30)  # warm the cache
+        warm = _io_signals(s, 12)
+    assert warm["io/working_set_resident"] == 1.0, warm
+    assert warm["io/read_amplification"] == 0.0, warm
 
 
 def test_a_pinned_sampler_on_a_busy_cpu_waits_in_the_run_queue(tpch: Tpch) -> None:

@@ -682,6 +682,8 @@ EXTRA_REDUCTIONS = {
     "databases/other_seeds": "SUM",
     "io/major_faults": "SUM",
     "io/read_bytes": "SUM",
+    "io/read_amplification": "MAX",
+    "io/working_set_resident": "MIN",
     "io/blocked_seconds": "SUM",
     "cpu/build_seconds": "SUM",
     "cpu/busy_seconds": "SUM",
@@ -801,6 +803,8 @@ PROM_GAUGES = {
     "headwater_mixture_remaining_fraction_worst_index": "databases/remaining_fraction_worst",
     "headwater_mixture_dropped_databases": "databases/dropped",
     "headwater_context_tasks_per_batch": "context/tasks_per_batch",
+    "headwater_io_read_amplification_ratio": "io/read_amplification",
+    "headwater_io_working_set_resident_ratio": "io/working_set_resident",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",

@@ -13,11 +13,13 @@ import math
 import pytest
 
 from headwater.train.verdict import (
+    AMPLIFICATION,
     BLOCKED,
     BUILD,
     FAULTS,
     IO_BLOCKED_SHARE,
     MAKE_P50,
+    RESIDENT,
     RUNQUEUE,
     STARVED_HEADROOM,
     STARVED_RUNQUEUE_SHARE,
@@ -224,3 +226,36 @@ def test_an_io_bound_verdict_names_its_cause_and_fix() -> None:
     assert "--row-order locality and set seed_windows = 64" in reasons["over"]
     assert "fit its memory" in reasons["fits"] and "populate" in reasons["fits"], reasons
     assert reasons["unknown"] == reasons["fits"]
+
+
+def _io_reason(memory: tuple[int, int | None] | None, resident: float, amplification: float) -> str:
+    """The reason of an io_bound run whose steps report these I/O figures."""
+    disk = {**_kernel(0.05, 0.002, 0.04, 120), RESIDENT: resident, AMPLIFICATION: amplification}
+    t = tracker(load=0.2)
+    t.memory = memory
+    for _ in range(30):
+        feed(t, 0.1, 0.03, make_s=0.05, kernel=disk)
+    s = t.summary()
+    assert s["verdict"] == "io_bound"
+    return str(s["verdict_reason"])
+
+
+def test_the_io_bound_reason_states_the_working_set_figures_and_their_cause() -> None:
+    """The window's residency and read amplification are quoted and choose
+    the cause: a working set larger than the budget (more memory, a
+    stretch at a time), cold storage (populate, staging, faster storage),
+    or a resident working set that still faults (eviction, read-ahead)."""
+    over = _io_reason((3 * 2**30, 2**30), 0.25, 37.0)
+    assert over.count("25% of the pages its batches were about to read") == 1, over
+    assert "read 37.0 bytes from storage per byte its batches used" in over
+    assert "working set does not fit the memory budget" in over
+    assert "memory_budget" in over and "seed_windows = 64" in over
+    cold = _io_reason((2**29, 2**30), 0.1, 60.0)
+    assert "10% of the pages" in cold and "not in the page cache" in cold, cold
+    assert "populate" in cold and "stage_dir" in cold and "faster storage" in cold
+    assert "--row-order locality" in cold  # 60 bytes per byte used: read-ahead waste
+    resident = _io_reason((2**29, 2**30), 0.95, 1.5)
+    assert "95% of the pages" in resident and "evicted" in resident, resident
+    assert "--row-order locality" not in resident  # 1.5 bytes per byte: no waste
+    # Figures change the words, not the cause, when the budget is exceeded.
+    assert "does not fit" in _io_reason((3 * 2**30, 2**30), 0.99, 0.5)

@@ -1,7 +1,8 @@
 //! Kernel probes: what the operating system counted for the sampler's
 //! threads — major page faults (`getrusage`), bytes read from storage
 //! (`/proc/thread-self/io`, `/proc/self/io`), CPU time and time runnable
-//! but not running (`/proc/thread-self/schedstat`). Each is read before and
+//! but not running (`/proc/thread-self/schedstat`) — and whether a mapped
+//! page is in the page cache (`mincore`, [`page_resident`]). Each is read before and
 //! after the work it attributes (a batch), never per row or per cell: one
 //! `getrusage` call (well under a microsecond) and at most two `pread`s of
 //! `/proc` files each thread opened once and keeps open (a few
@@ -181,6 +182,38 @@ pub fn usage(whole_process: bool) -> Usage {
     })
 }
 
+/// Whether the page holding `addr` (an address inside a file map) is in
+/// the page cache now, without reading it (`mincore` of that one page:
+/// one system call, well under a microsecond, that faults nothing in);
+/// `None` where the kernel cannot say (an address outside every map).
+///
+/// The kernel reports the page cache itself for a file the caller owns or
+/// may write; for another's file (a read-only shared corpus) it reports
+/// only the pages mapped in this process, so a page another process read
+/// reads as absent until this one touches it: an undercount, never an
+/// overcount.
+pub fn page_resident(addr: *const u8) -> Option<bool> {
+    let page = page_size();
+    let start = (addr as usize) & !(page - 1);
+    let mut vec = 0u8;
+    // SAFETY: `mincore` reads no memory at `start`; it validates the range
+    // against the process's maps (ENOMEM outside them) and writes one byte
+    // per page of it (one page here) into `vec`.
+    let rc = unsafe { libc::mincore(start as *mut libc::c_void, page, &raw mut vec) };
+    (rc == 0).then_some(vec & 1 == 1)
+}
+
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf reads a constant of the system.
+    *PAGE.get_or_init(|| {
+        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096)
+    })
+}
+
 /// Whether the calling thread's affinity mask allows `cpu`.
 pub fn may_run_on(cpu: u32) -> bool {
     let Ok(cpu) = usize::try_from(cpu) else {
@@ -199,7 +232,7 @@ pub fn may_run_on(cpu: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{major_faults, usage};
+    use super::{major_faults, page_resident, usage};
     use std::io::Write;
     use std::os::fd::AsRawFd;
 
@@ -283,6 +316,35 @@ mod tests {
         let read = usage(false).since(before);
         assert!(read.major_faults > 0, "{read:?}");
         assert!(read.read_bytes >= 4096, "{read:?}");
+    }
+
+    /// A page read through a map is resident; dropped from the page cache
+    /// (and the map) it is not, and asking faults nothing back in; an
+    /// address outside every map has no answer.
+    #[test]
+    fn residency_is_read_without_faulting_the_page_in() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![5u8; 16 * 4096]).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: `f` stays open and unmodified while mapped.
+        let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+        let sum: u64 = map.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, 5 * 16);
+        assert_eq!(page_resident(&raw const map[4096 * 3 + 17]), Some(true));
+        // SAFETY: plain advice on a map and an open descriptor we own.
+        unsafe {
+            libc::madvise(
+                map.as_ptr() as *mut libc::c_void,
+                map.len(),
+                libc::MADV_DONTNEED,
+            );
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+        let faults = major_faults(false);
+        let resident = (0..16).filter(|p| page_resident(&raw const map[p * 4096]) == Some(true));
+        assert_eq!(resident.count(), 0, "dropped pages read as resident");
+        assert_eq!(major_faults(false), faults, "asking faulted a page in");
+        assert_eq!(page_resident(std::ptr::null()), None);
     }
 
     /// A reading costs microseconds (two per batch): printed for the

@@ -151,6 +151,16 @@ pub struct BatchReadings {
     pub major_faults: u64,
     /// Bytes read from storage building the batch (`crate::probes`).
     pub read_bytes: u64,
+    /// Stored bytes of what the batch used: its cells (at the database's
+    /// mean stored bytes per cell) and the text embeddings it collated —
+    /// the denominator of the read amplification.
+    pub useful_bytes: u64,
+    /// Pages of the batch's working set probed for residency (sampled
+    /// cells of the rows its contexts hold, in their table files, just
+    /// before assembly read them).
+    pub pages_probed: u32,
+    /// Of those, the pages that were already in the page cache.
+    pub pages_resident: u32,
     /// CPU time of the thread that built the batch (ns).
     pub cpu_ns: u64,
     /// Time that thread was runnable but waiting for a CPU (ns), from the

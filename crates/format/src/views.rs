@@ -176,6 +176,21 @@ impl ColumnValues<'_> {
             ColumnValues::Timestamp(_) => 8,
         }
     }
+
+    /// Where table-local `row`'s value lies in the map, without reading
+    /// it (`None` past the column's end): for a residency probe, which asks
+    /// the kernel about the page and must not fault it in.
+    pub fn addr(&self, row: usize) -> Option<*const u8> {
+        fn at<T>(s: &[T], row: usize) -> Option<*const u8> {
+            s.get(row).map(|v| std::ptr::from_ref(v).cast::<u8>())
+        }
+        match self {
+            ColumnValues::Numerical(s) => at(s, row),
+            ColumnValues::Boolean(s) => at(s, row),
+            ColumnValues::Timestamp(s) => at(s, row),
+            ColumnValues::Categorical(s) | ColumnValues::Text(s) => at(s, row),
+        }
+    }
 }
 
 impl ColumnView<'_> {

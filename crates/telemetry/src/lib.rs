@@ -34,7 +34,8 @@ pub use rows::METRICS;
 pub use schema::{SchemaEntry, TelemetrySchema, PREFIX};
 pub use step::StepRecorder;
 pub use table::{
-    BucketRule, Healthy, Measure, MetricDef, PromType, Reduction, TrainerGauge, TRAINER_GAUGES,
+    ratio, BucketRule, Healthy, Measure, MetricDef, PromType, Reduction, TrainerGauge,
+    TRAINER_GAUGES,
 };
 
 /// Something that consumes every delivered batch's report: the drain

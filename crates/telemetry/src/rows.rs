@@ -597,6 +597,46 @@ pub static METRICS: &[MetricDef] = &[
         measure: Measure::Total(|r| r.batch.read_bytes as f64),
     },
     MetricDef {
+        key: "io/read_amplification",
+        reduction: Max,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_io_read_amplification_ratio",
+        prometheus_type: Gauge,
+        unit: "ratio",
+        help: "bytes read from storage per byte the batches used (their cells at the database's mean stored bytes per cell, and the text embeddings they collated): 0 from the page cache, about 1 reading only what is used, far above 1 when read-ahead and whole pages bring in what no batch uses (ratio)",
+        healthy: Some(Healthy {
+            what: "median over steps of the worst rank's bytes read from storage per byte its batches used",
+            unit: "bytes read per byte used",
+            lo: 0.0,
+            hi: Some(4.0),
+        }),
+        measure: Measure::Ratio(|r| r.batch.read_bytes as f64, |r| r.batch.useful_bytes as f64, 0.0),
+    },
+    MetricDef {
+        key: "io/working_set_resident",
+        reduction: Min,
+        buckets: None,
+        per_task: false,
+        per_database: false,
+        prometheus: "headwater_io_working_set_resident_ratio",
+        prometheus_type: Gauge,
+        unit: "ratio",
+        help: "share of the working set found in the page cache: of the pages of sampled cells the batches were about to read (four a batch, mincore), those already resident (1 when nothing was probed; ratio)",
+        healthy: Some(Healthy {
+            what: "median over steps of the worst rank's share of probed working-set pages already in the page cache",
+            unit: "share of pages",
+            lo: 0.8,
+            hi: Some(1.0),
+        }),
+        measure: Measure::Ratio(
+            |r| f64::from(r.batch.pages_resident),
+            |r| f64::from(r.batch.pages_probed),
+            1.0,
+        ),
+    },
+    MetricDef {
         // The seconds below: drained as sums per step; exported as latency
         // histograms per batch (a float `_sum`; Prometheus counters here
         // count integers).

@@ -5,7 +5,7 @@
 use super::hist::FixedHistogram;
 use super::report::BatchReport;
 use super::schema::TelemetrySchema;
-use super::table::Measure;
+use super::table::{ratio, Measure};
 use super::Recorder;
 
 /// The accumulator of one schema entry.
@@ -13,6 +13,8 @@ use super::Recorder;
 enum Slot {
     /// Snapshot, running minimum, or running sum (by the entry's measure).
     Scalar(f64),
+    /// A [`Measure::Ratio`]'s two running sums.
+    Ratio(f64, f64),
     Hist(FixedHistogram),
 }
 
@@ -45,6 +47,7 @@ impl StepRecorder {
             measures.push((m, e.task, e.database));
             slots.push(match (&e.edges, e.quantile) {
                 (Some(edges), Some(rule)) => Slot::Hist(FixedHistogram::new(edges.clone(), rule)),
+                _ if matches!(m, Measure::Ratio(..)) => Slot::Ratio(0.0, 0.0),
                 _ => Slot::Scalar(initial(m)),
             });
         }
@@ -68,9 +71,17 @@ impl StepRecorder {
         if self.delivered == 0 {
             return;
         }
-        for slot in &self.slots {
+        for ((m, _, _), slot) in self.measures.iter().zip(&self.slots) {
             match slot {
                 Slot::Scalar(v) => out.push(*v),
+                Slot::Ratio(num, den) => {
+                    let empty = if let Measure::Ratio(_, _, e) = m {
+                        *e
+                    } else {
+                        0.0
+                    };
+                    out.push(ratio(*num, *den, empty));
+                }
                 Slot::Hist(h) => {
                     #[allow(clippy::cast_precision_loss)]
                     out.extend(h.counts().iter().map(|&c| c as f64));
@@ -95,6 +106,7 @@ impl StepRecorder {
         for ((m, _, _), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Scalar(v) => *v = initial(*m),
+                Slot::Ratio(num, den) => (*num, *den) = (0.0, 0.0),
                 Slot::Hist(h) => h.clear(),
             }
         }
@@ -107,6 +119,12 @@ impl Recorder for StepRecorder {
         for (&(m, task, database), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Hist(h) => m.samples(r, |v| h.record(v)),
+                Slot::Ratio(num, den) => {
+                    if let Measure::Ratio(f, g, _) = m {
+                        *num += f(r);
+                        *den += g(r);
+                    }
+                }
                 Slot::Scalar(v) => match m {
                     Measure::DatabaseSeeds | Measure::DatabaseExhausts => {
                         if let Some(x) = database.and_then(|(d, s)| m.per_database(r, d, s)) {
@@ -132,5 +150,70 @@ impl Recorder for StepRecorder {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::report::BatchReport;
+    use super::super::schema::{TelemetrySchema, PREFIX};
+    use super::super::Recorder;
+    use super::StepRecorder;
+    use headwater_common::readings::{BatchReadings, DeliveryReadings};
+
+    fn drained(batches: &[BatchReadings]) -> std::collections::HashMap<String, f64> {
+        let schema = TelemetrySchema::new(&["t".into()], 3, 64);
+        let mut rec = StepRecorder::new(&schema);
+        for b in batches {
+            rec.record(&BatchReport {
+                batch: b,
+                delivery: DeliveryReadings::default(),
+            });
+        }
+        let mut out = vec![];
+        rec.drain(&schema, &mut out);
+        out.into_iter()
+            .map(|(k, v)| (k.trim_start_matches(PREFIX).to_owned(), v))
+            .collect()
+    }
+
+    /// A ratio row drains the ratio of its two sums over the batches (not
+    /// the mean of the batches' ratios), and its stated value when nothing
+    /// was counted below the line.
+    #[test]
+    fn a_ratio_row_drains_the_ratio_of_its_sums() {
+        let a = BatchReadings {
+            read_bytes: 9_000,
+            useful_bytes: 1_000,
+            pages_probed: 4,
+            pages_resident: 1,
+            ..BatchReadings::default()
+        };
+        let b = BatchReadings {
+            read_bytes: 0,
+            useful_bytes: 3_000,
+            pages_probed: 4,
+            pages_resident: 4,
+            ..BatchReadings::default()
+        };
+        let got = drained(&[a.clone(), b.clone()]);
+        assert_eq!(got["io/read_amplification"], 9_000.0 / 4_000.0);
+        assert_eq!(got["io/working_set_resident"], 5.0 / 8.0);
+        let nothing = drained(&[BatchReadings::default()]);
+        assert_eq!(nothing["io/read_amplification"], 0.0);
+        assert_eq!(nothing["io/working_set_resident"], 1.0);
+        // The sums start over after a drain.
+        let schema = TelemetrySchema::new(&["t".into()], 3, 64);
+        let mut rec = StepRecorder::new(&schema);
+        let mut out = vec![];
+        for x in [&a, &b] {
+            rec.record(&BatchReport {
+                batch: x,
+                delivery: DeliveryReadings::default(),
+            });
+            rec.drain(&schema, &mut out);
+        }
+        let key = format!("{PREFIX}io/working_set_resident");
+        assert_eq!(out.iter().find(|e| e.0 == key).unwrap().1, 1.0);
     }
 }

@@ -156,6 +156,11 @@ pub enum Measure {
     Least(fn(&BatchReport) -> f64),
     /// Summed over batches.
     Total(fn(&BatchReport) -> f64),
+    /// A ratio of two sums over the batches: the first function's total
+    /// over the second's (the third field when the second sums to 0, as
+    /// for a batch that probed nothing). A gauge is set to each batch's own
+    /// ratio.
+    Ratio(fn(&BatchReport) -> f64, fn(&BatchReport) -> f64, f64),
     /// Summed over every sequence of every batch.
     TotalSeq(fn(&BatchReport, &SeqReadings) -> f64),
     /// One histogram sample per batch.
@@ -179,6 +184,7 @@ impl std::fmt::Debug for Measure {
             Measure::Last(_) => "Last",
             Measure::Least(_) => "Least",
             Measure::Total(_) => "Total",
+            Measure::Ratio(..) => "Ratio",
             Measure::TotalSeq(_) => "TotalSeq",
             Measure::Sample(_) => "Sample",
             Measure::SampleSeq(_) => "SampleSeq",
@@ -199,6 +205,7 @@ impl Measure {
             Measure::TotalSeq(f) | Measure::SampleSeq(f) => {
                 r.batch.seqs.iter().map(|s| f(r, s)).sum()
             }
+            Measure::Ratio(num, den, empty) => ratio(num(r), den(r), empty),
             Measure::TaskSeeds | Measure::DatabaseSeeds => r.seeds(),
             Measure::DatabaseExhausts => f64::from(r.batch.exhaust_events),
             Measure::DatabaseLast(_) => 0.0,
@@ -231,6 +238,16 @@ impl Measure {
             }
             other => each(other.per_batch(r)),
         }
+    }
+}
+
+/// `num / den`, or `empty` when `den` is 0 (what a [`Measure::Ratio`]
+/// reads).
+pub fn ratio(num: f64, den: f64, empty: f64) -> f64 {
+    if den > 0.0 {
+        num / den
+    } else {
+        empty
     }
 }
 

@@ -278,6 +278,8 @@ def run_limited_bench(
             "first_batch_seconds": min(r["first_batch_seconds"] for r in rs),
             "read_bytes": best["read_bytes"],
             "read_bytes_per_batch": _per_batch(best, warmup),
+            "working_set_resident": best["working_set_resident"],
+            "read_amplification": best["read_amplification"],
             "cgroup_peak_bytes": best["cgroup_peak_bytes"], "rss_bytes": best["rss_bytes"],
         })
     return {"runs": rows, "threads": threads, "seconds": seconds, "warmup": warmup,
@@ -297,7 +299,7 @@ def format_limited(r: dict[str, Any]) -> str:
         f"{r['threads']} thread(s), {r['seconds']:.0f} s per run after {r['warmup']} warm-up "
         f"batches, best of {r['rounds']} interleaved; page cache dropped before each run",
         f"{'limits':<40} {'batches/s':>10} {'ratio':>7} {'1st batch s':>11} {'MiB read/batch':>14}"
-        f" {'peak MiB':>9}",
+        f" {'peak MiB':>9} {'resident':>8} {'read/used':>9}",
     ]
     for row in r["runs"]:
         rb = row["read_bytes_per_batch"]
@@ -306,6 +308,7 @@ def format_limited(r: dict[str, Any]) -> str:
             f"{row['limits']:<40} {row['best_batches_per_s']:>10.2f} "
             f"{row['ratio_to_first'] or 0:>7.3f} {row['first_batch_seconds']:>11.2f} "
             f"{(rb / 2**20 if rb is not None else float('nan')):>14.2f} "
-            f"{(pk / 2**20 if pk else float('nan')):>9.0f}"
+            f"{(pk / 2**20 if pk else float('nan')):>9.0f} "
+            f"{row['working_set_resident']:>8.2f} {row['read_amplification']:>9.1f}"
         )
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from headwater.dashboards.panels import (
     _task_mix,
     _throughput,
     _variables,
+    _working_set,
 )
 from headwater.dashboards.queries import metric_names, panels, queries, render_expr
 
@@ -58,7 +59,7 @@ def build() -> dict[str, Any]:
         _contexts(),
         _queue(),
         _stage_latency(),
-        _stalls(),
+        [*_stalls(), *_working_set()],
         _invariants(),
         _throughput(),
     )

@@ -430,6 +430,38 @@ def _stalls() -> list[PanelBuilder]:
     ]
 
 
+def _working_set() -> list[PanelBuilder]:
+    return [
+        _timeseries(
+            "Working set in the page cache",
+            "Of the pages the batches were about to read (four sampled cells a batch, probed "
+            "with mincore before assembly reads them), the share already in the page cache: "
+            "worst rank and each rank. Healthy: ~1 once warm, a database larger than memory "
+            "read a window at a time included. Pathological: low and staying low (the working "
+            "set does not fit the memory, or cold storage): io_bound names which.",
+            [
+                Q(across("io/working_set_resident"), "worst rank"),
+                Q(across("io/working_set_resident", by="rank"), "rank {{rank}}"),
+            ],
+            unit="percentunit",
+            span=12,
+        ),
+        _timeseries(
+            "Read amplification",
+            "Bytes read from storage per byte the batches used (their cells and the text "
+            "embeddings they collated): worst rank and each rank. Healthy: 0 from the page "
+            "cache, about 1 reading only what is used. Pathological: tens (read-ahead and "
+            "whole pages bring in what no batch uses: a locality row order and seed windows "
+            "cut it).",
+            [
+                Q(across("io/read_amplification"), "worst rank"),
+                Q(across("io/read_amplification", by="rank"), "rank {{rank}}"),
+            ],
+            span=12,
+        ),
+    ]
+
+
 def _invariants() -> list[PanelBuilder]:
     return [
         _stat(

@@ -426,6 +426,18 @@ _TABLE: tuple[Signal, ...] = (
         counter=True,
     ),
     Signal(
+        metric="io/working_set_resident",
+        rule=median("per step"),
+        culprit=True,
+        per_step=True,
+    ),
+    Signal(
+        metric="io/read_amplification",
+        rule=median("per step"),
+        culprit=True,
+        per_step=True,
+    ),
+    Signal(
         metric="trainer/verdict",
         name="verdict/input_bound",
         rule=verdict_share(1, "share of steps so far"),

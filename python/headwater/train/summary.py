@@ -87,8 +87,9 @@ def _warnings(log: RunLog, wait_share: float, verdict: str = "") -> list[str]:
     elif wait_share > 0.05 and verdict == "io_bound":
         out.append(
             f"data wait is {100 * wait_share:.1f}% of step time (> 5%) and the sampler threads wait "
-            "for the disk (major page faults): warm the page cache (page_cache = \"populate\") or "
-            "use faster storage rather than add sampler threads"
+            "for the disk (major page faults: pages not in the page cache): the input verdict names "
+            "which cause (a working set larger than the memory budget, or cold storage) and its "
+            "fix; more sampler threads will not help"
         )
     elif wait_share > 0.05:
         out.append(

@@ -54,8 +54,12 @@ number; with more, the verdict's is the worst rank's, never below it).
   blocked off the CPU (``io/blocked_seconds``: neither running nor
   runnable) while taking major page faults (``io/major_faults`` > 0): the
   sampler waits for the disk (a database larger than the page cache, a cold
-  cache) — more threads or prefetch help little, a warmer cache
-  (``page_cache = "populate"``) or faster storage does. Why first: a thread
+  cache) — more threads or prefetch help little. :func:`io_remedy` names
+  which of the two it is and its fix from the read plan (the databases'
+  mapped bytes against the memory budget) and two figures of the window:
+  the share of the working set the page cache held
+  (``io/working_set_resident``) and the bytes read per byte used
+  (``io/read_amplification``). Why first: a thread
   that blocks on every fault is put back behind the busy threads after each
   one, so on a loaded host a cold cache also shows as run-queue time
   (measured: the ``cold_cache`` diag at load ~12 on 2 cores spent 15 % of
@@ -106,6 +110,19 @@ BUILD = f"{PREFIX}cpu/build_seconds"
 RUNQUEUE = f"{PREFIX}cpu/runqueue_seconds"
 BLOCKED = f"{PREFIX}io/blocked_seconds"
 FAULTS = f"{PREFIX}io/major_faults"
+RESIDENT = f"{PREFIX}io/working_set_resident"
+AMPLIFICATION = f"{PREFIX}io/read_amplification"
+
+
+def _band(metric: str) -> tuple[float, float]:
+    """The healthy band of a metric-table row (the row owns it)."""
+    from headwater import _native
+
+    row = next(r for r in _native.metric_table() if r["key"] == metric)
+    band = row["healthy"]
+    if band is None:
+        raise ValueError(f"{metric!r} has no healthy band")
+    return band["lo"], math.inf if band["hi"] is None else band["hi"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +135,10 @@ class Kernel:
     runqueue_s: float = 0.0
     blocked_s: float = 0.0
     faults: float = 0.0
+    #: The worst rank's share of the probed working set in the page cache,
+    #: and its bytes read per byte used (NaN: not reported).
+    resident: float = math.nan
+    amplification: float = math.nan
 
     @property
     def runqueue_share(self) -> float:
@@ -185,7 +206,7 @@ def classify(
             f"the worst rank waits {100 * share:.1f}% of the step, and the sampler threads "
             f"were blocked off the CPU {100 * blocked:.0f}% of their build time "
             f"(>= {100 * IO_BLOCKED_SHARE:.0f}%) taking {k.faults:.0f} major page faults: "
-            f"the sampler waits for the disk; {io_remedy(memory)}",
+            f"the sampler waits for the disk; {io_remedy(memory, k.resident, k.amplification)}",
         )
     if runq >= STARVED_RUNQUEUE_SHARE:
         return (
@@ -233,26 +254,81 @@ def suggested_windows(mapped: int, budget: int) -> int:
     return int(max(64, 2 ** math.ceil(math.log2(max(need, 1.0)))))
 
 
-def io_remedy(memory: tuple[int, int | None] | None) -> str:
+def io_figures(resident: float, amplification: float) -> str:
+    """The window's two I/O figures in words (empty when neither is known)."""
+    parts = []
+    if math.isfinite(resident):
+        parts.append(
+            f"{100 * resident:.0f}% of the pages its batches were about to read were in the page cache"
+        )
+    if math.isfinite(amplification):
+        parts.append(f"it read {amplification:.1f} bytes from storage per byte its batches used")
+    return f"{' and '.join(parts)}: " if parts else ""
+
+
+def io_remedy(
+    memory: tuple[int, int | None] | None,
+    resident: float = math.nan,
+    amplification: float = math.nan,
+) -> str:
     """The cause of an ``io_bound`` sampler and its fix, from the mapped
     bytes of its databases and its memory budget (``memory_budget``, else
-    the memory cgroup's limit or the host's memory; page cache included)."""
+    the memory cgroup's limit or the host's memory; page cache included),
+    the share of its working set the page cache held (``resident``) and the
+    bytes it read per byte used (``amplification``; NaN: unknown).
+
+    * the databases map more than the budget: the working set does not fit
+      (raise the memory, or read a stretch at a time);
+    * they fit but the working set was not resident (below the
+      ``io/working_set_resident`` band): cold or remote storage (warm the
+      cache, stage, faster storage);
+    * they fit and the working set was resident: what faults is read-ahead
+      or eviction by others (the same cures, said so);
+    * nothing known: the cold-storage advice, the common case.
+    """
     gib = 2.0**30
     mapped, budget = memory or (0, None)
+    figures = io_figures(resident, amplification)
+    lo_resident = _band("io/working_set_resident")[0]
+    hi_amplification = _band("io/read_amplification")[1]
+    wasteful = math.isfinite(amplification) and amplification > hi_amplification
+    waste = (
+        "; read-ahead and whole pages bring in what no batch uses, which a locality row order "
+        "(preprocess --row-order locality) cuts"
+        if wasteful
+        else ""
+    )
     if budget and mapped > budget:
         return (
-            f"its databases map {mapped / gib:.2f} GiB against a memory budget of "
-            f"{budget / gib:.2f} GiB (page cache included), so the page cache cannot hold them: "
-            "read them a stretch at a time (preprocess with --row-order locality and set "
-            f"seed_windows = {suggested_windows(mapped, budget)}), give the run more memory (its "
-            "memory cgroup), sample fewer or smaller databases at once, or move them to faster "
-            "storage (stage_dir on a local disk); more sampler threads will not help"
+            f"{figures}the working set does not fit the memory budget: its databases map "
+            f"{mapped / gib:.2f} GiB against a memory budget of {budget / gib:.2f} GiB (page "
+            "cache included), so the page cache cannot hold them: give the run more memory (its "
+            "memory cgroup, and memory_budget if set below it), or read them a stretch at a "
+            "time (preprocess with --row-order locality and set "
+            f"seed_windows = {suggested_windows(mapped, budget)}), sample fewer or smaller "
+            "databases at once, or move them to faster storage (stage_dir on a local disk); "
+            "more sampler threads will not help"
+        )
+    if math.isfinite(resident) and resident >= lo_resident:
+        return (
+            f"{figures}its databases fit its memory and most of what the batches read was "
+            "cached, yet the building threads fault: pages are evicted between reads (another "
+            "process's memory, a cgroup limit below the host's) or read-ahead fetches more than "
+            "is used; warm and hold them (page_cache = \"populate\" or \"mlock\") or copy "
+            f"them to a local disk (stage_dir){waste}"
         )
     return (
-        "its databases fit its memory but are not in the page cache (a cold start, or remote "
-        "storage whose client cache evicts them): warm it (page_cache = \"populate\") or copy "
-        "them to a local disk (stage_dir) rather than add threads"
+        f"{figures}its databases fit its memory but are not in the page cache (a cold start, "
+        "or remote storage whose client cache evicts them): warm it (page_cache = "
+        "\"populate\"), copy them to a local disk (stage_dir) or move them to faster storage "
+        f"rather than add threads{waste}"
     )
+
+
+def _median_of(xs: Sequence[float]) -> float:
+    """The median of the finite values of ``xs`` (NaN for none)."""
+    xs = sorted(x for x in xs if math.isfinite(x))
+    return xs[len(xs) // 2] if xs else math.nan
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -289,8 +365,16 @@ class VerdictTracker:
             wait_sum = max(wait_sum, wait_max)
         make = float(reduced.get(MAKE_P50, math.nan))
         rank = int(reduced.get(f"{WAIT}_argmax_rank", 0))
+        build, runq, blocked, faults = (
+            float(reduced.get(key, 0.0)) for key in (BUILD, RUNQUEUE, BLOCKED, FAULTS)
+        )
         kernel = Kernel(
-            *(float(reduced.get(key, 0.0)) for key in (BUILD, RUNQUEUE, BLOCKED, FAULTS))
+            build,
+            runq,
+            blocked,
+            faults,
+            float(reduced.get(RESIDENT, math.nan)),
+            float(reduced.get(AMPLIFICATION, math.nan)),
         )
         self.records.append(
             StepRecord(step_s, wait_max, wait_sum, rank, make, self.load(), kernel)
@@ -332,6 +416,8 @@ class VerdictTracker:
             sum(r.kernel.runqueue_s for r in recs),
             sum(r.kernel.blocked_s for r in recs),
             sum(r.kernel.faults for r in recs),
+            _median_of([r.kernel.resident for r in recs]),
+            _median_of([r.kernel.amplification for r in recs]),
         )
         return classify(
             wait_max, wait_sum, step_s, rank, self.world, _headroom(recs), load, kernel,
