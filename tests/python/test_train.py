@@ -400,6 +400,8 @@ STREAM_KEYS = {
     "temporal_filter",
     "pool_fraction",
     "seed_windows",  # docs/sampling.md, Memory
+    "hot_set_bytes",  # docs/sampling.md, Memory (hot sets)
+    "hot_set_steps",
     "pack",
     "pack_factor",
     "database_weights",
@@ -444,6 +446,7 @@ def test_a_rank_cannot_override_a_stream_key(tmp_path: Path, key: str) -> None:
         "task_weights": "{ order_status = 2.0 }",
         "database_weights": "[1.0]",
         "tokens_per_batch": "1024",
+        "hot_set_bytes": "1048576",
     }
     value = special.get(key) or _toml_value(default)
     # A key valid only beside another: the other set for every rank.

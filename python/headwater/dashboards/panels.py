@@ -94,6 +94,26 @@ def _pool_health() -> list[PanelBuilder]:
             unit="ops",
         ),
         _timeseries(
+            "Hot sets",
+            "With hot_set_bytes (a corpus larger than memory, trained one group of databases "
+            "at a time): hot set spans started so far (the run moved to the next group) and "
+            "the bytes of the next group read ahead per second. Healthy: one span per group "
+            "per hot_set_steps, a read-ahead burst a quarter span before each. Pathological: "
+            "read-ahead without a rotation after it, or io/read_amplification high inside a "
+            "span (the group does not fit: lower hot_set_bytes).",
+            [
+                # A count every rank makes alike (reduced by max): its rate on one rank.
+                Q(
+                    f'max(rate({prom("hot_sets/rotations")}{{rank=~"$rank", split="$split"}}'
+                    '[$__rate_interval]))',
+                    "spans started/s",
+                ),
+                Q(across("hot_sets/prefetched_bytes"), "read ahead (bytes/s)"),
+            ],
+            unit="short",
+            span=24,
+        ),
+        _timeseries(
             "Steps since pick (max)",
             "Batches since the least recently picked weighted task was picked (cluster max). "
             "Healthy: bounded and flat; every task gets picked. Pathological: grows without "
