@@ -308,6 +308,7 @@ impl SamplerCore {
     #[allow(clippy::cast_precision_loss)]
     fn draw_readings(&self, state: &SplitState, step: u64, world_size: u32) -> DrawReadings {
         let st = &state.stream;
+        let hot = self.hot_mix(state, step, world_size);
 
         let mut t = DrawReadings {
             remaining_min: f64::INFINITY,
@@ -316,7 +317,7 @@ impl SamplerCore {
             remaining_fraction_max: f64::NEG_INFINITY,
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
-            tv_distance: st.mix.tv_distance(&self.weights),
+            tv_distance: st.mix.tv_distance(hot.as_deref().unwrap_or(&self.weights)),
             ..DrawReadings::default()
         };
         for (j, pool) in state.pools.iter().enumerate() {
@@ -371,12 +372,23 @@ impl SamplerCore {
             }
         }
         let n = st.mix.len() as f64;
+        // With hot sets a span follows its group: its databases' expected shares.
+        let hot = self
+            .hot_mix(state, step, st.world_size_at(step))
+            .map(|mix| {
+                let mut s = vec![0.0; nd];
+                for (j, w) in mix.iter().enumerate() {
+                    s[self.tasks[j].db] += w;
+                }
+                s
+            });
         t.database_tv_distance = if n > 0.0 {
             0.5 * self
                 .dbs
                 .iter()
+                .enumerate()
                 .zip(&counts)
-                .map(|(d, &c)| (c as f64 / n - d.share).abs())
+                .map(|((d, db), &c)| (c as f64 / n - hot.as_ref().map_or(db.share, |s| s[d])).abs())
                 .sum::<f64>()
         } else {
             0.0

@@ -1,7 +1,9 @@
 //! Hot sets on the train split (`hot_set_bytes`, `crate::seeds::HotSets`):
 //! the train picker drawing one group of databases at a time, each span's
-//! start counted (`hot_sets/rotations`), and the next group read into the
-//! page cache a quarter span before its own (`hot_sets/prefetched_bytes`).
+//! start counted (`hot_sets/rotations`), the next group read into the
+//! page cache a quarter span before its own (`hot_sets/prefetched_bytes`),
+//! and the mix the schedule expects, which the mix readings measure the
+//! recent picks against.
 //!
 //! The read-ahead runs on a thread of its own (`MADV_WILLNEED` over each of
 //! the group's files: the kernel starts the reads and the thread returns),
@@ -51,6 +53,29 @@ impl SamplerCore {
                 });
         }
         u32::from(h.rotates_at(step))
+    }
+
+    /// With hot sets, the task mix the schedule expects over the steps the
+    /// mix window of `state` covers (it has just recorded `step`):
+    /// `mix/tv_distance` measures a span against its group, not against
+    /// the whole mixture it is not meant to follow. `None` without.
+    pub(super) fn hot_mix(
+        &self,
+        state: &SplitState,
+        step: u64,
+        world_size: u32,
+    ) -> Option<Vec<f64>> {
+        state.picker.hot_sets()?;
+        let per_step = if self.mixes_sequences() {
+            u64::from(world_size) * self.step_shape(state.split, 0, step).1 as u64
+        } else {
+            1
+        };
+        let steps = (state.stream.mix.len() as u64)
+            .div_ceil(per_step.max(1))
+            .max(1);
+        let first = (step + 1).saturating_sub(steps);
+        state.picker.expected_mix(first..step + 1, self.tasks.len())
     }
 
     /// Bytes read ahead since the last call (reported with one batch).

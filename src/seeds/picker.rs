@@ -81,6 +81,28 @@ impl TaskPicker {
         self.hot.as_ref().map(|h| &h.0)
     }
 
+    /// With hot sets, the task mix the schedule expects over `steps` (each
+    /// step's group's weights, normalised, averaged over the steps; `n`
+    /// tasks): what a window of recent picks is measured against, since a
+    /// span draws one group only. `None` without hot sets.
+    pub fn expected_mix(&self, steps: std::ops::Range<u64>, n: usize) -> Option<Vec<f64>> {
+        self.hot.as_ref()?;
+        let mut w = vec![0.0; n];
+        let len = steps.end.saturating_sub(steps.start).max(1) as f64;
+        for step in steps {
+            let table = self.table(step);
+            let total = table.last().map_or(0.0, |c| c.1);
+            let mut prev = 0.0;
+            for &(k, c) in table {
+                if let Some(x) = w.get_mut(k as usize) {
+                    *x += (c - prev) / total / len;
+                }
+                prev = c;
+            }
+        }
+        Some(w)
+    }
+
     /// The (task, cumulative weight) table of `step`: its hot set's, or
     /// every eligible task's.
     fn table(&self, step: u64) -> &[(u32, f64)] {
@@ -209,5 +231,19 @@ mod tests {
             base.pick(77),
             TaskPicker::new(TaskPick::Weighted, &w, &[true; 4], 5).pick(77)
         );
+        // The expected mix of a span is its group's; of a whole cycle, the weights.
+        let near =
+            |got: &[f64], want: [f64; 4]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-9);
+        let first = p.expected_mix(0..10, 4).unwrap();
+        assert!(
+            near(&first, [0.25, 0.25, 0.5, 0.0]),
+            "steps 0..10, the first group: {first:?}"
+        );
+        let cycle = p.expected_mix(0..400, 4).unwrap();
+        assert!(
+            near(&cycle, [0.125, 0.125, 0.25, 0.5]),
+            "a whole cycle: {cycle:?}"
+        );
+        assert!(base.expected_mix(0..10, 4).is_none());
     }
 }

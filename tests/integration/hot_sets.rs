@@ -1,8 +1,9 @@
 //! Hot sets (`hot_set_bytes`): a train step draws only its group's
 //! databases, the groups take turns in spans as long as their weights'
 //! shares, whole cycles follow the mixture, the validation split keeps every
-//! database, the readings count each span and the next group's read-ahead,
-//! and a resumed run continues the same schedule.
+//! database, the readings count each span and the next group's read-ahead
+//! and measure the mix against the schedule, and a resumed run continues
+//! the same schedule.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -78,15 +79,28 @@ fn train_steps_draw_one_group_at_a_time_and_cycles_follow_the_weights() {
 fn each_span_is_counted_and_the_next_group_read_ahead() {
     let (_tmp, paths, cfg) = hot();
     let core = Arc::new(SamplerCore::open_mixture(&paths, cfg).unwrap());
-    let (mut rotations, mut prefetched) = (0u32, 0u64);
+    let (mut rotations, mut prefetched, mut tv) = (0u32, 0u64, (0f64, 0f64));
     let mut maker = BatchMaker::new(core.clone(), Split::Train);
-    for _ in 0..2 * CYCLE {
+    for step in 0..2 * CYCLE {
         let made = maker.next().unwrap().unwrap();
         rotations += made.readings.hot_set_rotations;
         prefetched += made.readings.prefetched_bytes;
+        // Once the mix window is full (a few picks are far from any mix).
+        if step >= headwater::sampler::MIX_WINDOW as u64 {
+            let d = &made.readings.draw;
+            tv = (tv.0.max(d.tv_distance), tv.1.max(d.database_tv_distance));
+        }
     }
     // Steps 0, 50, 100, 150 start spans.
     assert_eq!(rotations, 4);
+    // The mix is measured against the schedule: a span of one group is no
+    // skew (against the whole mixture's weights it would read about 0.5).
+    assert!(
+        tv.0 < 0.25 && tv.1 < 0.25,
+        "tasks {}, databases {}",
+        tv.0,
+        tv.1
+    );
     // The read-ahead thread reports its bytes with a later batch.
     let group: u64 = core.dbs[2..].iter().map(|d| d.db.bytes_on_disk()).sum();
     for _ in 0..500 {
