@@ -35,8 +35,9 @@ impl SamplerCore {
         }
     }
 
-    /// At `step` of `state`: 1 when it starts a span (0 without hot sets),
-    /// and the next group's read-ahead started when it is due.
+    /// At `step` of `state`: 1 when it starts a span on rank 0 (0 without
+    /// hot sets, and on the other ranks), and the next group's read-ahead
+    /// started when it is due.
     pub(super) fn hot_step(&self, state: &SplitState, step: u64) -> u32 {
         let Some(h) = state.picker.hot_sets() else {
             return 0;
@@ -52,7 +53,9 @@ impl SamplerCore {
                     done.fetch_add(bytes, Ordering::Relaxed);
                 });
         }
-        u32::from(h.rotates_at(step))
+        // Every rank starts the same spans: rank 0 counts them, so the
+        // cluster sum is the run's count.
+        u32::from(h.rotates_at(step) && state.rank == 0)
     }
 
     /// With hot sets, the task mix the schedule expects over the steps the

@@ -78,25 +78,37 @@ def test_a_limit_the_run_cannot_fit_in_is_named() -> None:
 def test_a_database_larger_than_its_cgroup_is_read_amplified_and_not_resident(
     tpch: Tpch,
 ) -> None:
-    """TPC-H SF 0.01 (14 MB) in a 52 MiB cgroup, where the sampler's own
-    memory leaves a few MiB of page cache: measured 0.28-0.63 of the
-    probed pages resident and 29-33 bytes read per byte used (at 56 MiB:
-    0.89 and 12; unlimited: 1 and 0)."""
+    """TPC-H SF 0.01 (14 MB) in a cgroup where the sampler's own memory
+    leaves a few MiB of page cache: measured 0.28-0.63 of the probed pages
+    resident and 29-33 bytes read per byte used at 52 MiB (at 56 MiB: 0.89
+    and 12; unlimited: 1 and 0). How much page cache a limit leaves depends
+    on the interpreter's own memory on the host (a clean clone's left
+    enough at 52 MiB for 2 bytes per byte), so the limit steps down by
+    4 MiB until the run reads amplified; a limit the run cannot fit in
+    before that skips only if it is the first one."""
     from headwater.diag.signals import SIGNALS
 
     why = _host_can_limit()
     if why is not None:
         pytest.skip(f"this host cannot limit a run: {why}")
-    cmd = [sys.executable, "-m", "headwater.cli", "bench", str(tpch.built.path), "--threads",
-           "1", "--warmup", "2", "--memory-limit", "52MiB", "--seconds", "1", "--rounds", "1",
-           "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode == 2 and "the sampler's own memory does not fit" in r.stderr:
-        pytest.skip(f"this host's interpreter needs more than the 52 MiB limit: {r.stderr}")
-    assert r.returncode == 0, r.stderr
-    (run,) = json.loads(r.stdout)["runs"]
-    assert run["read_amplification"] > SIGNALS["io/read_amplification"].band[1], run
-    assert run["working_set_resident"] < 1.0, run
+    runs = []
+    for mib in (52, 48, 44, 40):
+        cmd = [sys.executable, "-m", "headwater.cli", "bench", str(tpch.built.path),
+               "--threads", "1", "--warmup", "2", "--memory-limit", f"{mib}MiB", "--seconds",
+               "1", "--rounds", "1", "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode == 2 and "the sampler's own memory does not fit" in r.stderr:
+            if not runs:
+                pytest.skip(f"this host's interpreter needs more than {mib} MiB: {r.stderr}")
+            break
+        assert r.returncode == 0, r.stderr
+        (run,) = json.loads(r.stdout)["runs"]
+        runs.append(run)
+        if run["read_amplification"] > SIGNALS["io/read_amplification"].band[1]:
+            break
+    run = runs[-1]
+    assert run["read_amplification"] > SIGNALS["io/read_amplification"].band[1], runs
+    assert run["working_set_resident"] < 1.0, runs
 
 
 @pytest.mark.parametrize(

@@ -319,3 +319,20 @@ def test_three_schemas_resume_continues_bit_identically(three_schemas: Path) -> 
     assert {int(b["db_idx"][0]) for b in want} == {0, 1, 2}
     assert [int(b["fingerprint"][0]) for b in got] == [int(b["fingerprint"][0]) for b in want]
     assert all(np.array_equal(a["column_ids"], b["column_ids"]) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("budget", [3 << 19, 4 << 20])
+def test_hot_sets_over_half_the_memory_budget_are_warned_about(
+    capfd: pytest.CaptureFixture[str], budget: int
+) -> None:
+    """A hot set and the next one read ahead must fit the budget together:
+    one line names the key, the bytes needed and the largest value that
+    fits; a budget that holds both says nothing."""
+    paths = [str(GOLDEN), str(GOLDEN)]
+    with headwater.Sampler(paths, hot_set_bytes=1 << 20, memory_budget=budget, **SMALL) as s:
+        s.next_train_batch()
+    err = capfd.readouterr().err
+    if budget < 2 << 20:
+        assert f"hot_set_bytes = {1 << 20}" in err and f"at most {budget // 2}" in err, err
+    else:
+        assert "hot_set_bytes" not in err, err

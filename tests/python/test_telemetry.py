@@ -647,7 +647,7 @@ SPEC_REDUCTIONS = {
     "pool/steps_since_pick_max": "MAX",
     "pool/exhaust_events": "SUM",
     "pool/window_rotations": "SUM",
-    "hot_sets/rotations": "MAX",
+    "hot_sets/rotations": "SUM",
     "hot_sets/prefetched_bytes": "SUM",
     "bfs/depth": "HISTOGRAM",
     "bfs/rows": "HISTOGRAM",

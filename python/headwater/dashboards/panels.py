@@ -81,8 +81,8 @@ def _pool_health() -> list[PanelBuilder]:
             "Pools that ran out and reshuffled, per second, cluster sum and per rank (counted "
             "by the rank whose slice crosses the end of the global epoch). Healthy: rare bumps "
             "at epoch boundaries. Pathological: a sustained high rate (tiny pools, seeds "
-            "repeat often). With seed_windows, the seed windows opened (the working set "
-            "moving to another stretch of the database): a read burst follows each.",
+            "repeat often). Seed windows opened (seed_windows) and hot set spans started "
+            "(hot_set_bytes): the working set moved on; a read burst follows each.",
             [
                 Q(across("pool/exhaust_events"), "cluster"),
                 Q(
@@ -90,28 +90,9 @@ def _pool_health() -> list[PanelBuilder]:
                     "rank {{rank}}",
                 ),
                 Q(across("pool/window_rotations"), "windows opened"),
+                Q(across("hot_sets/rotations"), "hot set spans started"),
             ],
             unit="ops",
-        ),
-        _timeseries(
-            "Hot sets",
-            "With hot_set_bytes (a corpus larger than memory, trained one group of databases "
-            "at a time): hot set spans started so far (the run moved to the next group) and "
-            "the bytes of the next group read ahead per second. Healthy: one span per group "
-            "per hot_set_steps, a read-ahead burst a quarter span before each. Pathological: "
-            "read-ahead without a rotation after it, or io/read_amplification high inside a "
-            "span (the group does not fit: lower hot_set_bytes).",
-            [
-                # A count every rank makes alike (reduced by max): its rate on one rank.
-                Q(
-                    f'max(rate({prom("hot_sets/rotations")}{{rank=~"$rank", split="$split"}}'
-                    '[$__rate_interval]))',
-                    "spans started/s",
-                ),
-                Q(across("hot_sets/prefetched_bytes"), "read ahead (bytes/s)"),
-            ],
-            unit="short",
-            span=24,
         ),
         _timeseries(
             "Steps since pick (max)",
@@ -434,7 +415,10 @@ def _stalls() -> list[PanelBuilder]:
             "Bytes the building threads caused to be read from storage per second (page faults "
             "of the mapped database included), per rank. Healthy: ~0 once the database is "
             "cached. Pathological: a steady rate beside rising stage latency (io_bound).",
-            [Q(across("io/read_bytes", by="rank"), "rank {{rank}}")],
+            [
+                Q(across("io/read_bytes", by="rank"), "rank {{rank}}"),
+                Q(across("hot_sets/prefetched_bytes"), "hot sets read ahead"),
+            ],
             unit="Bps",
             span=12,
         ),
