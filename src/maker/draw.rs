@@ -283,8 +283,10 @@ impl SamplerCore {
         let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
         let draws = self.draw(state, &mut jobs)?;
         let draw = self.cfg.telemetry.then(|| {
-            let mut d = self.draw_readings(state, draws.step, draws.world_size);
-            self.database_stats(state, draws.task, draws.step, &mut d);
+            // The mix a hot-set schedule expects over the window, once for both.
+            let hot = self.hot_mix(state, draws.step, draws.world_size);
+            let mut d = self.draw_readings(state, draws.step, draws.world_size, hot.as_deref());
+            self.database_stats(state, draws.task, draws.step, hot.as_deref(), &mut d);
             d
         });
         Ok(Planned {
@@ -304,11 +306,16 @@ impl SamplerCore {
 impl SamplerCore {
     /// Pool and mix measurements after step `step` drew task `k`'s seeds
     /// (the stream has advanced past it). Pool figures are global (the same
-    /// on every rank).
+    /// on every rank); `hot`: the mix a hot-set schedule expects (`hot.rs`).
     #[allow(clippy::cast_precision_loss)]
-    fn draw_readings(&self, state: &SplitState, step: u64, world_size: u32) -> DrawReadings {
+    fn draw_readings(
+        &self,
+        state: &SplitState,
+        step: u64,
+        world_size: u32,
+        hot: Option<&[f64]>,
+    ) -> DrawReadings {
         let st = &state.stream;
-        let hot = self.hot_mix(state, step, world_size);
 
         let mut t = DrawReadings {
             remaining_min: f64::INFINITY,
@@ -317,7 +324,7 @@ impl SamplerCore {
             remaining_fraction_max: f64::NEG_INFINITY,
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
-            tv_distance: st.mix.tv_distance(hot.as_deref().unwrap_or(&self.weights)),
+            tv_distance: st.mix.tv_distance(hot.unwrap_or(&self.weights)),
             ..DrawReadings::default()
         };
         for (j, pool) in state.pools.iter().enumerate() {
@@ -352,7 +359,14 @@ impl SamplerCore {
     /// mixture task `k` (see the `databases/…` rows of the metric table):
     /// O(tasks + databases) per batch, on the producer.
     #[allow(clippy::cast_precision_loss)]
-    fn database_stats(&self, state: &SplitState, k: usize, step: u64, t: &mut DrawReadings) {
+    fn database_stats(
+        &self,
+        state: &SplitState,
+        k: usize,
+        step: u64,
+        hot: Option<&[f64]>,
+        t: &mut DrawReadings,
+    ) {
         let st = &state.stream;
         let nd = self.dbs.len();
         let mut last: Vec<Option<u64>> = vec![None; nd];
@@ -373,15 +387,13 @@ impl SamplerCore {
         }
         let n = st.mix.len() as f64;
         // With hot sets a span follows its group: its databases' expected shares.
-        let hot = self
-            .hot_mix(state, step, st.world_size_at(step))
-            .map(|mix| {
-                let mut s = vec![0.0; nd];
-                for (j, w) in mix.iter().enumerate() {
-                    s[self.tasks[j].db] += w;
-                }
-                s
-            });
+        let hot = hot.map(|mix| {
+            let mut s = vec![0.0; nd];
+            for (j, w) in mix.iter().enumerate() {
+                s[self.tasks[j].db] += w;
+            }
+            s
+        });
         t.database_tv_distance = if n > 0.0 {
             0.5 * self
                 .dbs

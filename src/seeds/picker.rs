@@ -55,22 +55,18 @@ impl TaskPicker {
         task_db: &[usize],
     ) -> Self {
         let mut w = vec![0.0; db_bytes.len()];
-        let mut prev = 0.0;
-        for &(k, c) in &self.cumulative {
+        for (k, own) in own_weights(&self.cumulative) {
             if let Some(x) = task_db.get(k as usize).and_then(|&d| w.get_mut(d)) {
-                *x += c - prev;
+                *x += own;
             }
-            prev = c;
         }
         let hot = HotSets::new(db_bytes, budget, &w, cycle);
         let mut tables = vec![Vec::new(); hot.len()];
-        prev = 0.0;
-        for &(k, c) in &self.cumulative {
+        for (k, own) in own_weights(&self.cumulative) {
             let g = hot.group_of(task_db.get(k as usize).copied().unwrap_or(0));
-            let t: &mut Vec<(u32, f64)> = &mut tables[g];
+            let t: &mut Table = &mut tables[g];
             let acc = t.last().map_or(0.0, |x| x.1);
-            t.push((k, acc + (c - prev)));
-            prev = c;
+            t.push((k, acc + own));
         }
         self.hot = Some((hot, tables));
         self
@@ -92,12 +88,10 @@ impl TaskPicker {
         for step in steps {
             let table = self.table(step);
             let total = table.last().map_or(0.0, |c| c.1);
-            let mut prev = 0.0;
-            for &(k, c) in table {
+            for (k, own) in own_weights(table) {
                 if let Some(x) = w.get_mut(k as usize) {
-                    *x += (c - prev) / total / len;
+                    *x += own / total / len;
                 }
-                prev = c;
             }
         }
         Some(w)
@@ -133,13 +127,10 @@ impl TaskPicker {
         let table = self.table(step);
         match self.mode {
             TaskPick::RoundRobin => table[(step % table.len() as u64) as usize].0,
-            TaskPick::Weighted => {
-                let total = table.last().map_or(0.0, |c| c.1);
-                let bits = mix64(self.key ^ mix64(step.wrapping_add(0xD1B5_4A32_D192_ED03)));
-                let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
-                let i = table.partition_point(|&(_, c)| c <= x);
-                table[i.min(table.len() - 1)].0
-            }
+            TaskPick::Weighted => weighted(
+                table,
+                mix64(self.key ^ mix64(step.wrapping_add(0xD1B5_4A32_D192_ED03))),
+            ),
         }
     }
 }
@@ -158,16 +149,28 @@ impl TaskPicker {
                 table[i as usize].0
             }
             TaskPick::Weighted => {
-                let total = table.last().map_or(0.0, |c| c.1);
                 let h = mix64(step.wrapping_add(0x9E37_79B9_7F4A_7C15))
                     ^ slot.wrapping_mul(0xA24B_AED4_963E_E407);
-                let bits = mix64(self.key ^ 0x5EC5_0000_0000_0001 ^ mix64(h));
-                let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
-                let i = table.partition_point(|&(_, c)| c <= x);
-                table[i.min(table.len() - 1)].0
+                weighted(table, mix64(self.key ^ 0x5EC5_0000_0000_0001 ^ mix64(h)))
             }
         }
     }
+}
+
+/// Each task of a cumulative `table` with its own weight.
+fn own_weights(table: &[(u32, f64)]) -> impl Iterator<Item = (u32, f64)> + '_ {
+    table.iter().scan(0.0, |prev, &(k, c)| {
+        Some((k, c - std::mem::replace(prev, c)))
+    })
+}
+
+/// The first task of `table` whose cumulative weight exceeds `u · total`,
+/// `u` the top 53 bits of `bits` as a fraction of 1.
+fn weighted(table: &[(u32, f64)], bits: u64) -> u32 {
+    let total = table.last().map_or(0.0, |c| c.1);
+    let x = (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * total;
+    let i = table.partition_point(|&(_, c)| c <= x);
+    table[i.min(table.len() - 1)].0
 }
 
 #[cfg(test)]
