@@ -96,6 +96,7 @@ _PYTHON_KINDS = {
     "headwater.Sampler(": "python-sampler",
     "StepHook(": "python-telemetry",
     "eval_batches(": "python-eval",
+    "ranking_metrics(": "python-ranking",
 }
 
 
@@ -536,6 +537,11 @@ def test_python_eval_block_runs(tiny_db: Path, tmp_path: Path) -> None:
         ns = _exec_in(tmp_path, _block("python-eval"), {"sampler": s})
         want = {i: t["seeds"] for i, t in enumerate(s.eval_batches("val").tasks()) if t["seeds"]}
     assert ns["seen"] == want
+
+
+def test_python_ranking_block_runs(tmp_path: Path) -> None:
+    ns = _exec_in(tmp_path, _block("python-ranking"), {})
+    assert ns["m"]["map"] == 0.75 and ns["m"]["recall"] == 0.75
 
 
 def test_eval_synopsis_runs_on_a_saved_run(tiny_db: Path, tmp_path: Path) -> None:

@@ -178,14 +178,15 @@ impl Database {
         let m = &self.meta;
         let n = m.num_rows as usize;
         let e = m.num_edges as usize;
+        let rev = m.num_reverse_edges.unwrap_or(m.num_edges) as usize;
         let g = &self.graph;
         g.section::<u16>(0, Some(n))?;
         g.section::<i64>(1, Some(n))?;
-        for base in [2usize, 4] {
+        for (base, edges) in [(2usize, e), (4, rev)] {
             g.section::<u64>(base, Some(n + 1))?;
-            g.section::<u32>(base + 1, Some(e))?;
+            g.section::<u32>(base + 1, Some(edges))?;
         }
-        g.section::<i64>(6, Some(e))?;
+        g.section::<i64>(6, Some(rev))?;
         for t in &m.tables {
             self.table(t.idx as usize)?;
         }

@@ -219,6 +219,12 @@ pub struct TableMeta {
     pub columns: Vec<u32>,
     /// Columns that are not stored as cells.
     pub unstored_columns: Vec<UnstoredColumn>,
+    /// Reachable only as a seed: no reverse edge leads into the table's
+    /// rows, so no other context (BFS or walk) reaches them (a link
+    /// task's candidate pairs). Absent (false) in databases written
+    /// before it, and the database's hash is unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seed_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -323,6 +329,11 @@ pub struct Metadata {
     pub num_rows: u64,
     /// Foreign-key edges.
     pub num_edges: u64,
+    /// Reverse edges (child lists), when fewer than `num_edges`: no reverse
+    /// edge leads into a seed-only table (`TableMeta::seed_only`). Absent:
+    /// as many as `num_edges`, and the database's hash is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_reverse_edges: Option<u64>,
     /// Rows of the text embedding matrix.
     pub num_text_embeddings: u64,
     /// Rows of the category embedding matrix.

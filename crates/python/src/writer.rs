@@ -267,6 +267,12 @@ impl DatabaseWriter {
         py.detach(|| w.set_window(name, window_us)).map_err(to_py)
     }
 
+    /// Table `name` (added) is reached only as a seed: no reverse edge
+    /// leads into its rows.
+    fn set_seed_only(&mut self, name: &str) -> PyResult<()> {
+        self.w()?.set_seed_only(name).map_err(to_py)
+    }
+
     #[pyo3(signature = (name, kind, anchor_table, anchor_rows, obs_time, target_stype, values, valid, categories=None, query=None, description=None, splits=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_task<'py>(

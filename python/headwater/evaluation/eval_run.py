@@ -128,7 +128,9 @@ def evaluate_run(
         )
         mesh = Mesh()
         tables = mesh.replicate(tables_to_device(col_np, cat_np))
-        ev = Evaluator(sampler, mesh, Padder(mesh, model_cfg.max_categories), model_cfg, tables)
+        ev = Evaluator(
+            sampler, mesh, Padder(mesh, model_cfg.max_categories), model_cfg, tables, db_dir=db
+        )
         params = mesh.replicate(params)
         tty = sys.stdout.isatty()
         for split in splits:

@@ -25,13 +25,17 @@ Must never: score a padded sequence; draw from the training stream.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headwater.evaluation.ranking import score_links
 from headwater.evaluation.scoring import STYPES, baseline, score
+from headwater.preprocessing.links import read_link_table
 
 if TYPE_CHECKING:
     from headwater.cluster.stopping import StopFlag
@@ -39,11 +43,13 @@ if TYPE_CHECKING:
 
 @functools.cache
 def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
-    """``(params, batch, col_emb, cat_emb, valid) -> {"pred", "label", "mask"}``,
-    one value per sequence (gathered over ``axis_name`` when given): the
-    prediction for the batch's target type (numeric value, probability of
-    true, time z-score or class index), the label in the same terms, and 1
-    where the sequence is real and its target is not null."""
+    """``(params, batch, col_emb, cat_emb, aux) -> {"pred", "label", "mask",
+    "seed"}``, one value per sequence (gathered over ``axis_name`` when
+    given): the prediction for the batch's target type (numeric value,
+    probability of true, time z-score or class index), the label in the same
+    terms, 1 where the sequence is real (``aux["valid"]``) and its target is
+    not null, and its seed's position in the task (``aux["seed"]``, the
+    first segment's ``segment_seeds``; a link task's ranking groups by it)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -51,8 +57,9 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
     from headwater.model import transformer as M
 
     def step(
-        params: Any, batch: Any, col_emb: jax.Array, cat_emb: jax.Array, valid: jax.Array
+        params: Any, batch: Any, col_emb: jax.Array, cat_emb: jax.Array, aux: Any
     ) -> dict[str, jax.Array]:
+        valid = aux["valid"]
         out = M.forward(params, batch, col_emb, cat_emb, model_cfg)
         pos = M.target_positions(batch)
 
@@ -82,6 +89,7 @@ def make_predict_step(model_cfg: Any, axis_name: str | None = None) -> Any:
             "pred": jnp.take_along_axis(preds, code[None], axis=0)[0],
             "label": jnp.take_along_axis(labels, code[None], axis=0)[0],
             "mask": ((valid != 0) & (at(batch["is_null"]) == 0)).astype(jnp.float32),
+            "seed": aux["seed"],
         }
         if axis_name is not None:
             res = {k: lax.all_gather(v, axis_name, tiled=True) for k, v in res.items()}
@@ -96,7 +104,8 @@ FETCH_EVERY = 16
 
 def _collect(in_flight: list[tuple[str, str, Any]], got: dict[str, dict[str, Any]]) -> None:
     """The in-flight outputs to the host (one transfer), appended per task to
-    ``got`` (``{"stype", "y_true", "y_pred"}`` lists), masked; empties the list."""
+    ``got`` (``{"stype", "y_true", "y_pred", "seed"}`` lists), masked;
+    empties the list."""
     import jax
 
     from headwater.cluster.mesh import host_shard
@@ -104,9 +113,9 @@ def _collect(in_flight: list[tuple[str, str, Any]], got: dict[str, dict[str, Any
     fetched = jax.device_get([{k: host_shard(v) for k, v in o.items()} for _, _, o in in_flight])
     for (name, stype, _), out in zip(in_flight, fetched, strict=True):
         mask = np.asarray(out["mask"]) > 0
-        entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": []})
-        entry["y_true"].append(np.asarray(out["label"])[mask])
-        entry["y_pred"].append(np.asarray(out["pred"])[mask])
+        entry = got.setdefault(name, {"stype": stype, "y_true": [], "y_pred": [], "seed": []})
+        for key, src in (("y_true", "label"), ("y_pred", "pred"), ("seed", "seed")):
+            entry[key].append(np.asarray(out[src])[mask])
     in_flight.clear()
 
 
@@ -150,7 +159,10 @@ class Evaluator:
     """Runs passes with a mesh, a padder and frozen tables (the trainer's,
     or ``headwater eval``'s)."""
 
-    def __init__(self, sampler: Any, mesh: Any, padder: Any, model_cfg: Any, tables: Any) -> None:
+    def __init__(
+        self, sampler: Any, mesh: Any, padder: Any, model_cfg: Any, tables: Any,
+        db_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         from jax.sharding import PartitionSpec as P
 
         self.sampler, self.mesh, self.pad = sampler, mesh, padder
@@ -163,6 +175,12 @@ class Evaluator:
         meta = sampler.database_metadata()
         self.tasks = {t["name"]: t for t in meta["tasks"]}
         self.columns = meta["columns"]
+        # Link tasks are ranked per group with their database's sidecar; in
+        # a mixture (no one database folder) they are scored as booleans.
+        self.db_dir = Path(db_dir) if db_dir is not None and Path(db_dir).is_dir() else None
+        self.links: dict[str, Any] = {
+            n: None for n, t in self.tasks.items() if t["kind"] == "link" and self.db_dir is not None
+        }
 
     def _units(self, task: str) -> tuple[float, float]:
         """(std, mean) that turn the task's numeric z-scores into its units."""
@@ -200,11 +218,12 @@ class Evaluator:
             stype = STYPES.get(int(np_batch["target_stype"][0]))
             if stype is None:
                 continue  # text targets have no metric
-            valid = self.mesh.shard({"v": np.asarray(np_batch["seq_valid"])})["v"]
+            seeds = np.asarray(np_batch["segment_seeds"])[:, 0].astype(np.int64).astype(np.int32)
+            aux = self.mesh.shard({"valid": np.asarray(np_batch["seq_valid"]), "seed": seeds})
             batch = self.pad(np_batch, flag=stop.signum if stop is not None else 0)
             if self.pad.flag:
                 raise PassInterrupted(self.pad.flag)
-            in_flight.append((name, stype, self.fn(params, batch, self.col, self.cat, valid)))
+            in_flight.append((name, stype, self.fn(params, batch, self.col, self.cat, aux)))
             if len(in_flight) >= FETCH_EVERY:
                 _collect(in_flight, got)
         _collect(in_flight, got)
@@ -214,6 +233,7 @@ class Evaluator:
             std, mean = self._units(name)
             for key in ("y_true", "y_pred"):
                 e[key] = np.concatenate(e[key]).astype(np.float64) * std + mean
+            e["seed"] = np.concatenate(e["seed"]).astype(np.int64)
         return got
 
     def _task_name(self, idx: int) -> str:
@@ -230,8 +250,21 @@ class Evaluator:
         stop: StopFlag | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """Per task: ``{"stype", "count", "metrics", "baseline"}``."""
-        return score_predictions(self.predictions(params, split, max_seeds, stop, progress))
+        """Per task: ``{"stype", "count", "metrics", "baseline"}`` (a link
+        task's: :func:`headwater.evaluation.ranking.score_links`)."""
+        preds = self.predictions(params, split, max_seeds, stop, progress)
+        links = {n: preds.pop(n) for n in list(preds) if n in self.links}
+        out = score_predictions(preds)
+        for name, e in links.items():
+            out[name] = score_links(e["seed"], e["y_pred"], self._link_table(name))
+        return out
+
+    def _link_table(self, name: str) -> Any:
+        if self.links[name] is None:
+            assert self.db_dir is not None
+            n = int(self.tasks[name]["num_seeds"])
+            self.links[name] = read_link_table(self.db_dir, name, n)
+        return self.links[name]
 
 
 def score_predictions(preds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -257,6 +290,8 @@ def flat_row(split: str, results: Mapping[str, Mapping[str, Any]]) -> dict[str, 
             row[f"{base}/{m}"] = float(v)
         for m, v in r["baseline"].items():
             row[f"{base}/baseline/{m}"] = float(v)
+        for m, v in r.get("past_links", {}).items():
+            row[f"{base}/past_links/{m}"] = float(v)
         row[f"{base}/count"] = float(r["count"])
     return row
 

@@ -59,6 +59,11 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "average_precision": True,
     "accuracy": True,
     "macro_f1": True,
+    # Link tasks (:mod:`headwater.evaluation.ranking`).
+    "map": True,
+    "recall": True,
+    "ndcg": True,
+    "candidate_recall": True,
 }
 
 Array = npt.NDArray[np.float64]

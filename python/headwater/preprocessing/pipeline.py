@@ -35,6 +35,7 @@ from headwater import _native
 from headwater.embedders import get_embedder
 from headwater.errors import SchemaError
 from headwater.preprocessing.columns import _read_count
+from headwater.preprocessing.links import pairs_table, prepare_links, write_sidecars
 from headwater.preprocessing.memory import (
     _SORT_BUDGET,
     _SPILL_DIR,
@@ -50,7 +51,7 @@ from headwater.preprocessing.row_order import SEEDS_BY_ROW, check_row_order, ord
 from headwater.preprocessing.schema import Schema, load_schema
 from headwater.preprocessing.sources import Source, open_source
 from headwater.preprocessing.tables import _add_table, _restore_stypes
-from headwater.preprocessing.tasks import _add_tasks
+from headwater.preprocessing.tasks import _add_tasks, add_link_tasks
 from headwater.preprocessing.timecols import propose_time_columns
 
 
@@ -185,6 +186,7 @@ def _preprocess(
 ) -> list[dict[str, Any]]:
     for w in src.warnings:
         log(f"warning: {w}")
+    links = prepare_links(src, sch, row_order, log)
     plans = _plan(src, sch)
     propose_time_columns(src, plans, sch, time_columns, log)
     if not plans:
@@ -224,6 +226,9 @@ def _preprocess(
         bar.close()
     with phases.phase("tasks", total):
         _add_tasks(writer, src, sch, plans, keys, log)
+        add_link_tasks(writer, src, links, keys, log)
+    for spec in links:
+        writer.set_seed_only(pairs_table(spec.name))
     del keys
     _release_arrow_memory()
     names, categories, num_texts = writer.column_texts(), writer.category_texts(), writer.num_text_values()
@@ -237,6 +242,7 @@ def _preprocess(
     with phases.phase("graph and write", total):
         writer.finish(col_emb, cat_emb, text_emb, overwrite)
     del text_emb  # unmaps the spill file (removed with `spill`)
+    write_sidecars(src.con, links, out)
     phases.summary()
     return phases.report
 

@@ -21,6 +21,17 @@ Format (TOML; JSON with the same structure is accepted too)::
     query = "SELECT ..."             # or SQL task: (anchor key, observation time, target)
     window = "90d"                   # optional, SQL task: each label covers (t, t + window]
 
+    [[tasks]]                        # a link task (recommendation): which rows of
+    name = "parts_bought_90d"        # `destination_table` will the anchor link to?
+    anchor_table = "customer"        # the source table
+    destination_table = "part"       # its rows are the candidates (a primary key)
+    query = "SELECT ..."             # (source key, observation time, destination key
+                                     # or list of keys): the links of (t, t + window]
+    window = "90d"                   # required
+    target_stype = "boolean"         # optional: a link task's target is "linked"
+    candidates = 100                 # optional: candidates ranked per (source, time)
+    eval_k = 10                      # optional: the k of MAP@k, recall@k, NDCG@k
+
 Unknown keys and bad values raise ``SchemaError`` naming the key path.
 """
 
@@ -74,6 +85,11 @@ class TaskSchema:
     # SQL tasks: the label window in µs (each label covers (t, t + window],
     # known at its end); None: not declared.
     window_us: int | None = None
+    # Link tasks: the table whose rows are linked to, the candidates ranked
+    # per (source, time) and the k of the ranking metrics.
+    destination_table: str | None = None
+    candidates: int = 100
+    eval_k: int = 10
 
 
 @dataclass
@@ -181,11 +197,58 @@ def _check_kind_keys(where: str, k: dict[str, Any], cell: bool) -> None:
                 f"{where}.{key}: only a cell task (`column`) has one; a SQL task's labels "
                 "are its query's rows"
             )
+    for key in LINK_KEYS[1:]:
+        if key in k:
+            raise SchemaError(f"{where}.{key}: only a link task (`destination_table`) has one")
     if "window" in k and cell:
         raise SchemaError(
             f"{where}.window: only a SQL task (`query`) has one; a cell task's label is "
             "known at its row's time (or its `label_time_column`)"
         )
+
+
+#: The keys only a link task (``destination_table``) has.
+LINK_KEYS = ("destination_table", "candidates", "eval_k")
+
+
+def _positive_int(where: str, v: Any, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise SchemaError(f"{where}: expected a whole number >= {low}, got {v!r}")
+    return v
+
+
+def _parse_link(where: str, k: dict[str, Any], name: str) -> TaskSchema:
+    """A link task: ``destination_table``, a ``query`` of (source key,
+    observation time, destination key or list of keys), a ``window``."""
+    for key in ("column", "label_time_column", "label_columns"):
+        if key in k:
+            raise SchemaError(f"{where}.{key}: a link task has none; its links are its query's rows")
+    for req in ("query", "window"):
+        if req not in k:
+            raise SchemaError(
+                f"{where}: a link task (`destination_table`) needs `{req}` "
+                "(query: source key, observation time, destination key(s); window: a duration)"
+            )
+    if k.get("target_stype", "boolean") != "boolean":
+        raise SchemaError(
+            f"{where}.target_stype: a link task predicts whether a link forms: \"boolean\", "
+            f"got {k['target_stype']!r}"
+        )
+    cand = _positive_int(f"{where}.candidates", k.get("candidates", 100), 1)
+    eval_k = _positive_int(f"{where}.eval_k", k.get("eval_k", 10), 1)
+    if eval_k > cand:
+        raise SchemaError(f"{where}.eval_k: {eval_k} is above `candidates` ({cand}); expected 1..{cand}")
+    return TaskSchema(
+        name=name,
+        anchor_table=_str(f"{where}.anchor_table", k["anchor_table"]),
+        target_stype="boolean",
+        query=_str(f"{where}.query", k["query"]),
+        description=k.get("description"),
+        window_us=parse_duration(k["window"], f"{where}.window"),
+        destination_table=_str(f"{where}.destination_table", k["destination_table"]),
+        candidates=cand,
+        eval_k=eval_k,
+    )
 
 
 def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
@@ -194,8 +257,9 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     if not isinstance(k, dict):
         raise SchemaError(f"{where}: expected a table")
     _check_keys(where, k, {"name", "anchor_table", "target_stype", "column", "query", "description",
-                           "label_time_column", "label_columns", "window"})
-    for req in ("name", "anchor_table", "target_stype"):
+                           "label_time_column", "label_columns", "window", *LINK_KEYS})
+    link = "destination_table" in k
+    for req in ("name", "anchor_table") if link else ("name", "anchor_table", "target_stype"):
         if req not in k:
             raise SchemaError(f"{where}: missing required key `{req}`")
     name = _str(f"{where}.name", k["name"])
@@ -203,6 +267,8 @@ def _parse_task(src: str, i: int, k: Any, names: set[str]) -> TaskSchema:
     if name in names:
         raise SchemaError(f"{where}: declared twice")
     names.add(name)
+    if link:
+        return _parse_link(where, k, name)
     st = k["target_stype"]
     if st not in TARGET_STYPES:
         raise SchemaError(

@@ -60,12 +60,31 @@ class SourceTask:
 
 
 @dataclass
+class SourceLink:
+    """A recommendation task of a RelBench folder (``task_type: recommendation``):
+    each label row is a source entity, a time and the list of destination
+    entities it links to in (time, time + timedelta]."""
+
+    name: str
+    source_table: str
+    source_col: str
+    destination_table: str
+    destination_col: str
+    time_col: str
+    window_us: int
+    eval_k: int
+    label_files: list[Path]
+    description: str | None
+
+
+@dataclass
 class Source:
     path: Path
     kind: str
     con: duckdb.DuckDBPyConnection
     tables: dict[str, SourceTable]
     tasks: list[SourceTask] = field(default_factory=list)
+    links: list[SourceLink] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # The validation cutoff (µs since the epoch; RelBench `val_timestamp`):
     # rows dated after it feed no normalisation statistic. None: no time split.
@@ -200,14 +219,17 @@ def _relbench_task(src: Source, tdir: Path) -> None:
     for table, col in m.get("remove_columns") or []:
         if table in src.tables:
             src.tables[table].hidden.add(col)
+    files = [tdir / f"{s}.parquet" for s in ("train", "val", "test") if (tdir / f"{s}.parquet").is_file()]
+    if m.get("task_type") in ("recommendation", "link_prediction"):
+        _relbench_link(src, name, m, files, mpath)
+        return
     stype = _RELBENCH_STYPES.get(m.get("task_type", ""))
     if stype is None or not m.get("entity_table") or not m.get("target_col"):
         src.warnings.append(
-            f"task `{name}`: task_type {m.get('task_type')!r} is not an entity task headwater "
-            "can predict (regression, binary or multiclass classification); skipped"
+            f"task `{name}`: task_type {m.get('task_type')!r} is not a task headwater can "
+            "predict (regression, binary or multiclass classification, recommendation); skipped"
         )
         return
-    files = [tdir / f"{s}.parquet" for s in ("train", "val", "test") if (tdir / f"{s}.parquet").is_file()]
     if not files:
         src.warnings.append(f"task `{name}`: no label files in {tdir}; skipped")
         return
@@ -226,6 +248,36 @@ def _relbench_task(src: Source, tdir: Path) -> None:
                 parse_duration(m["timedelta"], f"task `{name}`.timedelta")
                 if m.get("timedelta") is not None else None
             ),
+        )
+    )
+
+
+_LINK_KEYS = ("src_entity_table", "src_entity_col", "dst_entity_table", "dst_entity_col", "time_col")
+
+
+def _relbench_link(src: Source, name: str, m: dict[str, Any], files: list[Path], mpath: Path) -> None:
+    """A ``recommendation`` task's manifest into :attr:`Source.links`."""
+    missing = [k for k in (*_LINK_KEYS, "timedelta") if not m.get(k)]
+    if missing:
+        raise SchemaError(f"{mpath}: link task `{name}` lacks {', '.join(missing)}")
+    if not files:
+        src.warnings.append(f"task `{name}`: no label files in {mpath.parent}; skipped")
+        return
+    eval_k = m.get("eval_k", 10)
+    if isinstance(eval_k, bool) or not isinstance(eval_k, int) or eval_k < 1:
+        raise SchemaError(f"{mpath}: eval_k: expected a whole number >= 1, got {eval_k!r}")
+    src.links.append(
+        SourceLink(
+            name=name,
+            source_table=m["src_entity_table"],
+            source_col=m["src_entity_col"],
+            destination_table=m["dst_entity_table"],
+            destination_col=m["dst_entity_col"],
+            time_col=m["time_col"],
+            window_us=parse_duration(m["timedelta"], f"{mpath}: timedelta"),
+            eval_k=eval_k,
+            label_files=files,
+            description=m.get("description"),
         )
     )
 

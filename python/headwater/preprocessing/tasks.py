@@ -31,6 +31,7 @@ from headwater.preprocessing.columns import (
     _valid,
     encode_column,
 )
+from headwater.preprocessing.links import LinkSpec, labels_query, pairs_table
 from headwater.preprocessing.memory import _release_arrow_memory, _Spool
 from headwater.preprocessing.plan import TablePlan
 from headwater.preprocessing.primary_keys import _KeyIndex
@@ -182,6 +183,8 @@ def _add_declared_tasks(
     log: Callable[[str], None],
 ) -> None:
     for t in schema.tasks:
+        if t.destination_table is not None:
+            continue  # a link task: :func:`add_link_tasks`
         if t.anchor_table not in by_name:
             raise SchemaError(
                 f"task `{t.name}`: unknown anchor table `{t.anchor_table}`"
@@ -323,7 +326,27 @@ def _add_tasks(
     by_name = {p.name: p for p in plans}
     if schema.tasks:
         _add_declared_tasks(writer, src, schema, by_name, keys, log)
-    elif src.tasks:
+    elif src.tasks or src.links:
         _add_relbench_tasks(writer, src, by_name, keys, log)
     else:
         _add_cell_tasks(writer, plans, log)
+
+
+def add_link_tasks(
+    writer: _native.DatabaseWriter,
+    src: Source,
+    specs: list[LinkSpec],
+    keys: dict[str, _KeyIndex],
+    log: Callable[[str], None],
+) -> None:
+    """Each link task: one boolean seed per candidate pair of its pairs
+    table (:mod:`headwater.preprocessing.links`), its group's split stored."""
+    for spec in specs:
+        what = "cannot read its candidate pairs"
+        reader = src.con.execute(labels_query(spec)).to_arrow_reader(memory.CHUNK_ROWS)
+        _add_value_task(
+            writer, keys, name=spec.name, kind="link", anchor_table=pairs_table(spec.name),
+            reader=reader, target_stype="boolean", query=None, description=spec.description,
+            log=log, what=what, with_splits=True,
+        )
+        writer.set_window(spec.name, spec.window_us)

@@ -74,11 +74,13 @@ class Trainer:
         checkpoint: dict[str, Any] | None = None,
         stop: StopFlag | None = None,
         streams: int = 1,
+        db_dir: Path | None = None,
     ) -> None:
         """``streams``: sampler streams this process feeds per step (the
         sampler's ``next_train_batch`` then returns that many batches); 1
         in ``headwater train``, more to replay several ranks' streams in one
-        process (the cluster test's reference run)."""
+        process (the cluster test's reference run). ``db_dir``: the
+        database folder (its link tasks' sidecars rank their candidates)."""
         self.cfg, self.sampler, self.rank, self.world, self.wb = cfg, sampler, rank, world, run
         self.log = RunLog()
         self.model_cfg = model_config(cfg, sampler)
@@ -88,7 +90,7 @@ class Trainer:
         self.batch_layout = batch_layout(cfg, rank, self.mesh, streams)
         self.stop, self.stopped = stop or StopFlag(), False
         self._init_state(col_np, cat_np, run_dir, checkpoint)
-        self._init_steps()
+        self._init_steps(db_dir)
         self.run_dir = run_dir
         self.jsonl, self.drains, self.hook = open_sinks(
             cfg,
@@ -176,7 +178,7 @@ class Trainer:
                     flush=True,
                 )
 
-    def _init_steps(self) -> None:
+    def _init_steps(self, db_dir: Path | None) -> None:
         """The jitted train and eval steps over the mesh, the learning-rate
         schedule, the batch padder and the evaluator (with its own padder:
         evaluation never changes the training batches' shapes)."""
@@ -206,6 +208,7 @@ class Trainer:
             Padder(mesh, model_cfg.max_categories),
             model_cfg,
             (self.col, self.cat),
+            db_dir=db_dir,
         )
 
     def validate(self, step: int, final: bool = False) -> float:

@@ -213,7 +213,7 @@ def _train(
     try:
         with sampler:
             _check_schema(cfg, sampler, rank)
-            trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop)
+            trainer = Trainer(cfg, sampler, run_dir, rank, world, run, meta, stop, db_dir=db)
             if rank == 0:
                 announce(trainer, db, endpoints, file_sd)
                 if (run_dir / C.LAUNCH_RECORD).is_file():

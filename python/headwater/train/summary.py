@@ -282,7 +282,10 @@ def format_summary(s: Mapping[str, Any], profile: bool = False) -> str:
     if s.get("eval"):
         cap = s.get("eval_max_seeds")
         what = "whole splits" if cap is None else f"the first {cap} seeds of each task"
-        lines.append(f"evaluation ({what}, union of ranks; baseline = best constant):")
+        lines.append(
+            f"evaluation ({what}, union of ranks; baseline = best constant, "
+            "or popularity before t for a link task):"
+        )
         lines.extend("  " + x for x in format_table(s["eval"]).splitlines())
     if s["wandb_dir"]:
         lines.append(f"W&B run: {s['wandb_dir']}")

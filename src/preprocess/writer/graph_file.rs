@@ -44,8 +44,8 @@ impl DatabaseWriter {
     }
 
     /// Write `graph.bin` from the staged parts of every table; the number of
-    /// edges (each way).
-    pub(super) fn write_graph(&mut self) -> Result<u64> {
+    /// edges and of reverse edges (fewer when a table is seed-only).
+    pub(super) fn write_graph(&mut self) -> Result<(u64, u64)> {
         let n = self.num_rows as usize;
         let path = self.staging.join("graph.bin");
         let mut w = FileWriter::create(&path, FileKind::Graph, 7)?;
@@ -96,12 +96,21 @@ impl DatabaseWriter {
             }
         };
         let num_edges = write_forward(&mut w, n, parents)?;
-        let rev = build_reverse(&self.staging, n, &row_time, parents)?;
+        // A seed-only table's rows are no parent's children: no reverse
+        // edge leads into them.
+        let seed_only: Vec<bool> = tables.iter().map(|t| t.seed_only).collect();
+        let reachable = |r: usize, out: &mut Vec<u32>| {
+            if !seed_only[bounds.partition_point(|&b| b <= r as u64)] {
+                parents(r, out);
+            }
+        };
+        let rev = build_reverse(&self.staging, n, &row_time, reachable)?;
+        let num_reverse = rev.rev_targets.len() as u64;
         write_reverse(&mut w, &rev, &row_time)?;
         drop(rev);
         drop(row_time);
         let (len, sum) = w.finish()?;
         self.files.insert("graph.bin".into(), digest(len, sum));
-        Ok(num_edges)
+        Ok((num_edges, num_reverse))
     }
 }

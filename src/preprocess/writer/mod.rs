@@ -241,7 +241,7 @@ impl DatabaseWriter {
             ));
         }
         self.resolve_foreign_keys()?;
-        let num_edges = self.write_graph()?;
+        let (num_edges, num_reverse) = self.write_graph()?;
         let (num_text, num_categorical) =
             self.write_all_embeddings(column_emb, categorical_emb, text_emb)?;
         let mut meta = Metadata {
@@ -252,6 +252,7 @@ impl DatabaseWriter {
             embedder: self.embedder.clone(),
             num_rows: self.num_rows,
             num_edges,
+            num_reverse_edges: (num_reverse != num_edges).then_some(num_reverse),
             num_text_embeddings: num_text,
             num_categorical_embeddings: num_categorical,
             timestamp_stats: TimestampStats {

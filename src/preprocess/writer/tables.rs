@@ -302,6 +302,7 @@ impl DatabaseWriter {
             foreign_keys: fk_meta,
             columns: stored,
             unstored_columns: unstored,
+            seed_only: false,
         };
         // Restart record: graph inputs + new strings, then the JSON that marks
         // the table complete (written last).

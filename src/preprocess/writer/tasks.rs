@@ -174,6 +174,19 @@ impl DatabaseWriter {
         Ok(())
     }
 
+    /// Table `name` is reached only as a seed: the graph gets no reverse
+    /// edge into its rows (a link task's candidate pairs; see
+    /// `TableMeta::seed_only`).
+    pub fn set_seed_only(&mut self, name: &str) -> Result<()> {
+        let table = self
+            .tables
+            .iter_mut()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::Preprocess(format!("table `{name}`: no table of that name")))?;
+        table.seed_only = true;
+        Ok(())
+    }
+
     /// The stored column `name` of table `t`, if it has one.
     fn stored_column(&self, t: usize, name: &str) -> Option<&ColumnMeta> {
         self.tables[t]
