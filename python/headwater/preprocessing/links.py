@@ -277,12 +277,20 @@ def _pairs_sql(spec: LinkSpec, w: str) -> str:
 
 
 def _log_counts(con: duckdb.DuckDBPyConnection, spec: LinkSpec, log: Callable[[str], None]) -> None:
-    row = con.execute(
-        f"SELECT count(*), sum(linked::INT), count(DISTINCT grp) FROM {quote(pairs_table(spec.name))}"
-    ).fetchone()
-    assert row is not None
-    log(f"  link task `{spec.name}`: {row[2]} groups (source, time), {row[0]} candidate pairs, "
-        f"{row[1]} of them linked")
+    """Per split: groups, pairs, and the share of the positives the
+    generator found (a training group's missing ones are added)."""
+    rows = con.execute(f"""
+        SELECT p.split, count(DISTINCT p.grp), count(*),
+               sum((p.linked AND p.origin & {PAST | POPULAR | RANDOM} != 0)::INT),
+               (SELECT sum(n_pos) FROM hw_g g WHERE g.split = p.split)
+        FROM {quote(pairs_table(spec.name))} p GROUP BY p.split ORDER BY p.split""").fetchall()
+    names = ("train", "val", "test")
+    parts = [
+        f"{names[s]} {g} groups, {n} pairs, candidates found {100 * f / max(pos, 1):.1f}% of "
+        f"{pos} positives"
+        for s, g, n, f, pos in rows
+    ]
+    log(f"  link task `{spec.name}`: " + "; ".join(parts))
 
 
 def labels_query(spec: LinkSpec) -> str:
