@@ -125,6 +125,10 @@ pub struct SamplerCore {
     /// With `examples`: each forecast task's items by anchor row (`None`:
     /// a cell task, or one without examples).
     pub(super) task_items: Vec<Option<crate::context::ItemIndex>>,
+    /// With `examples`: each task's example candidates' split codes (by
+    /// row of its anchor table for a cell task, by item for a forecast
+    /// task; `crate::context::splits`).
+    pub(super) example_splits: Vec<Vec<u8>>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
@@ -233,6 +237,7 @@ impl SamplerCore {
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
             task_items: Vec::new(),
+            example_splits: Vec::new(),
             dropped: Vec::new(),
             prefetched: Arc::default(),
         };
