@@ -18,7 +18,7 @@ use crate::batch::pack_contexts;
 use crate::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::readings::{stage, BatchReadings, IntegrityReadings};
+use crate::readings::{stage, BatchReadings, IntegrityReadings, TASK_KINDS};
 use crate::rng::Xoshiro256pp;
 use crate::seeds::Split;
 use crate::stalls::{Stage, Watched};
@@ -471,14 +471,25 @@ fn task_seeds(groups: &[TaskGroup]) -> Vec<(u32, u32)> {
 }
 
 impl SamplerCore {
-    /// `r` with the seeds of each task and database of a batch whose
-    /// tasks are `groups`.
+    /// `r` with the seeds of each task, task kind and database of a batch
+    /// whose tasks are `groups`.
     fn group_seeds(&self, groups: &[TaskGroup], r: BatchReadings) -> BatchReadings {
         BatchReadings {
             task_seeds: task_seeds(groups),
+            kind_seeds: self.kind_seeds(groups),
             db_seeds: self.db_seeds(groups),
             ..r
         }
+    }
+
+    /// Seeds of each task kind (`crate::readings::TASK_KINDS`) of a batch
+    /// whose tasks are `groups`.
+    fn kind_seeds(&self, groups: &[TaskGroup]) -> [u32; TASK_KINDS.len()] {
+        let mut out = [0; TASK_KINDS.len()];
+        for (k, r) in groups {
+            out[self.tasks[*k].kind] += r.len() as u32;
+        }
+        out
     }
 
     /// (database, seeds, reported) of a batch whose tasks span several

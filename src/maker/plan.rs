@@ -56,6 +56,8 @@ pub(crate) struct TaskPlan {
     /// concatenated categorical table.
     pub(super) cat_emb_start: u32,
     pub(super) cat_emb_count: u32,
+    /// The task's kind (`crate::readings::TASK_KINDS` index).
+    pub(super) kind: usize,
 }
 
 /// One database of a mixture (a single database is a mixture of one).
@@ -478,6 +480,7 @@ impl TaskPlan {
             stype_code: k.target_stype.code().unwrap_or(0),
             cat_emb_start: col.cat_emb_start + cat_off,
             cat_emb_count: col.cat_emb_count,
+            kind: crate::readings::task_kind_index(&k.kind),
         }
     }
 }
