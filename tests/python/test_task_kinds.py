@@ -1,16 +1,19 @@
-"""Task kinds: the contexts per kind of each step's batch
-(``sampler/task_kinds/<kind>``) on the default database's three cell and two
-SQL tasks, on one rank and reduced over two."""
+"""Task kinds (docs/task-kinds.md): the contexts per kind of each step's
+batch (``sampler/task_kinds/<kind>``) on the default database's three cell
+and two SQL tasks, on one rank and reduced over two, and the picture of one
+forecast context read back from a real batch."""
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from headwater import _native
+from headwater import context_picture as cp
 from headwater.telemetry.schema import Schema
 
 KINDS = ("cell", "sql", "relbench", "other")
@@ -76,3 +79,36 @@ def test_contexts_per_kind_are_summed_over_ranks(tpch: Any) -> None:
                 key = f"sampler/task_kinds/{k}"
                 assert red[key] == sum(d[key] for d in drains)
                 assert red[f"{key}_max"] == max(d[key] for d in drains)
+
+
+def test_the_picture_reads_a_forecast_context_from_the_batch(tpch: Any) -> None:
+    """The seed's row first with its target masked, then examples: each an
+    earlier order led by its visible label; every box a row of the batch."""
+    batch, meta = cp.draw_batch(tpch.built.path)
+    q = cp.pick_sequence(batch, meta)
+    rows = cp.sequence_rows(batch, meta, q)
+    groups = cp.groups_of(rows)
+    assert rows[0].seed and rows[0].table == "orders"
+    assert sum(r.seed for r in rows) == 1
+    assert len(groups) >= 3, [g.title for g in groups]
+    for g in groups[1:]:
+        assert g.rows[0].table == "orders" and g.rows[0].label in ("yes", "no")
+        assert all(r.label is None for r in g.rows[1:])
+    real = int((batch["is_padding"][q] == 0).sum())
+    assert sum(r.cells for r in rows) == real
+    svg = cp.render(groups, "t")
+    assert svg.count("<rect") == len(rows) + len(groups) - 1
+    # Boxes come from the tensors: another sequence draws another picture.
+    other = next(i for i in range(len(batch["is_padding"])) if i != q)
+    assert cp.sequence_rows(batch, meta, other) != rows
+
+
+def test_a_sequence_must_start_with_its_seed() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        cp.groups_of([cp.Row(table="orders", cells=4)])
+
+
+def test_the_committed_picture_is_a_forecast_context() -> None:
+    text = (Path(__file__).resolve().parents[2] / cp.DOCS_SVG).read_text(encoding="utf-8")
+    assert text.startswith("<svg") and "target masked" in text
+    assert "example 2: an earlier order" in text, "fewer than two examples drawn"
