@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     """Write the picture to ``argv[0]`` (default: the docs' copy)."""
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0]) if args else DOCS_SVG
+    if not out.parent.is_dir():
+        raise SystemExit(f"{out.parent}/ does not exist: run from the repository's root, or give OUT.svg")
     out.write_text(forecast_context_svg(), encoding="utf-8")
     print(f"wrote {out}")
     return 0
