@@ -130,7 +130,8 @@ _WIDTH, _CELL, _H, _GAP = 960, 5, 26, 4
 
 def render(groups: list[Group], title: str) -> str:
     """The SVG of ``groups``: one band per group, a box per row (width by
-    cells), the seed's row outlined in red, each example's label beside it."""
+    cells), the seed's row outlined in red with its masked target (a red
+    ``?``) before it, each example's visible label (black) before its row."""
     tables = sorted({r.table for g in groups for r in g.rows})
     colour = {t: _PALETTE[i % len(_PALETTE)] for i, t in enumerate(tables)}
     out: list[str] = []
@@ -141,30 +142,34 @@ def render(groups: list[Group], title: str) -> str:
         x, y = 10, y + 8
         for r in g.rows:
             w = max(r.cells * _CELL, 22)
-            extra = 30 if r.label else 0
-            if x + w + extra > _WIDTH - 10:
+            mark = "?" if r.seed else r.label
+            if x + w + 30 * bool(mark) > _WIDTH - 10:
                 x, y = 10, y + _H + _GAP
-            if r.label:
-                out.append(f'<rect x="{x}" y="{y}" width="26" height="{_H}" class="label"/>')
-                out.append(f'<text x="{x + 13}" y="{y + 17}" class="lt">{r.label}</text>')
+            if mark:
+                cls = "masked" if r.seed else "label"
+                out.append(f'<rect x="{x}" y="{y}" width="26" height="{_H}" class="{cls}"/>')
+                out.append(f'<text x="{x + 13}" y="{y + 17}" class="lt">{mark}</text>')
                 x += 30
             cls = "seed" if r.seed else "row"
             out.append(
                 f'<rect x="{x}" y="{y}" width="{w}" height="{_H}" fill="{colour[r.table]}" class="{cls}">'
-                f"<title>{escape(r.table)}: {r.cells} cells</title></rect>"
+                f"<title>{escape(r.table)}: {r.cells} cell{'s' * (r.cells != 1)}</title></rect>"
             )
             out.append(f'<text x="{x + w / 2:g}" y="{y + 17}" class="t">{escape(r.table[:4])}</text>')
-            if r.seed:
-                out.append(f'<text x="{x + w / 2:g}" y="{y - 3}" class="m">target masked</text>')
             x += w + _GAP
         y += _H + 30
     legend = " ".join(f"{t[:4]} = {t}" for t in tables)
     out.append(f'<text x="10" y="{y}" class="n">{escape(legend)}; box width: cells of the row</text>')
+    y += 16
+    out.append(
+        f'<text x="10" y="{y}" class="n">red ?: the seed\'s target, masked (the seed\'s row outlined '
+        "in red); black: an example's label, visible</text>"
+    )
     style = (
         "<style>.h{font:bold 13px sans-serif}.t,.lt{font:10px sans-serif;text-anchor:middle}"
-        ".lt{fill:#fff;font-weight:bold}.m{font:9px sans-serif;fill:#c00;text-anchor:middle}"
+        ".lt{fill:#fff;font-weight:bold}"
         ".n{font:11px sans-serif;fill:#444}.row{stroke:#666}.seed{stroke:#c00;stroke-width:3}"
-        ".label{fill:#222}</style>"
+        ".label{fill:#222}.masked{fill:#c00}</style>"
     )
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{y + 16}" '

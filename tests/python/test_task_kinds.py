@@ -97,7 +97,10 @@ def test_the_picture_reads_a_forecast_context_from_the_batch(tpch: Any) -> None:
     real = int((batch["is_padding"][q] == 0).sum())
     assert sum(r.cells for r in rows) == real
     svg = cp.render(groups, "t")
-    assert svg.count("<rect") == len(rows) + len(groups) - 1
+    # One box per row, and one mark per group: the seed's masked target, an
+    # example's label.
+    assert svg.count("<rect") == len(rows) + len(groups)
+    assert svg.count('class="masked"') == 1
     # Boxes come from the tensors: another sequence draws another picture.
     other = next(i for i in range(len(batch["is_padding"])) if i != q)
     assert cp.sequence_rows(batch, meta, other) != rows
@@ -110,5 +113,5 @@ def test_a_sequence_must_start_with_its_seed() -> None:
 
 def test_the_committed_picture_is_a_forecast_context() -> None:
     text = (Path(__file__).resolve().parents[2] / cp.DOCS_SVG).read_text(encoding="utf-8")
-    assert text.startswith("<svg") and "target masked" in text
+    assert text.startswith("<svg") and text.count('class="masked"') == 1
     assert "example 2: an earlier order" in text, "fewer than two examples drawn"
