@@ -93,6 +93,8 @@ def _metric_rows(rows: Iterable[Any]) -> list[list[str]]:
             scope.append("one per task")
         if _get(m, "per_database"):
             scope.append("one per reported database")
+        if _get(m, "per_kind"):
+            scope.append("one per task kind")
         buckets = _get(m, "buckets")
         quantile = _get(m, "quantile")
         bucket_text = f"`{buckets}` ({quantile})" if buckets else ""

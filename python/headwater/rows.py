@@ -68,6 +68,7 @@ class MetricRow(TypedDict):
     reduction: Reduction
     per_task: bool
     per_database: bool
+    per_kind: bool  # one value per task kind (``task_kinds/{kind}``)
     prometheus: str
     prometheus_type: PromType
     unit: str

@@ -20,6 +20,7 @@ use crate::error::Result;
 use crate::maker::SamplerCore;
 use crate::ranking::rankers::Ranker;
 use crate::rng::mix64;
+use crate::seeds::Split;
 
 /// One task's recall and rates.
 #[derive(Debug, Clone, Serialize)]
@@ -101,7 +102,10 @@ impl SamplerCore {
         let n = task.anchor_rows.len();
         let seeds = seeds.min(n);
         let c = &self.cfg;
-        let sums = self.with_example_params((k, self.cfg.default_sequence_length), |g, p| {
+        // Seeds of every split, each shown every split's labels (test's
+        // rule): the rankers are compared, not a split's contexts.
+        let len = self.cfg.default_sequence_length;
+        let sums = self.with_example_params((k, len), Split::Test, |g, p| {
             let mut s = Sums::default();
             // The reference, the ceiling's independent run, the ranker.
             let runs = [

@@ -12,7 +12,8 @@
 //!   labelled row of the table is left.
 //!
 //! Rules: an example is a row of the seed's table other than the seed,
-//! with a label (`has_label`) known at the seed's time (`labels`), and
+//! with a label (`has_label`) known at the seed's time (`labels`), of a
+//! split the seed may see (`splits`: its own or an earlier one), and
 //! dated strictly before the seed's observation time or undated (a row at
 //! the seed's own horizon never enters); its shell is cut at its own time (or the seed's, when it has
 //! none). A ranked row the context already holds (an earlier BFS reached
@@ -38,6 +39,7 @@ use std::time::Instant;
 use super::bfs::{bfs, leaks, BfsParams, BfsScratch, Subgraph};
 use super::items::TaskItems;
 use super::labels::LabelTimes;
+use super::splits::ExampleSplits;
 use crate::format::GraphView;
 use crate::ranking::rank_store::RankStore;
 use crate::ranking::rankers::{rank, RankArgs, RankScratch, Ranker};
@@ -112,6 +114,11 @@ pub struct ExampleParams<'a> {
     /// A forecast task's items (`None`: a cell task): examples are then
     /// items, not rows, each with its label as an extra visible cell.
     pub items: Option<TaskItems<'a>>,
+    /// Which examples' labels the seeds' split may see (`splits.rs`; by
+    /// row offset in `table` for a cell task, by item for a forecast task).
+    /// `None` shows every split: only a context built outside any split
+    /// (a test of the tiers) leaves it out; the maker always sets it.
+    pub splits: Option<ExampleSplits<'a>>,
 }
 
 /// Per-worker scratch of in-context builds (reused, never per context).
@@ -257,9 +264,11 @@ fn tiers(
     let (ranked, partial) = rank_examples(g, seed, key, r, p, &fill, sc, out)?;
     let res = ranked.iter().try_for_each(|&row| match p.items {
         // A ranked row stands for its latest eligible item.
-        Some(it) => it.latest(row, fill.bound).map_or(Ok(()), |j| {
-            fill.example(row, Some(j), 1, &mut bfs_rng, bs, sc, out)
-        }),
+        Some(it) => it
+            .latest(row, fill.bound, |j| fill.shown(j))
+            .map_or(Ok(()), |j| {
+                fill.example(row, Some(j), 1, &mut bfs_rng, bs, sc, out)
+            }),
         None => fill.example(row, None, 1, &mut bfs_rng, bs, sc, out),
     });
     sc.ranked = ranked;
@@ -308,15 +317,17 @@ fn rank_examples(
     };
     let partial = stored.is_some_and(|s| !s.complete());
     let local = &sc.local;
-    // A forecast task's row counts if it has an item eligible at the bound.
+    // A forecast task's row counts if it has an item eligible at the bound;
+    // a cell task's if it is labelled; either of a split the seed may see.
     let has_item = |row: u32| {
         p.items
-            .is_some_and(|it| it.latest(row, fill.bound).is_some())
+            .is_some_and(|it| it.latest(row, fill.bound, |j| fill.shown(j)).is_some())
     };
+    let has_row_label = |row: u32| (p.has_label)(row) && fill.shown(row.wrapping_sub(p.table.0));
     let has_label: &(dyn Fn(u32) -> bool + Sync) = if p.items.is_some() {
         &has_item
     } else {
-        p.has_label
+        &has_row_label
     };
     let args = RankArgs {
         g,
@@ -385,8 +396,15 @@ impl Fill<'_, '_> {
         self.p.seq_len.saturating_sub(out.cells) < self.example_cells()
     }
 
-    /// Whether `row` may be an example (time rule; the label is checked
-    /// by the caller's ranking or draw).
+    /// Whether candidate `c` (a row offset in the seed's table for a cell
+    /// task, an item for a forecast task) is of a split the seed may see.
+    #[inline]
+    pub(super) fn shown(&self, c: u32) -> bool {
+        self.p.splits.is_none_or(|s| s.shows(c))
+    }
+
+    /// Whether `row` may be an example (time rule; the label and split are
+    /// checked by the caller's ranking or draw).
     pub(super) fn eligible_time(&self, row: u32) -> bool {
         let t = self.g.time_of(row).unwrap_or(i64::MIN);
         t == i64::MIN || t < self.bound

@@ -6,7 +6,8 @@
 //! window closed: t′ + Δ ≤ t (never merely t′ < t).
 //!
 //! Walks reach anchor rows, not items: a ranked row stands for its latest
-//! eligible item (the most recent label known at t). [`ItemIndex`] lists
+//! eligible item (the most recent label known at t, of a split the seed
+//! may see: `splits.rs`). [`ItemIndex`] lists
 //! each anchor row's items by observation time, so that item is one binary
 //! search away.
 //!
@@ -100,9 +101,10 @@ impl TaskItems<'_> {
         bit(self.valid, j as usize) && self.closed(j, bound)
     }
 
-    /// The latest eligible item of anchor row `row` under `bound`, if any.
+    /// The latest eligible item of anchor row `row` under `bound` among
+    /// those `shown` lets the seed see (its split rule), if any.
     #[inline]
-    pub fn latest(&self, row: u32, bound: i64) -> Option<u32> {
+    pub fn latest(&self, row: u32, bound: i64, shown: impl Fn(u32) -> bool) -> Option<u32> {
         let i = row.checked_sub(self.row_offset)? as usize;
         let (a, b) = (*self.index.start.get(i)?, *self.index.start.get(i + 1)?);
         let items = &self.index.order[a as usize..b as usize];
@@ -112,7 +114,7 @@ impl TaskItems<'_> {
             .iter()
             .rev()
             .copied()
-            .find(|&j| bit(self.valid, j as usize))
+            .find(|&j| bit(self.valid, j as usize) && shown(j))
     }
 }
 
@@ -136,13 +138,21 @@ mod tests {
             valid: &valid,
             window: 30,
         };
-        assert_eq!(it.latest(10, i64::MAX), None, "a row without items");
-        assert_eq!(it.latest(12, i64::MAX), None, "a null label is no example");
-        assert_eq!(it.latest(11, 29), None, "0 + 30 > 29: not yet closed");
-        assert_eq!(it.latest(11, 30), Some(2), "0 + 30 <= 30");
-        assert_eq!(it.latest(11, 129), Some(3), "100 + 30 > 129: item 50");
-        assert_eq!(it.latest(11, 130), Some(0));
-        assert_eq!(it.latest(13, i64::MAX), None, "outside the table");
+        let all = |_| true;
+        assert_eq!(it.latest(10, i64::MAX, all), None, "a row without items");
+        assert_eq!(
+            it.latest(12, i64::MAX, all),
+            None,
+            "a null label is no example"
+        );
+        assert_eq!(it.latest(11, 29, all), None, "0 + 30 > 29: not yet closed");
+        assert_eq!(it.latest(11, 30, all), Some(2), "0 + 30 <= 30");
+        assert_eq!(it.latest(11, 129, all), Some(3), "100 + 30 > 129: item 50");
+        assert_eq!(it.latest(11, 130, all), Some(0));
+        assert_eq!(it.latest(13, i64::MAX, all), None, "outside the table");
         assert!(it.eligible(3, 80) && !it.eligible(3, 79) && !it.eligible(1, 100));
+        // An item the seed may not see is passed over for an earlier one.
+        assert_eq!(it.latest(11, 130, |j| j != 0), Some(3));
+        assert_eq!(it.latest(11, 130, |j| j == 2), Some(2));
     }
 }

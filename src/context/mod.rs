@@ -2,7 +2,8 @@
 //! edges, with the time filter and width caps, and per-worker scratch
 //! (`bfs.rs`); with `examples = true`, the in-context assembly of the tiers
 //! (`incontext.rs`, tier 2 in `tier2.rs`), when a row's label is known
-//! (`labels.rs`) and a forecast task's items as examples (`items.rs`). The
+//! (`labels.rs`), a forecast task's items as examples (`items.rs`) and
+//! which splits' labels a seed may see as examples (`splits.rs`). The
 //! example rankings tier 1 is ordered by are `crate::ranking`, below this
 //! room.
 //!
@@ -26,9 +27,11 @@ mod bfs;
 pub mod incontext;
 pub mod items;
 pub mod labels;
+pub mod splits;
 mod tier2;
 
 pub use bfs::{bfs, BfsParams, BfsScratch, Subgraph};
 pub use incontext::{build_in_context, ExampleParams, ExampleScratch, SeqRecipe};
 pub use items::{ItemIndex, TaskItems};
 pub use labels::LabelTimes;
+pub use splits::{row_codes, ExampleSplits};

@@ -69,7 +69,8 @@ impl Fill<'_, '_> {
 
     /// Add candidate `c` (a row offset in the seed's table, or a forecast
     /// item) as a tier-2 example if it may be one: its row not the seed,
-    /// not held, eligible, and labelled (an item: its window closed).
+    /// not held, eligible, labelled (an item: its window closed) and of a
+    /// split the seed may see.
     fn random_example(
         &self,
         seed: u32,
@@ -89,7 +90,7 @@ impl Fill<'_, '_> {
         let labelled = match (&self.p.items, item) {
             (Some(it), Some(j)) => TaskItems::eligible(it, j, self.bound),
             _ => (self.p.has_label)(row),
-        };
+        } && self.shown(c);
         if !labelled {
             return Ok(());
         }

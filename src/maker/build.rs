@@ -18,8 +18,9 @@ use crate::batch::pack_contexts;
 use crate::context::{bfs, BfsParams, BfsScratch, Subgraph};
 use crate::error::{Error, Result};
 use crate::format::GraphView;
-use crate::readings::{stage, BatchReadings, IntegrityReadings};
+use crate::readings::{stage, BatchReadings, IntegrityReadings, TASK_KINDS};
 use crate::rng::Xoshiro256pp;
+use crate::seeds::Split;
 use crate::stalls::{Stage, Watched};
 
 thread_local! {
@@ -136,12 +137,13 @@ impl SamplerCore {
         );
         let _batch = batch_span.enter();
         let watched = self.watch(Stage::Bfs, step);
-        if self.cfg.debug_stall_step == Some(step) && split == crate::seeds::Split::Train {
+        if self.cfg.debug_stall_step == Some(step) && split == Split::Train {
             crate::faults::injected_stall(self.cfg.debug_stall_ms);
         }
         let one = [(k, 0..jobs.len())];
         let bc = BuildCtx {
             seq_len,
+            split,
             batch_span: &batch_span,
             t0,
             split_up,
@@ -194,6 +196,7 @@ impl SamplerCore {
     pub(crate) fn build_batch(
         &self,
         (k, s): (usize, usize),
+        split: Split,
         jobs: &[(u32, u32, i64, u64)],
         packed: bool,
         buffers: &mut BuildBuffers,
@@ -205,6 +208,7 @@ impl SamplerCore {
         let groups = [(k, 0..jobs.len())];
         let ctx = BuildCtx {
             seq_len: s,
+            split,
             batch_span,
             t0,
             split_up,
@@ -231,6 +235,7 @@ impl SamplerCore {
             t0,
             split_up,
             watched,
+            ..
         } = *bc;
         let k = groups[0].0;
         let min_len = if split_up { 1 } else { usize::MAX };
@@ -252,7 +257,7 @@ impl SamplerCore {
         };
         let subgraphs = &mut buffers.subgraphs;
         let bfs_span = tracing::info_span!("bfs", seeds = jobs.len() as i64).entered();
-        self.build_group_contexts(groups, s, jobs, subgraphs, min_len)?;
+        self.build_group_contexts(groups, (s, bc.split), jobs, subgraphs, min_len)?;
         let (seq_seeds, start) = if packed && self.segment_slots > 1 {
             stage_to(Stage::Packing);
             self.pack(k, jobs, subgraphs)
@@ -304,10 +309,8 @@ impl SamplerCore {
             integrity: self.integrity_readings(),
             stalls: deadline_hits,
             tasks: groups.len() as u32,
-            task_seeds: task_seeds(groups),
-            db_seeds: self.db_seeds(groups),
             seqs,
-            ..storage
+            ..self.group_seeds(groups, storage)
         };
         Ok(MadeBatch { batch, readings })
     }
@@ -350,11 +353,12 @@ impl SamplerCore {
     fn build_contexts(
         &self,
         (k, s): (usize, usize),
+        split: Split,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut [Subgraph],
         min_len: usize,
     ) -> Result<()> {
-        if self.cfg.examples && self.build_in_context((k, s), jobs, subgraphs, min_len)? {
+        if self.cfg.examples && self.build_in_context((k, s), split, jobs, subgraphs, min_len)? {
             return Ok(());
         }
         let builder = self.context_builder(k);
@@ -373,7 +377,7 @@ impl SamplerCore {
     fn build_group_contexts(
         &self,
         groups: &[TaskGroup],
-        s: usize,
+        (s, split): (usize, Split),
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut Vec<Subgraph>,
         min_len: usize,
@@ -384,7 +388,7 @@ impl SamplerCore {
         for (k, range) in groups {
             let r = range.clone();
             self.check_anchors(*k, &jobs[r.clone()])?;
-            self.build_contexts((*k, s), &jobs[r.clone()], &mut subgraphs[r], min_len)?;
+            self.build_contexts((*k, s), split, &jobs[r.clone()], &mut subgraphs[r], min_len)?;
         }
         Ok(())
     }
@@ -467,6 +471,27 @@ fn task_seeds(groups: &[TaskGroup]) -> Vec<(u32, u32)> {
 }
 
 impl SamplerCore {
+    /// `r` with the seeds of each task, task kind and database of a batch
+    /// whose tasks are `groups`.
+    fn group_seeds(&self, groups: &[TaskGroup], r: BatchReadings) -> BatchReadings {
+        BatchReadings {
+            task_seeds: task_seeds(groups),
+            kind_seeds: self.kind_seeds(groups),
+            db_seeds: self.db_seeds(groups),
+            ..r
+        }
+    }
+
+    /// Seeds of each task kind (`crate::readings::TASK_KINDS`) of a batch
+    /// whose tasks are `groups`.
+    fn kind_seeds(&self, groups: &[TaskGroup]) -> [u32; TASK_KINDS.len()] {
+        let mut out = [0; TASK_KINDS.len()];
+        for (k, r) in groups {
+            out[self.tasks[*k].kind] += r.len() as u32;
+        }
+        out
+    }
+
     /// (database, seeds, reported) of a batch whose tasks span several
     /// databases (`task_mixing = "sequence"` over a mixture); empty for one.
     fn db_seeds(&self, groups: &[TaskGroup]) -> Vec<(u32, u32, bool)> {
@@ -490,6 +515,8 @@ impl SamplerCore {
 pub(super) struct BuildCtx<'a, 'w> {
     /// The step's `S`.
     pub(super) seq_len: usize,
+    /// The split of the batch's seeds (which examples they may see).
+    pub(super) split: Split,
     pub(super) batch_span: &'a tracing::Span,
     pub(super) t0: Instant,
     pub(super) split_up: bool,

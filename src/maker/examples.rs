@@ -15,8 +15,8 @@ use rayon::prelude::*;
 use super::plan::{SamplerCore, TargetPlan};
 use crate::config::{bad, ExampleRanker};
 use crate::context::{
-    build_in_context, BfsScratch, ExampleParams, ExampleScratch, ItemIndex, LabelTimes, SeqRecipe,
-    Subgraph, TaskItems,
+    build_in_context, row_codes, BfsScratch, ExampleParams, ExampleScratch, ExampleSplits,
+    ItemIndex, LabelTimes, SeqRecipe, Subgraph, TaskItems,
 };
 use crate::error::{Error, Result};
 use crate::format::GraphView;
@@ -24,6 +24,7 @@ use crate::ranking::rank_store::{BuildLock, RankStore, StoreParams};
 use crate::ranking::rankers::Ranker;
 use crate::ranking::walks::WalkGraph;
 use crate::say::info;
+use crate::seeds::{task_split_codes, Split};
 
 thread_local! {
     // Boxed: the extension's static TLS block is small (a large
@@ -54,6 +55,9 @@ impl SamplerCore {
             }
             self.index_items(k)?;
         }
+        self.example_splits = (0..self.tasks.len())
+            .map(|k| self.candidate_splits(k))
+            .collect::<Result<_>>()?;
         if self.weights.iter().all(|&w| w <= 0.0) {
             return Err(bad(
                 "examples",
@@ -136,6 +140,31 @@ impl SamplerCore {
         let range = db.graph().table_rows[km.anchor_table as usize];
         self.task_items[k] = Some(ItemIndex::build(task.anchor_rows, task.obs_times, range));
         Ok(())
+    }
+
+    /// Task `k`'s example candidates' split codes: each seed's split as
+    /// its pools read it (stored codes, else the hash rule under this
+    /// sampler's `split_seed` and `split_ratios`), by item for a forecast
+    /// task, by row of the anchor table for a cell task.
+    fn candidate_splits(&self, k: usize) -> Result<Vec<u8>> {
+        let t = &self.tasks[k];
+        let db = &self.dbs[t.db].db;
+        let task = db.task(t.local)?;
+        let c = &self.cfg;
+        let seeds = task_split_codes(
+            t.local as u32,
+            task.anchor_rows,
+            task.splits,
+            c.split_seed,
+            c.split_ratios,
+        );
+        Ok(match t.target {
+            TargetPlan::Virtual { .. } => seeds,
+            TargetPlan::Cell { .. } => {
+                let anchor = db.metadata().tasks[t.local].anchor_table as usize;
+                row_codes(db.graph().table_rows[anchor], task.anchor_rows, &seeds)
+            }
+        })
     }
 
     /// Database `d`'s stored rankings (`expected_store`) of the items of
@@ -242,12 +271,13 @@ impl SamplerCore {
         Ok((keys, p, h.digest()))
     }
 
-    /// The in-context parameters of task `k`, handed to `f` with the
-    /// database's graph; `None` (nothing called) for a query task without
+    /// The in-context parameters of task `k` for seeds of `split`, handed
+    /// to `f` with the database's graph; `None` (nothing called) for a query task without
     /// indexed items (no window), which keeps plain contexts.
     pub(crate) fn with_example_params<R>(
         &self,
         (k, s): (usize, usize),
+        split: Split,
         f: impl FnOnce(&GraphView<'_>, &ExampleParams<'_>) -> R,
     ) -> Result<Option<R>> {
         let plan = &self.tasks[k];
@@ -319,18 +349,23 @@ impl SamplerCore {
                     column: Some(view.columns[t]),
                 }),
             items,
+            splits: Some(ExampleSplits {
+                codes: &self.example_splits[k],
+                seed: split.index() as u8,
+            }),
         };
         Ok(Some(f(&graph, &p)))
     }
 
-    /// Every context of `jobs` (task `k`) as an in-context context, in
-    /// parallel (`min_len` per job at least); `false` (nothing built) for a
+    /// Every context of `jobs` (task `k`, seeds of `split`) as an
+    /// in-context context, in parallel (`min_len` per job at least); `false` (nothing built) for a
     /// query task without indexed items, which only an evaluation pass of
     /// a task at weight 0 reaches (`plan_examples` refuses one at weight >
     /// 0 without a window): it keeps the plain context.
     pub(super) fn build_in_context(
         &self,
         (k, s): (usize, usize),
+        split: Split,
         jobs: &[(u32, u32, i64, u64)],
         subgraphs: &mut [Subgraph],
         min_len: usize,
@@ -342,7 +377,7 @@ impl SamplerCore {
         if let Some(wg) = self.walk_graphs.get(self.tasks[k].db) {
             wg.check_ahead(WALK_BLOCKS_PER_BATCH);
         }
-        let built = self.with_example_params((k, s), |graph, p| {
+        let built = self.with_example_params((k, s), split, |graph, p| {
             self.pool.install(|| {
                 subgraphs
                     .par_iter_mut()

@@ -56,6 +56,8 @@ pub(crate) struct TaskPlan {
     /// concatenated categorical table.
     pub(super) cat_emb_start: u32,
     pub(super) cat_emb_count: u32,
+    /// The task's kind (`crate::readings::TASK_KINDS` index).
+    pub(super) kind: usize,
 }
 
 /// One database of a mixture (a single database is a mixture of one).
@@ -125,6 +127,10 @@ pub struct SamplerCore {
     /// With `examples`: each forecast task's items by anchor row (`None`:
     /// a cell task, or one without examples).
     pub(super) task_items: Vec<Option<crate::context::ItemIndex>>,
+    /// With `examples`: each task's example candidates' split codes (by
+    /// row of its anchor table for a cell task, by item for a forecast
+    /// task; `crate::context::splits`).
+    pub(super) example_splits: Vec<Vec<u8>>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
@@ -233,6 +239,7 @@ impl SamplerCore {
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
             task_items: Vec::new(),
+            example_splits: Vec::new(),
             dropped: Vec::new(),
             prefetched: Arc::default(),
         };
@@ -473,6 +480,7 @@ impl TaskPlan {
             stype_code: k.target_stype.code().unwrap_or(0),
             cat_emb_start: col.cat_emb_start + cat_off,
             cat_emb_count: col.cat_emb_count,
+            kind: crate::readings::task_kind_index(&k.kind),
         }
     }
 }

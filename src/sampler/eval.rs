@@ -250,6 +250,7 @@ impl EvalPass {
         }
         let mut made = core.build_batch(
             (t.task, core.cfg.default_sequence_length),
+            self.split,
             &self.jobs,
             false,
             &mut self.buffers,

@@ -73,6 +73,34 @@ pub fn task_split_seeds(
     }
 }
 
+/// The split code (0 train, 1 val, 2 test; [`NO_SPLIT`] for an unknown
+/// stored code) of every seed of a task, by the rule of
+/// [`task_split_seeds`]: the stored codes where the task keeps them, else
+/// the hash rule. In-context examples read it (a seed shows the labels of
+/// examples of its own split or an earlier one only).
+pub fn task_split_codes(
+    task_idx: u32,
+    anchor_rows: &[u32],
+    stored: Option<&[u8]>,
+    split_seed: u64,
+    ratios: [f64; 3],
+) -> Vec<u8> {
+    let code = |s: Split| s.index() as u8;
+    match stored {
+        None => anchor_rows
+            .iter()
+            .map(|&row| code(split_of(task_idx, row, split_seed, ratios)))
+            .collect(),
+        Some(codes) => codes
+            .iter()
+            .map(|&c| Split::from_code(c).map_or(NO_SPLIT, code))
+            .collect(),
+    }
+}
+
+/// The split code of a seed in no split (an unknown stored code).
+pub const NO_SPLIT: u8 = u8::MAX;
+
 /// The global pool positions rank `rank` draws at a step whose pool counter
 /// stands at `drawn`: `batch_size` consecutive positions starting at
 /// `drawn + rank · batch_size`. Over ranks `0..world_size` the slices are
@@ -102,6 +130,21 @@ mod tests {
             "no stored codes: the hash rule"
         );
         assert_eq!(Split::from_code(3), None);
+        // Each seed's code is the split whose pool holds it.
+        for stored in [Some(&codes[..]), None] {
+            let all = task_split_codes(0, &rows, stored, 9, [0.5, 0.25, 0.25]);
+            for split in [Split::Train, Split::Val, Split::Test] {
+                let pool = task_split_seeds(0, &rows, stored, split, 9, [0.5, 0.25, 0.25]);
+                let coded: Vec<u32> = (0..6u32)
+                    .filter(|&i| all[i as usize] == split.index() as u8)
+                    .collect();
+                assert_eq!(pool, coded, "{split:?}");
+            }
+        }
+        assert_eq!(
+            task_split_codes(0, &rows[..1], Some(&[7]), 9, [0.8, 0.1, 0.1]),
+            [NO_SPLIT]
+        );
     }
 
     #[test]

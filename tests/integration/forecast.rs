@@ -165,6 +165,7 @@ fn contexts(db: &Database, filter: bool) -> Vec<(Subgraph, u32, i64)> {
         walk_salt: 0,
         labels: None,
         items: Some(items),
+        splits: None,
     };
     let (mut bs, mut ex) = (BfsScratch::default(), ExampleScratch::default());
     let mut out = Vec::new();

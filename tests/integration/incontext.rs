@@ -101,6 +101,7 @@ pub(crate) fn with_task_params<R>(
         walk_salt: 0,
         labels: None,
         items: None,
+        splits: None,
     };
     f(&g, &p)
 }

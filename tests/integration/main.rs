@@ -7,6 +7,7 @@
 #![allow(clippy::too_many_lines)]
 
 mod eval;
+mod example_splits;
 mod forecast;
 mod format;
 mod fuzz;

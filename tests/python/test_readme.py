@@ -97,6 +97,7 @@ _PYTHON_KINDS = {
     "StepHook(": "python-telemetry",
     "eval_batches(": "python-eval",
     "ranking_metrics(": "python-ranking",
+    "forecast_context_svg(": "python-context-picture",
 }
 
 
@@ -481,6 +482,24 @@ def test_the_in_context_training_command_runs(
     assert 'gets weight 0 under recipe "rt-j"' not in out.err, out.err[-3000:]
     launch = json.loads((tmp_path / "runs" / "rtj" / "launch.json").read_text())
     assert launch["overrides"]["sampler.recipe"] == "rt-j", launch
+
+
+def test_context_picture_block_draws_the_committed_picture(
+    tpch: Tpch, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/task-kinds.md's block, run as written on a fresh build of the
+    default database, draws from a fresh batch exactly the picture the page
+    shows (`python -m headwater.context_picture` redraws it after a change
+    to the stream)."""
+    import headwater.data.default_db as default_db
+
+    (block,) = of_kind("python-context-picture")
+    monkeypatch.setattr(default_db, "default_database", lambda **_: tpch.built.path)
+    ns: dict[str, Any] = {}
+    exec(block, ns)
+    committed = (ROOT / "docs" / "img" / "forecast-context.svg").read_text(encoding="utf-8")
+    assert ns["svg"] == committed, "the picture changed: python -m headwater.context_picture"
+    assert f"{committed.count('<rect')} boxes" in capsys.readouterr().out
 
 
 def test_label_task_block_is_the_lending_databases_task() -> None:

@@ -763,6 +763,7 @@ def test_schema_keys_and_reductions(small: SmallDb, closing: list[Any]) -> None:
     got = {x["key"]: x["reduction"] for x in schema}
     want = {P + k: r for k, r in {**SPEC_REDUCTIONS, **EXTRA_REDUCTIONS}.items()}
     want.update({f"{P}tasks/{t}": "SUM" for t in TASK_NAMES})
+    want.update({f"{P}task_kinds/{k}": "SUM" for k in TASK_KINDS})
     assert got == want
     assert len(got) == len(schema)
     for x in schema:
@@ -834,6 +835,7 @@ PROM_COUNTERS = {
     "headwater_context_no_examples_total": "context/no_examples",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
+PROM_KINDS = "headwater_task_kind_contexts_total"  # labelled `kind`, one per task kind
 PROM_HISTS = {
     "headwater_bfs_depth_hops": "bfs/depth",
     "headwater_batch_sequence_length_cells": "batch/seq_len",
@@ -925,6 +927,12 @@ def family(name: str) -> str:
     return name
 
 
+def kind_keys(schema: list[dict[str, Any]]) -> list[str]:
+    """The schema's per-kind keys (without the prefix): ``task_kinds/<kind>``."""
+    keys = [str(e["key"]).removeprefix("sampler/") for e in schema]
+    return [k for k in keys if k.startswith("task_kinds/")]
+
+
 def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int, int]:
     """(a, b, a*T + b): series per process from the schema, per the documented metric names."""
     per_hist = [
@@ -933,7 +941,8 @@ def expected_series(schema: list[dict[str, Any]], tasks: int) -> tuple[int, int,
     per_hist.append(len(schema_edges(schema, "stage/total_seconds")) + 2)  # queue wait
     per_hist += [len(schema_edges(schema, "stage/total_seconds")) + 2 for _ in PROM_SECONDS]
     a = 3  # one task counter per split with telemetry (train, val, test)
-    b = 3 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + sum(per_hist))
+    kinds = len(kind_keys(schema))  # one counter per task kind, whatever the tasks
+    b = 3 * (len(PROM_GAUGES) + len(PROM_COUNTERS) + kinds + sum(per_hist))
     return a, b, a * tasks + b
 
 
@@ -965,8 +974,10 @@ def compare_with_prometheus(
     for split, ds in drains.items():
         for name, key in PROM_COUNTERS.items():
             check((name, split, "", ""), sum(v(d, key) for d in ds))
-        for t in task_names:
-            check((PROM_TASKS, split, t, ""), sum(v(d, f"tasks/{t}") for d in ds))
+        labelled = [(PROM_TASKS, t, f"tasks/{t}") for t in task_names]
+        labelled += [(PROM_KINDS, k.split("/")[1], k) for k in kind_keys(schema)]
+        for name, label, key in labelled:
+            check((name, split, label, ""), sum(v(d, key) for d in ds))
         if ds:
             for name, key in PROM_GAUGES.items():
                 check((name, split, "", ""), v(ds[-1], key))
@@ -1075,7 +1086,8 @@ def _index_query_result(e: Exported, result: list[dict[str, Any]]) -> None:
             continue
         assert m["rank"] == str(e.rank), m
         le = _le_key(m["le"]) if "le" in m else ""
-        e.queried[(m["__name__"], m["split"], m.get("task", ""), le)] = float(x["value"][1])
+        label = m.get("task", m.get("kind", ""))
+        e.queried[(m["__name__"], m["split"], label, le)] = float(x["value"][1])
     assert e.queried, f"Prometheus holds no series of rank {e.rank}"
 
 
@@ -1170,6 +1182,19 @@ def test_duplicate_seeds_fault_fires_in_drain_and_prometheus(exported: list[Expo
             assert sum(drained) == 0 and scraped == 0
 
 
+#: The task kinds a per-kind row has a key for (docs/telemetry.md), in order.
+TASK_KINDS = ("cell", "sql", "relbench", "other")
+
+
+def _expanded(row: dict[str, Any], tasks: list[str]) -> list[str]:
+    """A table row's drained keys: one per task, one per task kind, or its own."""
+    if row["per_task"]:
+        return [row["key"].replace("{task}", t) for t in tasks]
+    if row["per_kind"]:
+        return [row["key"].replace("{kind}", k) for k in TASK_KINDS]
+    return [row["key"]]
+
+
 def test_metric_table_agrees_with_every_surface(exported: list[Exported]) -> None:
     """Reads the one metric table (`metric_table()`) and checks it against the
     drained keys, `telemetry_schema()`, the families a real exporter serves
@@ -1181,18 +1206,18 @@ def test_metric_table_agrees_with_every_surface(exported: list[Exported]) -> Non
         sampler_schema = e.schema
         keys = [x["key"] for x in sampler_schema]
         want_keys = [
-            P + (row["key"].replace("{task}", t) if row["per_task"] else row["key"])
+            P + key
             for row in table
             if not row["per_database"]  # a single database has no per-database series
-            for t in (e.tasks if row["per_task"] else [""])
+            for key in _expanded(row, e.tasks)
         ]
         assert keys == want_keys
         by_key = {x["key"]: x for x in sampler_schema}
         for row in table:
             if row["per_database"]:
                 continue
-            for t in e.tasks if row["per_task"] else [""]:
-                ent = by_key[P + row["key"].replace("{task}", t)]
+            for key in _expanded(row, e.tasks):
+                ent = by_key[P + key]
                 assert ent["reduction"] == row["reduction"], row
                 assert ent["prometheus"] == row["prometheus"] and ent["help"] == row["help"]
                 assert ent["quantile"] == (row["quantile"] if row["reduction"] == "HISTOGRAM" else None)
@@ -1239,6 +1264,7 @@ def test_exposition_passes_promtool_and_naming_rules(exported: list[Exported]) -
             if types[fam] == "counter":
                 assert fam.endswith("_total"), fam
             allowed = {"rank", "split"} | ({"task"} if fam == PROM_TASKS else set())
+            allowed |= {"kind"} if fam == PROM_KINDS else set()
             allowed |= {"le"} if name.endswith("_bucket") else set()
             assert set(labels) <= allowed and {"rank", "split"} <= set(labels), (name, labels)
             assert labels["rank"] == str(e.rank)
@@ -1268,17 +1294,20 @@ def test_the_documented_series_counts_are_the_tables() -> None:
     that leaves them stale fails here."""
     from headwater.telemetry.schema import Schema
 
-    rows = [r for r in _native.metric_table() if not r["per_task"] and not r["per_database"]]
+    table = _native.metric_table()
+    rows = [r for r in table if not r["per_task"] and not r["per_database"] and not r["per_kind"]]
     kinds = collections.Counter(r["prometheus_type"] for r in rows)
     schema = _native.telemetry_schema_for([], 3, 1024)
     _, b, _ = expected_series(schema, 0)
     text = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
     m = re.search(
-        r"(\d+) gauges \+ (\d+) counters \+ T task counters[^`]*`\s+over the\s+(\d+) histograms",
+        r"(\d+) gauges \+ (\d+) counters \+ (\d+) task-kind counters \+ T task counters[^`]*`"
+        r"\s+over the\s+(\d+) histograms",
         text,
     )
     assert m, "docs/telemetry.md no longer states the series formula"
-    want = (kinds["gauge"], kinds["counter"], kinds["histogram"])
+    per_kind = sum(1 for r in table if r["per_kind"])
+    want = (kinds["gauge"], kinds["counter"], per_kind * len(kind_keys(schema)), kinds["histogram"])
     assert tuple(map(int, m.groups())) == want, (m.groups(), want)
     stated = re.findall(r"3·(?:T|\(T_K \+ 4·K\)) \+ (\d+)", text)
     assert len(stated) >= 3 and set(map(int, stated)) == {b}, (stated, b)

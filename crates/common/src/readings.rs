@@ -120,6 +120,22 @@ pub mod stage {
     pub const TOTAL: usize = 3;
 }
 
+/// The task kinds whose contexts telemetry counts apart
+/// (`task_kinds/{kind}`), in series order: a task's `kind` in the database
+/// metadata, and last `other` for any kind not named before it. A new
+/// kind is one more name before `other`.
+pub const TASK_KINDS: &[&str] = &["cell", "sql", "relbench", "other"];
+
+/// The [`TASK_KINDS`] index of a task of kind `kind` (`other` when it is
+/// not named).
+pub fn task_kind_index(kind: &str) -> usize {
+    let last = TASK_KINDS.len() - 1;
+    TASK_KINDS[..last]
+        .iter()
+        .position(|&k| k == kind)
+        .unwrap_or(last)
+}
+
 /// One batch as its producer measured it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchReadings {
@@ -196,6 +212,9 @@ pub struct BatchReadings {
     /// seeds drawn from it, whether it has its own telemetry series);
     /// empty when every seed is of `db`.
     pub db_seeds: Vec<(u32, u32, bool)>,
+    /// Seeds (contexts) of each task kind, by [`TASK_KINDS`] index: they
+    /// sum to `seeds`.
+    pub kind_seeds: [u32; TASK_KINDS.len()],
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

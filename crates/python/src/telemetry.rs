@@ -27,7 +27,7 @@ pub(crate) fn schema_list<'py>(
 }
 
 /// The metric table: one dict per row (`key` without the prefix, per-task
-/// rows as `tasks/{task}`), with its reduction, Prometheus name and type,
+/// rows as `tasks/{task}`, per-kind rows as `…/{kind}`), with its reduction, Prometheus name and type,
 /// unit, help, bucket rule and health (`healthy`: `{"what", "unit", "lo",
 /// "hi"}`, `hi` None for no upper bound; None for a metric not judged).
 #[pyfunction]
@@ -39,6 +39,7 @@ pub(crate) fn metric_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("reduction", m.reduction.name())?;
         d.set_item("per_task", m.per_task)?;
         d.set_item("per_database", m.per_database)?;
+        d.set_item("per_kind", m.per_kind())?;
         d.set_item("prometheus", m.prometheus)?;
         d.set_item("prometheus_type", m.prometheus_type.name())?;
         d.set_item("unit", m.unit)?;

@@ -9,9 +9,11 @@
 //! per-database rows; a mixture reports per-task rows only for the tasks of
 //! its K reported databases (the `telemetry_databases` list when set,
 //! else `telemetry_top_databases`, the K largest shares) and per-database
-//! rows only for those K. With `N` the fixed rows'
-//! values, `T_K` the reported tasks and `P` the per-database rows (4), the
-//! drain has `N + T_K + P·K` values whatever the number of databases.
+//! rows only for those K. Per-kind rows have one value per task kind
+//! (`readings::TASK_KINDS`), whatever kinds the tasks have. With `N` the
+//! fixed rows' values (the per-kind rows' included), `T_K` the reported
+//! tasks and `P` the per-database rows (4), the drain has `N + T_K + P·K`
+//! values whatever the number of databases.
 
 use std::sync::Arc;
 
@@ -20,6 +22,7 @@ use serde::Serialize;
 use super::hist::QuantileRule;
 use super::rows::METRICS;
 use super::table::{MetricDef, Reduction};
+use headwater_common::readings::TASK_KINDS;
 
 /// Every key starts with this.
 pub const PREFIX: &str = "sampler/";
@@ -46,6 +49,9 @@ pub struct SchemaEntry {
     /// (mixture index, reported slot) of the database for per-database rows.
     #[serde(skip)]
     pub database: Option<(usize, usize)>,
+    /// Index of the task kind (`readings::TASK_KINDS`) for per-kind rows.
+    #[serde(skip)]
+    pub kind: Option<usize>,
 }
 
 /// The keys a sampler reports, in a fixed order.
@@ -96,7 +102,7 @@ impl TelemetrySchema {
                 ),
                 _ => (None, None),
             };
-            let mut push = |key: String, task: Option<usize>, database: Option<(usize, usize)>| {
+            let mut push = |key: String, task, database, kind| {
                 entries.push(SchemaEntry {
                     key: format!("{PREFIX}{key}"),
                     reduction: def.reduction,
@@ -106,18 +112,30 @@ impl TelemetrySchema {
                     def,
                     task,
                     database,
+                    kind,
                 });
             };
             if def.per_task {
                 for (i, t) in tasks {
-                    push(def.key.replace("{task}", t), Some(*i), None);
+                    push(def.key.replace("{task}", t), Some(*i), None, None);
                 }
             } else if def.per_database {
                 for (slot, (d, name)) in databases.iter().enumerate() {
-                    push(def.key.replace("{database}", name), None, Some((*d, slot)));
+                    push(
+                        def.key.replace("{database}", name),
+                        None,
+                        Some((*d, slot)),
+                        None,
+                    );
+                }
+            } else if def.per_kind() {
+                // Every kind, present or not: the layout depends on the
+                // table alone.
+                for (i, name) in TASK_KINDS.iter().enumerate() {
+                    push(def.key.replace("{kind}", name), None, None, Some(i));
                 }
             } else {
-                push(def.key.to_string(), None, None);
+                push(def.key.to_string(), None, None, None);
             }
         }
         let mut drained_keys = Vec::new();

@@ -19,8 +19,14 @@ enum Slot {
 }
 
 /// How one entry is fed: its measure, the task it is restricted to (per-task
-/// rows) and the (database, slot) it is restricted to (per-database rows).
-type Feed = (Measure, Option<usize>, Option<(usize, usize)>);
+/// rows), the (database, slot) it is restricted to (per-database rows) and
+/// the task kind it counts (per-kind rows).
+type Feed = (
+    Measure,
+    Option<usize>,
+    Option<(usize, usize)>,
+    Option<usize>,
+);
 
 /// Accumulates delivered batches of one split between drains.
 #[derive(Debug, Clone)]
@@ -44,7 +50,7 @@ impl StepRecorder {
         let mut slots = Vec::with_capacity(schema.entries.len());
         for e in &schema.entries {
             let m = e.def.measure;
-            measures.push((m, e.task, e.database));
+            measures.push((m, e.task, e.database, e.kind));
             slots.push(match (&e.edges, e.quantile) {
                 (Some(edges), Some(rule)) => Slot::Hist(FixedHistogram::new(edges.clone(), rule)),
                 _ if matches!(m, Measure::Ratio(..)) => Slot::Ratio(0.0, 0.0),
@@ -71,7 +77,7 @@ impl StepRecorder {
         if self.delivered == 0 {
             return;
         }
-        for ((m, _, _), slot) in self.measures.iter().zip(&self.slots) {
+        for ((m, ..), slot) in self.measures.iter().zip(&self.slots) {
             match slot {
                 Slot::Scalar(v) => out.push(*v),
                 Slot::Ratio(num, den) => {
@@ -103,7 +109,7 @@ impl StepRecorder {
 
     fn clear(&mut self) {
         self.delivered = 0;
-        for ((m, _, _), slot) in self.measures.iter().zip(&mut self.slots) {
+        for ((m, ..), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Scalar(v) => *v = initial(*m),
                 Slot::Ratio(num, den) => (*num, *den) = (0.0, 0.0),
@@ -116,7 +122,7 @@ impl StepRecorder {
 impl Recorder for StepRecorder {
     fn record(&mut self, r: &BatchReport) {
         self.delivered += 1;
-        for (&(m, task, database), slot) in self.measures.iter().zip(&mut self.slots) {
+        for (&(m, task, database, kind), slot) in self.measures.iter().zip(&mut self.slots) {
             match slot {
                 Slot::Hist(h) => m.samples(r, |v| h.record(v)),
                 Slot::Ratio(num, den) => {
@@ -136,6 +142,7 @@ impl Recorder for StepRecorder {
                             *v = x;
                         }
                     }
+                    Measure::KindSeeds => *v += kind.map_or(0.0, |i| m.per_kind(r, i)),
                     Measure::Last(f) => *v = f(r),
                     Measure::Least(f) => *v = v.min(f(r)),
                     Measure::TaskSeeds => match task {
@@ -175,6 +182,28 @@ mod tests {
         out.into_iter()
             .map(|(k, v)| (k.trim_start_matches(PREFIX).to_owned(), v))
             .collect()
+    }
+
+    /// A per-kind row drains its kind's contexts summed over the batches,
+    /// every kind keyed whether or not a batch had it.
+    #[test]
+    fn a_per_kind_row_drains_each_kinds_contexts() {
+        let mut a = BatchReadings {
+            seeds: 5,
+            ..BatchReadings::default()
+        };
+        a.kind_seeds[..2].copy_from_slice(&[3, 2]);
+        let mut b = BatchReadings {
+            seeds: 4,
+            ..BatchReadings::default()
+        };
+        b.kind_seeds[1] = 4;
+        let got = drained(&[a, b]);
+        let kinds: Vec<f64> = ["cell", "sql", "relbench", "other"]
+            .iter()
+            .map(|k| got[&format!("task_kinds/{k}")])
+            .collect();
+        assert_eq!(kinds, [3.0, 6.0, 0.0, 0.0]);
     }
 
     /// A ratio row drains the ratio of its two sums over the batches (not

@@ -169,6 +169,9 @@ pub enum Measure {
     SampleSeq(fn(&BatchReport, &SeqReadings) -> f64),
     /// Seeds drawn, counted under the batch's task (per-task rows only).
     TaskSeeds,
+    /// Seeds (contexts) of the batch of one task kind
+    /// (`readings::TASK_KINDS`; per-kind rows, key `…/{kind}`).
+    KindSeeds,
     /// Seeds drawn, counted under the batch's database (per-database rows).
     DatabaseSeeds,
     /// Exhaust events, counted under the batch's database (per-database).
@@ -189,6 +192,7 @@ impl std::fmt::Debug for Measure {
             Measure::Sample(_) => "Sample",
             Measure::SampleSeq(_) => "SampleSeq",
             Measure::TaskSeeds => "TaskSeeds",
+            Measure::KindSeeds => "KindSeeds",
             Measure::DatabaseSeeds => "DatabaseSeeds",
             Measure::DatabaseExhausts => "DatabaseExhausts",
             Measure::DatabaseLast(_) => "DatabaseLast",
@@ -206,7 +210,7 @@ impl Measure {
                 r.batch.seqs.iter().map(|s| f(r, s)).sum()
             }
             Measure::Ratio(num, den, empty) => ratio(num(r), den(r), empty),
-            Measure::TaskSeeds | Measure::DatabaseSeeds => r.seeds(),
+            Measure::TaskSeeds | Measure::DatabaseSeeds | Measure::KindSeeds => r.seeds(),
             Measure::DatabaseExhausts => f64::from(r.batch.exhaust_events),
             Measure::DatabaseLast(_) => 0.0,
         }
@@ -228,6 +232,12 @@ impl Measure {
             Measure::DatabaseLast(f) => r.batch.draw.databases.get(slot).map(f),
             other => Some(other.per_batch(r)),
         }
+    }
+
+    /// This batch's contribution to the series of task kind `kind`
+    /// (`readings::TASK_KINDS` index; a [`Measure::KindSeeds`] row).
+    pub fn per_kind(self, r: &BatchReport, kind: usize) -> f64 {
+        r.batch.kind_seeds.get(kind).map_or(0.0, |&n| f64::from(n))
     }
 
     /// Call `each` with every histogram sample of the batch.
@@ -281,6 +291,14 @@ pub struct MetricDef {
     pub healthy: Option<Healthy>,
     /// How the value is taken from the batch reports.
     pub measure: Measure,
+}
+
+impl MetricDef {
+    /// One value per task kind (key `…/{kind}`, Prometheus label `kind`,
+    /// one series per `readings::TASK_KINDS` name).
+    pub fn per_kind(&self) -> bool {
+        matches!(self.measure, Measure::KindSeeds)
+    }
 }
 
 /// A metric's health: a statistic of its values over a run's steps (how it
@@ -384,6 +402,12 @@ mod tests {
                 m.key
             );
             assert_eq!(m.per_task, m.key.contains("{task}"), "{}", m.key);
+            assert_eq!(
+                m.key.contains("{kind}"),
+                matches!(m.measure, Measure::KindSeeds),
+                "{}: a per-kind row is read by KindSeeds",
+                m.key
+            );
             assert_eq!(m.per_database, m.key.contains("{database}"), "{}", m.key);
             assert_eq!(
                 m.per_database,

@@ -1,7 +1,8 @@
 """The dashboard's "In-context contexts" row: the in-context recipe
 (``examples = true``: tiers, examples, walks, deadline), masked cells
-(``mask_prob_max``) and the per-sequence task mix (``task_mixing``); zero
-or flat on the default layout. Split from :mod:`.panels` (the other rows)."""
+(``mask_prob_max``), the per-sequence task mix (``task_mixing``) and the
+contexts of each task kind; zero or flat on the default layout (but the
+task kinds). Split from :mod:`.panels` (the other rows)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,18 @@ def _contexts() -> list[PanelBuilder]:
             "about the tasks with weight > 0. Pathological: 1 with task_mixing = sequence "
             "(one task has all the weight, or the others have no seeds in the split).",
             [Q(across("context/tasks_per_batch"), "tasks")],
+            span=8,
+        ),
+        _timeseries(
+            "Contexts per task kind/s",
+            "Contexts (seeds) per second of each task kind (cell, sql, relbench; other: a kind "
+            "not named), cluster sum: they add up to the seeds drawn, each kind's the sum of "
+            "its tasks' (the per-task seeds panel). Healthy: the kinds in the shares of their "
+            "tasks' weights. Pathological: a kind whose tasks have weight at 0 (with examples, "
+            "a SQL task without a window gets weight 0 under RT-J's recipe), or other above 0 "
+            "(a task kind the telemetry does not name).",
+            [Q(across("task_kinds/{kind}", by="kind"), "{{kind}}")],
+            unit="cps",
             span=8,
         ),
     ]

@@ -78,7 +78,7 @@ def culprit_of(metric: str) -> str:
             raise KeyError(f"trainer gauge {metric!r} has no {key!r} gauge")
         return key
     row = METRICS[metric]
-    if row["reduction"] not in CULPRIT_SUFFIX or row["per_task"] or row["per_database"]:
+    if row["reduction"] not in CULPRIT_SUFFIX or row["per_task"] or row["per_database"] or row["per_kind"]:
         raise ValueError(f"{metric!r} ({row['reduction']}) names no culprit rank")
     return reduced(metric) + CULPRIT_SUFFIX[row["reduction"]]
 

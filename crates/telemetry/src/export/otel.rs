@@ -110,7 +110,7 @@ impl OtlpSplit {
             split,
             keys: METRICS
                 .iter()
-                .filter(|d| !d.per_task && !d.per_database)
+                .filter(|d| !d.per_task && !d.per_database && !d.per_kind())
                 .map(|d| {
                     (
                         d,

@@ -5,12 +5,14 @@
 //! table ([`METRICS`]); this module only registers handles and implements
 //! [`Recorder`]. Names are `headwater_<subsystem>_<quantity>_<unit>` in base
 //! units, counters end in `_total`, histograms are bucketed (so PromQL can
-//! sum them across ranks); labels are only `rank`, `split`, `task` and (for
-//! a mixture's reported databases) `database`.
+//! sum them across ranks); labels are only `rank`, `split`, `task`, `kind`
+//! (the task-kind counters) and (for a mixture's reported databases)
+//! `database`.
 //!
 //! Series per process: 3 splits (`train`; `val`, fed by the val stream and
 //! val evaluation passes; `test`, fed by test passes: the sampler's
-//! `TELEMETRY_SPLITS`) × (G gauges + C counters + T task counters + Σ over
+//! `TELEMETRY_SPLITS`) × (G gauges + C counters + one counter per task kind
+//! (`readings::TASK_KINDS`) + T task counters + Σ over
 //! the H histograms of (buckets + 2)), where buckets counts the `+Inf`
 //! bucket and the 2 are `_sum` and `_count`; G, C and H are the table's
 //! (`docs/telemetry.md` gives today's figures, which a test checks against
@@ -34,6 +36,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::{BatchReport, MetricDef, PromType, Recorder, TelemetrySchema, METRICS, TRAINER_GAUGES};
 use headwater_common::error::{Error, Result};
+use headwater_common::readings::TASK_KINDS;
 
 #[cfg(feature = "prometheus")]
 fn unit(def: &MetricDef) -> Unit {
@@ -154,6 +157,8 @@ enum Handle {
     Counter(Counter),
     /// One counter per reported task, indexed by mixture task index.
     Tasks(Vec<Option<Counter>>),
+    /// One counter per task kind (`readings::TASK_KINDS` order).
+    Kinds(Vec<Counter>),
     /// One counter per reported database, by mixture index.
     DatabaseCounters(Vec<Option<(usize, Counter)>>),
     /// One gauge per reported database, by mixture index.
@@ -209,6 +214,16 @@ impl PromSplit {
                         }
                         Handle::Tasks(cs)
                     }
+                    PromType::Counter if def.per_kind() => Handle::Kinds(
+                        TASK_KINDS
+                            .iter()
+                            .map(|kind| {
+                                let mut l = labels();
+                                l.push(("kind", (*kind).to_string()));
+                                metrics::counter!(n, &l)
+                            })
+                            .collect(),
+                    ),
                     PromType::Counter => Handle::Counter(metrics::counter!(n, &labels())),
                     PromType::Histogram => Handle::Histogram(metrics::histogram!(n, &labels())),
                 };
@@ -233,6 +248,11 @@ impl Recorder for PromSplit {
                 Handle::Tasks(cs) => {
                     if let Some(Some(c)) = cs.get(r.task()) {
                         c.increment(count(def.measure.per_batch(r)));
+                    }
+                }
+                Handle::Kinds(cs) => {
+                    for (i, c) in cs.iter().enumerate() {
+                        c.increment(count(def.measure.per_kind(r, i)));
                     }
                 }
                 Handle::DatabaseCounters(cs) => {
