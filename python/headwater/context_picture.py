@@ -1,17 +1,21 @@
-"""One in-context sequence of a real batch, drawn as an SVG: the picture of
-docs/task-kinds.md (``docs/img/forecast-context.svg``).
+"""One in-context sequence of a real batch, drawn as an SVG: the pictures
+of docs/task-kinds.md (``docs/img/forecast-context.svg``,
+``docs/img/link-context.svg``).
 
-The batch is the sampler's own: the default database (TPC-H SF 0.01, hash
-embedder), RT-J's recipe, the SQL task ``customer_repeat_order_90d`` alone,
-the first training batch. One sequence's rows are read back from its
+The forecast batch is the sampler's own: the default database (TPC-H SF
+0.01, hash embedder), RT-J's recipe, the SQL task
+``customer_repeat_order_90d`` alone, the first training batch; the link
+batch the same on the generated shop's ``user-item-purchase``
+(:mod:`headwater.data.shop`). One sequence's rows are read back from its
 tensors in sequence order and grouped as the sampler lays them out: the
 seed's row (its target masked) with its own BFS, then each example (an
-earlier order, its label a visible cell before its row) with its shell.
+earlier item, its label a visible cell before its row) with its shell.
 Every box is a row of the sequence, its width its cells.
 
-``python -m headwater.context_picture [OUT.svg]`` writes the picture (to
-the docs' copy by default, run from the repository's root); ``tests/python/test_context_picture.py``
-regenerates it from a fresh batch and compares it with the committed one.
+``python -m headwater.context_picture [FORECAST.svg [LINK.svg]]`` writes the
+pictures (to the docs' copies by default, run from the repository's root);
+the tests (``test_readme``, ``test_links``) draw them again from fresh
+batches and compare them with the committed ones.
 Never: a row, a label or a grouping the batch's tensors do not hold.
 """
 
@@ -61,11 +65,13 @@ class Group:
     rows: list[Row] = field(default_factory=list)
 
 
-def sequence_rows(batch: dict[str, np.ndarray], meta: dict[str, Any], q: int) -> list[Row]:
+def sequence_rows(
+    batch: dict[str, np.ndarray], meta: dict[str, Any], q: int, task_name: str = TASK
+) -> list[Row]:
     """The rows of sequence ``q`` in sequence order, read from its tensors."""
     columns = meta["columns"]
     tables = [t["name"] for t in meta["tables"]]
-    task = next(t for t in meta["tasks"] if t["name"] == TASK)
+    task = next(t for t in meta["tasks"] if t["name"] == task_name)
     real = np.flatnonzero(batch["is_padding"][q] == 0)
     rows: list[Row] = []
     last = -1
@@ -86,39 +92,42 @@ def sequence_rows(batch: dict[str, np.ndarray], meta: dict[str, Any], q: int) ->
     return rows
 
 
-def groups_of(rows: list[Row]) -> list[Group]:
+def groups_of(rows: list[Row], what: str = "an order", earlier: str = "an earlier order") -> list[Group]:
     """The seed's group (its row and BFS), then one group per example (the
     row whose label is visible, then its shell's rows)."""
     if not rows or not rows[0].seed:
         raise ValueError("the sequence does not start with the seed's row")
-    out = [Group("seed: an order, its target masked, and its BFS (tier 0)")]
+    out = [Group(f"seed: {what}, its target masked, and its BFS (tier 0)")]
     for r in rows:
         if r.label is not None:
-            out.append(Group(f"example {len(out)}: an earlier order, label {r.label}, and its shell"))
+            out.append(Group(f"example {len(out)}: {earlier}, label {r.label}, and its shell"))
         out[-1].rows.append(r)
     return out
 
 
-def draw_batch(db: Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The picture's batch and its database's metadata (``db``: a build of
-    the default database; built or found in the cache when ``None``)."""
+def draw_batch(
+    db: Path | None = None, task: str = TASK
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The picture's batch of ``task`` and its database's metadata (``db``:
+    a build of the default database; built or found in the cache when
+    ``None``)."""
     if db is None:
         from headwater.data.default_db import default_database
 
         db = default_database(embedder="hash", progress=False)
     meta = json.loads(_native.Database(db).metadata_json())
-    weights = {t["name"]: float(t["name"] == TASK) for t in meta["tasks"]}
+    weights = {t["name"]: float(t["name"] == task) for t in meta["tasks"]}
     with _native.Sampler(db, task_weights=weights, **PICTURE_CONFIG) as s:
         batch = s.next_train_batch()
     return batch, meta
 
 
-def pick_sequence(batch: dict[str, np.ndarray], meta: dict[str, Any]) -> int:
+def pick_sequence(batch: dict[str, np.ndarray], meta: dict[str, Any], task: str = TASK) -> int:
     """The sequence to draw: the most examples among those showing both
     labels (else among all), the first on a tie."""
 
     def key(q: int) -> tuple[bool, int, int]:
-        labels = [r.label for r in sequence_rows(batch, meta, q) if r.label is not None]
+        labels = [r.label for r in sequence_rows(batch, meta, q, task) if r.label is not None]
         return len(set(labels)) == 2, len(labels), -q
 
     return max(range(len(batch["is_padding"])), key=key)
@@ -190,14 +199,44 @@ def forecast_context_svg(db: Path | None = None) -> str:
     return render(groups, title)
 
 
+#: The link picture's copy in the docs, from the repository's root.
+LINK_SVG = Path("docs/img/link-context.svg")
+
+
+def link_context_svg(db: Path | None = None) -> str:
+    """The picture of one link (recommendation) context: the generated
+    shop's ``user-item-purchase`` task (``db``: its build; generated and
+    built with the hash embedder in a scratch folder when ``None``)."""
+    import tempfile
+
+    from headwater.data.shop import TASK as SHOP_TASK
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if db is None:
+            from headwater.data.shop import write_shop
+            from headwater.preprocessing import preprocess
+
+            folder = write_shop(Path(tmp) / "shop")
+            db = preprocess(folder, Path(tmp) / "db", embedder="hash", progress=False)
+        batch, meta = draw_batch(db, SHOP_TASK)
+    q = pick_sequence(batch, meta, SHOP_TASK)
+    rows = sequence_rows(batch, meta, q, SHOP_TASK)
+    groups = groups_of(rows, "a (user, time, candidate item) pair", "an earlier pair")
+    s = PICTURE_CONFIG["default_sequence_length"]
+    title = f"{SHOP_TASK}: sequence {q} of the first rt-j training batch (S = {s}), in sequence order"
+    return render(groups, title)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write the picture to ``argv[0]`` (default: the docs' copy)."""
+    """Write the pictures to ``argv[0]`` and ``argv[1]`` (default: the
+    docs' copies of the forecast and the link context)."""
     args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0]) if args else DOCS_SVG
-    if not out.parent.is_dir():
-        raise SystemExit(f"{out.parent}/ does not exist: run from the repository's root, or give OUT.svg")
-    out.write_text(forecast_context_svg(), encoding="utf-8")
-    print(f"wrote {out}")
+    outs = [Path(a) for a in args] + [DOCS_SVG, LINK_SVG][len(args) :]
+    for out, draw in zip(outs, (forecast_context_svg, link_context_svg), strict=False):
+        if not out.parent.is_dir():
+            raise SystemExit(f"{out.parent}/ does not exist: run from the repository's root, or give OUT.svg")
+        out.write_text(draw(), encoding="utf-8")
+        print(f"wrote {out}")
     return 0
 
 

@@ -76,7 +76,7 @@ def _plot_module() -> Any:
 #: The pictures drawn from a real batch rather than a benchmark record:
 #: docs/contexts.md's (test_the_context_picture_is_drawn_from_a_batch) and
 #: docs/task-kinds.md's (test_readme's test_context_picture_block_draws_the_committed_picture).
-BATCH_PICTURES = {(DOCS / "img" / n).resolve() for n in ("context.png", "forecast-context.svg")}
+BATCH_PICTURES = {(DOCS / "img" / n).resolve() for n in ("context.png", "forecast-context.svg", "link-context.svg")}
 
 
 def test_every_plot_a_page_shows_is_drawn_and_committed(tmp_path: Path) -> None:

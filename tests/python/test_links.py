@@ -227,3 +227,13 @@ def test_score_links_ranks_whole_groups_only_beside_popularity() -> None:
     # Group 1 found one of its two positives at rank 1: AP@2 = 1 / min(2, 2).
     assert whole["metrics"]["map"] == pytest.approx((1.0 + 0.5) / 2)
     assert whole["metrics"]["candidate_recall"] == pytest.approx((1.0 + 0.5) / 2)
+
+
+def test_the_link_context_picture_is_the_committed_one() -> None:
+    """docs/task-kinds.md's link context, drawn again from a fresh build of
+    the shop (``python -m headwater.context_picture`` redraws it)."""
+    from headwater.context_picture import LINK_SVG, link_context_svg
+
+    svg = link_context_svg()
+    assert "seed: a (user, time, candidate item) pair" in svg and "label yes" in svg
+    assert svg == (Path(__file__).parents[2] / LINK_SVG).read_text(encoding="utf-8")

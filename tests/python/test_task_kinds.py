@@ -16,7 +16,7 @@ from headwater import _native
 from headwater import context_picture as cp
 from headwater.telemetry.schema import Schema
 
-KINDS = ("cell", "sql", "relbench", "other")
+KINDS = ("cell", "sql", "relbench", "link", "other")
 
 
 def _kinds_of(meta: dict[str, Any]) -> dict[str, list[str]]:

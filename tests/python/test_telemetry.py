@@ -1183,7 +1183,7 @@ def test_duplicate_seeds_fault_fires_in_drain_and_prometheus(exported: list[Expo
 
 
 #: The task kinds a per-kind row has a key for (docs/telemetry.md), in order.
-TASK_KINDS = ("cell", "sql", "relbench", "other")
+TASK_KINDS = ("cell", "sql", "relbench", "link", "other")
 
 
 def _expanded(row: dict[str, Any], tasks: list[str]) -> list[str]:

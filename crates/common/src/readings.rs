@@ -124,7 +124,7 @@ pub mod stage {
 /// (`task_kinds/{kind}`), in series order: a task's `kind` in the database
 /// metadata, and last `other` for any kind not named before it. A new
 /// kind is one more name before `other`.
-pub const TASK_KINDS: &[&str] = &["cell", "sql", "relbench", "other"];
+pub const TASK_KINDS: &[&str] = &["cell", "sql", "relbench", "link", "other"];
 
 /// The [`TASK_KINDS`] index of a task of kind `kind` (`other` when it is
 /// not named).

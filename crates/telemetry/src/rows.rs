@@ -208,7 +208,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_task_kind_contexts_total",
         prometheus_type: Counter,
         unit: "contexts",
-        help: "contexts (seeds) of the task kind in the batch: cell, sql, relbench, or other (a kind not named); the kinds sum to the batch's seeds",
+        help: "contexts (seeds) of the task kind in the batch: cell, sql, relbench, link, or other (a kind not named); the kinds sum to the batch's seeds",
         healthy: None,
         measure: Measure::KindSeeds,
     },

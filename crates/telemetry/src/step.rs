@@ -199,11 +199,11 @@ mod tests {
         };
         b.kind_seeds[1] = 4;
         let got = drained(&[a, b]);
-        let kinds: Vec<f64> = ["cell", "sql", "relbench", "other"]
+        let kinds: Vec<f64> = ["cell", "sql", "relbench", "link", "other"]
             .iter()
             .map(|k| got[&format!("task_kinds/{k}")])
             .collect();
-        assert_eq!(kinds, [3.0, 6.0, 0.0, 0.0]);
+        assert_eq!(kinds, [3.0, 6.0, 0.0, 0.0, 0.0]);
     }
 
     /// A ratio row drains the ratio of its two sums over the batches (not

@@ -82,7 +82,7 @@ def _contexts() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Contexts per task kind/s",
-            "Contexts (seeds) per second of each task kind (cell, sql, relbench; other: a kind "
+            "Contexts (seeds) per second of each task kind (cell, sql, relbench, link; other: a kind "
             "not named), cluster sum: they add up to the seeds drawn, each kind's the sum of "
             "its tasks' (the per-task seeds panel). Healthy: the kinds in the shares of their "
             "tasks' weights. Pathological: a kind whose tasks have weight at 0 (with examples, "
