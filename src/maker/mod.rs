@@ -31,6 +31,7 @@ mod masking;
 mod mixing;
 mod open;
 mod plan;
+mod pools;
 mod reads;
 mod resume;
 mod shape;

@@ -122,9 +122,12 @@ pub struct SamplerCore {
     pub(super) walk_graphs: Vec<crate::ranking::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
     pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
-    /// With `examples`: each forecast task's items by anchor row (`None`:
-    /// a cell task, or one without examples).
-    pub(super) task_items: Vec<Option<crate::context::ItemIndex>>,
+    /// With `examples`: whether each task is a forecast task with items
+    /// (a query task with a label window), and its items by anchor row,
+    /// indexed at the first batch that needs them (`examples.rs`).
+    pub(super) task_items: Vec<Option<OnceLock<crate::context::ItemIndex>>>,
+    /// Every (task, split)'s seed list, made on first use (`pools.rs`).
+    pub(crate) seed_lists: Arc<super::pools::SeedLists>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
@@ -183,6 +186,7 @@ impl SamplerCore {
         let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;
         let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
+        let seed_lists = seed_lists(&mixture, &tasks, &cfg);
         check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
         let threads = cfg.num_threads.unwrap_or_else(|| {
@@ -233,6 +237,7 @@ impl SamplerCore {
             walk_graphs: Vec::new(),
             rank_stores: Vec::new(),
             task_items: Vec::new(),
+            seed_lists,
             dropped: Vec::new(),
             prefetched: Arc::default(),
         };
@@ -281,7 +286,7 @@ impl SamplerCore {
     fn probe_context_sizes(&self, k: usize) -> Vec<usize> {
         let plan = &self.tasks[k];
         let mdb = &self.dbs[plan.db];
-        let Ok(task) = mdb.db.task(plan.local) else {
+        let Ok(task) = mdb.db.task_lazy(plan.local) else {
             return Vec::new();
         };
         let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
@@ -294,6 +299,7 @@ impl SamplerCore {
                 .into_par_iter()
                 .filter_map(|j| {
                     let i = j * n / probes;
+                    task.check_seed(i);
                     let row = task.anchor_rows[i];
                     // A corrupt anchor is reported when a batch draws it.
                     (builder.graph.table_of(row) == Some(anchor_table)).then(|| {
@@ -345,7 +351,8 @@ impl SamplerCore {
         self.tasks[k].local
     }
 
-    /// The view of mixture task `k` in its database.
+    /// The view of mixture task `k` in its database, checked whole (for a
+    /// reader of whole sections: an evaluation pass's list).
     pub fn task_view(&self, k: usize) -> Result<crate::format::TaskView<'_>> {
         let p = &self.tasks[k];
         self.dbs[p.db].db.task(p.local)
@@ -475,6 +482,19 @@ impl TaskPlan {
             cat_emb_count: col.cat_emb_count,
         }
     }
+}
+
+/// The seed lists of the mixture's tasks, none made yet (`pools.rs`).
+fn seed_lists(
+    dbs: &[MixtureDatabase],
+    tasks: &[TaskPlan],
+    cfg: &SamplerConfig,
+) -> Arc<super::pools::SeedLists> {
+    Arc::new(super::pools::SeedLists::new(
+        dbs.iter().map(|d| d.db.clone()).collect(),
+        tasks.iter().map(|t| (t.db, t.local)).collect(),
+        cfg,
+    ))
 }
 
 /// With `pack`, `pack_factor` seed rows of the widest task must fit `S`.

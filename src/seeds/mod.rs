@@ -58,4 +58,4 @@ pub use hot::HotSets;
 pub use mix::MixWindow;
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};
-pub use split::{rank_slice, split_of, split_seeds, task_split_seeds, Split};
+pub use split::{rank_slice, split_has_buckets, split_of, split_seeds, task_split_seeds, Split};
