@@ -1,7 +1,7 @@
 //! The databases a sampler is made from, before any plan: their names in a
 //! mixture and opening each one, staged when `stage_dir` is set, with what
 //! dropping a bad one needs (`open.rs`); the checks across a mixture (one
-//! embedder, distinct names, intact task files) and errors that name their
+//! embedder, distinct names) and errors that name their
 //! database (`checks.rs`); how their pages are read given the memory the
 //! process has (`memory.rs`).
 //!

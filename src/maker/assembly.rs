@@ -111,7 +111,8 @@ impl SamplerCore {
         let mdb = &self.dbs[plan.db];
         let db = &*mdb.db;
         let m = db.metadata();
-        let task = db.task(plan.local)?;
+        // The seeds' entries were checked as they were drawn (`draw.rs`).
+        let task = db.task_lazy(plan.local)?;
         let target = match plan.target {
             TargetPlan::Cell { slot } => Target::Cell { slot },
             TargetPlan::Virtual { column_idx, code } => Target::Virtual {

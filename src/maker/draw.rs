@@ -10,9 +10,11 @@
 //! depends on the thread count, which is what makes resume, skip and replay
 //! exact.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::plan::SamplerCore;
+use super::pools::SeedLists;
 use super::{derive, MIX_WINDOW};
 use crate::batch::FxMap;
 use crate::config::SamplerConfig;
@@ -20,13 +22,15 @@ use crate::context::Subgraph;
 use crate::error::{Error, Result};
 use crate::readings::{DatabaseDraw, DrawReadings};
 use crate::say::warn;
-use crate::seeds::{epoch_cursor, rank_slice, task_split_seeds, SeedPool, Split, TaskPicker};
+use crate::seeds::{epoch_cursor, rank_slice, SeedPool, Split, TaskPicker};
 
 use crate::stream::StreamState;
 
 /// One split's sampling state on one rank: the stream position
 /// ([`StreamState`], the only part that matters for the stream), the global
 /// pools, the task picker and scratch buffers. Owned by the split's producer.
+/// A pool is made at its task's first draw, from the sampler's seed list
+/// (`pools.rs`), so a state is made without reading any seed.
 pub struct SplitState {
     /// The split this state samples.
     pub split: Split,
@@ -34,7 +38,13 @@ pub struct SplitState {
     pub stream: StreamState,
     /// The rank whose slice this state draws.
     pub rank: u32,
+    /// Per task: its pool, once drawn from (`None` before, and always for
+    /// a task without seeds in the split).
     pub(super) pools: Vec<Option<SeedPool>>,
+    /// Per task: whether it has seeds in the split.
+    pub(super) has_seeds: Vec<bool>,
+    /// The sampler's seed lists (shared).
+    pub(super) lists: Arc<SeedLists>,
     pub(super) picker: TaskPicker,
     pub(super) buffers: BuildBuffers,
     /// Max rows per sequence and distinct texts of the last batch (the
@@ -58,15 +68,14 @@ impl SplitState {
     }
 
     /// Seeds left before the next reshuffle and pool size per task (`None`
-    /// = the task has no seeds in the split). Global: the same on every rank.
+    /// = the task has no seeds in the split). Global: the same on every
+    /// rank. A pool not yet drawn from is counted, not made.
     pub fn pool_sizes(&self) -> Vec<Option<(usize, usize)>> {
-        self.pools
-            .iter()
-            .zip(&self.stream.drawn)
-            .map(|(p, &d)| {
-                p.as_ref().map(|p| {
-                    let n = p.len() as u64;
-                    let (_, cursor) = epoch_cursor(d, n);
+        (0..self.pools.len())
+            .map(|k| {
+                self.has_seeds[k].then(|| {
+                    let n = self.pool_len(k);
+                    let (_, cursor) = epoch_cursor(self.stream.drawn[k], n);
                     ((n - cursor) as usize, n as usize)
                 })
             })
@@ -75,10 +84,32 @@ impl SplitState {
 
     /// Global pool size per task (0 = no seeds in the split).
     pub fn pool_lens(&self) -> Vec<u64> {
-        self.pools
-            .iter()
-            .map(|p| p.as_ref().map_or(0, |p| p.len() as u64))
-            .collect()
+        (0..self.pools.len()).map(|k| self.pool_len(k)).collect()
+    }
+
+    /// Global pool size of task `k` (0 = no seeds in the split).
+    pub(super) fn pool_len(&self, k: usize) -> u64 {
+        match &self.pools[k] {
+            Some(p) => p.len() as u64,
+            None if self.has_seeds[k] => self.lists.len(k, self.split),
+            None => 0,
+        }
+    }
+
+    /// Task `k`'s pool (it must have seeds), made from its seed list at
+    /// the first draw; `cfg` keys its order.
+    pub(super) fn pool(&mut self, k: usize, cfg: &SamplerConfig) -> Result<&mut SeedPool> {
+        let pool = &mut self.pools[k];
+        if pool.is_none() {
+            let seeds = self.lists.list(k, self.split)?;
+            let key = derive(cfg.seed, &[self.split.index() as u64, k as u64, 1]);
+            *pool = Some(
+                SeedPool::shared(seeds, key)
+                    .with_repeat_fault(cfg.debug_repeat_seed_every)
+                    .with_windows(cfg.seed_windows as u64),
+            );
+        }
+        Ok(pool.as_mut().expect("made above"))
     }
 
     /// The task step `step` picks (`None`: no task can be picked).
@@ -95,57 +126,50 @@ impl SamplerCore {
         self.split_state_at(split, stream, self.cfg.rank)
     }
 
+    /// Global pool size per task in `split` (0 = no seeds in it), as a
+    /// fresh state of it counts them, without making a state.
+    pub fn pool_lens(&self, split: Split) -> Vec<u64> {
+        (0..self.tasks.len())
+            .map(|k| {
+                if self.seed_lists.any(k, split) {
+                    self.seed_lists.len(k, split)
+                } else {
+                    0
+                }
+            })
+            .collect()
+    }
+
     /// Sampling state for `split` on `rank`, continuing `stream`.
     pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
         let c = &self.cfg;
         let n = self.tasks.len();
-        let mut pools = Vec::with_capacity(n);
-        let mut eligible = Vec::with_capacity(n);
+        let mut has_seeds = Vec::with_capacity(n);
         for k in 0..n {
-            let view = self.task_view(k).expect("validated at open");
             // The split hash takes the task's index in its own database, so
             // a database's splits are the same alone or in any mixture.
-            let seeds = keep_fraction(
-                task_split_seeds(
-                    self.tasks[k].local as u32,
-                    view.anchor_rows,
-                    view.splits,
-                    split,
-                    c.split_seed,
-                    c.split_ratios,
-                ),
-                c.pool_fraction,
-            );
-            if seeds.is_empty() {
-                if self.weights[k] > 0.0 && rank == c.rank {
-                    warn(&format!(
-                        "task `{}` has no {} seeds; it is skipped",
-                        self.task_names[k],
-                        split.name(),
-                    ));
-                }
-                pools.push(None);
-                eligible.push(false);
-            } else {
-                let s = derive(c.seed, &[split.index() as u64, k as u64, 1]);
-                pools.push(Some(
-                    SeedPool::new(seeds, s)
-                        .with_repeat_fault(c.debug_repeat_seed_every)
-                        .with_windows(c.seed_windows as u64),
+            let any = self.seed_lists.any(k, split);
+            if !any && self.weights[k] > 0.0 && rank == c.rank {
+                warn(&format!(
+                    "task `{}` has no {} seeds; it is skipped",
+                    self.task_names[k],
+                    split.name(),
                 ));
-                eligible.push(true);
             }
+            has_seeds.push(any);
         }
         let key = derive(c.seed, &[split.index() as u64, 3]);
         let picker = self.hot_picker(
-            TaskPicker::new(c.task_pick, &self.weights, &eligible, key),
+            TaskPicker::new(c.task_pick, &self.weights, &has_seeds, key),
             split,
         );
         SplitState {
             split,
             stream,
             rank,
-            pools,
+            pools: (0..n).map(|_| None).collect(),
+            has_seeds,
+            lists: self.seed_lists.clone(),
             picker,
             buffers: BuildBuffers::default(),
             last_shape: (0, 0),
@@ -185,10 +209,7 @@ impl SamplerCore {
         let k = state.picker.pick(step) as usize;
         let hot_set_rotations = self.hot_step(state, step);
         let key = self.step_key(state.split, step);
-        let task = self.task_view(k)?;
-        let pool = state.pools[k]
-            .as_mut()
-            .expect("picker only picks tasks with seeds");
+        let task = self.task_lazy(k)?;
         let (seq_len, b) = self.step_shape(state.split, k, step);
         let mut d = Draws {
             task: k,
@@ -206,12 +227,15 @@ impl SamplerCore {
         jobs.clear();
         let slice = rank_slice(state.stream.drawn[k], state.rank, b);
         let first_slot = state.rank as u64 * b as u64;
+        let pool = state.pool(k, &self.cfg)?;
         for (j, p) in slice.enumerate() {
             let x = pool.at(p);
             d.exhaust_events += x.exhausted as u32;
             d.window_rotations += x.window_opened as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
+            // What the batch reads of this seed's task entries, checked.
+            task.check_seed(i);
             let row = task.anchor_rows[i];
             jobs.push((
                 x.seed,
@@ -220,6 +244,8 @@ impl SamplerCore {
                 derive(key, &[first_slot + j as u64]),
             ));
         }
+        // A seed entry read from a corrupt block fails the draw, naming it.
+        self.dbs[self.tasks[k].db].db.integrity().check()?;
         state.stream.advance(k, b);
         Ok(d)
     }
@@ -327,7 +353,7 @@ impl SamplerCore {
             tv_distance: st.mix.tv_distance(hot.unwrap_or(&self.weights)),
             ..DrawReadings::default()
         };
-        for (j, pool) in state.pools.iter().enumerate() {
+        for j in 0..state.pools.len() {
             if self.weights[j] <= 0.0 {
                 continue;
             }
@@ -336,8 +362,10 @@ impl SamplerCore {
                 None => step + 1,
             };
             t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
-            let Some(pool) = pool else { continue };
-            let n = pool.len() as u64;
+            if !state.has_seeds[j] {
+                continue;
+            }
+            let n = state.pool_len(j);
             let (_, cursor) = epoch_cursor(st.drawn[j], n);
             let (rem, len) = ((n - cursor) as f64, n as f64);
             t.remaining_min = t.remaining_min.min(rem);
@@ -372,15 +400,15 @@ impl SamplerCore {
         let mut last: Vec<Option<u64>> = vec![None; nd];
         let mut frac = vec![f64::INFINITY; nd];
         let mut counts = vec![0u64; nd];
-        for (j, pool) in state.pools.iter().enumerate() {
+        for j in 0..state.pools.len() {
             let d = self.tasks[j].db;
             counts[d] += st.mix.count(j);
             last[d] = last[d].max(st.last_picked[j]);
             if self.weights[j] <= 0.0 {
                 continue;
             }
-            if let Some(pool) = pool {
-                let n = pool.len() as u64;
+            if state.has_seeds[j] {
+                let n = state.pool_len(j);
                 let (_, cursor) = epoch_cursor(st.drawn[j], n);
                 frac[d] = frac[d].min((n - cursor) as f64 / n as f64);
             }
@@ -436,16 +464,6 @@ impl SamplerCore {
     }
 }
 
-/// An evenly spaced `fraction` of `seeds` (at least one when any), in order.
-fn keep_fraction(seeds: Vec<u32>, fraction: f64) -> Vec<u32> {
-    if fraction >= 1.0 || seeds.is_empty() {
-        return seeds;
-    }
-    let n = seeds.len();
-    let k = ((n as f64 * fraction).ceil() as usize).clamp(1, n);
-    (0..k).map(|j| seeds[j * n / k]).collect()
-}
-
 /// Buffers one batch in flight builds with (recycled across batches).
 #[derive(Default)]
 pub(crate) struct BuildBuffers {
@@ -486,22 +504,4 @@ pub(super) struct Draws {
     pub(super) groups: Vec<super::plan::TaskGroup>,
     /// With `task_mixing = "sequence"`: (task, global positions consumed).
     pub(super) drawn: Vec<(u32, u64)>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::keep_fraction;
-
-    #[test]
-    fn keep_fraction_is_an_even_subset_of_at_least_one() {
-        let seeds: Vec<u32> = (0..100).collect();
-        assert_eq!(keep_fraction(seeds.clone(), 1.0), seeds);
-        let tenth = keep_fraction(seeds.clone(), 0.1);
-        assert_eq!(tenth, (0..10).map(|j| j * 10).collect::<Vec<u32>>());
-        assert_eq!(keep_fraction(seeds.clone(), 1e-9), vec![0]);
-        assert_eq!(keep_fraction(vec![], 0.5), Vec::<u32>::new());
-        let third = keep_fraction(seeds, 0.333);
-        assert_eq!(third.len(), 34);
-        assert!(third.windows(2).all(|w| w[0] < w[1]), "ordered, no repeats");
-    }
 }

@@ -8,6 +8,7 @@
 //! enters this file).
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use rayon::prelude::*;
@@ -42,22 +43,21 @@ impl SamplerCore {
     /// (its target a column of its anchor table, so examples carry their
     /// labels as ordinary cells) or a forecast task with a label `window`
     /// (its examples are its earlier items), whose anchor table has a row
-    /// besides the seed; then each forecast task's items are indexed (a
-    /// task at weight 0 too) and each database's walk graph is built.
+    /// besides the seed; then each forecast task (a task at weight 0 too)
+    /// is marked to have its items indexed at its first batch, and each
+    /// database's walk graph is built (or mapped).
     pub(super) fn plan_examples(&mut self) -> Result<()> {
         if !self.cfg.examples {
             return Ok(());
         }
-        self.task_items = vec![None; self.tasks.len()];
+        self.task_items = (0..self.tasks.len()).map(|_| None).collect();
         for k in 0..self.tasks.len() {
             if self.weights[k] > 0.0 {
                 self.plan_example_task(k)?;
             }
-            self.index_items(k)?;
+            self.index_items(k);
         }
-        self.example_splits = (0..self.tasks.len())
-            .map(|k| self.candidate_splits(k))
-            .collect::<Result<_>>()?;
+        self.example_splits = (0..self.tasks.len()).map(|_| OnceLock::new()).collect();
         if self.weights.iter().all(|&w| w <= 0.0) {
             return Err(bad(
                 "examples",
@@ -126,20 +126,48 @@ impl SamplerCore {
         Ok(())
     }
 
-    /// Index the items of task `k` if it is a query task with a window,
+    /// Mark task `k` as having items if it is a query task with a window,
     /// whatever its weight: an evaluation pass gives a task at weight 0 its
-    /// examples too, as it does a cell task.
-    fn index_items(&mut self, k: usize) -> Result<()> {
+    /// examples too, as it does a cell task. The index is built at the
+    /// first batch that needs it ([`item_index`](Self::item_index)), not
+    /// here: opening reads no seed.
+    fn index_items(&mut self, k: usize) {
+        let t = &self.tasks[k];
+        let km = &self.dbs[t.db].db.metadata().tasks[t.local];
+        if matches!(t.target, TargetPlan::Virtual { .. }) && km.window_us.is_some() {
+            self.task_items[k] = Some(OnceLock::new());
+        }
+    }
+
+    /// The items of forecast task `k` by anchor row (`None`: the task has
+    /// none), indexed on first call from its file, checked whole (the index
+    /// reads every item).
+    fn item_index(&self, k: usize) -> Result<Option<&ItemIndex>> {
+        let Some(cell) = self.task_items.get(k).and_then(Option::as_ref) else {
+            return Ok(None);
+        };
+        if let Some(index) = cell.get() {
+            return Ok(Some(index));
+        }
         let t = &self.tasks[k];
         let db = &self.dbs[t.db].db;
-        let km = &db.metadata().tasks[t.local];
-        if !matches!(t.target, TargetPlan::Virtual { .. }) || km.window_us.is_none() {
-            return Ok(());
-        }
         let task = db.task(t.local)?;
-        let range = db.graph().table_rows[km.anchor_table as usize];
-        self.task_items[k] = Some(ItemIndex::build(task.anchor_rows, task.obs_times, range));
-        Ok(())
+        let anchor = db.metadata().tasks[t.local].anchor_table as usize;
+        let range = db.graph().table_rows[anchor];
+        Ok(Some(cell.get_or_init(|| {
+            ItemIndex::build(task.anchor_rows, task.obs_times, range)
+        })))
+    }
+
+    /// Task `k`'s example candidates' split codes ([`candidate_splits`](Self::candidate_splits)),
+    /// made on first call.
+    fn example_split_codes(&self, k: usize) -> Result<&[u8]> {
+        let cell = &self.example_splits[k];
+        if let Some(codes) = cell.get() {
+            return Ok(codes);
+        }
+        let codes = self.candidate_splits(k)?;
+        Ok(cell.get_or_init(|| codes))
     }
 
     /// Task `k`'s example candidates' split codes: each seed's split as
@@ -287,9 +315,9 @@ impl SamplerCore {
         let anchor = km.anchor_table as usize;
         let view = db.table(anchor)?;
         let off = view.row_offset;
-        let (label, items) = match (plan.target, self.task_items.get(k)) {
+        let (label, items) = match (plan.target, self.item_index(k)?) {
             (TargetPlan::Cell { slot }, _) => (Some(view.columns[slot]), None),
-            (TargetPlan::Virtual { .. }, Some(Some(index))) => {
+            (TargetPlan::Virtual { .. }, Some(index)) => {
                 let task = db.task(plan.local)?;
                 let items = TaskItems {
                     index,
@@ -350,7 +378,7 @@ impl SamplerCore {
                 }),
             items,
             splits: Some(ExampleSplits {
-                codes: &self.example_splits[k],
+                codes: self.example_split_codes(k)?,
                 seed: split.index() as u8,
             }),
         };

@@ -92,15 +92,13 @@ impl SamplerCore {
         };
         jobs.clear();
         for (k, g, pos) in mine {
-            let task = self.task_view(k)?;
-            let pool = state.pools[k]
-                .as_mut()
-                .expect("picker only picks tasks with seeds");
-            let x = pool.at(pos);
+            let task = self.task_lazy(k)?;
+            let x = state.pool(k, &self.cfg)?.at(pos);
             d.exhaust_events += x.exhausted as u32;
             d.window_rotations += x.window_opened as u32;
             d.duplicates += x.duplicate as u32;
             let i = x.seed as usize;
+            task.check_seed(i);
             match d.groups.last_mut() {
                 Some(last) if last.0 == k => last.1.end += 1,
                 _ => d.groups.push((k, jobs.len()..jobs.len() + 1)),
@@ -111,6 +109,10 @@ impl SamplerCore {
                 task.obs_times[i],
                 derive(key, &[g]),
             ));
+        }
+        // A seed entry read from a corrupt block fails the draw, naming it.
+        for mdb in &self.dbs {
+            mdb.db.integrity().check()?;
         }
         state.stream.advance_counts(&counts);
         Ok(d)

@@ -1,8 +1,9 @@
 //! The plan of a sampler: its databases (a mixture; one database is a
 //! mixture of one), each task's plan (target cell, seed row width, target
 //! type and categorical window), the effective task weights, the packing
-//! plan (seeds per step, segment slots) and the telemetry schema — fixed
-//! when the sampler is made, shared read-only by every producer.
+//! plan (seeds per step, segment slots; made by `packing.rs`) and the
+//! telemetry schema — fixed when the sampler is made, shared read-only by
+//! every producer.
 //!
 //! Never: random choices per step (those are `draw.rs`), building contexts
 //! (`build.rs`). The mixture-wide views (concatenated embedding tables,
@@ -13,12 +14,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use half::f16;
-use rayon::prelude::*;
 
-use super::derive;
-use crate::batch::auto_count;
 use crate::config::SamplerConfig;
-use crate::context::Subgraph;
 use crate::databases::{
     check_mixture, database_names, plan_reads, warn_stats_split, DroppedDatabase, ReadPlan,
 };
@@ -28,10 +25,6 @@ use crate::telemetry::TelemetrySchema;
 
 /// Batches in the sliding window behind `mix/tv_distance` and the exhaust forecast.
 pub const MIX_WINDOW: usize = 64;
-
-/// Seeds whose contexts are built to measure a task's mean context size
-/// for `pack_factor = 0`.
-pub const PACK_PROBE: usize = 64;
 
 /// A task and the range of a step's jobs (sequences) drawn for it.
 pub(super) type TaskGroup = (usize, std::ops::Range<usize>);
@@ -124,13 +117,17 @@ pub struct SamplerCore {
     pub(super) walk_graphs: Vec<crate::ranking::walks::WalkGraph>,
     /// With `expected_store`: each database's stored rankings.
     pub(super) rank_stores: Vec<crate::ranking::rank_store::RankStore>,
-    /// With `examples`: each forecast task's items by anchor row (`None`:
-    /// a cell task, or one without examples).
-    pub(super) task_items: Vec<Option<crate::context::ItemIndex>>,
+    /// With `examples`: whether each task is a forecast task with items
+    /// (a query task with a label window), and its items by anchor row,
+    /// indexed at the first batch that needs them (`examples.rs`).
+    pub(super) task_items: Vec<Option<OnceLock<crate::context::ItemIndex>>>,
     /// With `examples`: each task's example candidates' split codes (by
     /// row of its anchor table for a cell task, by item for a forecast
-    /// task; `crate::context::splits`).
-    pub(super) example_splits: Vec<Vec<u8>>,
+    /// task; `crate::context::splits`), made at the first batch that
+    /// needs them (`examples.rs`): opening reads no seed.
+    pub(super) example_splits: Vec<OnceLock<Vec<u8>>>,
+    /// Every (task, split)'s seed list, made on first use (`pools.rs`).
+    pub(crate) seed_lists: Arc<super::pools::SeedLists>,
     /// The busy thread of `debug_cpu_hog` (stopped at shutdown).
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
@@ -189,6 +186,7 @@ impl SamplerCore {
         let listed = cfg.telemetry_databases_for(&db_names)?;
         let task_w = cfg.weights_for(&task_names)?;
         let (tasks, mixture) = plan_tasks(dbs, &db_weights)?;
+        let seed_lists = seed_lists(&mixture, &tasks, &cfg);
         check_pack_fits(&cfg, &tasks)?;
         let weights = mixture_weights(&task_w, &tasks, &mixture);
         let threads = cfg.num_threads.unwrap_or_else(|| {
@@ -240,78 +238,13 @@ impl SamplerCore {
             rank_stores: Vec::new(),
             task_items: Vec::new(),
             example_splits: Vec::new(),
+            seed_lists,
             dropped: Vec::new(),
             prefetched: Arc::default(),
         };
         core.plan_packing();
         core.plan_examples()?;
         Ok(core)
-    }
-
-    /// Seeds per step and segment slots of every task (see
-    /// [`seeds_per_step`](Self::seeds_per_step)).
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    fn plan_packing(&mut self) {
-        let (b, s) = (
-            self.cfg.default_batch_size,
-            self.cfg.default_sequence_length,
-        );
-        self.seeds_per_step = (0..self.tasks.len())
-            .map(|k| match (self.cfg.pack, self.cfg.pack_factor) {
-                (false, _) => b,
-                (true, 0) => {
-                    let floor = self.tasks[k].seed_cells.max(1);
-                    let fit = (s / floor).clamp(1, 64);
-                    auto_count(&self.probe_context_sizes(k), b, s, fit, floor)
-                }
-                (true, pf) => b * pf,
-            })
-            .collect();
-        let most = self
-            .seeds_per_step
-            .iter()
-            .map(|&n| n.div_ceil(b.max(1)))
-            .max()
-            .unwrap_or(1);
-        self.segment_slots = if most <= 1 { 1 } else { (2 * most).min(255) };
-    }
-
-    /// The unpacked context sizes (cells, BFS budget `S`) of up to
-    /// [`PACK_PROBE`] seeds spread over task `k`'s seed list (all splits:
-    /// only their sizes are read), each BFS with a fixed key: deterministic,
-    /// the same on every rank and after a resume. Empty when the task's
-    /// seeds cannot be read.
-    fn probe_context_sizes(&self, k: usize) -> Vec<usize> {
-        let plan = &self.tasks[k];
-        let mdb = &self.dbs[plan.db];
-        let Ok(task) = mdb.db.task(plan.local) else {
-            return Vec::new();
-        };
-        let anchor_table = mdb.db.metadata().tasks[plan.local].anchor_table as usize;
-        let n = task.anchor_rows.len();
-        let probes = n.min(PACK_PROBE);
-        let builder = self.context_builder(k);
-        let s = self.cfg.default_sequence_length;
-        self.pool.install(|| {
-            (0..probes)
-                .into_par_iter()
-                .filter_map(|j| {
-                    let i = j * n / probes;
-                    let row = task.anchor_rows[i];
-                    // A corrupt anchor is reported when a batch draws it.
-                    (builder.graph.table_of(row) == Some(anchor_table)).then(|| {
-                        let mut sub = Subgraph::default();
-                        let key = derive(self.cfg.seed, &[k as u64, i as u64, 3]);
-                        builder.build(row, task.obs_times[i], key, s, &mut sub);
-                        sub.cells
-                    })
-                })
-                .collect()
-        })
     }
 
     /// Seeds each rank draws per step of task `k` (the global cursor of the
@@ -352,7 +285,8 @@ impl SamplerCore {
         self.tasks[k].local
     }
 
-    /// The view of mixture task `k` in its database.
+    /// The view of mixture task `k` in its database, checked whole (for a
+    /// reader of whole sections: an evaluation pass's list).
     pub fn task_view(&self, k: usize) -> Result<crate::format::TaskView<'_>> {
         let p = &self.tasks[k];
         self.dbs[p.db].db.task(p.local)
@@ -483,6 +417,19 @@ impl TaskPlan {
             kind: crate::readings::task_kind_index(&k.kind),
         }
     }
+}
+
+/// The seed lists of the mixture's tasks, none made yet (`pools.rs`).
+fn seed_lists(
+    dbs: &[MixtureDatabase],
+    tasks: &[TaskPlan],
+    cfg: &SamplerConfig,
+) -> Arc<super::pools::SeedLists> {
+    Arc::new(super::pools::SeedLists::new(
+        dbs.iter().map(|d| d.db.clone()).collect(),
+        tasks.iter().map(|t| (t.db, t.local)).collect(),
+        cfg,
+    ))
 }
 
 /// With `pack`, `pack_factor` seed rows of the widest task must fit `S`.

@@ -97,12 +97,14 @@ pub fn telemetry_index(split: Split) -> usize {
 }
 
 /// One produced split: its delivery gate, its producer (replaced on a
-/// restart), the delivered stream state and the global pool sizes.
+/// restart), the delivered stream state and the global pool sizes (counted
+/// at the first saved state, not at open: see `maker/pools.rs`).
 struct Lane {
+    split: Split,
     gate: Gate,
     producer: Mutex<Producer>,
     delivered: Mutex<StreamState>,
-    pool_lens: Vec<u64>,
+    pool_lens: std::sync::OnceLock<Vec<u64>>,
 }
 
 /// One caller's request for the next batch of a split
@@ -216,12 +218,12 @@ impl Sampler {
         let mut lanes = Vec::new();
         for state in states {
             let delivered = Mutex::new(state.stream.clone());
-            let pool_lens = state.pool_lens();
             lanes.push(Lane {
+                split: state.split,
+                pool_lens: std::sync::OnceLock::new(),
                 gate: Gate::new(),
                 producer: Mutex::new(spawn_producer(&core, state, &stop_rx, Some(opened))?),
                 delivered,
-                pool_lens,
             });
         }
         if saved.is_some() {
@@ -275,7 +277,10 @@ impl Sampler {
             .iter()
             .zip(&streams)
             .zip(&self.lanes)
-            .map(|((&s, st), l)| (s, st, l.pool_lens.as_slice()))
+            .map(|((&s, st), l)| {
+                let lens = l.pool_lens.get_or_init(|| self.core.pool_lens(l.split));
+                (s, st, lens.as_slice())
+            })
             .collect();
         self.core.capture(&parts)
     }

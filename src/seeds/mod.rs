@@ -59,5 +59,6 @@ pub use mix::MixWindow;
 pub use picker::TaskPicker;
 pub use pool::{epoch_cursor, Draw, SeedPool};
 pub use split::{
-    rank_slice, split_of, split_seeds, task_split_codes, task_split_seeds, Split, NO_SPLIT,
+    rank_slice, split_has_buckets, split_of, split_seeds, task_split_codes, task_split_seeds,
+    Split, NO_SPLIT,
 };

@@ -1,6 +1,8 @@
 //! The global seed pool of one (task, split): every rank's seeds, read in a
 //! fresh keyed pseudo-random order each epoch.
 
+use std::sync::Arc;
+
 use crate::rng::mix64;
 
 /// Feistel rounds of the per-epoch permutation (a 4-round Feistel network
@@ -31,7 +33,8 @@ pub struct Draw {
 /// position counter alone is the pool's state.
 #[derive(Debug, Clone)]
 pub struct SeedPool {
-    seeds: Vec<u32>,
+    /// Shared with the sampler's list of the (task, split), made once.
+    seeds: Arc<[u32]>,
     key: u64,
     /// The epoch whose permutation is cached, and that permutation.
     keyed_epoch: u64,
@@ -182,6 +185,12 @@ impl SeedPool {
     /// `seeds`: positions in the task's seed list (the split's global
     /// pool, same on every rank); `key`: derived from (seed, split, task).
     pub fn new(seeds: Vec<u32>, key: u64) -> Self {
+        Self::shared(seeds.into(), key)
+    }
+
+    /// [`new`](Self::new) over a list shared with others (the sampler's
+    /// list of the (task, split), made once for every state that draws it).
+    pub fn shared(seeds: Arc<[u32]>, key: u64) -> Self {
         let n = seeds.len() as u64;
         let mut p = SeedPool {
             drawn: vec![0; seeds.len().div_ceil(64)],

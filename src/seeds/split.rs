@@ -30,6 +30,18 @@ pub fn split_of(task_idx: u32, anchor_row: u32, split_seed: u64, ratios: [f64; 3
     }
 }
 
+/// Whether the hash rule under `ratios` gives `split` any bucket (a split
+/// without one holds no seed of any task): the thresholds of [`split_of`].
+pub fn split_has_buckets(split: Split, ratios: [f64; 3]) -> bool {
+    let train = (ratios[0] * 1000.0).round() as u32;
+    let val = ((ratios[0] + ratios[1]) * 1000.0).round() as u32;
+    match split {
+        Split::Train => train > 0,
+        Split::Val => val > train,
+        Split::Test => val < 1000,
+    }
+}
+
 /// Positions (into the task's seed list) of the seeds in `split`, ascending:
 /// the split's global pool, the same on every rank.
 pub fn split_seeds(
@@ -145,6 +157,26 @@ mod tests {
             task_split_codes(0, &rows[..1], Some(&[7]), 9, [0.8, 0.1, 0.1]),
             [NO_SPLIT]
         );
+    }
+
+    #[test]
+    fn a_split_without_buckets_holds_no_seed() {
+        let rows: Vec<u32> = (0..3000).collect();
+        for ratios in [
+            [0.8, 0.1, 0.1],
+            [1.0, 0.0, 0.0],
+            [0.0, 0.5, 0.5],
+            [0.5, 0.5, 0.0],
+        ] {
+            for split in [Split::Train, Split::Val, Split::Test] {
+                let any = !split_seeds(0, &rows, split, 3, ratios).is_empty();
+                assert_eq!(
+                    split_has_buckets(split, ratios),
+                    any,
+                    "{ratios:?} {split:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -416,3 +416,55 @@ fn a_corrupt_block_no_batch_reads_delivers_and_stays_unchecked() {
     let e = Database::open_with(&dir, Verify::Full).err().unwrap();
     assert!(e.to_string().contains("graph.bin"), "{e}");
 }
+
+#[test]
+fn opening_a_sampler_reads_no_seed_and_a_draw_makes_only_its_own_pool() {
+    // Two of its task files span many 256 KiB blocks: opening reads at
+    // most the first block of each (whether a split has any seed), never
+    // every seed, and the first batch reads no other task's seeds.
+    let tmp = scratch_dir();
+    let dir = tmp.path().join("db");
+    synth_database(&dir, &specs()[1]).unwrap();
+    let db = Arc::new(Database::open(&dir).unwrap());
+    let quiet = SamplerConfig {
+        telemetry: false,
+        ..cfg()
+    };
+    let core = Arc::new(SamplerCore::with_database(db.clone(), quiet).unwrap());
+    let files: Vec<String> = db.metadata().tasks.iter().map(|t| t.file.clone()).collect();
+    let checked = |rel: &str| {
+        db.verified_blocks(rel)
+            .unwrap()
+            .iter()
+            .filter(|&&c| c)
+            .count()
+    };
+    let big: Vec<usize> = (0..files.len())
+        .filter(|&k| db.verified_blocks(&files[k]).unwrap().len() > 8)
+        .collect();
+    assert!(big.len() >= 2, "too few task files of many blocks to tell");
+    let mut mk = BatchMaker::new(core.clone(), Split::Train);
+    for &k in &big {
+        assert!(
+            checked(&files[k]) <= 1,
+            "{}: {} blocks read at open",
+            files[k],
+            checked(&files[k])
+        );
+    }
+    assert_eq!(core.seed_lists_made(), 0, "no seed list made at open");
+    let drawn = mk.state.pick(0).unwrap();
+    mk.next().unwrap().unwrap();
+    assert_eq!(
+        core.seed_lists_made(),
+        1,
+        "the first batch makes its own task's list only"
+    );
+    for &k in big.iter().filter(|&&k| k != drawn) {
+        assert!(
+            checked(&files[k]) <= 1,
+            "{}: read by another task's batch",
+            files[k]
+        );
+    }
+}

@@ -5,8 +5,8 @@
 //! (and, format 2, hashed every block table),
 //! checked every section length against `metadata.json`, and recomputed the
 //! content hash — all in time independent of the database size (no payload
-//! byte is read at open, except the one-byte stored split codes of tasks that
-//! keep their source's splits, which are bounds-checked here). Payload checksums and the O(rows) content checks
+//! byte is read at open: a task's stored split codes are checked where they
+//! are read, see [`TaskView::split_code`]). Payload checksums and the O(rows) content checks
 //! run only with `verify="full"` (and in `headwater verify`). So the views
 //! check what they read ([`super::views`]; a corrupt block is caught before
 //! a batch built from it is delivered) and must also be safe on garbage
@@ -172,8 +172,7 @@ impl Database {
     }
 
     /// Check every section's length against the metadata, once, so later
-    /// views cannot fail. O(metadata): reads no payload byte but the stored
-    /// split codes (one per seed of a task that keeps its source's splits).
+    /// views cannot fail. O(metadata): reads no payload byte.
     fn validate_shapes(&self) -> Result<()> {
         let m = &self.meta;
         let n = m.num_rows as usize;
@@ -191,23 +190,7 @@ impl Database {
             self.table(t.idx as usize)?;
         }
         for k in 0..m.tasks.len() {
-            if let Some(codes) = self.task_unchecked(k)?.splits {
-                // One byte per seed of the few tasks that store splits: a bad
-                // code is refused here, so the seed pools never meet one.
-                if let Some((i, &c)) = codes
-                    .iter()
-                    .enumerate()
-                    .find(|(_, &c)| Split::from_code(c).is_none())
-                {
-                    return Err(Error::format(
-                        self.tasks[k].path(),
-                        format!(
-                            "task `{}`: seed {i} has stored split code {c}; expected 0 (train), 1 (val) or 2 (test)",
-                            m.tasks[k].name
-                        ),
-                    ));
-                }
-            }
+            self.task_unchecked(k)?;
         }
         let d = m.embedder.dim as usize;
         for (f, count) in [
@@ -332,8 +315,9 @@ impl Database {
         })
     }
 
-    /// View of task `k`, every block of its file checked: the sampler reads
-    /// a task whole (its seed pools), so it is hashed whole on first use.
+    /// View of task `k`, every block of its file checked (for a reader of
+    /// whole sections: an evaluation pass's list, a forecast task's item
+    /// index). The sampler's draws read through [`task_lazy`](Self::task_lazy).
     ///
     /// # Errors
     /// `k` out of range, or a corrupt block (in this file or one read
@@ -344,9 +328,52 @@ impl Database {
         Ok(view)
     }
 
-    /// Check every task file whole (the sampler does, once, as it is made:
-    /// seed pools read tasks whole, so a corrupt one is a named error then,
-    /// and every later [`task`](Self::task) finds its blocks checked).
+    /// View of task `k` whose reads are checked as they are made: nothing
+    /// is hashed here, and the accessors of [`TaskView`] (`anchor_row`,
+    /// `check_seed`, `checked_anchor_rows`, `split_code`) check the blocks
+    /// of what they read, so a draw reads (and hashes) only the blocks of
+    /// the seeds it uses. A corrupt block is in the database's record
+    /// ([`integrity`](Self::integrity)), which fails the batch read from it.
+    ///
+    /// # Errors
+    /// `k` out of range.
+    pub fn task_lazy(&self, k: usize) -> Result<TaskView<'_>> {
+        let mut view = self.task_unchecked(k)?;
+        let f = &self.tasks[k];
+        view.file = (!f.all_verified()).then_some(f);
+        Ok(view)
+    }
+
+    /// The stored split codes of task `k` (`None`: the hash rule splits
+    /// it), every block of them checked and every code a split: what a
+    /// seed list of a task that keeps its source's splits is built from.
+    ///
+    /// # Errors
+    /// `k` out of range, a corrupt block, or a code that names no split
+    /// (naming the task file, the seed and the code).
+    pub fn task_split_codes(&self, k: usize) -> Result<Option<&[u8]>> {
+        let Some(codes) = self.task_unchecked(k)?.splits else {
+            return Ok(None);
+        };
+        self.tasks[k].check_section(4)?;
+        if let Some((i, &c)) = codes
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| Split::from_code(c).is_none())
+        {
+            return Err(Error::format(
+                self.tasks[k].path(),
+                format!(
+                    "task `{}`: seed {i} has stored split code {c}; expected 0 (train), 1 (val) or 2 (test)",
+                    self.meta.tasks[k].name
+                ),
+            ));
+        }
+        Ok(Some(codes))
+    }
+
+    /// Check every task file whole (for a caller that reads them whole;
+    /// the sampler no longer does at open: its draws check what they read).
     ///
     /// # Errors
     /// The first corrupt block, naming its file and block.
@@ -382,6 +409,7 @@ impl Database {
             } else {
                 None
             },
+            file: None,
         })
     }
 

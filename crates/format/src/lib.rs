@@ -69,8 +69,11 @@
 //!
 //! Each open file keeps one bit per block, "checked". The sampler reads
 //! through views ([`GraphView`], [`ColumnView::read`], [`EmbeddingRows`];
-//! tasks and the column/category embeddings, which it reads whole, are
-//! checked whole by [`Database::task`] and the embedding accessors) that,
+//! the column/category embeddings, which it reads whole, are checked whole
+//! by the embedding accessors; a task's draws read through
+//! [`Database::task_lazy`], whose `TaskView` accessors check the blocks of
+//! the seeds they read, and [`Database::task`] checks a task whole for the
+//! readers of whole sections) that,
 //! before handing out a byte, load its block's bit (one relaxed atomic
 //! load); the first read of a block hashes it against the table and sets
 //! the bit. A block that fails is never marked: its readers record the
@@ -85,7 +88,9 @@
 //! sampler reads at random (the graph, the tables, the embeddings), so that
 //! the first read of a block where the database does not fit in memory
 //! hashes the page it faulted in and nothing more; and [`BLOCK_SHIFT`] =
-//! 18, 256 KiB, for tasks, which are read whole. (Databases written before
+//! 18, 256 KiB, for tasks, which were read whole when a sampler opened
+//! (they are not any more: a draw reads its seeds' blocks, a seed list its
+//! task's anchor rows or stored codes). (Databases written before
 //! 2026-11-28 use 256 KiB everywhere and read as before.) The checksums are
 //! read in place from the map, shared by every process of a host.
 //!

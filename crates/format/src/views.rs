@@ -252,6 +252,87 @@ pub struct TaskView<'a> {
     /// Stored split code of each seed (0 train, 1 val, 2 test), when the
     /// task keeps its source's splits; `None`: the hash rule splits it.
     pub splits: Option<&'a [u8]>,
+    /// The task file whose blocks the accessors check (`None`: a view
+    /// checked whole, or every block of the file already checked).
+    pub(crate) file: Option<&'a MappedFile>,
+}
+
+impl<'a> TaskView<'a> {
+    /// Check the block holding `s[i]`, if any.
+    #[inline(always)]
+    fn touch_elem<T>(&self, s: &[T], i: usize) {
+        if let (Some(f), Some(x)) = (self.file, s.get(i)) {
+            f.touch_ref(x);
+        }
+    }
+
+    /// Check the blocks of a whole section `s` of this task.
+    #[inline]
+    fn touch_all<T>(&self, s: &'a [T]) -> &'a [T] {
+        if let Some(f) = self.file {
+            f.touch_slice(s);
+        }
+        s
+    }
+
+    /// Seeds of the task.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.anchor_rows.len()
+    }
+
+    /// Whether the task has no seeds.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.anchor_rows.is_empty()
+    }
+
+    /// Anchor row of seed `i`, its block checked; `None` out of range.
+    #[inline]
+    pub fn anchor_row(&self, i: usize) -> Option<u32> {
+        self.touch_elem(self.anchor_rows, i);
+        self.anchor_rows.get(i).copied()
+    }
+
+    /// Stored split code of seed `i`, its block checked (`None`: out of
+    /// range, or the task has no stored splits).
+    #[inline]
+    pub fn split_code(&self, i: usize) -> Option<u8> {
+        let codes = self.splits?;
+        self.touch_elem(codes, i);
+        codes.get(i).copied()
+    }
+
+    /// Check the blocks of everything a batch reads of seed `i`: its anchor
+    /// row, observation time, target value and validity bit, stored split.
+    #[inline]
+    pub fn check_seed(&self, i: usize) {
+        if self.file.is_none() {
+            return;
+        }
+        self.touch_elem(self.anchor_rows, i);
+        self.touch_elem(self.obs_times, i);
+        self.touch_elem(self.target_validity, i / 8);
+        match self.targets {
+            ColumnValues::Numerical(s) => self.touch_elem(s, i),
+            ColumnValues::Boolean(s) => self.touch_elem(s, i),
+            ColumnValues::Timestamp(s) => self.touch_elem(s, i),
+            ColumnValues::Categorical(s) | ColumnValues::Text(s) => self.touch_elem(s, i),
+        }
+        if let Some(codes) = self.splits {
+            self.touch_elem(codes, i);
+        }
+    }
+
+    /// Every anchor row, each block checked (a reader of the whole section).
+    pub fn checked_anchor_rows(&self) -> &'a [u32] {
+        self.touch_all(self.anchor_rows)
+    }
+
+    /// Every stored split code, each block checked.
+    pub fn checked_splits(&self) -> Option<&'a [u8]> {
+        self.splits.map(|s| self.touch_all(s))
+    }
 }
 /// Rows of an embedding matrix `[N, D]` (row-major), each row's blocks
 /// checked as it is read.
