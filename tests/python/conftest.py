@@ -240,6 +240,20 @@ def relbench_manifest_module() -> Any:
         return mod
 
 
+def relbench_metrics_module() -> Any:
+    """``relbench/metrics.py`` loaded on its own (the package's ``__init__``
+    needs pandas, which headwater does not; the module needs only sklearn)."""
+    spec = importlib.util.find_spec("relbench")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("relbench is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "metrics.py"
+    mspec = importlib.util.spec_from_file_location("relbench_metrics", path)
+    assert mspec is not None and mspec.loader is not None
+    mod = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(mod)
+    return mod
+
+
 def _write_relbench(root: Path, data: SmallData, remove_columns: bool = True) -> Path:
     rb = relbench_manifest_module()
     root.mkdir(parents=True)

@@ -15,7 +15,6 @@ database).
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import math
 import re
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SmallDb, build_db_from_sql, child_env, read_wandb_run
+from conftest import SmallDb, build_db_from_sql, child_env, read_wandb_run, relbench_metrics_module
 
 import headwater
 from headwater.evaluation.scoring import METRICS, baseline, score
@@ -123,20 +122,6 @@ def test_two_ranks_cover_the_split_once_between_them(small: SmallDb) -> None:
 # ----------------------------------------------------------------------------
 
 
-def _relbench_metrics() -> Any:
-    """``relbench/metrics.py`` loaded on its own (the package's ``__init__``
-    needs pandas, which headwater does not; the module needs only sklearn)."""
-    spec = importlib.util.find_spec("relbench")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("relbench is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / "metrics.py"
-    mspec = importlib.util.spec_from_file_location("relbench_metrics", path)
-    assert mspec is not None and mspec.loader is not None
-    mod = importlib.util.module_from_spec(mspec)
-    mspec.loader.exec_module(mod)
-    return mod
-
-
 def test_metrics_equal_scikit_learn_and_relbench_on_the_same_arrays() -> None:
     import sklearn.metrics as skm
 
@@ -149,7 +134,7 @@ def test_metrics_equal_scikit_learn_and_relbench_on_the_same_arrays() -> None:
         "rmse": pytest.approx(math.sqrt(skm.mean_squared_error(y, p))),
         "r2": pytest.approx(skm.r2_score(y, p)),
     }
-    rb = _relbench_metrics()
+    rb = relbench_metrics_module()
     std = float(np.std(y, ddof=1))
     assert got["mae"] / std == pytest.approx(rb.make_nmae(lambda: std)(y, p))
     yb = (rng.random(300) < 0.3).astype(float)

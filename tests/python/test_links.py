@@ -11,14 +11,13 @@ task and the key."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import relbench_metrics_module
 
 import headwater
 from headwater.data.shop import EVAL_K, TASK, WINDOW_DAYS, write_shop
@@ -171,23 +170,6 @@ def test_a_destination_without_a_primary_key_is_refused(tmp_path: Path, make_fil
         preprocess(root, tmp_path / "db", schema=schema, embedder="hash", progress=False)
 
 
-def _relbench_map() -> Any:
-    try:
-        from relbench.metrics import map as rb_map
-    except ImportError:
-        spec = importlib.util.find_spec("relbench")
-        if spec is None or not spec.submodule_search_locations:
-            pytest.skip("relbench is not installed")
-        path = Path(next(iter(spec.submodule_search_locations))) / "metrics.py"
-        mspec = importlib.util.spec_from_file_location("_relbench_metrics_links", path)
-        assert mspec is not None and mspec.loader is not None
-        mod = importlib.util.module_from_spec(mspec)
-        sys.modules[mspec.name] = mod
-        mspec.loader.exec_module(mod)
-        rb_map = mod.map
-    return rb_map
-
-
 def test_map_at_k_is_relbenchs(rng_seed: int = 7) -> None:
     rng = np.random.default_rng(rng_seed)
     k, groups = 10, 40
@@ -204,7 +186,7 @@ def test_map_at_k_is_relbenchs(rng_seed: int = 7) -> None:
         top = idx[np.argsort(-scores[idx], kind="stable")][:k]
         pred_isin[gi, : len(top)] = linked[top]
     ours = ranking_metrics(scores, linked, group, positives[group], k)
-    assert ours["map"] == pytest.approx(_relbench_map()(pred_isin, positives), rel=1e-12)
+    assert ours["map"] == pytest.approx(relbench_metrics_module().map(pred_isin, positives), rel=1e-12)
     assert ours["candidate_recall"] == pytest.approx(np.mean(np.bincount(group, weights=linked) / positives))
 
 
