@@ -111,10 +111,13 @@ def test_stage_spans_reach_an_otlp_receiver(tpch: Any, via: str) -> None:
         assert _attr(sp, "task") and _attr(sp, "cells") > 0 and _attr(sp, "rank") == 0
     assert all(_attr(sp, "seeds") == 4 for sp in by_name["bfs"])
     # One `delivered` span per consumed batch, with every metric-table row
-    # (but per-task and per-database ones) as an attribute named from the table.
+    # (but per-task, per-database and per-kind ones) as an attribute named from the table.
     delivered = by_name.get("delivered", [])
     assert len(delivered) == 3, [sp.name for sp in spans]
-    table = [r for r in _native.metric_table() if not r["per_task"] and not r["per_database"]]
+    table = [
+        r for r in _native.metric_table()
+        if not r["per_task"] and not r["per_database"] and not r["per_kind"]
+    ]
     for sp in delivered:
         assert _attr(sp, "split") == "train"
         keys = {a.key for a in sp.attributes}
