@@ -219,3 +219,17 @@ def test_the_link_context_picture_is_the_committed_one() -> None:
     svg = link_context_svg()
     assert "seed: a (user, time, candidate item) pair" in svg and "label yes" in svg
     assert svg == (Path(__file__).parents[2] / LINK_SVG).read_text(encoding="utf-8")
+
+
+def test_the_evaluation_warns_when_the_candidates_miss_the_positives() -> None:
+    from headwater.evaluation.scoring import format_table
+
+    group, linked = np.array([0, 0, 1, 1]), np.array([True, False, False, True])
+    pop = np.array([1, 2, 3, 4])
+    found = score_links(np.arange(4), np.array([0.9, 0.1, 0.2, 0.8]), _table(group, linked, np.ones(4, int), pop))
+    assert found["metrics"]["candidate_recall"] == 1.0
+    assert "warning" not in format_table({"val": {"bought": found}})
+    # Each group's candidates hold one of its four positives.
+    missed = score_links(np.arange(4), np.array([0.9, 0.1, 0.2, 0.8]), _table(group, linked, np.full(4, 4), pop))
+    text = format_table({"val": {"bought": missed}})
+    assert "warning: val bought: the candidates hold 25.0% of the positives (under 50%)" in text

@@ -32,6 +32,25 @@ import numpy.typing as npt
 
 #: The metrics of a link task, in report order (``k`` is the task's ``eval_k``).
 LINK_METRICS = ("map", "recall", "ndcg", "candidate_recall")
+#: Below this share of the positives among the candidates, a link task's
+#: evaluation warns: the ranking is scored on what the generator missed.
+CANDIDATE_RECALL_FLOOR = 0.5
+
+
+def candidate_warning(split: str, task: str, result: Any) -> str | None:
+    """The warning for a link task's ``result`` whose candidates hold under
+    :data:`CANDIDATE_RECALL_FLOOR` of its positives (else ``None``)."""
+    if result.get("stype") != "link":
+        return None
+    recall = float(result["metrics"]["candidate_recall"])
+    if not recall < CANDIDATE_RECALL_FLOOR:
+        return None
+    return (
+        f"{split} {task}: the candidates hold {100 * recall:.1f}% of the positives "
+        f"(under {100 * CANDIDATE_RECALL_FLOOR:.0f}%): no ranking finds the rest, so MAP and "
+        "recall read the candidate generator, not the model; raise the task's `candidates`, "
+        "or check that the source's history predicts its links"
+    )
 
 
 def _groups(group: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

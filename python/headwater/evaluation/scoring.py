@@ -142,7 +142,11 @@ def baseline(stype: str, y_true: npt.ArrayLike) -> dict[str, float]:
 
 def format_table(results: Mapping[str, Mapping[str, Mapping[str, object]]]) -> str:
     """A per-task table: ``results[split][task] = {"stype", "count",
-    "metrics", "baseline"}`` → one line per (split, task, metric)."""
+    "metrics", "baseline"}`` → one line per (split, task, metric), then a
+    warning line per link task whose candidates miss most positives
+    (:func:`~headwater.evaluation.ranking.candidate_warning`)."""
+    from headwater.evaluation.ranking import candidate_warning
+
     lines = [f"{'split':<5} {'task':<28} {'metric':<18} {'model':>10} {'baseline':>10} {'n':>7}"]
     for split, tasks in results.items():
         for task, r in tasks.items():
@@ -154,4 +158,6 @@ def format_table(results: Mapping[str, Mapping[str, Mapping[str, object]]]) -> s
                     f"{split:<5} {task[:28]:<28} {m:<18} {float(v):>10.4f} "
                     f"{float(base[m]):>10.4f} {r['count']!s:>7}"
                 )
+    warnings = [candidate_warning(split, task, r) for split, tasks in results.items() for task, r in tasks.items()]
+    lines.extend(f"warning: {w}" for w in warnings if w)
     return "\n".join(lines)
