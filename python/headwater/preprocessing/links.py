@@ -50,7 +50,13 @@ import pyarrow.parquet as pq
 from headwater.errors import SchemaError
 from headwater.hints import did_you_mean
 from headwater.preprocessing.schema import Schema
-from headwater.preprocessing.sources import Source, SourceTable, _columns, quote
+from headwater.preprocessing.sources import (
+    RELBENCH_SPLIT_CODES,
+    Source,
+    SourceTable,
+    _columns,
+    quote,
+)
 
 #: The folder of the database that holds each link task's sidecar.
 LINKS_DIR = "links"
@@ -73,6 +79,8 @@ class LinkSpec:
     eval_k: int
     description: str | None
     kind: str  # "sql" (split by time) or "relbench" (the files' splits)
+    #: The primary keys of the source and destination tables (checked).
+    keys: tuple[str, str] = ("", "")
 
 
 def pairs_table(task: str) -> str:
@@ -148,25 +156,25 @@ def link_specs(src: Source, schema: Schema) -> list[LinkSpec]:
             if t.destination_table is None:
                 continue
             assert t.query is not None and t.window_us is not None
-            _check_tables(src, schema, t.name, t.anchor_table, t.destination_table)
+            keys = _check_tables(src, schema, t.name, t.anchor_table, t.destination_table)
             specs.append(LinkSpec(
                 t.name, t.anchor_table, t.destination_table, _sql_labels(src.con, t.name, t.query),
-                t.window_us, t.candidates, t.eval_k, t.description, "sql",
+                t.window_us, t.candidates, t.eval_k, t.description, "sql", keys,
             ))
         return specs
     for k in src.links:
-        _check_tables(src, schema, k.name, k.source_table, k.destination_table)
+        keys = _check_tables(src, schema, k.name, k.source_table, k.destination_table)
         parts = [
             f"SELECT {quote(k.source_col)} AS s, CAST({quote(k.time_col)} AS TIMESTAMP) AS t, "
             f"{quote(k.destination_col)} AS dsts, {code}::UTINYINT AS split "
             f"FROM read_parquet('{str(f).replace(chr(39), chr(39) * 2)}')"
             for f in k.label_files
-            for code in [{"train": 0, "val": 1, "test": 2}.get(f.stem)]
+            for code in [RELBENCH_SPLIT_CODES.get(f.stem)]
             if code is not None
         ]
         specs.append(LinkSpec(
             k.name, k.source_table, k.destination_table, " UNION ALL ".join(parts),
-            k.window_us, max(100, k.eval_k), k.eval_k, k.description, "relbench",
+            k.window_us, max(100, k.eval_k), k.eval_k, k.description, "relbench", keys,
         ))
     return specs
 
@@ -204,11 +212,11 @@ def _candidates_sql(spec: LinkSpec, num_destinations: int) -> str:
         SELECT * FROM kept UNION ALL SELECT * FROM missing"""
 
 
-def materialise(src: Source, schema: Schema, spec: LinkSpec, log: Callable[[str], None]) -> None:
+def materialise(src: Source, spec: LinkSpec, log: Callable[[str], None]) -> None:
     """Build ``spec``'s pairs table in the source's DuckDB (a temporary
     table) and register it as a table of the source, seed-only."""
     con = src.con
-    s_pk, d_pk = _check_tables(src, schema, spec.name, spec.source_table, spec.destination_table)
+    s_pk, d_pk = spec.keys
     w = f"to_microseconds({spec.window_us})"
     S, D = quote(spec.source_table), quote(spec.destination_table)
     steps = [
@@ -323,7 +331,7 @@ def prepare_links(src: Source, schema: Schema, row_order: str, log: Callable[[st
             'row_order = "locality" would reorder them (use row_order = "source")'
         )
     for spec in specs:
-        materialise(src, schema, spec, log)
+        materialise(src, spec, log)
     return specs
 
 

@@ -200,6 +200,9 @@ def _micros(value: Any, where: str) -> int:
     return (d - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
 
 
+#: RelBench label file → the split its rows keep (0 train, 1 val, 2 test).
+RELBENCH_SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+
 _RELBENCH_STYPES = {
     "regression": "numerical",
     "binary_classification": "boolean",

@@ -37,7 +37,7 @@ from headwater.preprocessing.plan import TablePlan
 from headwater.preprocessing.primary_keys import _KeyIndex
 from headwater.preprocessing.row_order import SEEDS_BY_ROW
 from headwater.preprocessing.schema import Schema, TaskSchema
-from headwater.preprocessing.sources import Source, quote
+from headwater.preprocessing.sources import RELBENCH_SPLIT_CODES, Source, quote
 
 
 def _task_batches(reader: Any, name: str, what: str) -> Iterator[pa.RecordBatch]:
@@ -222,8 +222,6 @@ def _add_declared_tasks(
 
 
 
-# RelBench label file → the split its rows keep (0 train, 1 val, 2 test).
-_RELBENCH_SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 
 
 
@@ -264,7 +262,7 @@ def _add_relbench_tasks(
         # own row sets, not re-split by headwater's hash rule.
         parts = []
         for f in k.label_files:
-            code = _RELBENCH_SPLIT_CODES.get(f.stem)
+            code = RELBENCH_SPLIT_CODES.get(f.stem)
             if code is None:
                 raise SchemaError(f"task `{k.name}`: label file {f} is not train/val/test.parquet")
             parts.append(
