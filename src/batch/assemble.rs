@@ -76,6 +76,9 @@ pub struct SeqContext<'a> {
     /// item's label shown while its window was open at the seed's time
     /// (observation + Δ > the seed's) is counted in `label_leaks`.
     pub window: Option<i64>,
+    /// A link task: count the example labels shown that are positive
+    /// (`SeqReadings::positive_examples`).
+    pub count_positives: bool,
     /// Rows of `categorical_embeddings.bin`: a larger stored id (a corrupt
     /// payload; payloads are not hashed at open) reads as a null cell.
     pub num_categorical: u32,
@@ -175,7 +178,7 @@ pub fn assemble_sequence(
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
 ) -> SeqReadings {
-    let (cells, label_leaks) = write_cells(ctx, sub, seed_pos, o, s);
+    let (cells, label_leaks, positive_examples) = write_cells(ctx, sub, seed_pos, o, s);
     for &(c, p) in &sub.edges {
         o.fk_adj[c as usize * r + p as usize] = 1;
     }
@@ -197,6 +200,7 @@ pub fn assemble_sequence(
         deadline_hits: sub.deadline_hits,
         store_misses: sub.store_misses,
         masked_cells: 0,
+        positive_examples,
         // Tier 0 is non-empty exactly when the context was built in-context.
         no_examples: u32::from(
             sub.tier_cells[0] > 0 && sub.example_rows.is_empty() && sub.deadline_hits == 0,
@@ -208,7 +212,8 @@ pub fn assemble_sequence(
 /// target cell) until the sequence is full; records each row's first
 /// position in `s.row_start`. A label cell of a row whose label was not
 /// known at the seed's time (the seed's own always) is written null, or,
-/// not hidden, counted. Returns the cells written and that count.
+/// not hidden, counted. Returns the cells written, that count and the
+/// positive example labels written (link tasks).
 #[inline(always)]
 fn write_cells(
     ctx: &SeqContext<'_>,
@@ -216,10 +221,10 @@ fn write_cells(
     seed_pos: usize,
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
-) -> (usize, u64) {
+) -> (usize, u64, u32) {
     const AHEAD: usize = 2;
     let seq_len = o.semantic_types.len();
-    let (mut pos, mut leaks) = (0usize, 0u64);
+    let (mut pos, mut leaks, mut positives) = (0usize, 0u64, 0u32);
     let obs = obs_time(ctx, seed_pos);
     let hide = ctx.labels.as_ref().is_some_and(|l| l.hide);
     s.row_start.clear();
@@ -240,7 +245,9 @@ fn write_cells(
             pos = 1;
         } else if let Some(&(_, j)) = items.next_if(|e| usize::from(e.0) == i) {
             if pos < seq_len {
-                leaks += write_item(ctx, j, i, obs, pos, o, s);
+                let (leak, positive) = write_item(ctx, j, i, obs, pos, o, s);
+                leaks += leak;
+                positives += positive;
                 pos += 1;
             }
         }
@@ -285,13 +292,14 @@ fn write_cells(
         }
     }
     s.row_start.push(pos as u32);
-    (pos, leaks)
+    (pos, leaks, positives)
 }
 
 /// Write forecast item `j`'s label, visible (not a target), at `pos` as
-/// the first cell of its anchor row (local row `i`); returns 1 if its
+/// the first cell of its anchor row (local row `i`); returns (1 if its
 /// window was still open at the seed's time `obs` (a label leak, counted
-/// from the item's own time whatever chose it), else 0.
+/// from the item's own time whatever chose it), 1 if it is a link task's
+/// positive label).
 #[inline]
 fn write_item(
     ctx: &SeqContext<'_>,
@@ -301,7 +309,7 @@ fn write_item(
     pos: usize,
     o: &mut SeqOut<'_>,
     s: &mut AssembleScratch,
-) -> u64 {
+) -> (u64, u32) {
     let Target::Virtual {
         column_idx,
         code,
@@ -309,7 +317,7 @@ fn write_item(
         validity,
     } = ctx.target
     else {
-        return 0;
+        return (0, 0);
     };
     let j = j as usize;
     let valid = bit(validity, j);
@@ -326,7 +334,9 @@ fn write_item(
         &mut s.timestamps,
     );
     let known = ctx.obs_times[j].saturating_add(ctx.window.unwrap_or(0));
-    u64::from(valid && known > obs)
+    let positive =
+        ctx.count_positives && valid && matches!(values, ColumnValues::Boolean(v) if v[j] != 0);
+    (u64::from(valid && known > obs), u32::from(positive))
 }
 
 /// The observation time of the seed at `seed_pos` (`i64::MAX`: none).

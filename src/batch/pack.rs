@@ -249,6 +249,7 @@ pub fn assemble_packed_sequence(
         total.deadline_hits += st.deadline_hits;
         total.store_misses += st.store_misses;
         total.no_examples += st.no_examples;
+        total.positive_examples += st.positive_examples;
         off += len;
         row_off += sub.rows.len();
     }

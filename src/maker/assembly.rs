@@ -140,6 +140,7 @@ impl SamplerCore {
             labels,
             obs_times: task.obs_times,
             window: m.tasks[plan.local].window_us,
+            count_positives: m.tasks[plan.local].kind == "link",
             ts_mean: m.timestamp_stats.mean_us,
             ts_std: m.timestamp_stats.std_us,
             target,

@@ -477,6 +477,7 @@ impl SamplerCore {
         BatchReadings {
             task_seeds: task_seeds(groups),
             kind_seeds: self.kind_seeds(groups),
+            link_candidate_recall: self.link_candidate_recall(groups),
             db_seeds: self.db_seeds(groups),
             ..r
         }
@@ -490,6 +491,17 @@ impl SamplerCore {
             out[self.tasks[*k].kind] += r.len() as u32;
         }
         out
+    }
+
+    /// The least stored candidate recall of the link tasks among `groups`.
+    fn link_candidate_recall(&self, groups: &[TaskGroup]) -> Option<f64> {
+        groups
+            .iter()
+            .filter_map(|(k, _)| {
+                let plan = &self.tasks[*k];
+                self.dbs[plan.db].db.metadata().tasks[plan.local].candidate_recall
+            })
+            .reduce(f64::min)
     }
 
     /// (database, seeds, reported) of a batch whose tasks span several

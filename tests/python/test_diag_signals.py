@@ -55,6 +55,7 @@ def rows(seed: int = 0) -> list[dict[str, Any]]:
             f"{P}invariants/temporal_leaks": float(rng.integers(0, 3)),
             f"{P}invariants/duplicate_seeds": 0.0,
             f"{P}invariants/label_leaks": 0.0,
+            f"{P}link/candidate_recall": float(rng.random()),
             "trainer/step_seconds": 0.1,
             "trainer/verdict": float(rng.integers(0, 3)),
             "trainer/verdict_rank": 1.0,
@@ -83,7 +84,7 @@ def test_each_trace_shows_the_statistic_it_judges(name: str) -> None:
         (y,) = traces.values()
         judged = y[len(y) // 2 :] if name == "mix/tv_distance" else y
         maxed = {"pool/steps_since_pick_max", "databases/steps_since_pick_max"}
-        agg = np.nanmax if name in maxed else np.nanmedian
+        agg = np.nanmax if name in maxed else np.nanmin if name == "link/candidate_recall" else np.nanmedian
         assert value == pytest.approx(float(agg(judged)))
     else:
         (y,) = traces.values()

@@ -702,6 +702,8 @@ EXTRA_REDUCTIONS = {
     "context/deadline_hits": "SUM",
     "context/store_misses": "SUM",
     "context/no_examples": "SUM",
+    "link/positive_examples": "SUM",
+    "link/candidate_recall": "MIN",
     "context/tasks_per_batch": "MAX",
     "context/masked_cells": "HISTOGRAM",
 }
@@ -806,6 +808,7 @@ PROM_GAUGES = {
     "headwater_context_tasks_per_batch": "context/tasks_per_batch",
     "headwater_io_read_amplification_ratio": "io/read_amplification",
     "headwater_io_working_set_resident_ratio": "io/working_set_resident",
+    "headwater_link_candidate_recall_ratio": "link/candidate_recall",
 }
 PROM_COUNTERS = {
     "headwater_pool_exhaust_events_total": "pool/exhaust_events",
@@ -833,6 +836,7 @@ PROM_COUNTERS = {
     "headwater_context_deadline_hits_total": "context/deadline_hits",
     "headwater_context_store_misses_total": "context/store_misses",
     "headwater_context_no_examples_total": "context/no_examples",
+    "headwater_link_positive_examples_total": "link/positive_examples",
 }
 PROM_TASKS = "headwater_task_seeds_drawn_total"
 PROM_KINDS = "headwater_task_kind_contexts_total"  # labelled `kind`, one per task kind

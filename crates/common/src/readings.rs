@@ -106,6 +106,9 @@ pub struct SeqReadings {
     /// With `examples`: 1 when the context, built in time, holds no example
     /// (no eligible row of the seed's table, or no room after tier 0).
     pub no_examples: u32,
+    /// Link tasks with `examples`: example labels shown that are positive
+    /// (a candidate linked within its window).
+    pub positive_examples: u32,
 }
 
 /// Index of each stage in [`BatchReadings::stage_ns`].
@@ -215,6 +218,9 @@ pub struct BatchReadings {
     /// Seeds (contexts) of each task kind, by [`TASK_KINDS`] index: they
     /// sum to `seeds`.
     pub kind_seeds: [u32; TASK_KINDS.len()],
+    /// The least candidate recall (training groups, measured by
+    /// preprocessing) of the batch's link tasks; `None` without one.
+    pub link_candidate_recall: Option<f64>,
     /// One entry per sequence.
     pub seqs: Vec<SeqReadings>,
 }

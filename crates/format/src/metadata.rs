@@ -280,6 +280,11 @@ pub struct TaskMeta {
     /// task has no examples), and the database's hash is unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_us: Option<i64>,
+    /// Link tasks: the share of the training groups' positives that the
+    /// candidate generator found (preprocessing adds the ones it missed),
+    /// in [0, 1]. Absent for every other task (the hash is unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_recall: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

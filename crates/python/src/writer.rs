@@ -267,6 +267,12 @@ impl DatabaseWriter {
         py.detach(|| w.set_window(name, window_us)).map_err(to_py)
     }
 
+    /// Link task `name`'s share of its training positives the candidate
+    /// generator found.
+    fn set_candidate_recall(&mut self, name: &str, share: f64) -> PyResult<()> {
+        self.w()?.set_candidate_recall(name, share).map_err(to_py)
+    }
+
     /// Table `name` (added) is reached only as a seed: no reverse edge
     /// leads into its rows.
     fn set_seed_only(&mut self, name: &str) -> PyResult<()> {

@@ -1,7 +1,7 @@
 """The dashboard's "In-context contexts" row: the in-context recipe
 (``examples = true``: tiers, examples, walks, deadline), masked cells
-(``mask_prob_max``), the per-sequence task mix (``task_mixing``) and the
-contexts of each task kind; zero or flat on the default layout (but the
+(``mask_prob_max``), the per-sequence task mix (``task_mixing``), the
+contexts of each task kind and the link tasks' candidates and positives; zero or flat on the default layout (but the
 task kinds). Split from :mod:`.panels` (the other rows)."""
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ def _contexts() -> list[PanelBuilder]:
             [Q(across("context/tasks_per_batch"), "tasks")],
             span=8,
         ),
+        *_kinds_and_links(),
+    ]
+
+
+def _kinds_and_links() -> list[PanelBuilder]:
+    """Contexts per task kind, and the link tasks' candidates and positives."""
+    return [
         _timeseries(
             "Contexts per task kind/s",
             "Contexts (seeds) per second of each task kind (cell, sql, relbench, link; other: a kind "
@@ -89,6 +96,27 @@ def _contexts() -> list[PanelBuilder]:
             "a SQL task without a window gets weight 0 under RT-J's recipe), or other above 0 "
             "(a task kind the telemetry does not name).",
             [Q(across("task_kinds/{kind}", by="kind"), "{{kind}}")],
+            unit="cps",
+            span=8,
+        ),
+        _timeseries(
+            "Link tasks: candidate recall",
+            "The least candidate recall of the link tasks drawn, cluster min: the share of "
+            "their training groups' positives the candidate generator found, as preprocessing "
+            "measured it (1 without a link task). Healthy: above 0.5. Pathological: below it "
+            "(the evaluation ranks only the candidates, so MAP reads the generator, not the "
+            "model: more candidates, or a generator that knows the data).",
+            [Q(across("link/candidate_recall"), "candidate recall")],
+            span=8,
+        ),
+        _timeseries(
+            "Link tasks: positive example labels/s",
+            "Example labels shown in link contexts that are positive (a candidate linked "
+            "within its window), per second, cluster sum; over the link contexts/s (task "
+            "kinds panel) it is the positives a context shows. Healthy: a few per context "
+            "with examples on, 0 without. Pathological: 0 with examples on (no linked "
+            "candidate among the examples: nothing to learn a link from in context).",
+            [Q(across("link/positive_examples"), "positive example labels/s")],
             unit="cps",
             span=8,
         ),

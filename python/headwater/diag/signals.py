@@ -225,6 +225,19 @@ def maximum(label: str) -> Rule:
     return rule
 
 
+def minimum(label: str) -> Rule:
+    """The smallest value of the key over the steps."""
+
+    def rule(key: str) -> Measure:
+        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
+            x = series(rows, key)
+            return (float(np.nanmin(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
+
+        return f
+
+    return rule
+
+
 def share_of_cells(label: str) -> Rule:
     """The key per step (a count of a sequence's cells) over a sequence's
     filled cells, ``S · (1 - padding/fraction_p50)``; the statistic is its
@@ -484,6 +497,12 @@ _TABLE: tuple[Signal, ...] = (
         rule=per_seed("per seed so far"),
         culprit=True,
         counter=True,
+    ),
+    Signal(
+        metric="link/candidate_recall",
+        rule=minimum("per step"),
+        culprit=True,
+        per_step=True,
     ),
     Signal(
         metric="context/deadline_hits",

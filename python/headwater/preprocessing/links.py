@@ -81,6 +81,9 @@ class LinkSpec:
     kind: str  # "sql" (split by time) or "relbench" (the files' splits)
     #: The primary keys of the source and destination tables (checked).
     keys: tuple[str, str] = ("", "")
+    #: The share of the training groups' positives the candidates found
+    #: (set when the pairs are built; ``None`` without training positives).
+    train_recall: float | None = None
 
 
 def pairs_table(task: str) -> str:
@@ -179,13 +182,11 @@ def link_specs(src: Source, schema: Schema) -> list[LinkSpec]:
     return specs
 
 
-def _candidates_sql(spec: LinkSpec, num_destinations: int) -> str:
-    """Per group: its candidates (``grp``, ``d``, ``pri``, ``score``,
-    ``origin``) kept in the order of :data:`PAST`, :data:`POPULAR`,
-    :data:`RANDOM`, most linked first, up to ``candidates`` (a fifth for a
-    training group), plus a training group's missing positives."""
+def _generated_sql(spec: LinkSpec, num_destinations: int) -> str:
+    """Per group: every generated candidate (``grp``, ``d``, ``pri``,
+    ``score``, ``origin``) ranked (``rk``, from 1) in the order of
+    :data:`PAST`, :data:`POPULAR`, :data:`RANDOM`, most linked first."""
     c = spec.candidates
-    train_c = max(spec.eval_k, c // 5)
     return f"""
         WITH past_top AS (
             SELECT grp, d, 0 AS pri, n AS score FROM hw_past
@@ -201,11 +202,21 @@ def _candidates_sql(spec: LinkSpec, num_destinations: int) -> str:
         gen AS (
             SELECT grp, d, min(pri) AS pri, max(score) AS score, bit_or(1 << pri) AS origin
             FROM (SELECT * FROM past_top UNION ALL SELECT * FROM pop_top UNION ALL SELECT * FROM rnd)
-            GROUP BY grp, d),
-        kept AS (
-            SELECT gen.*, g.split FROM gen JOIN hw_g g USING (grp)
-            QUALIFY row_number() OVER (PARTITION BY grp ORDER BY pri, score DESC, hash(d))
-                    <= CASE WHEN g.split = 0 THEN {train_c} ELSE {c} END),
+            GROUP BY grp, d)
+        SELECT gen.*, g.split,
+               row_number() OVER (PARTITION BY grp ORDER BY pri, score DESC, hash(d)) AS rk
+        FROM gen JOIN hw_g g USING (grp)"""
+
+
+def _candidates_sql(spec: LinkSpec) -> str:
+    """Per group: its candidates (``grp``, ``d``, ``pri``, ``score``,
+    ``origin``, ``split``): the first ``candidates`` generated (a fifth for
+    a training group), plus a training group's missing positives."""
+    train_c = max(spec.eval_k, spec.candidates // 5)
+    return f"""
+        WITH kept AS (
+            SELECT grp, d, pri, score, origin, split FROM hw_gen
+            WHERE rk <= CASE WHEN split = 0 THEN {train_c} ELSE {spec.candidates} END),
         missing AS (
             SELECT l.grp, l.d, 3 AS pri, 0 AS score, {POSITIVE} AS origin, l.split
             FROM (SELECT * FROM hw_l WHERE split = 0) l ANTI JOIN kept k ON k.grp = l.grp AND k.d = l.d)
@@ -239,11 +250,12 @@ def materialise(src: Source, spec: LinkSpec, log: Callable[[str], None]) -> None
             con.execute(q)
         row = con.execute("SELECT count(*) FROM hw_d").fetchone()
         num_d = max(1, int(row[0])) if row else 1
-        con.execute(f"CREATE OR REPLACE TEMP TABLE hw_c AS {_candidates_sql(spec, num_d)}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE hw_gen AS {_generated_sql(spec, num_d)}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE hw_c AS {_candidates_sql(spec)}")
         con.execute(_pairs_sql(spec, w))
     except duckdb.Error as e:
         raise SchemaError(f"task `{spec.name}`: cannot build its candidate pairs: {e}") from e
-    _log_counts(con, spec, log)
+    spec.train_recall = _log_counts(con, spec, log)
     name = pairs_table(spec.name)
     identity = hashlib.sha256(json.dumps([
         spec.labels, spec.window_us, spec.candidates, spec.eval_k,
@@ -284,21 +296,31 @@ def _pairs_sql(spec: LinkSpec, w: str) -> str:
         ORDER BY pair"""
 
 
-def _log_counts(con: duckdb.DuckDBPyConnection, spec: LinkSpec, log: Callable[[str], None]) -> None:
-    """Per split: groups, pairs, and the share of the positives the
-    generator found (a training group's missing ones are added)."""
+def _log_counts(
+    con: duckdb.DuckDBPyConnection, spec: LinkSpec, log: Callable[[str], None]
+) -> float | None:
+    """Per split: groups, pairs, and the candidate recall: the share of the
+    positives among the first ``candidates`` generated (what a val or test
+    group keeps; a training group keeps a fifth and gets its missing
+    positives added). Returns the training split's recall (``None``
+    without training positives)."""
     rows = con.execute(f"""
-        SELECT p.split, count(DISTINCT p.grp), count(*),
-               sum((p.linked AND p.origin & {PAST | POPULAR | RANDOM} != 0)::INT),
-               (SELECT sum(n_pos) FROM hw_g g WHERE g.split = p.split)
-        FROM {quote(pairs_table(spec.name))} p GROUP BY p.split ORDER BY p.split""").fetchall()
+        WITH found AS (
+            SELECT l.split, count(g.d) AS f, count(*) AS pos FROM hw_l l
+            LEFT JOIN hw_gen g ON g.grp = l.grp AND g.d = l.d AND g.rk <= {spec.candidates}
+            GROUP BY l.split)
+        SELECT p.split, count(DISTINCT p.grp), count(*), any_value(found.f), any_value(found.pos)
+        FROM {quote(pairs_table(spec.name))} p LEFT JOIN found USING (split)
+        GROUP BY p.split ORDER BY p.split""").fetchall()
     names = ("train", "val", "test")
     parts = [
-        f"{names[s]} {g} groups, {n} pairs, candidates found {100 * f / max(pos, 1):.1f}% of "
-        f"{pos} positives"
+        f"{names[s]} {g} groups, {n} pairs, candidates found {100 * (f or 0) / max(pos or 0, 1):.1f}% "
+        f"of {pos or 0} positives"
         for s, g, n, f, pos in rows
     ]
     log(f"  link task `{spec.name}`: " + "; ".join(parts))
+    train = [f / pos for s, _, _, f, pos in rows if s == 0 and pos]
+    return float(train[0]) if train else None
 
 
 def labels_query(spec: LinkSpec) -> str:

@@ -348,3 +348,5 @@ def add_link_tasks(
             log=log, what=what, with_splits=True,
         )
         writer.set_window(spec.name, spec.window_us)
+        if spec.train_recall is not None:
+            writer.set_candidate_recall(spec.name, spec.train_recall)

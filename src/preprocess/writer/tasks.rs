@@ -93,6 +93,7 @@ impl DatabaseWriter {
             label_time_column: None,
             label_columns: Vec::new(),
             window_us: None,
+            candidate_recall: None,
         };
         self.files.insert(file, digest(len, sum));
         self.tasks.push(meta);
@@ -171,6 +172,25 @@ impl DatabaseWriter {
             )));
         }
         task.window_us = Some(window_us);
+        Ok(())
+    }
+
+    /// Link task `name`'s candidate recall on its training groups: the
+    /// share of their positives the candidate generator found, in [0, 1].
+    pub fn set_candidate_recall(&mut self, name: &str, share: f64) -> Result<()> {
+        let task = self
+            .tasks
+            .iter_mut()
+            .find(|k| k.name == name && k.kind == "link")
+            .ok_or_else(|| {
+                Error::Preprocess(format!("task `{name}`: no link task of that name"))
+            })?;
+        if !(0.0..=1.0).contains(&share) {
+            return Err(Error::Preprocess(format!(
+                "task `{name}`: candidate recall {share}; expected a share in [0, 1]"
+            )));
+        }
+        task.candidate_recall = Some(share);
         Ok(())
     }
 
@@ -317,6 +337,7 @@ impl DatabaseWriter {
             label_time_column: None,
             label_columns: Vec::new(),
             window_us: None,
+            candidate_recall: None,
         };
         // Every section is written a chunk at a time: the task's rows
         // stay in the caller's (spilled) arrays.
