@@ -123,13 +123,14 @@ def test_a_block_failing_its_checksum_fails_the_run_by_default(tmp_path: Path) -
     assert "bad/graph.bin" in str(e.value) and "block 0" in str(e.value), e.value
 
 
+@pytest.mark.parametrize("mixing", ["step", "sequence"])
 def test_a_block_failing_its_checksum_mid_run_drops_it_and_a_resume_is_bit_identical(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], mixing: str
 ) -> None:
     # First: the others keep their ids (it keeps its place in the numbering).
     dbs = [_corrupt_copy(tmp_path, "bad"), GOLDEN_V2]
     capfd.readouterr()
-    with headwater.Sampler(dbs, **SKIP) as s:
+    with headwater.Sampler(dbs, task_mixing=mixing, **SKIP) as s:
         before = train_batches(s, 12)  # `bad` is picked (and found corrupt) among these
         meta = s.database_metadata()
         state = s.state_dict()
@@ -151,7 +152,7 @@ def test_a_block_failing_its_checksum_mid_run_drops_it_and_a_resume_is_bit_ident
     assert metrics["sampler/databases/dropped"] == 1
     assert state["dropped_databases"] == ["bad"]
     capfd.readouterr()
-    with headwater.Sampler(dbs, state=state, **SKIP) as r:
+    with headwater.Sampler(dbs, state=state, task_mixing=mixing, **SKIP) as r:
         dropped = r.database_metadata()["dropped_databases"]
         resumed = train_batches(r, 4)
     assert [d["name"] for d in dropped] == ["bad"] and "mid-run" in dropped[0]["reason"]
