@@ -197,7 +197,7 @@ pub static FIELDS: &[FieldDoc] = &[
             choices: &["error", "skip"],
         },
         note: "",
-        doc: "a database of a mixture that fails to open (missing, unreadable, bad header or checksum table): error fails the open naming it; skip drops it with one line naming it and why, shares its weight out among the others, counts it (databases/dropped) and records it in the saved state, so a resume drops it again",
+        doc: "a database of a mixture that fails to open (missing, unreadable, bad header or checksum table), or whose block fails its checksum mid-run: error fails the open (or the batch) naming the file; skip drops it with one line naming it and why, shares its weight out among the others, counts it (databases/dropped) and records it in the saved state, so a resume drops it again (one dropped mid-run keeps its place in the mixture's ids, with weight 0)",
     },
     FieldDoc {
         name: "stage_dir",

@@ -46,6 +46,11 @@ pub struct SplitState {
     /// The sampler's seed lists (shared).
     pub(super) lists: Arc<SeedLists>,
     pub(super) picker: TaskPicker,
+    /// The core's drop set when this state was made: the picker's weights
+    /// and the shares the readings compare against (`drops.rs`).
+    pub(super) drops: super::DropSet,
+    /// Databases dropped (at open and in place) when this state was made.
+    pub(super) dropped: usize,
     pub(super) buffers: BuildBuffers,
     /// Max rows per sequence and distinct texts of the last batch (the
     /// prediction of the next batch's size).
@@ -112,6 +117,12 @@ impl SplitState {
         Ok(pool.as_mut().expect("made above"))
     }
 
+    /// The generation of the core's drop set this state was made under
+    /// (its picker's weights).
+    pub fn drop_generation(&self) -> u64 {
+        self.drops.generation
+    }
+
     /// The task step `step` picks (`None`: no task can be picked).
     pub fn pick(&self, step: u64) -> Option<usize> {
         (!self.picker.is_empty()).then(|| self.picker.pick(step) as usize)
@@ -140,16 +151,19 @@ impl SamplerCore {
             .collect()
     }
 
-    /// Sampling state for `split` on `rank`, continuing `stream`.
+    /// Sampling state for `split` on `rank`, continuing `stream`, with the
+    /// weights of the drop set now.
     pub fn split_state_at(&self, split: Split, stream: StreamState, rank: u32) -> SplitState {
         let c = &self.cfg;
         let n = self.tasks.len();
+        let drops = self.drop_set();
+        let dropped = self.dropped.len() + drops.gone.len();
         let mut has_seeds = Vec::with_capacity(n);
         for k in 0..n {
             // The split hash takes the task's index in its own database, so
             // a database's splits are the same alone or in any mixture.
             let any = self.seed_lists.any(k, split);
-            if !any && self.weights[k] > 0.0 && rank == c.rank {
+            if !any && drops.weights[k] > 0.0 && rank == c.rank {
                 warn(&format!(
                     "task `{}` has no {} seeds; it is skipped",
                     self.task_names[k],
@@ -160,7 +174,7 @@ impl SamplerCore {
         }
         let key = derive(c.seed, &[split.index() as u64, 3]);
         let picker = self.hot_picker(
-            TaskPicker::new(c.task_pick, &self.weights, &has_seeds, key),
+            TaskPicker::new(c.task_pick, &drops.weights, &has_seeds, key),
             split,
         );
         SplitState {
@@ -171,6 +185,8 @@ impl SamplerCore {
             has_seeds,
             lists: self.seed_lists.clone(),
             picker,
+            drops,
+            dropped,
             buffers: BuildBuffers::default(),
             last_shape: (0, 0),
         }
@@ -350,11 +366,11 @@ impl SamplerCore {
             remaining_fraction_max: f64::NEG_INFINITY,
             steps_since_pick_max: f64::NEG_INFINITY,
             steps_to_exhaust_min: f64::INFINITY,
-            tv_distance: st.mix.tv_distance(hot.unwrap_or(&self.weights)),
+            tv_distance: st.mix.tv_distance(hot.unwrap_or(&state.drops.weights)),
             ..DrawReadings::default()
         };
         for j in 0..state.pools.len() {
-            if self.weights[j] <= 0.0 {
+            if state.drops.weights[j] <= 0.0 {
                 continue;
             }
             let since = match st.last_picked[j] {
@@ -397,6 +413,7 @@ impl SamplerCore {
     ) {
         let st = &state.stream;
         let nd = self.dbs.len();
+        let shares = &state.drops.shares;
         let mut last: Vec<Option<u64>> = vec![None; nd];
         let mut frac = vec![f64::INFINITY; nd];
         let mut counts = vec![0u64; nd];
@@ -404,7 +421,7 @@ impl SamplerCore {
             let d = self.tasks[j].db;
             counts[d] += st.mix.count(j);
             last[d] = last[d].max(st.last_picked[j]);
-            if self.weights[j] <= 0.0 {
+            if state.drops.weights[j] <= 0.0 {
                 continue;
             }
             if state.has_seeds[j] {
@@ -423,12 +440,9 @@ impl SamplerCore {
             s
         });
         t.database_tv_distance = if n > 0.0 {
-            0.5 * self
-                .dbs
-                .iter()
-                .enumerate()
+            0.5 * (0..nd)
                 .zip(&counts)
-                .map(|((d, db), &c)| (c as f64 / n - hot.as_ref().map_or(db.share, |s| s[d])).abs())
+                .map(|(d, &c)| (c as f64 / n - hot.as_ref().map_or(shares[d], |s| s[d])).abs())
                 .sum::<f64>()
         } else {
             0.0
@@ -439,8 +453,8 @@ impl SamplerCore {
         };
         t.database_steps_since_pick_max = f64::NEG_INFINITY;
         t.database_remaining_fraction_min = f64::INFINITY;
-        for (d, db) in self.dbs.iter().enumerate() {
-            if db.share <= 0.0 {
+        for (d, &share) in shares.iter().enumerate() {
+            if share <= 0.0 {
                 continue;
             }
             if since(d) > t.database_steps_since_pick_max {
@@ -453,7 +467,7 @@ impl SamplerCore {
             }
         }
         t.database_reported = self.reported[self.tasks[k].db].is_some();
-        t.dropped_databases = self.dropped.len() as f64;
+        t.dropped_databases = state.dropped as f64;
         t.databases.clear();
         for &d in &self.schema.database_ids {
             t.databases.push(DatabaseDraw {

@@ -110,9 +110,10 @@ impl SamplerCore {
                 derive(key, &[g]),
             ));
         }
-        // A seed entry read from a corrupt block fails the draw, naming it.
-        for mdb in &self.dbs {
-            mdb.db.integrity().check()?;
+        // A seed entry read from a corrupt block fails the draw, naming it
+        // (the step's databases only: one dropped mid-run stays corrupt).
+        for &(k, _) in &counts {
+            self.dbs[self.tasks[k as usize].db].db.integrity().check()?;
         }
         state.stream.advance_counts(&counts);
         Ok(d)

@@ -25,6 +25,8 @@
 mod assembly;
 mod build;
 mod draw;
+mod drop_set;
+mod drops;
 mod examples;
 mod hot;
 mod masking;
@@ -41,6 +43,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 pub use draw::SplitState;
+pub use drop_set::DropSet;
 pub use plan::{MixtureDatabase, SamplerCore, MIX_WINDOW};
 
 pub(crate) use draw::BuildBuffers;

@@ -132,8 +132,11 @@ pub struct SamplerCore {
     pub(crate) hog: Option<crate::faults::Hog>,
     /// Named and reported as a mixture (more than one database given).
     pub as_mixture: bool,
-    /// Databases of the mixture dropped at open (`on_bad_database`).
+    /// Databases of the mixture dropped at open (`on_bad_database`), not
+    /// among `dbs`; those dropped in place are `drops`'.
     pub dropped: Vec<DroppedDatabase>,
+    /// The databases dropped in place and the weights they leave (`drops.rs`).
+    pub(crate) drops: super::drop_set::Drops,
     /// Bytes the hot sets' read-ahead asked for, not yet reported (`hot.rs`).
     pub(super) prefetched: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -240,11 +243,22 @@ impl SamplerCore {
             example_splits: Vec::new(),
             seed_lists,
             dropped: Vec::new(),
+            drops: super::drop_set::Drops::default(),
             prefetched: Arc::default(),
         };
-        core.plan_packing();
-        core.plan_examples()?;
+        core.finish_plan()?;
         Ok(core)
+    }
+
+    /// The plan's parts made from the core itself: the packing plan, the
+    /// examples' (which may zero a task's weight) and, from the weights
+    /// then, the drop set of a core that dropped nothing in place.
+    fn finish_plan(&mut self) -> Result<()> {
+        self.plan_packing();
+        self.plan_examples()?;
+        let shares: Vec<f64> = self.dbs.iter().map(|d| d.share).collect();
+        self.drops = super::drop_set::Drops::none(&self.weights, &shares);
+        Ok(())
     }
 
     /// Seeds each rank draws per step of task `k` (the global cursor of the
@@ -319,7 +333,8 @@ impl SamplerCore {
         format!("mixture-{:016x}", h.digest())
     }
 
-    /// The effective task weights (metadata order).
+    /// The effective task weights at open (metadata order); those after
+    /// a mid-run drop are [`drop_set`](Self::drop_set)'s.
     pub fn weights(&self) -> &[f64] {
         &self.weights
     }

@@ -13,10 +13,11 @@ use crate::seeds::Split;
 use crate::stream::{DatabaseRecord, SamplerState, StreamConfig, StreamState};
 
 impl SamplerCore {
-    /// The stream keys of this sampler's config (effective task weights).
+    /// The stream keys of this sampler's config (effective task weights,
+    /// after any mid-run drop).
     pub fn stream_config(&self) -> StreamConfig {
-        let shares: Vec<f64> = self.dbs.iter().map(|d| d.share).collect();
-        StreamConfig::of(&self.cfg, self.weights(), &shares)
+        let now = self.drop_set();
+        StreamConfig::of(&self.cfg, &now.weights, &now.shares)
     }
 
     /// The mixture's databases as a state records them (name, content hash).
@@ -30,16 +31,27 @@ impl SamplerCore {
             .collect()
     }
 
-    /// The saved form of `streams` (split, stream, global pool sizes).
+    /// The saved form of `streams` (split, stream, global pool sizes). The
+    /// drop set is read once, after the streams: a batch delivered past
+    /// them under a newer one is remade first (`crate::sampler`), so the
+    /// state never records fewer drops than the batches after it saw.
     pub fn capture(&self, streams: &[(Split, &StreamState, &[u64])]) -> SamplerState {
+        let now = self.drop_set();
         let mut state = SamplerState::capture(
             &self.content_hash(),
             &self.database_records(),
-            self.stream_config(),
+            StreamConfig::of(&self.cfg, &now.weights, &now.shares),
             self.task_names(),
             streams,
         );
-        state.dropped_databases = self.dropped.iter().map(|d| d.name.clone()).collect();
+        let gone = now.gone.into_iter().map(|(_, d)| d);
+        state.dropped_databases = self
+            .dropped
+            .iter()
+            .cloned()
+            .chain(gone)
+            .map(|d| d.name)
+            .collect();
         state
     }
 
@@ -65,7 +77,8 @@ impl SamplerCore {
         saved: &SamplerState,
         fresh: &[SplitState],
     ) -> Result<(Vec<StreamState>, Vec<String>)> {
-        let mine: Vec<&str> = self.dropped.iter().map(|d| d.name.as_str()).collect();
+        let dropped = self.dropped_databases();
+        let mine: Vec<&str> = dropped.iter().map(|d| d.name.as_str()).collect();
         if saved.dropped_databases != mine {
             return Err(Error::State {
                 field: "dropped_databases".into(),

@@ -70,15 +70,17 @@ impl SamplerCore {
     /// their indices shifted to mixture ids, task names as in
     /// [`SamplerCore::task_names`], counts summed, `content_hash` the
     /// mixture's), plus `databases`: per database its name, path, share of
-    /// batches, first task, task count, column and category offsets and
-    /// its own `metadata.json`.
+    /// batches (0 once dropped in place), first task, task count, column
+    /// and category offsets and its own `metadata.json`; and
+    /// `dropped_databases` (name and reason) when any was dropped.
     #[allow(clippy::missing_panics_doc)]
     pub fn merged_metadata(&self) -> Value {
         let mut merged = serde_json::to_value(self.dbs[0].db.metadata()).expect("serialisable");
         let (mut tables, mut columns, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
         let mut sums = [0u64; 4];
         let mut described = Vec::new();
-        for d in &self.dbs {
+        let shares = self.drop_set().shares;
+        for (d, share) in self.dbs.iter().zip(shares.iter()) {
             let meta = serde_json::to_value(d.db.metadata()).expect("serialisable");
             let (t_off, c_off, cat_off) = (
                 tables.len() as u64,
@@ -117,7 +119,7 @@ impl SamplerCore {
                 "name": d.name,
                 "path": d.db.dir().display().to_string(),
                 "content_hash": d.db.content_hash(),
-                "share": d.share,
+                "share": share,
                 "first_task": d.first_task,
                 "num_tasks": d.db.metadata().tasks.len(),
                 "column_offset": d.column_offset,
@@ -142,9 +144,9 @@ impl SamplerCore {
             "mapped_bytes": self.reads.mapped_bytes,
             "random_reads": self.reads.random_reads,
         });
-        if !self.dropped.is_empty() {
-            merged["dropped_databases"] = self
-                .dropped
+        let dropped = self.dropped_databases();
+        if !dropped.is_empty() {
+            merged["dropped_databases"] = dropped
                 .iter()
                 .map(|d| json!({"name": d.name, "reason": d.reason}))
                 .collect();

@@ -156,7 +156,17 @@ impl Sampler {
         state: Option<&SamplerState>,
     ) -> Result<Sampler> {
         let dropped = state.map_or(&[][..], |s| &s.dropped_databases[..]);
-        let core = Arc::new(SamplerCore::open_mixture_dropping(paths, cfg, dropped)?);
+        // Dropped mid-run: still among the state's databases (kept in place).
+        let in_place: Vec<String> = state.map_or_else(Vec::new, |s| {
+            s.databases
+                .iter()
+                .map(|d| d.name.clone())
+                .filter(|n| dropped.contains(n))
+                .collect()
+        });
+        let core = Arc::new(SamplerCore::open_mixture_dropping(
+            paths, cfg, dropped, &in_place,
+        )?);
         Sampler::start_at(core, state)
     }
 
@@ -326,6 +336,15 @@ impl Sampler {
         self.restart(lane, state, &turn)
     }
 
+    /// Restart `lane`'s producer at its delivered state under the drop set
+    /// now (a database was dropped mid-run: the batches after it are made
+    /// with its weight shared out). The caller holds the gate (`_turn`).
+    fn remake(&self, lane: &Lane, split: Split, turn: &Turn<'_>) -> Result<()> {
+        let stream = lane.delivered.lock().unwrap().clone();
+        let state = self.core.split_state_at(split, stream, self.core.cfg.rank);
+        self.restart(lane, state, turn)
+    }
+
     /// `lane`'s gate, waiting as long as it takes (a consumer holds it for
     /// at most one batch or its own timeout); `Shutdown` if the sampler
     /// shuts down meanwhile.
@@ -405,7 +424,7 @@ impl Sampler {
         let split = ask.split;
         let lane = self.lane(split)?;
         let deadline = timeout.map(|t| Instant::now() + t);
-        let Some(_turn) = lane.gate.enter(deadline, Some(&self.stop_rx))? else {
+        let Some(turn) = lane.gate.enter(deadline, Some(&self.stop_rx))? else {
             return Ok(None);
         };
         // Checked inside the gate: a failure another caller met first is
@@ -418,7 +437,12 @@ impl Sampler {
             });
         }
         loop {
-            let rx = lane.producer.lock().unwrap().rx.clone();
+            let (rx, made_under) = {
+                let p = lane.producer.lock().unwrap();
+                (p.rx.clone(), p.generation)
+            };
+            // A database was dropped since this producer's state was made.
+            let outdated = || made_under != self.core.drop_generation();
             let got = if let Some(d) = deadline {
                 select! {
                     recv(rx) -> m => Some(m),
@@ -434,6 +458,10 @@ impl Sampler {
             self.check_open()?;
             let restarted = || !lane.producer.lock().unwrap().rx.same_channel(&rx);
             match got {
+                Some(Ok(Ok(_))) if outdated() => self.remake(lane, split, &turn)?,
+                Some(Ok(Err(e))) if self.core.drop_corrupt(&e) | outdated() => {
+                    self.remake(lane, split, &turn)?;
+                }
                 Some(Ok(Ok(b))) => {
                     if !Sampler::advance(lane, split, &b, &self.core)? {
                         continue; // made before a restart: not part of the stream now

@@ -18,6 +18,9 @@ pub(super) struct Producer {
     pub(super) handle: Option<JoinHandle<()>>,
     /// Dropped to stop this producer alone (a restart).
     pub(super) halt: Option<Sender<()>>,
+    /// The drop set generation its state was made under: a batch of an
+    /// older one than the core's is remade (`crate::maker`'s `drops.rs`).
+    pub(super) generation: u64,
 }
 
 /// The error to stop with when building the next batch would take the
@@ -98,7 +101,7 @@ pub(super) fn spawn_producer(
     stop: &Receiver<()>,
     opened: Option<Instant>,
 ) -> Result<Producer> {
-    let split = state.split;
+    let (split, generation) = (state.split, state.drop_generation());
     let (tx, rx) = bounded(core.cfg.num_prefetch);
     let (halt_tx, halt_rx) = bounded::<()>(0);
     let (c, s) = (core.clone(), stop.clone());
@@ -115,5 +118,6 @@ pub(super) fn spawn_producer(
         rx,
         handle: Some(handle),
         halt: Some(halt_tx),
+        generation,
     })
 }

@@ -1,12 +1,14 @@
 """A bad database in a mixture (`on_bad_database`): the default fails the
-open naming it; `skip` drops it with one line naming it and why, shares its
-weight out, counts it (`databases/dropped`), lists it in the metadata and
-the saved state, and a resume drops it again even once it would open, so
-the resumed run delivers what the uninterrupted one would have."""
+open (or, for a block that fails its checksum mid-run, the batch) naming it;
+`skip` drops it with one line naming it and why, shares its weight out,
+counts it (`databases/dropped`), lists it in the metadata and the saved
+state, and a resume drops it again even once it would open, so the resumed
+run delivers what the uninterrupted one would have."""
 
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import headwater
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden_v1"
+GOLDEN_V2 = ROOT / "tests" / "data" / "golden_v2"  # format 2: blocks checked on first read
 SMALL = {"default_batch_size": 4, "default_sequence_length": 64, "num_threads": 1}
 SKIP = {"on_bad_database": "skip", **SMALL}
 
@@ -48,9 +51,10 @@ def test_a_missing_database_is_dropped_and_its_weight_shared_out(
     assert metrics["sampler/databases/dropped"] == 1
 
 
-def test_a_healthy_mixture_drops_nothing() -> None:
-    with headwater.Sampler([GOLDEN, GOLDEN], **SKIP) as s:
-        s.next_train_batch()
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN_V2])
+def test_a_healthy_mixture_drops_nothing(golden: Path) -> None:
+    with headwater.Sampler([golden, golden], **SKIP) as s:
+        train_batches(s, 12)
         meta = s.database_metadata()
         metrics = s.drain_step_metrics()
         state = s.state_dict()
@@ -95,3 +99,76 @@ def test_a_resume_drops_it_again_and_continues_bit_identically(tmp_path: Path) -
     # A state that drops a database the mixture does not have is refused.
     with pytest.raises(headwater.StateError, match="dropped_databases"):
         headwater.Sampler([GOLDEN, GOLDEN], state=state, **SKIP)
+
+
+def _corrupt_copy(tmp_path: Path, name: str) -> Path:
+    """A copy of the format-2 golden database whose graph block fails its
+    checksum: open reads no payload byte (it succeeds), a batch of it does."""
+    bad = tmp_path / name
+    shutil.copytree(GOLDEN_V2, bad)
+    graph = bad / "graph.bin"
+    graph.chmod(0o644)
+    b = bytearray(graph.read_bytes())
+    (n,) = struct.unpack_from("<I", b, 12)  # the block table's entries
+    start = (48 + 16 * n + 63) // 64 * 64  # the first payload byte
+    b[(start + len(b)) // 2] ^= 0x10  # one amid block 0's adjacency
+    graph.write_bytes(bytes(b))
+    return bad
+
+
+def test_a_block_failing_its_checksum_fails_the_run_by_default(tmp_path: Path) -> None:
+    dbs = [GOLDEN_V2, _corrupt_copy(tmp_path, "bad")]
+    with headwater.Sampler(dbs, **SMALL) as s, pytest.raises(headwater.FormatError) as e:
+        train_batches(s, 16)
+    assert "bad/graph.bin" in str(e.value) and "block 0" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("mixing", ["step", "sequence"])
+def test_a_block_failing_its_checksum_mid_run_drops_it_and_a_resume_is_bit_identical(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], mixing: str
+) -> None:
+    # First: the others keep their ids (it keeps its place in the numbering).
+    dbs = [_corrupt_copy(tmp_path, "bad"), GOLDEN_V2]
+    capfd.readouterr()
+    with headwater.Sampler(dbs, task_mixing=mixing, **SKIP) as s:
+        before = train_batches(s, 12)  # `bad` is picked (and found corrupt) among these
+        meta = s.database_metadata()
+        state = s.state_dict()
+        rest = train_batches(s, 4)
+        val = s.next_val_batch()
+        metrics = s.drain_step_metrics()
+    err = capfd.readouterr().err
+    dropped_lines = [line for line in err.splitlines() if "dropped" in line]
+    assert len(dropped_lines) == 1, err
+    assert "`bad`" in dropped_lines[0] and "graph.bin" in dropped_lines[0], err
+    # It keeps its place (ids stay valid) with share 0; no batch comes from it.
+    assert [(d["name"], d["share"]) for d in meta["databases"]] == [
+        ("bad", 0.0),
+        ("golden_v2", 1.0),
+    ]
+    assert [d["name"] for d in meta["dropped_databases"]] == ["bad"]
+    assert "graph.bin" in meta["dropped_databases"][0]["reason"]
+    assert all(set(b["db_idx"].tolist()) == {1} for b in [*before, *rest, val])
+    assert metrics["sampler/databases/dropped"] == 1
+    assert state["dropped_databases"] == ["bad"]
+    capfd.readouterr()
+    with headwater.Sampler(dbs, state=state, task_mixing=mixing, **SKIP) as r:
+        dropped = r.database_metadata()["dropped_databases"]
+        resumed = train_batches(r, 4)
+    assert [d["name"] for d in dropped] == ["bad"] and "mid-run" in dropped[0]["reason"]
+    for a, b in zip(rest, resumed, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_last_database_left_is_never_dropped(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dbs = [_corrupt_copy(tmp_path, "bad"), _corrupt_copy(tmp_path, "worse")]
+    capfd.readouterr()
+    with (
+        headwater.Sampler(dbs, **SKIP) as s,
+        pytest.raises(headwater.FormatError, match=r"graph\.bin"),
+    ):
+        train_batches(s, 16)
+    # The first found corrupt is dropped; the other, left alone, fails the run.
+    assert sum("dropped" in line for line in capfd.readouterr().err.splitlines()) == 1

@@ -977,7 +977,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_mixture_dropped_databases",
         prometheus_type: Gauge,
         unit: "databases",
-        help: "databases of the mixture dropped at open (on_bad_database = \"skip\"; their names are database_metadata()['dropped_databases'])",
+        help: "databases of the mixture dropped at open or mid-run (on_bad_database = \"skip\"; their names are database_metadata()['dropped_databases'])",
         healthy: None,
         measure: Measure::Last(|r| r.batch.draw.dropped_databases),
     },

@@ -174,7 +174,7 @@ def _database_mix() -> list[PanelBuilder]:
             "Batches since the least recently picked weighted database was picked (cluster "
             "max; the worst database's mixture index as a pointer), per reported database, and "
             "the TV distance of the recent database mix from the weights, and the databases "
-            "dropped at open (on_bad_database = skip). Healthy: bounded, flat; TV small; none "
+            "dropped at open or mid-run (on_bad_database = skip). Healthy: bounded, flat; TV small; none "
             "dropped. Pathological: a wait that grows with the run (starved database); a "
             "dropped database (its name and reason in database_metadata()).",
             [
