@@ -427,6 +427,31 @@ def locality() -> Figure:
     return fig
 
 
+def corpus() -> Figure:
+    d = _load("2026-11-29-corpus")
+    fig, (ax,) = _figure(d)
+    size = d["corpus_bytes"]
+    for key, label, style in (
+        ("no_hot_sets", "no hot sets", "o--"),
+        ("hot_sets", "hot_set_bytes 100 MiB, hot_set_steps 1000", "o-"),
+    ):
+        runs = [r for r in d[key]["runs"] if r["memory_limit_bytes"]]
+        ax.plot([r["memory_limit_bytes"] / size for r in runs],
+                [r["best_batches_per_s"] for r in runs], style, label=label)
+    unlimited = next(r for r in d["hot_sets"]["runs"] if not r["memory_limit_bytes"])
+    ax.axhline(unlimited["best_batches_per_s"], color="0.3", ls="-", lw=1, label="no memory limit")
+    ax.axhline(unlimited["best_batches_per_s"] * 0.7, color="0.3", ls=":", lw=1,
+               label="70 % of the in-memory rate")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"memory limit / corpus size (200 generated databases, {size / 1e9:.2f} GB)")
+    ax.set_ylabel("batches/s, one thread (RT-J's recipe)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax.set_title("A corpus larger than memory: hot sets\n(in context, task_mixing = sequence)",
+                 fontsize=9)
+    return fig
+
+
 #: Every figure: PNG name → the function that draws it.
 FIGURES: dict[str, Callable[[], Figure]] = {
     "hot-path.png": hot_path,
@@ -445,6 +470,7 @@ FIGURES: dict[str, Callable[[], Figure]] = {
     "random-access.png": random_access,
     "memory-fraction.png": memory_fraction,
     "locality.png": locality,
+    "corpus.png": corpus,
 }
 
 
