@@ -48,6 +48,16 @@ impl SamplerCore {
         all
     }
 
+    /// Why task `k`'s database was dropped in place (`None`: it was not).
+    pub fn task_dropped(&self, k: usize) -> Option<String> {
+        let d = self.tasks[k].db;
+        let now = self.drops.now.read().unwrap();
+        now.gone
+            .iter()
+            .find(|(g, _)| *g == d)
+            .map(|(_, x)| format!("database `{}` was dropped: {}", x.name, x.reason))
+    }
+
     /// Drop database `d` in place for `reason`, unless it is dropped
     /// already or no other database with a share would be left; `true`
     /// when it was dropped now. `mid_run`: log one line naming it and why

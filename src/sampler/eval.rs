@@ -139,8 +139,9 @@ pub struct EvalPass {
 }
 
 impl EvalPass {
-    /// A pass over `split` (val or test) of `task` (every task when `None`),
-    /// each task's list capped at `max_seeds`.
+    /// A pass over `split` (val or test) of `task` (every task when `None`,
+    /// but those of a database dropped mid-run), each task's list capped at
+    /// `max_seeds`.
     pub fn new(
         core: Arc<SamplerCore>,
         split: Split,
@@ -167,8 +168,17 @@ impl EvalPass {
                     format!("{k}: expected a task index in 0..{n}"),
                 ))
             }
-            Some(k) => vec![k],
-            None => (0..n).collect(),
+            Some(k) => {
+                if let Some(why) = core.task_dropped(k) {
+                    return Err(Error::invalid(
+                        "task",
+                        format!("{k} ({}): {why}", core.task_names()[k]),
+                    ));
+                }
+                vec![k]
+            }
+            // A database dropped mid-run is not evaluated (its blocks fail).
+            None => (0..n).filter(|&k| core.task_dropped(k).is_none()).collect(),
         };
         let tasks = picked
             .into_iter()

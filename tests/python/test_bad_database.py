@@ -137,6 +137,11 @@ def test_a_block_failing_its_checksum_mid_run_drops_it_and_a_resume_is_bit_ident
         rest = train_batches(s, 4)
         val = s.next_val_batch()
         metrics = s.drain_step_metrics()
+        # An evaluation pass leaves its tasks out; asking for one names the drop.
+        passed = {int(b["db_idx"][0]) for b in s.eval_batches("val", max_seeds=8)}
+        bad_task = next(t["name"] for t in meta["tasks"] if t["name"].startswith("bad/"))
+        with pytest.raises(ValueError, match=r"database `bad` was dropped: .*graph\.bin"):
+            s.eval_batches("val", task=bad_task)
     err = capfd.readouterr().err
     dropped_lines = [line for line in err.splitlines() if "dropped" in line]
     assert len(dropped_lines) == 1, err
@@ -149,6 +154,7 @@ def test_a_block_failing_its_checksum_mid_run_drops_it_and_a_resume_is_bit_ident
     assert [d["name"] for d in meta["dropped_databases"]] == ["bad"]
     assert "graph.bin" in meta["dropped_databases"][0]["reason"]
     assert all(set(b["db_idx"].tolist()) == {1} for b in [*before, *rest, val])
+    assert passed == {1}
     assert metrics["sampler/databases/dropped"] == 1
     assert state["dropped_databases"] == ["bad"]
     capfd.readouterr()
