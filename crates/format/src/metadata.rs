@@ -281,8 +281,8 @@ pub struct TaskMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_us: Option<i64>,
     /// Link tasks: the share of the training groups' positives that the
-    /// candidate generator found (preprocessing adds the ones it missed),
-    /// in [0, 1]. Absent for every other task (the hash is unchanged).
+    /// candidate generator found (the positives the model trains on), in
+    /// [0, 1]. Absent for every other task (the hash is unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate_recall: Option<f64>,
 }

@@ -11,8 +11,9 @@ headwater ranks candidate destinations per group:
   destinations the source itself linked to in windows closed by t (most
   often first, at most a quarter), the destinations most linked by anyone
   in windows closed by t (at most half), then random destination rows;
-  a training group also gets every positive it lacks (the model must see
-  them), and keeps only its first fifth of generated candidates;
+  a training group keeps the positives among them and a random fifth of
+  the rest (its negatives), so the model trains on pairs drawn as the
+  evaluation's are: a positive the candidates miss is in no group's pairs;
 * each candidate is one row of a **pairs table** ``<task>_pairs`` written
   into the database: a key, a foreign key to the source row, one to the
   destination row, and its time ``t + window`` (when its label is known).
@@ -30,8 +31,9 @@ headwater ranks candidate destinations per group:
   candidate's popularity and the source's own past links to it
   (:func:`read_link_table`).
 
-Must never: date a pair before its label is known; let a val or test group
-see its positives added as candidates.
+Must never: date a pair before its label is known; add a positive the
+candidates missed to any group (a training group that got them would teach
+the model that a destination outside the candidates' kind is a positive).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from headwater.preprocessing.sources import (
 #: The folder of the database that holds each link task's sidecar.
 LINKS_DIR = "links"
 #: Candidate origins (bits of the sidecar's ``origin``).
-PAST, POPULAR, RANDOM, POSITIVE = 1, 2, 4, 8
+PAST, POPULAR, RANDOM = 1, 2, 4
 
 
 @dataclass
@@ -210,17 +212,15 @@ def _generated_sql(spec: LinkSpec, num_destinations: int) -> str:
 
 def _candidates_sql(spec: LinkSpec) -> str:
     """Per group: its candidates (``grp``, ``d``, ``pri``, ``score``,
-    ``origin``, ``split``): the first ``candidates`` generated (a fifth for
-    a training group), plus a training group's missing positives."""
-    train_c = max(spec.eval_k, spec.candidates // 5)
+    ``origin``, ``split``): the first ``candidates`` generated; of a
+    training group's, its positives and a fifth of the rest (by a hash of
+    the group and the destination, so they are spread over the list as the
+    evaluation's candidates are)."""
     return f"""
-        WITH kept AS (
-            SELECT grp, d, pri, score, origin, split FROM hw_gen
-            WHERE rk <= CASE WHEN split = 0 THEN {train_c} ELSE {spec.candidates} END),
-        missing AS (
-            SELECT l.grp, l.d, 3 AS pri, 0 AS score, {POSITIVE} AS origin, l.split
-            FROM (SELECT * FROM hw_l WHERE split = 0) l ANTI JOIN kept k ON k.grp = l.grp AND k.d = l.d)
-        SELECT * FROM kept UNION ALL SELECT * FROM missing"""
+        SELECT g.grp, g.d, g.pri, g.score, g.origin, g.split FROM hw_gen g
+        WHERE g.rk <= {spec.candidates}
+          AND (g.split > 0 OR hash(g.grp, g.d, 5) % 5 = 0
+               OR EXISTS (SELECT 1 FROM hw_l l WHERE l.grp = g.grp AND l.d = g.d))"""
 
 
 def materialise(src: Source, spec: LinkSpec, log: Callable[[str], None]) -> None:
@@ -301,9 +301,10 @@ def _log_counts(
 ) -> float | None:
     """Per split: groups, pairs, and the candidate recall: the share of the
     positives among the first ``candidates`` generated (what a val or test
-    group keeps; a training group keeps a fifth and gets its missing
-    positives added). Returns the training split's recall (``None``
-    without training positives)."""
+    group keeps; a training group keeps its positives among them and a
+    fifth of the rest): the share of the positives the model trains on, or
+    that a ranking can find. Returns the training split's (``None`` without
+    training positives)."""
     rows = con.execute(f"""
         WITH found AS (
             SELECT l.split, count(g.d) AS f, count(*) AS pos FROM hw_l l
