@@ -202,6 +202,8 @@ impl MappedFile {
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         if huge_pages {
             super::page_cache::advise_huge_pages(&mmap);
+        } else {
+            super::page_cache::advise_opening(&mmap, None);
         }
         let b = &mmap[..];
         check_magic(path, b, kind)?;
@@ -225,7 +227,14 @@ impl MappedFile {
             }
         }
         let mut sections = section_table(path, b, n, payload_start)?;
-        let blocks = read_block_table(path, b, version, &mut sections, payload_start)?;
+        if !huge_pages && version >= 2 {
+            super::page_cache::advise_opening(&mmap, sections.last().copied());
+        }
+        let blocks = read_block_table(path, b, version, &mut sections, payload_start);
+        if !huge_pages {
+            super::page_cache::advise_opened(&mmap);
+        }
+        let blocks = blocks?;
         let payload_checksum = le_u64(b, 24);
         Ok(MappedFile {
             path: path.to_path_buf(),

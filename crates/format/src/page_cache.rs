@@ -129,6 +129,38 @@ pub(super) fn advise_random(map: &Mmap) {
     let _ = map;
 }
 
+/// While a fresh lazy map's header and block table are read at open: no
+/// read-ahead around the header's page (`MADV_RANDOM`; a cold fault would
+/// otherwise read megabytes of payload with it), and the table, `len` bytes
+/// from `off`, asked for whole (`MADV_WILLNEED`: one large read, not a
+/// fault per page). [`advise_opened`] restores the default afterwards.
+pub(super) fn advise_opening(map: &Mmap, table: Option<(usize, usize)>) {
+    #[cfg(unix)]
+    {
+        let _ = map.advise(memmap2::Advice::Random);
+        // A table past the end (a corrupt section table) is left to the
+        // check that names it.
+        if let Some((off, len)) =
+            table.filter(|&(o, l)| o.checked_add(l).is_some_and(|e| e <= map.len()))
+        {
+            let start = off & !4095;
+            let _ = map.advise_range(memmap2::Advice::WillNeed, start, off + len - start);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, table);
+}
+
+/// The default read-ahead again on a map opened with [`advise_opening`]
+/// (`MADV_NORMAL`); a database larger than its memory budget turns it off
+/// afterwards ([`advise_random`]).
+pub(super) fn advise_opened(map: &Mmap) {
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Normal);
+    #[cfg(not(unix))]
+    let _ = map;
+}
+
 /// Ask the kernel to read `map` into the page cache (`MADV_WILLNEED`: it
 /// starts the reads and returns; the pages stay reclaimable). Its bytes.
 pub(super) fn advise_willneed(map: &Mmap) -> u64 {
