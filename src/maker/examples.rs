@@ -75,6 +75,12 @@ impl SamplerCore {
                 WalkGraph::shared(&db.graph(), db.dir(), db.content_hash(), integrity, &info)
             })
             .collect::<Result<_>>()?;
+        if self.reads.random_reads {
+            // Over the memory budget the walks read the graph at random too.
+            for wg in &self.walk_graphs {
+                wg.advise_random();
+            }
+        }
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
             self.rank_stores = (0..self.dbs.len())
                 .map(|d| self.rank_store(d))

@@ -188,6 +188,17 @@ impl WalkGraph {
         }
     }
 
+    /// Turn read-ahead off on a mapped graph (`MADV_RANDOM`): walks read
+    /// it at random, so on a database over its memory budget a fault must
+    /// read the page it needs, not the window around it (as the database's
+    /// own files, `crate::format::Database::advise_random`).
+    pub fn advise_random(&self) {
+        #[cfg(unix)]
+        if let Backing::Mapped { map, .. } = &self.backing {
+            let _ = map.advise(memmap2::Advice::Random);
+        }
+    }
+
     /// Check up to `n` blocks that no read has checked yet (a corrupt one
     /// recorded as a read would): called once per batch, so that after
     /// `blocks / n` batches every check is one load, while the open and a

@@ -88,3 +88,37 @@ fn a_database_over_the_budget_is_read_without_read_ahead() {
     }
     assert_eq!(batches(&over), fits_batches, "the advice changed a batch");
 }
+
+#[test]
+fn the_walk_graph_of_a_database_over_the_budget_is_read_without_read_ahead() {
+    // The in-context tests' database, large enough to exceed a 1 MiB budget.
+    let synth = crate::oracle::build(&headwater::preprocess::SynthSpec {
+        null_fk: 0.0,
+        ..headwater::preprocess::SynthSpec::small(4, 20_000, 21)
+    })
+    .expect("synthesizes");
+    let walk_maps = |budget: u64| {
+        let db = Arc::new(Database::open(&synth.dir).unwrap());
+        let cfg = SamplerConfig {
+            memory_budget: Some(budget),
+            ..crate::incontext::cfg()
+        };
+        let core = SamplerCore::with_database(db, cfg).unwrap();
+        let flags: Vec<(String, String)> = map_flags(&synth.dir)
+            .into_iter()
+            .filter(|(p, _)| p.contains("/walks/graph-"))
+            .collect();
+        (core.reads.random_reads, flags)
+    };
+    for (budget, random) in [(u64::MAX, false), (1 << 20, true)] {
+        let (planned, flags) = walk_maps(budget);
+        assert_eq!(planned, random);
+        assert!(
+            !flags.is_empty(),
+            "the walk graph is not mapped from the database's folder"
+        );
+        for (path, f) in &flags {
+            assert_eq!(f.split(' ').any(|x| x == "rr"), random, "{path}: {f}");
+        }
+    }
+}
