@@ -626,6 +626,19 @@ def closing() -> Iterator[list[Any]]:
         s.shutdown()
 
 
+def drop_cached_pages(root: Path) -> None:
+    """Evict the (clean, unmapped) page-cache pages of every file under
+    ``root``: each synced, then ``posix_fadvise(DONTNEED)`` (no root needed)."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def build_db_from_sql(
     root: Path, name: str, sql: list[str], schema: str, expected_tasks: list[str]
 ) -> Path:

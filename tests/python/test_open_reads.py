@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import Tpch
+from conftest import Tpch, drop_cached_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,25 +34,14 @@ print(read_bytes() - before)
 """
 
 
-def _evict(db: Path) -> list[Path]:
-    files = [p for p in db.rglob("*") if p.is_file()]
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return files
-
-
 def test_a_cold_open_reads_headers_and_block_tables_not_the_payload(tpch: Tpch) -> None:
     scratch = ROOT / "target" / f"open-reads-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     db = scratch / "db"
     try:
         shutil.copytree(tpch.built.path, db)
-        files = _evict(db)
+        drop_cached_pages(db)
+        files = [p for p in db.rglob("*") if p.is_file()]
         size = sum(p.stat().st_size for p in files)
         big = [p for p in files if p.stat().st_size > 1 << 20]
         assert len(big) >= 3, "the test needs files larger than a read-ahead window"

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from conftest import drop_cached_pages
 
 import headwater
 from headwater.preprocessing import columns, memory, pipeline, primary_keys, tasks
@@ -469,18 +470,6 @@ def _maps_of(under: Path) -> tuple[int, int, int]:
     return maps, advised, pmd
 
 
-def _drop_cached_pages(root: Path) -> None:
-    """Evict the (clean, unmapped) page-cache pages of every file under ``root``."""
-    for p in root.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def _kernel_maps_file_huge_pages(tmp: Path) -> bool:
     """Does a file here, read through a ``MADV_HUGEPAGE`` mapping with a cold
     page cache, get 2 MiB mappings (transparent huge pages on, a filesystem
@@ -488,7 +477,7 @@ def _kernel_maps_file_huge_pages(tmp: Path) -> bool:
     probe = tmp / "probe"
     probe.mkdir()
     (probe / "f").write_bytes(os.urandom(8 << 20))
-    _drop_cached_pages(probe)
+    drop_cached_pages(probe)
     with open(probe / "f", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
         m.madvise(mmap.MADV_HUGEPAGE)
         sum(m[i] for i in range(0, len(m), 4096))
@@ -514,7 +503,7 @@ def test_eager_page_cache_modes_read_huge_pages_lazy_does_not(tmp_path: Path) ->
     del s
     gc.collect()  # unmaps the files, so their pages can be dropped
     assert _maps_of(db)[0] == 0
-    _drop_cached_pages(db)
+    drop_cached_pages(db)
     with headwater.Sampler(db, page_cache="populate") as s:
         maps, advised, pmd = _maps_of(db)
         assert advised == maps > 0 and pmd >= 2048

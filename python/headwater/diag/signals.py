@@ -212,30 +212,27 @@ def median(label: str, late: bool = False) -> Rule:
     return rule
 
 
-def maximum(label: str) -> Rule:
-    """The largest value of the key over the steps."""
+def _extreme(label: str, agg: Callable[[np.ndarray], Any]) -> Rule:
+    """``agg`` (``np.nanmax``, ``np.nanmin``) of the key over the steps."""
 
     def rule(key: str) -> Measure:
         def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
             x = series(rows, key)
-            return (float(np.nanmax(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
+            return (float(agg(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
 
         return f
 
     return rule
+
+
+def maximum(label: str) -> Rule:
+    """The largest value of the key over the steps."""
+    return _extreme(label, np.nanmax)
 
 
 def minimum(label: str) -> Rule:
     """The smallest value of the key over the steps."""
-
-    def rule(key: str) -> Measure:
-        def f(rows: Rows, ctx: Ctx) -> tuple[float, dict[str, np.ndarray]]:
-            x = series(rows, key)
-            return (float(np.nanmin(x)) if np.any(~np.isnan(x)) else math.nan), {label: x}
-
-        return f
-
-    return rule
+    return _extreme(label, np.nanmin)
 
 
 def share_of_cells(label: str) -> Rule:
