@@ -42,7 +42,12 @@ impl SamplerCore {
     /// Every dropped database: those dropped at open, then those dropped in
     /// place, in the order they were dropped.
     pub fn dropped_databases(&self) -> Vec<DroppedDatabase> {
-        let now = self.drops.now.read().unwrap();
+        self.dropped_under(&self.drop_set())
+    }
+
+    /// [`dropped_databases`](Self::dropped_databases) as of the drop set
+    /// `now` (one snapshot for a caller that reads it for more).
+    pub(crate) fn dropped_under(&self, now: &DropSet) -> Vec<DroppedDatabase> {
         let mut all = self.dropped.clone();
         all.extend(now.gone.iter().map(|(_, d)| d.clone()));
         all

@@ -44,12 +44,9 @@ impl SamplerCore {
             self.task_names(),
             streams,
         );
-        let gone = now.gone.into_iter().map(|(_, d)| d);
         state.dropped_databases = self
-            .dropped
-            .iter()
-            .cloned()
-            .chain(gone)
+            .dropped_under(&now)
+            .into_iter()
             .map(|d| d.name)
             .collect();
         state

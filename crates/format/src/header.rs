@@ -203,7 +203,7 @@ impl MappedFile {
         if huge_pages {
             super::page_cache::advise_huge_pages(&mmap);
         } else {
-            super::page_cache::advise_opening(&mmap, None);
+            super::page_cache::advise_opening(&mmap);
         }
         let b = &mmap[..];
         check_magic(path, b, kind)?;
@@ -227,8 +227,8 @@ impl MappedFile {
             }
         }
         let mut sections = section_table(path, b, n, payload_start)?;
-        if !huge_pages && version >= 2 {
-            super::page_cache::advise_opening(&mmap, sections.last().copied());
+        if let Some(&(off, len)) = sections.last().filter(|_| !huge_pages && version >= 2) {
+            super::page_cache::advise_range(&mmap, off, len);
         }
         let blocks = read_block_table(path, b, version, &mut sections, payload_start);
         if !huge_pages {

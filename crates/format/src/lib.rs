@@ -192,7 +192,7 @@ pub use metadata::{
     ColumnMeta, ColumnStats, EmbedderMeta, FileDigest, ForeignKeyMeta, Metadata, SemanticType,
     StatsRule, TableMeta, TaskMeta, TimestampStats, UnstoredColumn,
 };
-pub use page_cache::{memory_limit_bytes, PageCache};
+pub use page_cache::{advise_opened, advise_opening, advise_range, memory_limit_bytes, PageCache};
 pub use split::Split;
 pub use stage::{stage, Staged, STAGED_MARKER};
 pub use verify::{verify_database, Verify, VerifyReport};

@@ -129,32 +129,34 @@ pub(super) fn advise_random(map: &Mmap) {
     let _ = map;
 }
 
-/// While a fresh lazy map's header and block table are read at open: no
-/// read-ahead around the header's page (`MADV_RANDOM`; a cold fault would
-/// otherwise read megabytes of payload with it), and the table, `len` bytes
-/// from `off`, asked for whole (`MADV_WILLNEED`: one large read, not a
-/// fault per page). [`advise_opened`] restores the default afterwards.
-pub(super) fn advise_opening(map: &Mmap, table: Option<(usize, usize)>) {
+/// While a fresh lazy map's header and tables are read at open: no
+/// read-ahead around the pages read (`MADV_RANDOM`; a cold fault would
+/// otherwise read megabytes of payload with them). Each table is asked for
+/// whole with [`advise_range`]; [`advise_opened`] restores the default.
+pub fn advise_opening(map: &Mmap) {
     #[cfg(unix)]
-    {
-        let _ = map.advise(memmap2::Advice::Random);
-        // A table past the end (a corrupt section table) is left to the
-        // check that names it.
-        if let Some((off, len)) =
-            table.filter(|&(o, l)| o.checked_add(l).is_some_and(|e| e <= map.len()))
-        {
-            let start = off & !4095;
-            let _ = map.advise_range(memmap2::Advice::WillNeed, start, off + len - start);
-        }
+    let _ = map.advise(memmap2::Advice::Random);
+    #[cfg(not(unix))]
+    let _ = map;
+}
+
+/// Ask for bytes `off..off + len` of `map` whole (`MADV_WILLNEED` on their
+/// pages: one large read, not a fault per page). A range past the end (a
+/// corrupt header) is left to the check that names it.
+pub fn advise_range(map: &Mmap, off: usize, len: usize) {
+    #[cfg(unix)]
+    if off.checked_add(len).is_some_and(|end| end <= map.len()) {
+        let start = off & !4095;
+        let _ = map.advise_range(memmap2::Advice::WillNeed, start, off + len - start);
     }
     #[cfg(not(unix))]
-    let _ = (map, table);
+    let _ = (map, off, len);
 }
 
 /// The default read-ahead again on a map opened with [`advise_opening`]
 /// (`MADV_NORMAL`); a database larger than its memory budget turns it off
 /// afterwards ([`advise_random`]).
-pub(super) fn advise_opened(map: &Mmap) {
+pub fn advise_opened(map: &Mmap) {
     #[cfg(unix)]
     let _ = map.advise(memmap2::Advice::Normal);
     #[cfg(not(unix))]

@@ -99,8 +99,7 @@ impl DerivedHeader {
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         // No read-ahead around the pages open reads (a cold fault would
         // read megabytes of records with them); the default again below.
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Random);
+        crate::format::advise_opening(&map);
         let b: &[u8] = &map;
         let bad = |what: String| Error::format(path, what);
         if b.len() < self.len + 8 || &b[..8] != self.magic {
@@ -114,12 +113,8 @@ impl DerivedHeader {
             )));
         };
         // The prefix and the last page, each asked for whole.
-        #[cfg(unix)]
-        {
-            let last = (b.len() - 8) & !4095;
-            let _ = map.advise_range(memmap2::Advice::WillNeed, 0, n);
-            let _ = map.advise_range(memmap2::Advice::WillNeed, last, b.len() - last);
-        }
+        crate::format::advise_range(&map, 0, n);
+        crate::format::advise_range(&map, b.len() - 8, 8);
         let sum = word(b.len() - 8);
         if xxhash_rust::xxh3::xxh3_64(&b[..n]) != sum {
             return Err(bad(format!(
@@ -140,8 +135,7 @@ impl DerivedHeader {
                 self.key_hint
             )));
         }
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Normal);
+        crate::format::advise_opened(&map);
         Ok(map)
     }
 }

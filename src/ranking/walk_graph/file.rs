@@ -207,11 +207,7 @@ impl WalkGraph {
         )
         .with_remedy(REBUILD);
         // The times, asked for whole (one read, not a fault per page).
-        #[cfg(unix)]
-        if l.times.1 > l.times.0 {
-            let start = l.times.0 & !4095;
-            let _ = map.advise_range(memmap2::Advice::WillNeed, start, l.times.1 - start);
-        }
+        crate::format::advise_range(&map, l.times.0, l.times.1 - l.times.0);
         blocks.check(b, path, l.times.0, l.times.1 - l.times.0)?;
         // The map is page-aligned and every section starts at a multiple
         // of its element's size, so these casts cannot fail.
