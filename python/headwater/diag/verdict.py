@@ -112,7 +112,7 @@ def evaluate(spec: DiagSpec, rows: Rows, ctx: Mapping[str, Any]) -> list[Verdict
 
 
 def context(cfg: Any, spec: DiagSpec, db: Path) -> dict[str, Any]:
-    from headwater.mixture import reported_task_names
+    from headwater.mixture import reported_task_names, sampler_source
 
     kw = cfg.sampler_kwargs(0)
     # A mixture reports per-task series for its reported databases' tasks only.
@@ -120,7 +120,10 @@ def context(cfg: Any, spec: DiagSpec, db: Path) -> dict[str, Any]:
         db, kw.get("telemetry_top_databases", 8), kw.get("telemetry_databases", ())
     )
     weights = dict.fromkeys(reported, 1.0)
-    weights.update(kw.get("task_weights") or {})
+    # The config's task_weights, else a mixture file's (its `tasks` and
+    # `task_weights`), as `headwater.mixture.open_sampler` opens it.
+    given = kw.get("task_weights") or sampler_source(db)[1].get("task_weights") or {}
+    weights.update({t: w for t, w in given.items() if t in weights})
     return {
         "task_weights": weights,
         "sequence_length": kw["default_sequence_length"],
