@@ -213,6 +213,7 @@ class SamplerConfigDict(TypedDict):
     debug_stall_step: int | None
     debug_stall_ms: float
     debug_drop_page_cache_every: int
+    debug_page_cache_bytes: int | None
     debug_pin_cpu: int | None
     debug_spin_ms: float
     debug_cpu_hog: bool

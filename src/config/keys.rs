@@ -528,6 +528,14 @@ pub static FIELDS: &[FieldDoc] = &[
         doc: "fault injection: before every N-th batch the builder drops the database's pages from the process's maps and the page cache (a cold cache)",
     },
     FieldDoc {
+        name: "debug_page_cache_bytes",
+        ty: "int | None",
+        group: Group::Debug,
+        check: Check::Int { lo: 4096, hi: u64::MAX },
+        note: " (None = off)",
+        doc: "fault injection: a page cache of this many bytes: before each batch the databases read least recently are dropped from the process's maps and the page cache until those kept fit (a corpus larger than memory)",
+    },
+    FieldDoc {
         name: "debug_pin_cpu",
         ty: "int | None",
         group: Group::Debug,

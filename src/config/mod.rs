@@ -289,6 +289,10 @@ pub struct SamplerConfig {
     /// the database's pages from this process's maps and the page cache,
     /// as the kernel does for a database larger than the page cache.
     pub debug_drop_page_cache_every: u64,
+    /// Fault injection: a page cache that holds this many bytes of the
+    /// databases (`None` = off): before each batch the databases read least
+    /// recently are dropped until those kept fit (`crate::faults::SmallCache`).
+    pub debug_page_cache_bytes: Option<u64>,
     /// Fault injection: pin the sampler's threads (producers and pool) to
     /// this CPU (a CPU-starved sampler when something else keeps it busy).
     pub debug_pin_cpu: Option<u32>,
@@ -364,6 +368,7 @@ impl Default for SamplerConfig {
             debug_stall_step: None,
             debug_stall_ms: 0.0,
             debug_drop_page_cache_every: 0,
+            debug_page_cache_bytes: None,
             debug_pin_cpu: None,
             debug_spin_ms: 0.0,
             debug_cpu_hog: false,

@@ -324,6 +324,9 @@ impl SamplerCore {
         let watched = self.watch(crate::stalls::Stage::Draw, state.stream.step);
         let mut jobs = Vec::with_capacity(self.seeds_per_step.iter().copied().max().unwrap_or(0));
         let draws = self.draw(state, &mut jobs)?;
+        // The small page cache's drops are the injection's cost, not the
+        // sampler's (the faults they cause are).
+        let injected = self.small_cache_read(&draws);
         let draw = self.cfg.telemetry.then(|| {
             // The mix a hot-set schedule expects over the window, once for both.
             let hot = self.hot_mix(state, draws.step, draws.world_size);
@@ -337,7 +340,7 @@ impl SamplerCore {
             draw,
             split: state.split,
             rank: state.rank,
-            planning: t0.elapsed(),
+            planning: t0.elapsed().saturating_sub(injected),
             stall: watched
                 .map(crate::stalls::Watched::finish)
                 .unwrap_or_default(),
@@ -346,6 +349,38 @@ impl SamplerCore {
 }
 
 impl SamplerCore {
+    /// With `debug_page_cache_bytes`: the databases the batch of `draws`
+    /// reads become the small page cache's most recent, and the ones it
+    /// no longer holds are dropped. Returns the time the drops took.
+    fn small_cache_read(&self, draws: &Draws) -> std::time::Duration {
+        let Some(cache) = &self.small_cache else {
+            return std::time::Duration::ZERO;
+        };
+        let t0 = Instant::now();
+        let used: Vec<usize> = if draws.groups.is_empty() {
+            vec![self.tasks[draws.task].db]
+        } else {
+            draws.groups.iter().map(|g| self.tasks[g.0].db).collect()
+        };
+        let bytes: Vec<u64> = self.dbs.iter().map(|m| m.db.bytes_on_disk()).collect();
+        for i in cache.read(&used, &bytes) {
+            crate::faults::drop_page_cache(self.dbs[i].db.dir());
+        }
+        t0.elapsed()
+    }
+
+    /// Steps up to `step` since database `d` was last picked at `last`
+    /// (`None`: never, so since step 0): with hot sets, only the steps of
+    /// its group's spans count, so a database waiting for its span is not
+    /// read as starved.
+    fn scheduled_since(state: &SplitState, d: usize, last: Option<u64>, step: u64) -> u64 {
+        let from = last.map_or(0, |s| s + 1);
+        match state.picker.hot_sets() {
+            Some(h) => h.steps_on(h.group_of(d), from, step + 1),
+            None => step + 1 - from,
+        }
+    }
+
     /// Pool and mix measurements after step `step` drew task `k`'s seeds
     /// (the stream has advanced past it). Pool figures are global (the same
     /// on every rank); `hot`: the mix a hot-set schedule expects (`hot.rs`).
@@ -373,10 +408,7 @@ impl SamplerCore {
             if state.drops.weights[j] <= 0.0 {
                 continue;
             }
-            let since = match st.last_picked[j] {
-                Some(s) => step - s,
-                None => step + 1,
-            };
+            let since = Self::scheduled_since(state, self.tasks[j].db, st.last_picked[j], step);
             t.steps_since_pick_max = t.steps_since_pick_max.max(since as f64);
             if !state.has_seeds[j] {
                 continue;
@@ -447,10 +479,7 @@ impl SamplerCore {
         } else {
             0.0
         };
-        let since = |d: usize| match last[d] {
-            Some(s) => (step - s) as f64,
-            None => (step + 1) as f64,
-        };
+        let since = |d: usize| Self::scheduled_since(state, d, last[d], step) as f64;
         t.database_steps_since_pick_max = f64::NEG_INFINITY;
         t.database_remaining_fraction_min = f64::INFINITY;
         for (d, &share) in shares.iter().enumerate() {

@@ -139,6 +139,8 @@ pub struct SamplerCore {
     pub(crate) drops: super::drop_set::Drops,
     /// Bytes the hot sets' read-ahead asked for, not yet reported (`hot.rs`).
     pub(super) prefetched: Arc<std::sync::atomic::AtomicU64>,
+    /// The page cache of `debug_page_cache_bytes` (`None`: off).
+    pub(super) small_cache: Option<crate::faults::SmallCache>,
 }
 
 impl SamplerCore {
@@ -171,17 +173,7 @@ impl SamplerCore {
     ) -> Result<Self> {
         check_mixture(&dbs)?;
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
-        let single = !as_mixture;
-        let mut task_names = Vec::new();
-        for (name, db) in &dbs {
-            for k in &db.metadata().tasks {
-                task_names.push(if single {
-                    k.name.clone()
-                } else {
-                    format!("{name}/{}", k.name)
-                });
-            }
-        }
+        let task_names = mixture_task_names(&dbs, as_mixture);
         cfg.validate(Some(&task_names))?;
         let reads = plan_reads(&dbs, &cfg);
         warn_stats_split(&dbs, &cfg);
@@ -222,6 +214,9 @@ impl SamplerCore {
         };
         let mut core = SamplerCore {
             hog,
+            small_cache: cfg
+                .debug_page_cache_bytes
+                .map(crate::faults::SmallCache::new),
             stalls,
             reported,
             dbs: mixture,
@@ -544,4 +539,20 @@ fn mixture_weights(task_w: &[f64], tasks: &[TaskPlan], dbs: &[MixtureDatabase]) 
             }
         })
         .collect()
+}
+
+/// The task names of `dbs`: a single database's as they are, a mixture's as
+/// `<database>/<task>`.
+fn mixture_task_names(dbs: &[(String, Arc<Database>)], as_mixture: bool) -> Vec<String> {
+    let mut names = Vec::new();
+    for (name, db) in dbs {
+        for k in &db.metadata().tasks {
+            names.push(if as_mixture {
+                format!("{name}/{}", k.name)
+            } else {
+                k.name.clone()
+            });
+        }
+    }
+    names
 }

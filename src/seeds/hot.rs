@@ -129,6 +129,31 @@ impl HotSets {
         step == 0 || self.at(step) != self.at(step - 1)
     }
 
+    /// Steps of `from..to` that belong to group `g`'s spans: how long a
+    /// database of `g` has been scheduled since a step, which is what its
+    /// starvation readings count (a group waiting for its span is not
+    /// starved). O(spans).
+    pub fn steps_on(&self, g: usize, from: u64, to: u64) -> u64 {
+        self.steps_before(g, to)
+            .saturating_sub(self.steps_before(g, from))
+    }
+
+    /// Steps of `0..n` in group `g`'s spans.
+    fn steps_before(&self, g: usize, n: u64) -> u64 {
+        let (cycles, pos) = (n / self.cycle, n % self.cycle);
+        let mut per_cycle = 0;
+        let mut partial = 0;
+        for (i, &(start, group)) in self.spans.iter().enumerate() {
+            if group != g {
+                continue;
+            }
+            let end = self.spans.get(i + 1).map_or(self.cycle, |s| s.0);
+            per_cycle += end - start;
+            partial += pos.clamp(start, end) - start;
+        }
+        cycles * per_cycle + partial
+    }
+
     /// The group to read ahead at `step`, if `step` is the one a quarter of
     /// the current span (at least one step) before the next span starts.
     pub fn prefetch_at(&self, step: u64) -> Option<usize> {
@@ -178,6 +203,19 @@ mod tests {
             (0..100).all(|t| zero.at(t) != 1),
             "no step for a weightless group"
         );
+    }
+
+    /// The steps a group is scheduled, over any range, are its spans'.
+    #[test]
+    fn steps_on_counts_a_group_s_scheduled_steps() {
+        let h = HotSets::new(&[1, 1, 1], 1, &[0.5, 0.25, 0.25], 100);
+        for (from, to) in [(0, 0), (0, 1), (10, 260), (49, 51), (75, 375), (0, 1000)] {
+            for g in 0..3 {
+                let want = (from..to).filter(|&t| h.at(t) == g).count() as u64;
+                assert_eq!(h.steps_on(g, from, to), want, "group {g}, {from}..{to}");
+            }
+        }
+        assert_eq!(h.steps_on(1, 300, 200), 0, "an empty range");
     }
 
     #[test]

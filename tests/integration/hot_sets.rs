@@ -80,11 +80,13 @@ fn each_span_is_counted_and_the_next_group_read_ahead() {
     let (_tmp, paths, cfg) = hot();
     let core = Arc::new(SamplerCore::open_mixture(&paths, cfg).unwrap());
     let (mut rotations, mut prefetched, mut tv) = (0u32, 0u64, (0f64, 0f64));
+    let mut waited = 0f64;
     let mut maker = BatchMaker::new(core.clone(), Split::Train);
     for step in 0..2 * CYCLE {
         let made = maker.next().unwrap().unwrap();
         rotations += made.readings.hot_set_rotations;
         prefetched += made.readings.prefetched_bytes;
+        waited = waited.max(made.readings.draw.database_steps_since_pick_max);
         // Once the mix window is full (a few picks are far from any mix).
         if step >= headwater::sampler::MIX_WINDOW as u64 {
             let d = &made.readings.draw;
@@ -101,6 +103,10 @@ fn each_span_is_counted_and_the_next_group_read_ahead() {
         tv.0,
         tv.1
     );
+    // A database waiting for its span is not starved: the wait counts its
+    // group's steps only (the other group's span alone is CYCLE / 2 steps;
+    // one of two databases missed 40 steps running is a 2^-40 chance).
+    assert!(waited < 40.0, "{waited}");
     // The read-ahead thread reports its bytes with a later batch.
     let group: u64 = core.dbs[2..].iter().map(|d| d.db.bytes_on_disk()).sum();
     for _ in 0..500 {

@@ -944,6 +944,7 @@ SERIAL_MODULES = frozenset(
         "test_dead_rank",
         "test_diag",
         "test_large",
+        "test_memory_diag",
         "test_memory_limits",
         "test_out_of_core",
         "test_sampler",

@@ -250,6 +250,7 @@ def test_the_io_bound_reason_states_the_working_set_figures_and_their_cause() ->
     assert "read 37.0 bytes from storage per byte its batches used" in over
     assert "working set does not fit the memory budget" in over
     assert "memory_budget" in over and "seed_windows = 64" in over
+    assert f"hot_set_bytes = {2**29}" in over
     cold = _io_reason((2**29, 2**30), 0.1, 60.0)
     assert "10% of the pages" in cold and "not in the page cache" in cold, cold
     assert "populate" in cold and "stage_dir" in cold and "faster storage" in cold

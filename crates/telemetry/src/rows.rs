@@ -79,7 +79,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_pool_steps_since_pick_max_batches",
         prometheus_type: Gauge,
         unit: "batches",
-        help: "batches since the least recently picked weighted task was picked",
+        help: "batches since the least recently picked weighted task was picked (with hot sets, counting only its group's spans)",
         healthy: Some(Healthy {
             what: "longest wait, in batches, of a weighted task since it was last picked",
             unit: "batches",
@@ -920,7 +920,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_mixture_steps_since_pick_max_batches",
         prometheus_type: Gauge,
         unit: "batches",
-        help: "batches since the least recently picked database with share > 0 was picked",
+        help: "batches since the least recently picked database with share > 0 was picked (with hot sets, counting only its group's spans)",
         healthy: Some(Healthy {
             what: "longest wait, in batches, of a database with weight > 0 since it was last picked (a mixture's starved database; 0 for one database)",
             unit: "batches",
@@ -1038,7 +1038,7 @@ pub static METRICS: &[MetricDef] = &[
         prometheus: "headwater_database_steps_since_pick_batches",
         prometheus_type: Gauge,
         unit: "batches",
-        help: "batches since the database was last picked",
+        help: "batches since the database was last picked (with hot sets, counting only its group's spans)",
         healthy: None,
         measure: Measure::DatabaseLast(|d| d.steps_since_pick),
     },

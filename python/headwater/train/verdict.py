@@ -305,8 +305,9 @@ def io_remedy(
             "cache included), so the page cache cannot hold them: give the run more memory (its "
             "memory cgroup, and memory_budget if set below it), or read them a stretch at a "
             "time (preprocess with --row-order locality and set "
-            f"seed_windows = {suggested_windows(mapped, budget)}), sample fewer or smaller "
-            "databases at once, or move them to faster storage (stage_dir on a local disk); "
+            f"seed_windows = {suggested_windows(mapped, budget)}); for a mixture of many "
+            f"databases, train on a few at a time (hot_set_bytes = {budget // 2} or less, "
+            "hot_set_steps); or move them to faster storage (stage_dir on a local disk); "
             "more sampler threads will not help"
         )
     if math.isfinite(resident) and resident >= lo_resident:
