@@ -338,12 +338,17 @@ impl SamplerCore {
             .find(|j| graph.table_of(j.1) != Some(anchor_table))
         {
             None => Ok(()),
-            Some(&(i, row, _, _)) => Err(Error::format(
-                db.task_path(plan.local).unwrap_or(db.dir()),
-                format!(
+            Some(&(i, row, _, _)) => {
+                let file = db.task_path(plan.local).unwrap_or(db.dir());
+                let what = format!(
                     "seed {i}: anchor row {row} is not a row of the anchor table by graph.bin's row_table (a corrupt task or graph payload: run `headwater verify`)"
-                ),
-            )),
+                );
+                // A fault no block check finds (the payloads disagree): the
+                // database is bad as a corrupt block makes it, so
+                // `on_bad_database = "skip"` drops it (`drops.rs`).
+                db.integrity().poison(file, what.clone());
+                Err(Error::format(file, what))
+            }
         }
     }
 

@@ -426,3 +426,50 @@ fn listed_databases_get_their_own_series_and_the_rest_are_folded() {
         "{m}"
     );
 }
+
+/// A task whose anchor rows are not rows of its anchor table (its metadata
+/// re-hashed, every block sound: a fault no checksum finds) fails the run
+/// by default, naming the task file, and under `on_bad_database = "skip"`
+/// drops its database as a corrupt block does, the others delivering.
+#[test]
+fn a_task_whose_anchors_lie_outside_its_table_is_a_bad_database() {
+    use headwater::config::OnBadDatabase;
+    use headwater::sampler::Sampler;
+    use headwater::Metadata;
+
+    let (_tmp, paths) = tiny_dbs(2, 40);
+    let meta_path = paths[0].join("metadata.json");
+    let mut meta: Metadata = serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+    let tables = meta.tables.len() as u32;
+    for t in &mut meta.tasks {
+        t.anchor_table = (t.anchor_table + 1) % tables;
+    }
+    meta.content_hash = meta.compute_content_hash();
+    std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+
+    let s = Sampler::open_mixture(&paths, cfg(), None).unwrap();
+    let err = (0..40)
+        .find_map(|_| s.next_batch(Split::Train).err())
+        .expect("a batch of db0's tasks fails");
+    let text = err.to_string();
+    assert!(
+        text.contains("is not a row of the anchor table") && text.contains("db0"),
+        "{text}"
+    );
+
+    let skip = SamplerConfig {
+        on_bad_database: OnBadDatabase::Skip,
+        ..cfg()
+    };
+    let s = Sampler::open_mixture(&paths, skip, None).unwrap();
+    for _ in 0..40 {
+        let b = s.next_batch(Split::Train).unwrap();
+        assert_eq!(b.readings.db, 1, "a batch of the dropped database");
+    }
+    let dropped = s.core().dropped_databases();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(
+        dropped[0].name == "db0" && dropped[0].reason.contains("anchor"),
+        "{dropped:?}"
+    );
+}
