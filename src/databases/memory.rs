@@ -68,7 +68,7 @@ pub(crate) fn plan_reads(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) -
             ));
         }
     }
-    let random_reads = budget_bytes.is_some_and(|b| working as f64 > b as f64 * MARGIN);
+    let random_reads = over_budget(working, budget_bytes);
     if random_reads {
         for (_, d) in dbs {
             d.advise_random();
@@ -78,5 +78,39 @@ pub(crate) fn plan_reads(dbs: &[(String, Arc<Database>)], cfg: &SamplerConfig) -
         budget_bytes,
         mapped_bytes,
         random_reads,
+    }
+}
+
+/// Whether a working set of `working` bytes is over [`MARGIN`] times the
+/// budget.
+fn over_budget(working: u64, budget_bytes: Option<u64>) -> bool {
+    budget_bytes.is_some_and(|b| working as f64 > b as f64 * MARGIN)
+}
+
+impl ReadPlan {
+    /// The plan with `extra` bytes of files derived from the databases
+    /// counted too (the walk graphs the contexts walk, the stored rankings
+    /// they read: what `examples` maps beside each database), the working
+    /// set growing in proportion with hot sets. `true` when read-ahead is
+    /// now to be turned off where it was not: the caller advises every
+    /// mapped file (a database of 1.27 GiB fits a 1.2 GiB budget by the
+    /// margin, its 0.5 GiB of stored rankings beside it does not).
+    pub(crate) fn with_derived(&mut self, extra: u64, cfg: &SamplerConfig) -> bool {
+        let before = self.mapped_bytes;
+        self.mapped_bytes = before.saturating_add(extra);
+        if self.random_reads || extra == 0 {
+            return false;
+        }
+        // Without hot sets the working set is every mapped byte; with them
+        // two groups, which grow by the derived files' share.
+        let working = match cfg.hot_set_bytes {
+            None => self.mapped_bytes,
+            Some(h) => {
+                (h.saturating_mul(2) as f64 * self.mapped_bytes as f64 / before.max(1) as f64)
+                    as u64
+            }
+        };
+        self.random_reads = over_budget(working.min(self.mapped_bytes), self.budget_bytes);
+        self.random_reads
     }
 }

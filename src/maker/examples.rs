@@ -75,18 +75,39 @@ impl SamplerCore {
                 WalkGraph::shared(&db.graph(), db.dir(), db.content_hash(), integrity, &info)
             })
             .collect::<Result<_>>()?;
-        if self.reads.random_reads {
-            // Over the memory budget the walks read the graph at random too.
-            for wg in &self.walk_graphs {
-                wg.advise_random();
-            }
-        }
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
             self.rank_stores = (0..self.dbs.len())
                 .map(|d| self.rank_store(d))
                 .collect::<Result<_>>()?;
         }
+        self.plan_derived_reads();
         Ok(())
+    }
+
+    /// Count the files `examples` maps beside each database in the read
+    /// plan (the stored rankings; the walk graphs unless stored rankings
+    /// replace the walks), and over the memory budget read them, and the
+    /// databases if the first plan did not, without read-ahead.
+    fn plan_derived_reads(&mut self) {
+        let stores: u64 = self.rank_stores.iter().map(|r| r.bytes() as u64).sum();
+        let walks: u64 = if self.rank_stores.is_empty() {
+            self.walk_graphs.iter().map(WalkGraph::mapped_bytes).sum()
+        } else {
+            0
+        };
+        if self.reads.with_derived(stores + walks, &self.cfg) {
+            for d in &self.dbs {
+                d.db.advise_random();
+            }
+        }
+        if self.reads.random_reads {
+            for wg in &self.walk_graphs {
+                wg.advise_random();
+            }
+            for rs in &self.rank_stores {
+                rs.advise_random();
+            }
+        }
     }
 
     /// Check task `k` (weight > 0) can have examples; index a forecast

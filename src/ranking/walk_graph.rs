@@ -188,6 +188,14 @@ impl WalkGraph {
         }
     }
 
+    /// Bytes of the mapped graph file (0 when built in memory).
+    pub fn mapped_bytes(&self) -> u64 {
+        match &self.backing {
+            Backing::Mapped { map, .. } => map.len() as u64,
+            Backing::Owned { .. } => 0,
+        }
+    }
+
     /// Turn read-ahead off on a mapped graph (`MADV_RANDOM`): walks read
     /// it at random, so on a database over its memory budget a fault must
     /// read the page it needs, not the window around it (as the database's

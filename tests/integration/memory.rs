@@ -104,21 +104,33 @@ fn the_walk_graph_of_a_database_over_the_budget_is_read_without_read_ahead() {
             ..crate::incontext::cfg()
         };
         let core = SamplerCore::with_database(db, cfg).unwrap();
-        let flags: Vec<(String, String)> = map_flags(&synth.dir)
+        let (walks, own): (Vec<_>, Vec<_>) = map_flags(&synth.dir)
             .into_iter()
-            .filter(|(p, _)| p.contains("/walks/graph-"))
-            .collect();
-        (core.reads.random_reads, flags)
+            .partition(|(p, _)| p.contains("/walks/graph-"));
+        (core.reads, walks, own)
     };
-    for (budget, random) in [(u64::MAX, false), (1 << 20, true)] {
-        let (planned, flags) = walk_maps(budget);
-        assert_eq!(planned, random);
+    let db_bytes = Database::open(&synth.dir).unwrap().bytes_on_disk();
+    // The database alone fits its own size by the margin; with the walk
+    // graph beside it, it does not: both are then read without read-ahead.
+    for (budget, random) in [(u64::MAX, false), (1 << 20, true), (db_bytes, true)] {
+        let (plan, walks, own) = walk_maps(budget);
+        assert_eq!(plan.random_reads, random, "budget {budget}: {plan:?}");
         assert!(
-            !flags.is_empty(),
+            plan.mapped_bytes > db_bytes,
+            "the walk graph is counted: {plan:?}"
+        );
+        assert!(
+            !walks.is_empty() && !own.is_empty(),
             "the walk graph is not mapped from the database's folder"
         );
-        for (path, f) in &flags {
+        for (path, f) in &walks {
             assert_eq!(f.split(' ').any(|x| x == "rr"), random, "{path}: {f}");
         }
+        // The sampler's map of the database's graph (the oracle holds one too).
+        let own_rr = own
+            .iter()
+            .filter(|(p, _)| p.ends_with("/graph.bin"))
+            .any(|(_, f)| f.split(' ').any(|x| x == "rr"));
+        assert_eq!(own_rr, random, "budget {budget}: {own:?}");
     }
 }

@@ -248,6 +248,17 @@ impl RankStore {
         self.at.len()
     }
 
+    /// Turn read-ahead off on a mapped store (`MADV_RANDOM`): contexts read
+    /// their items' rankings at random, so on a database over its memory
+    /// budget a fault must read the page it needs, not the window around
+    /// it (as the database's own files).
+    pub fn advise_random(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(map) = &self.bytes {
+            let _ = map.advise(memmap2::Advice::Random);
+        }
+    }
+
     /// Items whose every eligible counted row is stored.
     pub fn complete_items(&self) -> usize {
         (0..self.at.n)
