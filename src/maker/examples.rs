@@ -77,7 +77,12 @@ impl SamplerCore {
             .collect::<Result<_>>()?;
         if self.cfg.expected_store && self.cfg.example_ranker == ExampleRanker::Expected {
             self.rank_stores = (0..self.dbs.len())
-                .map(|d| self.rank_store(d))
+                .map(|d| {
+                    let mut s = self.rank_store(d)?;
+                    // A corrupt block fails the batch as the database's would.
+                    s.report_to(self.dbs[d].db.shared_integrity());
+                    Ok(s)
+                })
                 .collect::<Result<_>>()?;
         }
         self.plan_derived_reads();

@@ -270,7 +270,7 @@ fn a_broken_filter_lights_the_leak_invariant_in_the_example_tiers() {
     assert_eq!(leaks(true), 0, "healthy run: the invariant fires");
 }
 
-fn maker(db: &Arc<Database>, c: &SamplerConfig) -> BatchMaker {
+pub(crate) fn maker(db: &Arc<Database>, c: &SamplerConfig) -> BatchMaker {
     BatchMaker::new(
         Arc::new(SamplerCore::with_database(db.clone(), c.clone()).unwrap()),
         Split::Train,

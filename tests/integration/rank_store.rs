@@ -2,8 +2,9 @@
 //! built from a store, complete or cut to a few rows per head, equal the
 //! live ranker's context by context (both the stored path and the live
 //! redo taken); the sampler writes the store once, reads it back, refuses
-//! a damaged or foreign file naming it, computes it again, and its batches
-//! equal the live ranker's; the key is refused without the ranker.
+//! a foreign file or a damaged index naming it and computes it again, fails
+//! the batch that reads a damaged item block, and its batches equal the
+//! live ranker's; the key is refused without the ranker.
 
 use headwater::config::ExampleRanker;
 use headwater::context::{
@@ -184,12 +185,35 @@ fn the_sampler_writes_reads_and_rebuilds_its_store_with_the_live_batches() {
     let written = std::fs::read(&path).unwrap();
     same(run(&sdb.db, &cfg(true), 3), "store read back");
     assert_eq!(std::fs::read(&path).unwrap(), written);
-    // A damaged byte: refused naming the file, computed and written again.
+    let word = |at: usize| u64::from_le_bytes(written[at..at + 8].try_into().unwrap());
+    let (key, items) = (word(16), word(written.len() - 24) as usize);
+    // Damaged items: the open hashes the header, the index and the block
+    // table, not the items; the first read of a damaged block fails the
+    // batch, naming the file, the block and how to compute it again.
     let mut bad = written.clone();
-    let mid = bad.len() / 2;
-    bad[mid] ^= 0x40;
+    for at in (4096..4096 + items).step_by(4096) {
+        bad[at + 7] ^= 0x40;
+    }
     std::fs::write(&path, &bad).unwrap();
-    match RankStore::open(&path, 0) {
+    assert!(RankStore::open(&path, key).is_ok(), "items hashed at open");
+    let fresh = std::sync::Arc::new(Database::open(&sdb.dir).unwrap());
+    let mut mk = incontext::maker(&fresh, &cfg(true));
+    let e = (0..3)
+        .find_map(|_| mk.next().unwrap().err())
+        .expect("a batch read a damaged block")
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string())
+            && e.contains("fails its checksum")
+            && e.contains("rankings/"),
+        "{e}"
+    );
+    // A damaged index byte: refused naming the file, computed and written again.
+    let mut bad = written.clone();
+    let index = (4096 + items).next_multiple_of(8) + 3;
+    bad[index] ^= 0x40;
+    std::fs::write(&path, &bad).unwrap();
+    match RankStore::open(&path, key) {
         Err(Error::Format { file, what }) => {
             assert_eq!(file, path);
             assert!(what.contains("checksum"), "{what}");

@@ -74,14 +74,23 @@ pub(crate) struct DerivedHeader {
 }
 
 impl DerivedHeader {
-    /// Map `path`, refusing (naming what is wrong) a file that is not this
-    /// kind, is damaged (its hash), another version, or written under
-    /// another `key`. The whole file is read once to check its hash.
-    pub fn map(&self, path: &Path, key: u64) -> Result<memmap2::Mmap> {
-        self.map_prefix(path, key, |b| Some(b.len() - 8))
+    /// [`map_prefix`](Self::map_prefix) with the hash over the first
+    /// `head` bytes and the bytes from `tail` to the hash (`parts` reads
+    /// the unchecked file, answers `(head, tail)`, `None` when the lengths
+    /// it holds do not describe it): the bytes between are left to the
+    /// caller to check block by block.
+    pub fn map_ends(
+        &self,
+        path: &Path,
+        key: u64,
+        parts: impl FnOnce(&[u8]) -> Option<(usize, usize)>,
+    ) -> Result<memmap2::Mmap> {
+        self.map_checked(path, key, parts)
     }
 
-    /// [`map`](Self::map), the trailing hash covering only the first
+    /// Map `path`, refusing (naming what is wrong) a file that is not this
+    /// kind, is damaged (its hash), another version, or written under
+    /// another `key`, the trailing hash covering only the first
     /// `prefix(file)` bytes: `prefix` reads the (not yet checked) header of
     /// the file, at least `len` bytes and its hash, and answers `None`
     /// when the lengths it holds do not describe the file (damaged or cut
@@ -92,10 +101,24 @@ impl DerivedHeader {
         key: u64,
         prefix: impl FnOnce(&[u8]) -> Option<usize>,
     ) -> Result<memmap2::Mmap> {
+        self.map_checked(path, key, |b| {
+            let n = prefix(b)?;
+            Some((n, b.len() - 8))
+        })
+    }
+
+    /// The map of `path` whose hash covers `..head` and `tail..` (but the
+    /// hash itself), `ends` answering `(head, tail)` from the unchecked file.
+    fn map_checked(
+        &self,
+        path: &Path,
+        key: u64,
+        ends: impl FnOnce(&[u8]) -> Option<(usize, usize)>,
+    ) -> Result<memmap2::Mmap> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: read-only; such files are written whole and renamed into
         // place, never written in place, and every byte read is checked
-        // (below, or by the caller past the prefix).
+        // (below, or by the caller between the hashed parts).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         // No read-ahead around the pages open reads (a cold fault would
         // read megabytes of records with them); the default again below.
@@ -105,27 +128,33 @@ impl DerivedHeader {
         if b.len() < self.len + 8 || &b[..8] != self.magic {
             return Err(bad(format!("not a headwater {} (magic)", self.kind)));
         }
-        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        let Some(n) = prefix(b).filter(|&n| (self.len..=b.len() - 8).contains(&n)) else {
-            return Err(bad(format!(
-                "the file is damaged or cut short: its header does not describe its {} bytes",
-                b.len()
-            )));
-        };
-        // The prefix and the last page, each asked for whole.
-        crate::format::advise_range(&map, 0, n);
-        crate::format::advise_range(&map, b.len() - 8, 8);
-        let sum = word(b.len() - 8);
-        if xxhash_rust::xxh3::xxh3_64(&b[..n]) != sum {
-            return Err(bad(format!(
-                "checksum mismatch (stored {sum:016x}): the file is damaged"
-            )));
-        }
+        // Another version first (its layout is not this one's); hashed below.
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
         if version != self.version {
             return Err(bad(format!(
                 "version {version}, this build reads {}",
                 self.version
+            )));
+        }
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        let end = b.len() - 8;
+        let Some((head, tail)) = ends(b).filter(|&(h, t)| self.len <= h && h <= t && t <= end)
+        else {
+            return Err(bad(format!(
+                "the file is damaged or cut short: its header does not describe its {} bytes",
+                b.len()
+            )));
+        };
+        // The hashed parts and the last page, each asked for whole.
+        crate::format::advise_range(&map, 0, head);
+        crate::format::advise_range(&map, tail, b.len() - tail);
+        let sum = word(end);
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&b[..head]);
+        h.update(&b[tail..end]);
+        if h.digest() != sum {
+            return Err(bad(format!(
+                "checksum mismatch (stored {sum:016x}): the file is damaged"
             )));
         }
         if word(16) != key {
