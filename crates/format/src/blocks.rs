@@ -14,8 +14,9 @@
 //! known good. Format-1 files have no block checksums: their first read of a
 //! block is counted in [`Integrity::unverified_reads`] (unless the database
 //! was opened with `verify="full"`, which marks every block checked).
-//! The walk graph the sampler derives from a database (`walks/`, in
-//! `crate::context`) checks its blocks the same way, into the same record.
+//! The walk graph and the stored rankings the sampler derives from a
+//! database (`walks/`, `rankings/`) check their blocks the same way, into
+//! the same record.
 
 // The per-read checks are forced inline: out of line, a call per cell
 // cost a measured ~10% of the sampler's CPU.

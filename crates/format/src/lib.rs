@@ -122,7 +122,11 @@
 //! hashed at open, each other block at its first read, into the same
 //! `Integrity` (its blocks count in `integrity/blocks_verified`). A
 //! corrupt block of it fails the batch alike; being derived, it is
-//! rebuilt by deleting the database's `walks/` folder.
+//! rebuilt by deleting the database's `walks/` folder. The stored
+//! rankings (`rankings/expected-KEY.bin`, `expected_store`) are checked
+//! alike: their header, index and block table hashed at open, each 4 KiB
+//! block of items at its first read; deleting `rankings/` computes them
+//! again.
 //!
 //! # Sections
 //!
