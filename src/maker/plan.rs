@@ -175,7 +175,7 @@ impl SamplerCore {
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
         let task_names = mixture_task_names(&dbs, as_mixture);
         cfg.validate(Some(&task_names))?;
-        let reads = plan_reads(&dbs, &cfg);
+        let reads = plan_reads(&dbs, &cfg)?;
         warn_stats_split(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;

@@ -49,6 +49,24 @@ def test_a_bad_value_carries_key_value_and_what(make: Any) -> None:
     assert isinstance(e, ValueError) and isinstance(e, headwater.HeadwaterError)
 
 
+def test_a_memory_budget_below_the_batches_in_flight_names_what_they_need(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """2 MiB cannot hold six batches of 32 x 1,024 cells (3 MB each): refused
+    naming the key, the value and the bytes needed; 64 MiB opens."""
+    keys = {"default_batch_size": 32, "default_sequence_length": 1024, "num_threads": 1}
+    with pytest.raises(ConfigError) as ei:
+        N.Sampler(GOLDEN, memory_budget=2 << 20, **keys)
+    key, value, what = _fields(ei.value)
+    assert (key, value) == ("memory_budget", str(2 << 20)), ei.value
+    need = int(what.split("at least ")[1].split(" bytes")[0])
+    assert 6 * 32 * 1024 * 80 < need < 6 * 32 * 1024 * 120, what
+    assert "num_prefetch" in what, what
+    with N.Sampler(GOLDEN, memory_budget=64 << 20, **keys) as s:
+        assert s.next_train_batch()["is_padding"].shape == (32, 1024)
+    assert "memory" not in capfd.readouterr().err
+
+
 def test_a_wrong_type_carries_the_value_as_json() -> None:
     with pytest.raises(ConfigError) as ei:
         N.validate_sampler_config({"page_cache": "eager"})
