@@ -42,30 +42,14 @@ pub struct ReadPlan {
     pub random_reads: bool,
 }
 
-/// The least memory the batches in flight take: `num_prefetch` waiting
-/// and `num_threads + 2` being built, each at least its `B·S` cells'
-/// tensors (`crate::batch::batch_bytes` without rows, segments or texts).
-pub(crate) fn batches_in_flight_bytes(cfg: &SamplerConfig) -> u64 {
-    let cells = cfg
-        .tokens_per_batch
-        .unwrap_or(cfg.default_batch_size * cfg.default_sequence_length);
-    let threads = cfg.num_threads.unwrap_or(1);
-    let one = crate::batch::batch_bytes(1, cells, (1, 0), 0, 0, 0);
-    one.saturating_mul((cfg.num_prefetch + threads + 2) as u64)
-}
-
 /// `memory_budget` (`given`) or the budget found (`found`: the cgroup's)
-/// against the batches in flight: an error for a given budget below them,
-/// the warning for a found one.
+/// against `need`, the least the batches in flight take (`cells` each): an
+/// error for a given budget below it, the warning for a found one.
 fn check_budget(
     given: Option<u64>,
     found: Option<u64>,
-    cfg: &SamplerConfig,
+    (need, cells): (u64, usize),
 ) -> crate::error::Result<Option<String>> {
-    let need = batches_in_flight_bytes(cfg);
-    let cells = cfg
-        .tokens_per_batch
-        .unwrap_or(cfg.default_batch_size * cfg.default_sequence_length);
     Ok(match (given, found) {
         (Some(b), _) if b < need => {
             return Err(crate::error::Error::config_value(
@@ -88,14 +72,16 @@ fn check_budget(
 }
 
 /// Decide, and advise the maps, for `dbs` under `cfg`'s budget. A
-/// `memory_budget` below what the batches in flight take is an error
-/// naming both; a memory cgroup that small, a warning.
+/// `memory_budget` below `in_flight` (the least the batches in flight take,
+/// and their cells each, from the maker) is an error naming both; a memory
+/// cgroup that small, a warning.
 pub(crate) fn plan_reads(
     dbs: &[(String, Arc<Database>)],
     cfg: &SamplerConfig,
+    in_flight: (u64, usize),
 ) -> crate::error::Result<ReadPlan> {
     let budget_bytes = cfg.memory_budget.or_else(crate::format::memory_limit_bytes);
-    if let Some(w) = check_budget(cfg.memory_budget, budget_bytes, cfg)? {
+    if let Some(w) = check_budget(cfg.memory_budget, budget_bytes, in_flight)? {
         crate::say::warn(&w);
     }
     let mapped_bytes: u64 = dbs.iter().map(|(_, d)| d.bytes_on_disk()).sum();
@@ -174,30 +160,26 @@ mod tests {
 
     #[test]
     fn a_budget_below_the_batches_in_flight_is_refused_or_warned_about() {
-        let cfg = SamplerConfig {
-            default_batch_size: 32,
-            default_sequence_length: 1024,
-            num_threads: Some(1),
-            ..SamplerConfig::default()
-        };
-        let need = batches_in_flight_bytes(&cfg);
-        // Six batches of 32 x 1,024 cells, about 91 bytes a cell.
+        let need = (18 << 20, 32 * 1024);
+        let e = check_budget(Some(need.0 - 1), Some(need.0 - 1), need).unwrap_err();
+        let e = e.to_string();
         assert!(
-            (6 * 32 * 1024 * 80..6 * 32 * 1024 * 120).contains(&need),
-            "{need}"
-        );
-        let e = check_budget(Some(need - 1), Some(need - 1), &cfg).unwrap_err();
-        assert!(
-            e.to_string().contains("memory_budget") && e.to_string().contains(&need.to_string()),
+            e.contains("memory_budget") && e.contains(&need.0.to_string()),
             "{e}"
         );
-        let w = check_budget(None, Some(need - 1), &cfg)
+        let w = check_budget(None, Some(need.0 - 1), need)
             .unwrap()
             .expect("warned");
-        assert!(w.contains("cgroup") && w.contains(&need.to_string()), "{w}");
+        assert!(
+            w.contains("cgroup") && w.contains(&need.0.to_string()),
+            "{w}"
+        );
         // Enough, or nothing known: quiet.
-        assert_eq!(check_budget(Some(need), Some(need), &cfg).unwrap(), None);
-        assert_eq!(check_budget(None, Some(need), &cfg).unwrap(), None);
-        assert_eq!(check_budget(None, None, &cfg).unwrap(), None);
+        assert_eq!(
+            check_budget(Some(need.0), Some(need.0), need).unwrap(),
+            None
+        );
+        assert_eq!(check_budget(None, Some(need.0), need).unwrap(), None);
+        assert_eq!(check_budget(None, None, need).unwrap(), None);
     }
 }

@@ -175,7 +175,7 @@ impl SamplerCore {
         let db_names: Vec<String> = dbs.iter().map(|d| d.0.clone()).collect();
         let task_names = mixture_task_names(&dbs, as_mixture);
         cfg.validate(Some(&task_names))?;
-        let reads = plan_reads(&dbs, &cfg)?;
+        let reads = plan_reads(&dbs, &cfg, batches_in_flight(&cfg))?;
         warn_stats_split(&dbs, &cfg);
         let db_weights = cfg.database_weights_for(&db_names)?;
         let listed = cfg.telemetry_databases_for(&db_names)?;
@@ -539,6 +539,22 @@ fn mixture_weights(task_w: &[f64], tasks: &[TaskPlan], dbs: &[MixtureDatabase]) 
             }
         })
         .collect()
+}
+
+/// The least memory the batches in flight take, and the cells of each:
+/// `num_prefetch` waiting and `num_threads + 2` being built, each at least
+/// its cells' tensors (`crate::batch::batch_bytes` without rows, segments
+/// or texts; about 91 bytes a cell).
+fn batches_in_flight(cfg: &SamplerConfig) -> (u64, usize) {
+    let cells = cfg
+        .tokens_per_batch
+        .unwrap_or(cfg.default_batch_size * cfg.default_sequence_length);
+    let threads = cfg.num_threads.unwrap_or(1);
+    let one = crate::batch::batch_bytes(1, cells, (1, 0), 0, 0, 0);
+    (
+        one.saturating_mul((cfg.num_prefetch + threads + 2) as u64),
+        cells,
+    )
 }
 
 /// The task names of `dbs`: a single database's as they are, a mixture's as
