@@ -74,20 +74,6 @@ pub(crate) struct DerivedHeader {
 }
 
 impl DerivedHeader {
-    /// [`map_prefix`](Self::map_prefix) with the hash over the first
-    /// `head` bytes and the bytes from `tail` to the hash (`parts` reads
-    /// the unchecked file, answers `(head, tail)`, `None` when the lengths
-    /// it holds do not describe it): the bytes between are left to the
-    /// caller to check block by block.
-    pub fn map_ends(
-        &self,
-        path: &Path,
-        key: u64,
-        parts: impl FnOnce(&[u8]) -> Option<(usize, usize)>,
-    ) -> Result<memmap2::Mmap> {
-        self.map_checked(path, key, parts)
-    }
-
     /// Map `path`, refusing (naming what is wrong) a file that is not this
     /// kind, is damaged (its hash), another version, or written under
     /// another `key`, the trailing hash covering only the first
@@ -101,19 +87,22 @@ impl DerivedHeader {
         key: u64,
         prefix: impl FnOnce(&[u8]) -> Option<usize>,
     ) -> Result<memmap2::Mmap> {
-        self.map_checked(path, key, |b| {
+        self.map_ends(path, key, |b| {
             let n = prefix(b)?;
             Some((n, b.len() - 8))
         })
     }
 
-    /// The map of `path` whose hash covers `..head` and `tail..` (but the
-    /// hash itself), `ends` answering `(head, tail)` from the unchecked file.
-    fn map_checked(
+    /// [`map_prefix`](Self::map_prefix) with the hash over the first
+    /// `head` bytes and the bytes from `tail` to the hash (`parts` reads
+    /// the unchecked file, answers `(head, tail)`, `None` when the lengths
+    /// it holds do not describe it): the bytes between are left to the
+    /// caller to check block by block.
+    pub fn map_ends(
         &self,
         path: &Path,
         key: u64,
-        ends: impl FnOnce(&[u8]) -> Option<(usize, usize)>,
+        parts: impl FnOnce(&[u8]) -> Option<(usize, usize)>,
     ) -> Result<memmap2::Mmap> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: read-only; such files are written whole and renamed into
@@ -138,7 +127,7 @@ impl DerivedHeader {
         }
         let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
         let end = b.len() - 8;
-        let Some((head, tail)) = ends(b).filter(|&(h, t)| self.len <= h && h <= t && t <= end)
+        let Some((head, tail)) = parts(b).filter(|&(h, t)| self.len <= h && h <= t && t <= end)
         else {
             return Err(bad(format!(
                 "the file is damaged or cut short: its header does not describe its {} bytes",
