@@ -178,3 +178,47 @@ pub(crate) fn write_renamed(
     written.map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
+
+/// The xxh3-64 of each `1 << shift`-byte block of a stream of bytes (the
+/// last block short), fed in pieces of any size: the block table of a
+/// derived file (the walk graph's, the stored rankings').
+pub(crate) struct BlockSums {
+    shift: u32,
+    hash: xxhash_rust::xxh3::Xxh3,
+    fill: usize,
+    sums: Vec<u64>,
+}
+
+impl BlockSums {
+    pub(crate) fn new(shift: u32) -> Self {
+        BlockSums {
+            shift,
+            hash: xxhash_rust::xxh3::Xxh3::new(),
+            fill: 0,
+            sums: Vec::new(),
+        }
+    }
+
+    /// Feed the next bytes of the stream.
+    pub(crate) fn update(&mut self, mut p: &[u8]) {
+        let block = 1usize << self.shift;
+        while !p.is_empty() {
+            let take = p.len().min(block - self.fill);
+            self.hash.update(&p[..take]);
+            (self.fill, p) = (self.fill + take, &p[take..]);
+            if self.fill == block {
+                self.sums.push(self.hash.digest());
+                self.hash.reset();
+                self.fill = 0;
+            }
+        }
+    }
+
+    /// The sums, the last (short) block's included.
+    pub(crate) fn finish(mut self) -> Vec<u64> {
+        if self.fill > 0 {
+            self.sums.push(self.hash.digest());
+        }
+        self.sums
+    }
+}

@@ -51,7 +51,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 pub use derived::BuildLock;
-pub(crate) use derived::{write_renamed, DerivedHeader};
+pub(crate) use derived::{write_renamed, BlockSums, DerivedHeader};
 pub use item::heads;
 
 use super::expected::Spread;
@@ -214,14 +214,12 @@ impl Layout {
 
 /// A writer that hashes and counts what goes through it: the header and
 /// what follows the items into `hash`, the items block by block into
-/// `sums`.
+/// `blocks`.
 struct Hashed<'w, W: Write> {
     out: &'w mut W,
     hash: xxhash_rust::xxh3::Xxh3,
     at: usize,
-    block: xxhash_rust::xxh3::Xxh3,
-    fill: usize,
-    sums: Vec<u64>,
+    blocks: BlockSums,
 }
 
 impl<W: Write> Hashed<'_, W> {
@@ -232,25 +230,10 @@ impl<W: Write> Hashed<'_, W> {
     }
 
     /// Item bytes: hashed by block, not into the file's hash.
-    fn put_items(&mut self, mut b: &[u8]) -> std::io::Result<()> {
+    fn put_items(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.at += b.len();
-        self.out.write_all(b)?;
-        let size = 1 << RANDOM_BLOCK_SHIFT;
-        while !b.is_empty() {
-            let take = b.len().min(size - self.fill);
-            self.block.update(&b[..take]);
-            (self.fill, b) = (self.fill + take, &b[take..]);
-            if self.fill == size {
-                self.end_block();
-            }
-        }
-        Ok(())
-    }
-
-    fn end_block(&mut self) {
-        self.sums.push(self.block.digest());
-        self.block.reset();
-        self.fill = 0;
+        self.blocks.update(b);
+        self.out.write_all(b)
     }
 
     fn pad(&mut self) -> std::io::Result<()> {
@@ -482,9 +465,7 @@ fn encode(
         out,
         hash: xxhash_rust::xxh3::Xxh3::new(),
         at: 0,
-        block: xxhash_rust::xxh3::Xxh3::new(),
-        fill: 0,
-        sums: Vec::new(),
+        blocks: BlockSums::new(RANDOM_BLOCK_SHIFT),
     };
     w.put(MAGIC)?;
     w.put(&VERSION.to_le_bytes())?;
@@ -510,9 +491,6 @@ fn encode(
         blob: w.at - BLOB,
         m,
     };
-    if w.fill > 0 {
-        w.end_block();
-    }
     w.pad()?;
     for k in keys {
         w.put(&k.1.to_le_bytes())?;
@@ -524,7 +502,8 @@ fn encode(
         w.put(&k.0.to_le_bytes())?;
     }
     w.pad()?;
-    for s in std::mem::take(&mut w.sums) {
+    let sums = std::mem::replace(&mut w.blocks, BlockSums::new(RANDOM_BLOCK_SHIFT)).finish();
+    for s in sums {
         w.put(&s.to_le_bytes())?;
     }
     for x in [at.n, at.blob, at.m] {

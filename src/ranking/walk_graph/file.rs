@@ -38,7 +38,7 @@ use std::sync::Arc;
 use super::{too_big, view, Backing, WalkGraph};
 use crate::error::{Error, Result};
 use crate::format::{Blocks, GraphView, Integrity, BLOCK_SHIFTS, RANDOM_BLOCK_SHIFT};
-use crate::ranking::rank_store::{write_renamed, BuildLock, DerivedHeader};
+use crate::ranking::rank_store::{write_renamed, BlockSums, BuildLock, DerivedHeader};
 
 const MAGIC: &[u8; 8] = b"HWWALKG\0";
 const VERSION: u32 = 2;
@@ -108,24 +108,11 @@ impl Layout {
 /// The xxh3-64 of each `1 << shift`-byte block of `parts` laid end to end
 /// (the last block short).
 fn block_sums(parts: &[&[u8]], shift: u32) -> Vec<u64> {
-    let block = 1usize << shift;
-    let (mut sums, mut h, mut fill) = (Vec::new(), xxhash_rust::xxh3::Xxh3::new(), 0);
-    for mut p in parts.iter().copied() {
-        while !p.is_empty() {
-            let take = p.len().min(block - fill);
-            h.update(&p[..take]);
-            (fill, p) = (fill + take, &p[take..]);
-            if fill == block {
-                sums.push(h.digest());
-                h.reset();
-                fill = 0;
-            }
-        }
+    let mut sums = BlockSums::new(shift);
+    for p in parts {
+        sums.update(p);
     }
-    if fill > 0 {
-        sums.push(h.digest());
-    }
-    sums
+    sums.finish()
 }
 
 impl WalkGraph {
